@@ -1,0 +1,1 @@
+//! Build-time generator (placeholder until written).

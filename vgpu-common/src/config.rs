@@ -1,0 +1,328 @@
+//! The per-container quota config: one YAML file, found through `VGPU_CONFIG`
+//! (default `/etc/vgpu/vgpu.yaml`).
+//!
+//! ```yaml
+//! driver_dir: /usr/local/vgpu/driver/lib64   # where the real libcuda.so.1 / libnvidia-ml.so.1 are
+//! usage_region: /var/lib/vgpu/usage.region   # default: `usage.region` beside this file
+//! card_state_dir: /var/lib/vgpu/cards        # per-card compute state shared by containers (optional)
+//! memory_oversubscribe: false                # see the README before turning this on
+//! utilization_scale: limit                   # `limit` (30 cores busy reads 100%) or `card` (reads 30%)
+//! devices:
+//!   - uuid: GPU-5e0f0c5a-...                 # or `index: 0` (host index)
+//!     memory_limit: 7680MiB                  # bytes, or a number with a unit
+//!     core_limit: 30                         # percent of one card, 1-100
+//!     core_mode: hard                        # `hard` or `soft`
+//!     core_ceiling: 50                       # soft mode only: the most it may take when the card is idle
+//! ```
+//!
+//! Unknown keys and bad values are errors that name the key. The schema is the one
+//! source of truth for the shims, the device plugin and `vgpu run`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::size::ByteSize;
+
+/// Env var naming the config file.
+pub const CONFIG_ENV: &str = "VGPU_CONFIG";
+/// Where the config lives when `VGPU_CONFIG` is not set.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/vgpu/vgpu.yaml";
+/// Env var that overrides `driver_dir`.
+pub const DRIVER_DIR_ENV: &str = "VGPU_DRIVER_DIR";
+/// Where the real driver libraries are when neither the config nor the env says.
+pub const DEFAULT_DRIVER_DIR: &str = "/usr/local/vgpu/driver/lib64";
+/// File name of the usage region when the config does not name one.
+pub const DEFAULT_REGION_NAME: &str = "usage.region";
+/// The most devices one container config may list.
+pub const MAX_DEVICES: usize = 16;
+
+/// How the compute limit treats idle capacity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CoreMode {
+    /// Never above `core_limit`, even on an idle card.
+    #[default]
+    Hard,
+    /// Up to `core_ceiling` while the card has idle capacity; `core_limit` under contention.
+    Soft,
+}
+
+/// What 100% utilization means inside the container.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UtilizationScale {
+    /// Scaled to the core limit: a container at 30 cores that uses all 30 reads 100%.
+    #[default]
+    Limit,
+    /// Percent of the whole card: the same container reads 30%.
+    Card,
+}
+
+/// Which physical card a config entry means.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceSelector {
+    Uuid(String),
+    Index(u32),
+}
+
+impl fmt::Display for DeviceSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSelector::Uuid(uuid) => f.write_str(uuid),
+            DeviceSelector::Index(index) => write!(f, "index {index}"),
+        }
+    }
+}
+
+/// One visible device and its quota, as written in YAML.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceQuota {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    /// Device memory the container may hold; `None` is the whole card.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<ByteSize>,
+    /// Percent of one card's SMs; `None` or 100 is no throttling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_limit: Option<u32>,
+    #[serde(default)]
+    pub core_mode: CoreMode,
+    /// Soft mode's ceiling when the card is idle (gpu-manager's `vcuda-core-limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_ceiling: Option<u32>,
+}
+
+impl DeviceQuota {
+    /// A device with no limits, selected by host index.
+    pub fn unlimited_index(index: u32) -> DeviceQuota {
+        DeviceQuota {
+            uuid: None,
+            index: Some(index),
+            memory_limit: None,
+            core_limit: None,
+            core_mode: CoreMode::Hard,
+            core_ceiling: None,
+        }
+    }
+
+    /// The selector; valid after `Config::validate`.
+    pub fn selector(&self) -> DeviceSelector {
+        match (&self.uuid, self.index) {
+            (Some(uuid), _) => DeviceSelector::Uuid(uuid.clone()),
+            (None, Some(index)) => DeviceSelector::Index(index),
+            (None, None) => DeviceSelector::Index(0),
+        }
+    }
+
+    /// The effective core limit: `None` when compute is not throttled.
+    pub fn effective_core_limit(&self) -> Option<u32> {
+        self.core_limit.filter(|limit| *limit < 100)
+    }
+}
+
+/// The whole container config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_region: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card_state_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub memory_oversubscribe: bool,
+    #[serde(default)]
+    pub utilization_scale: UtilizationScale,
+    #[serde(default)]
+    pub devices: Vec<DeviceQuota>,
+}
+
+/// Why a config could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// What `Config::load_from_env` found.
+#[derive(Debug)]
+pub enum Loaded {
+    /// A valid config, and the file it came from.
+    Found(Config, PathBuf),
+    /// No `VGPU_CONFIG` and nothing at the default path: the shims forward with no quota.
+    Absent,
+}
+
+impl Config {
+    /// Parses and validates YAML text; `path` only labels errors.
+    pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let config: Config = serde_norway::from_str(text).map_err(|err| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: err.to_string(),
+        })?;
+        config.validate().map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
+        Ok(config)
+    }
+
+    /// Reads one file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Config::from_yaml(&text, path)
+    }
+
+    /// Reads the file named by `VGPU_CONFIG`, or the default path.
+    ///
+    /// A `VGPU_CONFIG` that names a missing file is an error; a missing default file is
+    /// `Loaded::Absent`.
+    pub fn load_from_env() -> Result<Loaded, ConfigError> {
+        match std::env::var_os(CONFIG_ENV).filter(|value| !value.is_empty()) {
+            Some(path) => {
+                let path = PathBuf::from(path);
+                Config::load(&path).map(|config| Loaded::Found(config, path))
+            }
+            None => {
+                let path = PathBuf::from(DEFAULT_CONFIG_PATH);
+                match std::fs::metadata(&path) {
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Loaded::Absent),
+                    _ => Config::load(&path).map(|config| Loaded::Found(config, path)),
+                }
+            }
+        }
+    }
+
+    /// Checks the values serde cannot: ranges, exactly one selector, no duplicates.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.devices.len() > MAX_DEVICES {
+            return Err(format!("devices: {} listed, at most {MAX_DEVICES} are supported", self.devices.len()));
+        }
+        for (position, device) in self.devices.iter().enumerate() {
+            let at = format!("devices[{position}]");
+            match (&device.uuid, device.index) {
+                (Some(_), Some(_)) => return Err(format!("{at}: give `uuid` or `index`, not both")),
+                (None, None) => return Err(format!("{at}: needs `uuid` or `index`")),
+                (Some(uuid), None) if uuid.trim().is_empty() => return Err(format!("{at}.uuid: empty")),
+                _ => {}
+            }
+            if let Some(limit) = device.memory_limit
+                && limit.bytes() == 0
+            {
+                return Err(format!("{at}.memory_limit: must be more than 0 bytes"));
+            }
+            if let Some(limit) = device.core_limit
+                && !(1..=100).contains(&limit)
+            {
+                return Err(format!("{at}.core_limit: {limit} is outside 1-100"));
+            }
+            if let Some(ceiling) = device.core_ceiling {
+                if !(1..=100).contains(&ceiling) {
+                    return Err(format!("{at}.core_ceiling: {ceiling} is outside 1-100"));
+                }
+                if device.core_mode != CoreMode::Soft {
+                    return Err(format!("{at}.core_ceiling: only meaningful with core_mode: soft"));
+                }
+                if ceiling < device.core_limit.unwrap_or(100) {
+                    return Err(format!("{at}.core_ceiling: {ceiling} is below core_limit"));
+                }
+            }
+            let selector = device.selector();
+            if self.devices[..position].iter().any(|other| other.selector() == selector) {
+                return Err(format!("{at}: {selector} is listed twice"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The config as YAML, for writers (`vgpu run`, the device plugin).
+    pub fn to_yaml(&self) -> String {
+        // Serializing plain data with string keys cannot fail.
+        serde_norway::to_string(self).unwrap_or_default()
+    }
+
+    /// The real driver folder: `VGPU_DRIVER_DIR`, else `driver_dir`, else the default.
+    pub fn resolved_driver_dir(config: Option<&Config>) -> PathBuf {
+        if let Some(dir) = std::env::var_os(DRIVER_DIR_ENV).filter(|value| !value.is_empty()) {
+            return PathBuf::from(dir);
+        }
+        config
+            .and_then(|config| config.driver_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DRIVER_DIR))
+    }
+
+    /// The usage region's path: `usage_region`, else `usage.region` beside the config file.
+    pub fn resolved_region_path(&self, config_path: &Path) -> PathBuf {
+        self.usage_region.clone().unwrap_or_else(|| {
+            config_path.parent().unwrap_or_else(|| Path::new("/")).join(DEFAULT_REGION_NAME)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_yaml(text, Path::new("test.yaml"))
+    }
+
+    #[test]
+    fn full_schema_round_trips() {
+        let config = parse(
+            "driver_dir: /drv\nutilization_scale: card\ndevices:\n  - uuid: GPU-1\n    memory_limit: 7680MiB\n    core_limit: 30\n    core_mode: soft\n    core_ceiling: 50\n  - index: 1\n    memory_limit: 1073741824\n",
+        )
+        .expect("valid config");
+        assert_eq!(config.driver_dir.as_deref(), Some(Path::new("/drv")));
+        assert_eq!(config.devices[0].memory_limit, Some(ByteSize::mib(7680)));
+        assert_eq!(config.devices[0].core_mode, CoreMode::Soft);
+        assert_eq!(config.devices[1].selector(), DeviceSelector::Index(1));
+        assert_eq!(config.devices[1].memory_limit, Some(ByteSize::gib(1)));
+        assert_eq!(config.utilization_scale, UtilizationScale::Card);
+        let again = parse(&config.to_yaml()).expect("re-parse");
+        assert_eq!(again, config);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = parse("devices:\n  - index: 0\n    memory_limt: 1GiB\n").unwrap_err().to_string();
+        assert!(err.contains("memory_limt"), "{err}");
+        let err = parse("drivr_dir: /x\n").unwrap_err().to_string();
+        assert!(err.contains("drivr_dir"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for (text, needle) in [
+            ("devices:\n  - index: 0\n    core_limit: 0\n", "core_limit"),
+            ("devices:\n  - index: 0\n    core_limit: 101\n", "core_limit"),
+            ("devices:\n  - index: 0\n    core_mode: medium\n", "medium"),
+            ("devices:\n  - index: 0\n    memory_limit: 4 parsecs\n", "parsecs"),
+            ("devices:\n  - index: 0\n    memory_limit: 0\n", "memory_limit"),
+            ("devices:\n  - {}\n", "uuid"),
+            ("devices:\n  - index: 0\n    uuid: GPU-1\n", "not both"),
+            ("devices:\n  - index: 0\n  - index: 0\n", "twice"),
+            ("devices:\n  - index: 0\n    core_ceiling: 50\n", "soft"),
+        ] {
+            let err = parse(text).expect_err(text).to_string();
+            assert!(err.contains(needle), "{text:?} gave {err}");
+        }
+    }
+
+    #[test]
+    fn region_defaults_beside_config() {
+        let config = Config::default();
+        assert_eq!(
+            config.resolved_region_path(Path::new("/etc/vgpu/vgpu.yaml")),
+            PathBuf::from("/etc/vgpu/usage.region")
+        );
+    }
+}
