@@ -1,0 +1,4 @@
+//! `vgpu smi` (placeholder until written).
+#[derive(clap::Args)]
+pub struct SmiArgs {}
+pub fn run(_args: &SmiArgs) -> anyhow::Result<()> { anyhow::bail!("not yet") }
