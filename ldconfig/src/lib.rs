@@ -1,1 +1,28 @@
-//! placeholder
+//! Host driver discovery for vgpu-shim.
+//!
+//! * [`cache`]: a reader for glibc's `/etc/ld.so.cache` (old and new formats);
+//! * [`exports`]: the defined dynamic symbols and SONAME of an ELF shared object;
+//! * [`check`]: which exports of the real driver a shim lacks;
+//! * [`discover`]: the host's real NVIDIA user-space libraries, tools and version, and
+//!   every path at which the loader could find a library;
+//! * [`prepare`]: the driver folder the shims forward to (`DEST/lib64`, `DEST/bin`,
+//!   `DEST/shim`, `DEST/driver.json`), guarded by the export check;
+//! * [`layout`]: the container-side mounts and env as data.
+//!
+//! Nothing here panics on bad input or writes to stdout; the `vgpu-ldconfig` binary is
+//! the only printer.
+
+pub mod cache;
+pub mod check;
+pub mod discover;
+pub mod exports;
+pub mod layout;
+pub mod prepare;
+mod sha256;
+
+pub use cache::{CacheEntry, CacheError, parse_cache, read_cache};
+pub use check::{CheckReport, missing_exports};
+pub use discover::{DiscoverError, DiscoverOptions, DriverLibrary, HostDriver, discover, loader_paths};
+pub use exports::{ExportError, defined_functions, soname};
+pub use layout::{ContainerLayout, LayoutPaths, Mount};
+pub use prepare::{PrepareError, PrepareOptions, PrepareOutcome, prepare};

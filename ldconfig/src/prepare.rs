@@ -1,0 +1,344 @@
+//! Assembling the driver folder the shims forward to:
+//!
+//! ```text
+//! DEST/lib64/libcuda.so.580.159.04          real file, copied
+//! DEST/lib64/libcuda.so.1 -> libcuda.so.580.159.04
+//! DEST/lib64/libcuda.so   -> libcuda.so.1   (same for NVML and the other libraries)
+//! DEST/bin/nvidia-smi                       real tools, when found
+//! DEST/shim/libcuda_shim.so                 the checked shims
+//! DEST/shim/libnvml_shim.so
+//! DEST/driver.json                          manifest: version, files, sizes, sha256
+//! ```
+//!
+//! Before anything is written, each shim is checked against the real library it
+//! replaces: a shim that lacks an export of the host driver is refused, since an
+//! application resolving that name would fail with "function not found". The step is
+//! idempotent (unchanged files are not rewritten) and refuses to replace a folder
+//! prepared for another driver version unless forced. Files are written to a temporary
+//! name and renamed into place, so a container never sees a half-copied library.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::check::CheckReport;
+use crate::discover::HostDriver;
+use crate::exports::{ExportError, defined_functions};
+use crate::sha256::file_digest_hex;
+
+/// Subfolder of the real libraries.
+pub const LIB_SUBDIR: &str = "lib64";
+/// Subfolder of the real tools.
+pub const BIN_SUBDIR: &str = "bin";
+/// Subfolder of the shims.
+pub const SHIM_SUBDIR: &str = "shim";
+/// The manifest's file name.
+pub const MANIFEST_FILE: &str = "driver.json";
+/// Manifest schema version.
+pub const MANIFEST_SCHEMA: u32 = 1;
+
+/// A shim and the real library it replaces.
+#[derive(Debug, Clone, Copy)]
+pub struct ShimSpec {
+    /// SONAME of the real library (`libcuda.so.1`).
+    pub real_soname: &'static str,
+    /// The shim's file name as built and as deployed under `DEST/shim`.
+    pub file_name: &'static str,
+}
+
+/// The shims `prepare` deploys. In the shim folder each is looked up by its built name
+/// (`libcuda_shim.so`), then by the real SONAME (`libcuda.so.1`).
+pub const SHIMS: &[ShimSpec] = &[
+    ShimSpec { real_soname: "libcuda.so.1", file_name: "libcuda_shim.so" },
+    ShimSpec { real_soname: "libnvidia-ml.so.1", file_name: "libnvml_shim.so" },
+];
+
+/// Why the folder was not prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// No real `libcuda.so.1` was discovered.
+    #[error("no real libcuda.so.1 found on this host (looked in the loader cache and the extra folders)")]
+    NoLibcuda,
+    /// The driver version could not be told.
+    #[error("cannot tell the driver version: no /proc/driver/nvidia/version and no versioned libcuda/libnvidia-ml file name")]
+    NoVersion,
+    /// A shim for a discovered real library is not in the shim folder.
+    #[error("shim for {real_soname} not found: looked for {looked_for}")]
+    MissingShim {
+        /// The real library.
+        real_soname: String,
+        /// Paths tried.
+        looked_for: String,
+    },
+    /// A shim lacks exports of the real library.
+    #[error("{}", shim_lacks_message(.0))]
+    ShimLacksExports(Vec<CheckReport>),
+    /// The folder holds another driver version.
+    #[error("{dest} was prepared for driver {existing}, not {wanted}; pass --force to replace it")]
+    DifferentVersion {
+        /// The folder.
+        dest: PathBuf,
+        /// Version in its manifest.
+        existing: String,
+        /// Version discovered now.
+        wanted: String,
+    },
+    /// The existing manifest is unreadable.
+    #[error("existing manifest {path} is corrupt ({reason}); pass --force to replace it")]
+    BadManifest {
+        /// The manifest.
+        path: PathBuf,
+        /// The parse error.
+        reason: String,
+    },
+    /// Reading exports failed.
+    #[error(transparent)]
+    Exports(#[from] ExportError),
+    /// A file operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+fn shim_lacks_message(reports: &[CheckReport]) -> String {
+    let lines: Vec<String> = reports.iter().map(|report| format!("shim {report}")).collect();
+    format!("refusing to deploy: {}", lines.join("; "))
+}
+
+/// What to prepare.
+#[derive(Debug, Clone)]
+pub struct PrepareOptions {
+    /// The driver folder to fill (e.g. `/var/lib/vgpu/driver`).
+    pub dest: PathBuf,
+    /// Folder holding the built shims (`libcuda_shim.so`, `libnvml_shim.so`).
+    pub shim_dir: PathBuf,
+    /// What discovery found.
+    pub driver: HostDriver,
+    /// Replace a folder prepared for another driver version (or with a corrupt manifest).
+    pub force: bool,
+}
+
+/// One copied file in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestFile {
+    /// Path relative to the folder (`lib64/libcuda.so.580.159.04`).
+    pub path: String,
+    /// Where it was copied from.
+    pub source: PathBuf,
+    /// Size in bytes.
+    pub size: u64,
+    /// Lower-case hex SHA-256.
+    pub sha256: String,
+}
+
+/// One symlink in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestLink {
+    /// Path relative to the folder (`lib64/libcuda.so.1`).
+    pub path: String,
+    /// The link's target, relative to its folder (`libcuda.so.580.159.04`).
+    pub target: String,
+}
+
+/// `DEST/driver.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`MANIFEST_SCHEMA`].
+    pub schema: u32,
+    /// The driver version.
+    pub version: String,
+    /// Copied files, in deployment order.
+    pub files: Vec<ManifestFile>,
+    /// Symlinks created.
+    pub links: Vec<ManifestLink>,
+}
+
+impl Manifest {
+    /// Reads `DEST/driver.json`; `Ok(None)` when there is none.
+    pub fn read(dest: &Path) -> Result<Option<Manifest>, PrepareError> {
+        let path = dest.join(MANIFEST_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(PrepareError::Io { action: "cannot read", path, source }),
+        };
+        serde_json::from_str(&text).map(Some).map_err(|error| PrepareError::BadManifest { path, reason: error.to_string() })
+    }
+}
+
+/// What `prepare` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct PrepareOutcome {
+    /// The manifest now in the folder.
+    pub manifest: Manifest,
+    /// Paths (relative) written or re-linked this run; empty when nothing changed.
+    pub changed: Vec<String>,
+    /// Paths (relative) of a previous deployment removed this run.
+    pub removed: Vec<String>,
+    /// The export checks that passed.
+    pub checks: Vec<CheckReport>,
+}
+
+/// Checks the shims, then fills `options.dest`.
+pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError> {
+    let driver = &options.driver;
+    if driver.library("libcuda.so.1").is_none() {
+        return Err(PrepareError::NoLibcuda);
+    }
+    let version = driver.version.clone().ok_or(PrepareError::NoVersion)?;
+
+    let mut checks = Vec::new();
+    let mut shims = Vec::new();
+    for spec in SHIMS {
+        let Some(real) = driver.library(spec.real_soname) else { continue };
+        let candidates = [options.shim_dir.join(spec.file_name), options.shim_dir.join(spec.real_soname)];
+        let Some(shim_path) = candidates.iter().find(|path| path.is_file()) else {
+            let looked_for = candidates.iter().map(|path| path.display().to_string()).collect::<Vec<_>>().join(", ");
+            return Err(PrepareError::MissingShim { real_soname: spec.real_soname.to_string(), looked_for });
+        };
+        let report = CheckReport::compare(
+            real.real_path.display().to_string(),
+            &defined_functions(&real.real_path)?,
+            shim_path.display().to_string(),
+            &defined_functions(shim_path)?,
+        );
+        checks.push(report);
+        shims.push((spec, shim_path.clone()));
+    }
+    let failed: Vec<CheckReport> = checks.iter().filter(|report| !report.is_complete()).cloned().collect();
+    if !failed.is_empty() {
+        return Err(PrepareError::ShimLacksExports(failed));
+    }
+
+    let dest = &options.dest;
+    let previous = match Manifest::read(dest) {
+        Ok(previous) => previous,
+        Err(PrepareError::BadManifest { .. }) if options.force => None,
+        Err(error) => return Err(error),
+    };
+    if let Some(previous) = &previous
+        && previous.version != version
+        && !options.force
+    {
+        return Err(PrepareError::DifferentVersion { dest: dest.clone(), existing: previous.version.clone(), wanted: version });
+    }
+
+    // Plan: (relative destination, source) for files; (relative link, target) for links.
+    let mut file_plan: Vec<(String, PathBuf)> = Vec::new();
+    let mut link_plan: Vec<ManifestLink> = Vec::new();
+    for library in &driver.libraries {
+        file_plan.push((format!("{LIB_SUBDIR}/{}", library.file_name), library.real_path.clone()));
+        if library.soname != library.file_name {
+            link_plan.push(ManifestLink { path: format!("{LIB_SUBDIR}/{}", library.soname), target: library.file_name.clone() });
+        }
+        if let Some(at) = library.soname.find(".so") {
+            let dev_name = &library.soname[..at + 3];
+            if dev_name != library.soname && dev_name != library.file_name {
+                link_plan.push(ManifestLink { path: format!("{LIB_SUBDIR}/{dev_name}"), target: library.soname.clone() });
+            }
+        }
+    }
+    for (tool, path) in &driver.tools {
+        file_plan.push((format!("{BIN_SUBDIR}/{tool}"), path.clone()));
+    }
+    for (spec, path) in &shims {
+        file_plan.push((format!("{SHIM_SUBDIR}/{}", spec.file_name), path.clone()));
+    }
+
+    for subdir in [LIB_SUBDIR, BIN_SUBDIR, SHIM_SUBDIR] {
+        let path = dest.join(subdir);
+        std::fs::create_dir_all(&path).map_err(|source| PrepareError::Io { action: "cannot create", path, source })?;
+    }
+
+    let mut changed = Vec::new();
+    let mut files = Vec::new();
+    for (relative, source) in file_plan {
+        let target = dest.join(&relative);
+        let sha256 = digest(&source)?;
+        let size = std::fs::metadata(&source).map_err(|error| io("cannot stat", &source, error))?.len();
+        let same = std::fs::symlink_metadata(&target).is_ok_and(|meta| meta.is_file() && meta.len() == size)
+            && digest(&target).is_ok_and(|existing| existing == sha256);
+        if !same {
+            copy_atomically(&source, &target)?;
+            changed.push(relative.clone());
+        }
+        files.push(ManifestFile { path: relative, source, size, sha256 });
+    }
+    for link in &link_plan {
+        let path = dest.join(&link.path);
+        let current = std::fs::read_link(&path).ok();
+        if current.as_deref() != Some(Path::new(&link.target)) {
+            link_atomically(&link.target, &path)?;
+            changed.push(link.path.clone());
+        }
+    }
+
+    let manifest = Manifest { schema: MANIFEST_SCHEMA, version, files, links: link_plan };
+    let mut removed = Vec::new();
+    if let Some(previous) = &previous {
+        let kept = |relative: &str| manifest.files.iter().any(|file| file.path == relative) || manifest.links.iter().any(|link| link.path == relative);
+        let stale = previous.files.iter().map(|file| &file.path).chain(previous.links.iter().map(|link| &link.path));
+        for relative in stale.filter(|relative| !kept(relative)) {
+            if !is_inside(relative) {
+                continue;
+            }
+            let path = dest.join(relative);
+            match std::fs::remove_file(&path) {
+                Ok(()) => removed.push(relative.clone()),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(io("cannot remove", &path, error)),
+            }
+        }
+    }
+    if previous.as_ref() != Some(&manifest) {
+        let text = serde_json::to_string_pretty(&manifest).map_err(|error| io("cannot encode", &dest.join(MANIFEST_FILE), std::io::Error::other(error)))?;
+        write_atomically(&dest.join(MANIFEST_FILE), format!("{text}\n").as_bytes())?;
+        changed.push(MANIFEST_FILE.to_string());
+    }
+    Ok(PrepareOutcome { manifest, changed, removed, checks })
+}
+
+/// A manifest path is only acted on when it is a plain relative path below the folder.
+fn is_inside(relative: &str) -> bool {
+    let path = Path::new(relative);
+    path.is_relative() && path.components().all(|component| matches!(component, std::path::Component::Normal(_)))
+}
+
+fn io(action: &'static str, path: &Path, source: std::io::Error) -> PrepareError {
+    PrepareError::Io { action, path: path.to_path_buf(), source }
+}
+
+fn digest(path: &Path) -> Result<String, PrepareError> {
+    file_digest_hex(path).map_err(|error| io("cannot read", path, error))
+}
+
+fn temporary_sibling(target: &Path) -> PathBuf {
+    let name = target.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    target.with_file_name(format!(".{name}.vgpu-tmp-{}", std::process::id()))
+}
+
+fn copy_atomically(source: &Path, target: &Path) -> Result<(), PrepareError> {
+    let temporary = temporary_sibling(target);
+    let _ = std::fs::remove_file(&temporary);
+    std::fs::copy(source, &temporary).map_err(|error| io("cannot copy to", &temporary, error))?;
+    std::fs::rename(&temporary, target).map_err(|error| io("cannot rename into", target, error))
+}
+
+fn link_atomically(link_target: &str, path: &Path) -> Result<(), PrepareError> {
+    let temporary = temporary_sibling(path);
+    let _ = std::fs::remove_file(&temporary);
+    std::os::unix::fs::symlink(link_target, &temporary).map_err(|error| io("cannot create link", &temporary, error))?;
+    std::fs::rename(&temporary, path).map_err(|error| io("cannot rename into", path, error))
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PrepareError> {
+    let temporary = temporary_sibling(path);
+    std::fs::write(&temporary, bytes).map_err(|error| io("cannot write", &temporary, error))?;
+    std::fs::rename(&temporary, path).map_err(|error| io("cannot rename into", path, error))
+}
