@@ -293,7 +293,7 @@ fn entries_end(start: usize, count: usize, entry_len: usize, len: usize, what: &
 }
 
 fn read_u32(bytes: &[u8], at: usize, what: &'static str) -> Result<u32, CacheError> {
-    let end = at.checked_add(4).unwrap_or(usize::MAX);
+    let end = at.saturating_add(4);
     match bytes.get(at..end) {
         Some(&[a, b, c, d]) => Ok(u32::from_le_bytes([a, b, c, d])),
         _ => Err(CacheError::Truncated { what, start: at, end, len: bytes.len() }),
@@ -545,7 +545,7 @@ mod tests {
         // Append: the subdirectory name, its offset array, then the extension directory.
         let name_offset = bytes.len() as u32;
         bytes.extend_from_slice(b"x86-64-v3\0");
-        while bytes.len() % 4 != 0 {
+        while !bytes.len().is_multiple_of(4) {
             bytes.push(0);
         }
         let array_offset = bytes.len() as u32;

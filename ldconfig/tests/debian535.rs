@@ -1,0 +1,152 @@
+//! Against the real Debian 535 driver: the export reader reproduces the checked-in lists,
+//! and `prepare` builds the driver folder from a hand-built loader cache, refusing a shim
+//! that lacks exports.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use common::{DEBIAN_VERSION, build_shim, symbol_list, unpack_debian_driver};
+use vgpu_ldconfig::cache::build::{X86_64_LIBC6, new_format};
+use vgpu_ldconfig::discover::{DiscoverOptions, VersionSource, discover};
+use vgpu_ldconfig::exports::{defined_functions, soname};
+use vgpu_ldconfig::prepare::{Manifest, PrepareError, PrepareOptions, prepare};
+use vgpu_ldconfig::{loader_paths, parse_cache, read_cache};
+
+#[test]
+fn real_535_exports_equal_the_checked_in_lists() {
+    let driver = unpack_debian_driver();
+    let cuda = driver.lib_dir.join(format!("libcuda.so.{DEBIAN_VERSION}"));
+    let nvml = driver.lib_dir.join(format!("libnvidia-ml.so.{DEBIAN_VERSION}"));
+    let cuda_exports = defined_functions(&cuda).unwrap();
+    assert_eq!(cuda_exports, symbol_list(&format!("libcuda.so.{DEBIAN_VERSION}.txt")));
+    assert_eq!(defined_functions(&nvml).unwrap(), symbol_list(&format!("libnvidia-ml.so.{DEBIAN_VERSION}.txt")));
+    assert!(cuda_exports.contains("cuGetProcAddress_v2"));
+    assert_eq!(soname(&cuda).unwrap().as_deref(), Some("libcuda.so.1"));
+    assert_eq!(soname(&nvml).unwrap().as_deref(), Some("libnvidia-ml.so.1"));
+}
+
+/// A loader cache file naming the unpacked libraries, written into `dir`.
+fn write_cache(dir: &Path, lib_dir: &Path) -> PathBuf {
+    let cuda = lib_dir.join("libcuda.so.1").to_string_lossy().into_owned();
+    let nvml = lib_dir.join("libnvidia-ml.so.1").to_string_lossy().into_owned();
+    let bytes = new_format(&[
+        ("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64_LIBC6),
+        ("libnvidia-ml.so.1", &nvml, X86_64_LIBC6),
+        ("libcuda.so.1", &cuda, X86_64_LIBC6),
+    ]);
+    let path = dir.join("ld.so.cache");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn options_for(cache: &Path, tool_dir: &Path) -> DiscoverOptions {
+    DiscoverOptions { cache: read_cache(cache).unwrap(), tool_dirs: vec![tool_dir.to_path_buf()], ..DiscoverOptions::default() }
+}
+
+fn sha256sum(path: &Path) -> String {
+    let output = std::process::Command::new("sha256sum").arg(path).output().unwrap();
+    String::from_utf8(output.stdout).unwrap().split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn prepare_builds_the_driver_folder_and_guards_exports() {
+    let driver_files = unpack_debian_driver();
+    let work = tempfile::tempdir().unwrap();
+    let cache = write_cache(work.path(), &driver_files.lib_dir);
+    let driver = discover(&options_for(&cache, &driver_files.tool_dir)).unwrap();
+    assert_eq!(driver.version.as_deref(), Some(DEBIAN_VERSION));
+    assert_eq!(driver.version_source, Some(VersionSource::LibcudaFileName));
+    assert_eq!(driver.libraries.len(), 2, "{:?}", driver.libraries);
+    assert!(driver.tools.contains_key("nvidia-smi"));
+    assert_eq!(
+        loader_paths("libcuda.so.1", &parse_cache(&std::fs::read(&cache).unwrap()).unwrap(), None),
+        [driver_files.lib_dir.join("libcuda.so.1")]
+    );
+
+    let cuda_names = symbol_list(&format!("libcuda.so.{DEBIAN_VERSION}.txt"));
+    let nvml_names = symbol_list(&format!("libnvidia-ml.so.{DEBIAN_VERSION}.txt"));
+    let dest = work.path().join("driver");
+    let shims = work.path().join("shims");
+    std::fs::create_dir(&shims).unwrap();
+    let options = |driver| PrepareOptions { dest: dest.clone(), shim_dir: shims.clone(), driver, force: false };
+
+    // 1. No shims at all.
+    let error = prepare(&options(driver.clone())).unwrap_err();
+    assert!(matches!(error, PrepareError::MissingShim { .. }), "{error}");
+
+    // 2. A CUDA shim with only a few exports is refused, naming what it lacks.
+    build_shim(&shims.join("libcuda_shim.so"), ["cuInit", "cuDriverGetVersion", "cuGetProcAddress"]);
+    build_shim(&shims.join("libnvml_shim.so"), nvml_names.iter().map(String::as_str));
+    let error = prepare(&options(driver.clone())).unwrap_err();
+    let PrepareError::ShimLacksExports(reports) = &error else { panic!("unexpected {error}") };
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].missing.len(), cuda_names.len() - 3);
+    assert!(reports[0].missing.iter().any(|name| name == "cuMemAlloc_v2"));
+    assert!(!reports[0].missing.iter().any(|name| name == "cuInit"));
+    let message = error.to_string();
+    assert!(message.contains("cuMemAlloc_v2") && message.contains("cuArray3DCreate"), "{message}");
+    assert!(!dest.exists(), "nothing may be written when the check fails");
+
+    // 3. A shim with every name (plus an extra) passes, and the folder is laid out.
+    build_shim(&shims.join("libcuda_shim.so"), cuda_names.iter().map(String::as_str).chain(["vgpuExtraExport"]));
+    let outcome = prepare(&options(driver.clone())).unwrap();
+    assert!(outcome.checks.iter().all(|report| report.is_complete()));
+    assert_eq!(outcome.checks.len(), 2);
+    let lib64 = dest.join("lib64");
+    let cuda_file = format!("libcuda.so.{DEBIAN_VERSION}");
+    let nvml_file = format!("libnvidia-ml.so.{DEBIAN_VERSION}");
+    assert!(std::fs::symlink_metadata(lib64.join(&cuda_file)).unwrap().is_file());
+    assert_eq!(std::fs::read_link(lib64.join("libcuda.so.1")).unwrap(), Path::new(&cuda_file));
+    assert_eq!(std::fs::read_link(lib64.join("libcuda.so")).unwrap(), Path::new("libcuda.so.1"));
+    assert_eq!(std::fs::read_link(lib64.join("libnvidia-ml.so.1")).unwrap(), Path::new(&nvml_file));
+    assert_eq!(std::fs::read_link(lib64.join("libnvidia-ml.so")).unwrap(), Path::new("libnvidia-ml.so.1"));
+    assert_eq!(sha256sum(&lib64.join(&cuda_file)), sha256sum(&driver_files.lib_dir.join(&cuda_file)));
+    assert!(dest.join("bin/nvidia-smi").is_file());
+    assert!(dest.join("shim/libcuda_shim.so").is_file());
+    assert!(dest.join("shim/libnvml_shim.so").is_file());
+    // The prepared folder is itself a valid driver: its exports are the real ones.
+    assert_eq!(defined_functions(&lib64.join("libcuda.so.1")).unwrap(), cuda_names);
+
+    let manifest = Manifest::read(&dest).unwrap().unwrap();
+    assert_eq!(manifest.version, DEBIAN_VERSION);
+    let entry = manifest.files.iter().find(|file| file.path == format!("lib64/{cuda_file}")).unwrap();
+    assert_eq!(entry.sha256, sha256sum(&driver_files.lib_dir.join(&cuda_file)));
+    assert_eq!(entry.size, std::fs::metadata(driver_files.lib_dir.join(&cuda_file)).unwrap().len());
+    assert_eq!(manifest.files.len(), 2 + 1 + 2);
+    assert_eq!(manifest.links.len(), 4);
+    let raw: serde_json::Value = serde_json::from_slice(&std::fs::read(dest.join("driver.json")).unwrap()).unwrap();
+    assert_eq!(raw["version"], DEBIAN_VERSION);
+
+    // 4. Idempotent: a second run changes nothing and rewrites nothing.
+    let mtime = std::fs::metadata(lib64.join(&cuda_file)).unwrap().modified().unwrap();
+    let again = prepare(&options(driver.clone())).unwrap();
+    assert!(again.changed.is_empty(), "{:?}", again.changed);
+    assert!(again.removed.is_empty());
+    assert_eq!(std::fs::metadata(lib64.join(&cuda_file)).unwrap().modified().unwrap(), mtime);
+    // A damaged copy is repaired.
+    std::fs::write(lib64.join(&nvml_file), b"damaged").unwrap();
+    let repaired = prepare(&options(driver.clone())).unwrap();
+    assert_eq!(repaired.changed, [format!("lib64/{nvml_file}")]);
+    assert_eq!(sha256sum(&lib64.join(&nvml_file)), sha256sum(&driver_files.lib_dir.join(&nvml_file)));
+
+    // 5. Another driver version is refused unless forced; forcing removes the old files.
+    let other = work.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::copy(driver_files.lib_dir.join(&cuda_file), other.join("libcuda.so.999.1.2")).unwrap();
+    std::fs::copy(driver_files.lib_dir.join(&nvml_file), other.join("libnvidia-ml.so.999.1.2")).unwrap();
+    symlink("libcuda.so.999.1.2", other.join("libcuda.so.1")).unwrap();
+    symlink("libnvidia-ml.so.999.1.2", other.join("libnvidia-ml.so.1")).unwrap();
+    let other_driver = discover(&DiscoverOptions { extra_dirs: vec![other.clone()], ..DiscoverOptions::default() }).unwrap();
+    assert_eq!(other_driver.version.as_deref(), Some("999.1.2"));
+    let error = prepare(&options(other_driver.clone())).unwrap_err();
+    assert!(matches!(&error, PrepareError::DifferentVersion { existing, wanted, .. } if existing == DEBIAN_VERSION && wanted == "999.1.2"), "{error}");
+    assert!(error.to_string().contains("--force"));
+    let forced = prepare(&PrepareOptions { force: true, ..options(other_driver) }).unwrap();
+    assert_eq!(forced.manifest.version, "999.1.2");
+    assert!(forced.removed.contains(&format!("lib64/{cuda_file}")), "{:?}", forced.removed);
+    assert!(forced.removed.contains(&"bin/nvidia-smi".to_string()));
+    assert!(!lib64.join(&cuda_file).exists());
+    assert_eq!(std::fs::read_link(lib64.join("libcuda.so.1")).unwrap(), Path::new("libcuda.so.999.1.2"));
+}
