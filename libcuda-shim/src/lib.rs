@@ -1,1 +1,50 @@
-//! placeholder
+//! libcuda-shim: a `libcuda.so.1` that forwards every export of the real driver and
+//! enforces the container's quota.
+//!
+//! - `forward` (generated from `symbols/libcuda.so.*.txt`): the slot table and one naked
+//!   trampoline per export the shim does not hook.
+//! - `hooks`: the hooked exports, grouped by job (devices, contexts, memory, proc
+//!   address lookup, launches).
+//! - `state`: what the shim learned at load: the real library, the config, the usage
+//!   region, the visible devices and this process's allocations.
+//! - `stubs`: what a slot points to when there is nothing real to call.
+//!
+//! The real library is loaded when the shim is (an `.init_array` constructor), so the
+//! trampolines never have to resolve anything on the call path.
+
+#![allow(clippy::missing_safety_doc)]
+
+mod cuda;
+mod forward {
+    include!(concat!(env!("OUT_DIR"), "/forward.rs"));
+}
+pub mod hooks;
+mod state;
+mod stubs;
+
+/// Defines an exported, panic-guarded hook (see `vgpu_shimgen::define_hook`).
+macro_rules! hook {
+    ($($tokens:tt)*) => {
+        ::vgpu_shimgen::define_hook!(crate::forward, crate::cuda::CUDA_ERROR_UNKNOWN; $($tokens)*);
+    };
+}
+pub(crate) use hook;
+
+/// Debug logging, off unless `VGPU_LOG` asks.
+macro_rules! debug {
+    ($($arg:tt)*) => {
+        ::vgpu_shimgen::runtime::log(::vgpu_shimgen::runtime::Level::Debug, "cuda", format_args!($($arg)*))
+    };
+}
+pub(crate) use debug;
+
+/// Runs when the shim is loaded: loads the real driver and the config.
+extern "C" fn on_load() {
+    ::vgpu_shimgen::runtime::guard((), || {
+        state::shim();
+    });
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;

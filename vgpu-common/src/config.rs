@@ -259,6 +259,23 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DRIVER_DIR))
     }
 
+    /// The devices as the usage region records them (the same for every writer, so the
+    /// CUDA shim, the NVML shim and the host daemon all attach to one region).
+    pub fn region_devices(&self) -> Vec<crate::region::RegionDevice> {
+        self.devices
+            .iter()
+            .map(|device| crate::region::RegionDevice {
+                id: match device.selector() {
+                    DeviceSelector::Uuid(uuid) => uuid,
+                    DeviceSelector::Index(index) => format!("index:{index}"),
+                },
+                memory_limit: device.memory_limit.map(|limit| limit.bytes()).unwrap_or(0),
+                core_limit: device.effective_core_limit().unwrap_or(0),
+                core_mode: (device.core_mode == CoreMode::Soft) as u32,
+            })
+            .collect()
+    }
+
     /// The usage region's path: `usage_region`, else `usage.region` beside the config file.
     pub fn resolved_region_path(&self, config_path: &Path) -> PathBuf {
         self.usage_region.clone().unwrap_or_else(|| {

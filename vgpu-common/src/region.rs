@@ -509,6 +509,11 @@ impl Region {
         }
     }
 
+    /// Bytes one slot holds on `device`.
+    pub fn slot_used(&self, slot: SlotId, device: usize) -> u64 {
+        if device < MAX_DEVICES { self.slot(slot.0).used[device].load(Ordering::SeqCst) } else { 0 }
+    }
+
     /// Credits `bytes` back on `device`.
     pub fn release(&self, slot: SlotId, device: usize, bytes: u64) {
         if device < MAX_DEVICES {

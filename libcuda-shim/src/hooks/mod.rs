@@ -1,0 +1,7 @@
+//! The hooked exports. Every `fn cu...(` in this folder is an export the generator will
+//! not give a trampoline; `hook!` makes it an exported, panic-guarded C function.
+
+pub mod context;
+pub mod device;
+pub mod memory;
+pub mod procaddress;
