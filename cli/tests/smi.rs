@@ -1,0 +1,192 @@
+//! End-to-end tests of `vgpu smi`: the built binary run against the simulated driver
+//! (`libvgpu_sim.so` of crate `vgpu-sim-driver`, loaded through `VGPU_NVML_LIBRARY`),
+//! plus the error paths that need no NVML at all.
+//!
+//! The simulated-driver tests need `cargo build -p vgpu-sim-driver` first (same
+//! profile); they fail with that instruction when the library is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SIM_UUID_0: &str = "GPU-51d00000-0000-4000-8000-000000000001";
+const SIM_UUID_1: &str = "GPU-51d00000-0000-4000-8000-000000000002";
+
+/// `target/<profile>/libvgpu_sim.so`, next to the `vgpu` binary under test.
+fn sim_library() -> PathBuf {
+    let binary = Path::new(env!("CARGO_BIN_EXE_vgpu"));
+    let profile_dir = binary.parent().expect("the vgpu binary lives in a folder");
+    let candidates = [profile_dir.join("libvgpu_sim.so"), profile_dir.join("deps").join("libvgpu_sim.so")];
+    candidates.iter().find(|path| path.is_file()).cloned().unwrap_or_else(|| {
+        panic!(
+            "the simulated driver is not built ({} missing): run `cargo build -p vgpu-sim-driver` first",
+            candidates[0].display()
+        )
+    })
+}
+
+/// A simulated machine: its env for `vgpu smi`, with a private state file.
+struct SimMachine {
+    state_dir: tempfile::TempDir,
+    gpus: u32,
+    memory: &'static str,
+    name: &'static str,
+}
+
+impl SimMachine {
+    fn new(gpus: u32, memory: &'static str, name: &'static str) -> SimMachine {
+        SimMachine { state_dir: tempfile::tempdir().expect("temp dir"), gpus, memory, name }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+        command
+            .arg("smi")
+            .args(args)
+            .env("VGPU_NVML_LIBRARY", sim_library())
+            .env("VGPU_SIM_GPUS", self.gpus.to_string())
+            .env("VGPU_SIM_MEMORY", self.memory)
+            .env("VGPU_SIM_NAME", self.name)
+            .env("VGPU_SIM_STATE", self.state_dir.path().join("state"))
+            .env_remove("VGPU_SIM_CONFIG")
+            .env_remove("VGPU_LOG");
+        command
+    }
+
+    fn smi(&self, args: &[&str]) -> Output {
+        run_with_deadline(self.command(args))
+    }
+}
+
+/// Runs a command, killing it if it takes more than 20 s (a hang is a failure).
+fn run_with_deadline(mut command: Command) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn vgpu");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait for vgpu").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("vgpu smi did not finish within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("collect vgpu output")
+}
+
+fn stdout_of(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "vgpu smi failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).expect("utf-8 output")
+}
+
+#[test]
+fn table_shows_every_simulated_gpu() {
+    let machine = SimMachine::new(2, "4GiB", "Tesla Sim");
+    let table = stdout_of(&machine.smi(&[]));
+    let lines: Vec<&str> = table.lines().collect();
+
+    assert!(lines[2].starts_with("| VGPU-SMI "), "{table}");
+    assert!(lines[2].contains("Driver Version: 580.159.04"), "{table}");
+    assert!(lines[2].contains("CUDA Version: 13.0"), "{table}");
+    let gpu_rows: Vec<&&str> = lines.iter().filter(|line| line.contains("Tesla Sim")).collect();
+    assert_eq!(gpu_rows.len(), 2, "{table}");
+    assert!(gpu_rows[0].starts_with("|   0  Tesla Sim "), "{table}");
+    assert!(gpu_rows[1].starts_with("|   1  Tesla Sim "), "{table}");
+    assert!(gpu_rows[0].contains("00000000:11:00.0"), "{table}");
+    assert!(gpu_rows[1].contains("00000000:12:00.0"), "{table}");
+    let memory_cells = lines.iter().filter(|line| line.contains(" /   4096MiB |")).count();
+    assert_eq!(memory_cells, 2, "{table}");
+    assert!(table.contains("|  No running processes found "), "{table}");
+    for line in lines.iter().skip(1).filter(|line| !line.is_empty()) {
+        assert_eq!(line.chars().count(), 91, "{line:?}");
+    }
+    assert!(!table.contains("Not Found") && !table.contains("rror"), "{table}");
+}
+
+#[test]
+fn list_gpus_prints_names_and_uuids() {
+    let machine = SimMachine::new(2, "4GiB", "Tesla Sim");
+    let listing = stdout_of(&machine.smi(&["-L"]));
+    assert_eq!(listing, format!("GPU 0: Tesla Sim (UUID: {SIM_UUID_0})\nGPU 1: Tesla Sim (UUID: {SIM_UUID_1})\n"));
+}
+
+#[test]
+fn query_gpu_csv_reports_memory_total() {
+    let machine = SimMachine::new(3, "80GiB", "NVIDIA H200 (simulated)");
+    let csv = stdout_of(&machine.smi(&["--query-gpu=index,name,uuid,memory.total,count", "--format=csv"]));
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows[0], "index, name, uuid, memory.total [MiB], count");
+    assert_eq!(rows.len(), 4, "{csv}");
+    assert_eq!(rows[1], format!("0, NVIDIA H200 (simulated), {SIM_UUID_0}, 81920 MiB, 3"));
+
+    let bare = stdout_of(&machine.smi(&["--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"]));
+    for row in bare.lines() {
+        let cells: Vec<&str> = row.split(", ").collect();
+        assert_eq!(cells[0], "81920", "{bare}");
+        let used: u64 = cells[1].parse().unwrap_or_else(|_| panic!("memory.used is a number: {bare}"));
+        assert!(used < 81920, "{bare}");
+    }
+}
+
+#[test]
+fn id_picks_one_gpu_by_index_or_uuid() {
+    let machine = SimMachine::new(2, "4GiB", "Tesla Sim");
+    let by_index = stdout_of(&machine.smi(&["-L", "-i", "1"]));
+    assert_eq!(by_index, format!("GPU 1: Tesla Sim (UUID: {SIM_UUID_1})\n"));
+    let by_uuid = stdout_of(&machine.smi(&["--query-gpu=index", "--format=csv,noheader", "--id", SIM_UUID_1]));
+    assert_eq!(by_uuid, "1\n");
+    let table = stdout_of(&machine.smi(&["-i", "0"]));
+    assert_eq!(table.lines().filter(|line| line.contains("Tesla Sim")).count(), 1, "{table}");
+
+    let missing = machine.smi(&["-L", "-i", "7"]);
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("no GPU has index 7"), "{stderr}");
+}
+
+#[test]
+fn compute_apps_without_processes_is_only_the_header() {
+    let machine = SimMachine::new(1, "4GiB", "Tesla Sim");
+    let csv = stdout_of(&machine.smi(&["--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv"]));
+    assert_eq!(csv, "pid, process_name, used_gpu_memory [MiB], gpu_uuid\n");
+}
+
+#[test]
+fn unknown_field_fails_naming_it() {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    command.args(["smi", "--query-gpu=name,clocks.bogus", "--format=csv"]);
+    let output = run_with_deadline(command);
+    assert!(!output.status.success());
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("Field \"clocks.bogus\" is not a valid field to query."), "{stderr}");
+}
+
+#[test]
+fn bad_format_fails_naming_the_modifier() {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    command.args(["smi", "--query-gpu=name", "--format=xml"]);
+    let output = run_with_deadline(command);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("\"xml\""), "{stderr}");
+}
+
+#[test]
+fn missing_nvml_library_is_a_clear_error() {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    command.args(["smi", "-L"]).env("VGPU_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1");
+    let output = run_with_deadline(command);
+    assert!(!output.status.success());
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("could not initialize NVML through /nonexistent/libnvidia-ml.so.1"), "{stderr}");
+}
