@@ -1,1 +1,14 @@
-fn main() {}
+//! Compiles the vendored kubelet protos (deviceplugin v1beta1, podresources v1) with
+//! protox (pure Rust, no system `protoc`) and tonic-prost-build, clients and servers
+//! both: the plugin serves DevicePlugin and calls Registration and PodResourcesLister;
+//! the tests serve those two as a stand-in kubelet.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/deviceplugin/v1beta1/api.proto", "proto/podresources/v1/api.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptors = protox::compile(protos, ["proto"])?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,1 +1,35 @@
-//! placeholder
+//! vgpu-plugin: the Kubernetes device plugin (deviceplugin v1beta1) that advertises
+//! `tencent.com/vcuda-core` and `tencent.com/vcuda-memory`, hands each container a
+//! per-container quota config and usage region, and mounts the shims over the
+//! container's CUDA and NVML libraries.
+//!
+//! Module map:
+//! * [`proto`]: the generated kubelet APIs (deviceplugin v1beta1, podresources v1);
+//! * [`config`]: the plugin's own YAML config;
+//! * [`devices`]: device discovery and health behind [`devices::DeviceSource`] (NVML or fake);
+//! * [`ids`]: the device IDs advertised to kubelet;
+//! * [`state`]: allocations kept on disk (`plugin-state.json`);
+//! * [`allocator`]: card choice, pairing of core and memory, refusals, PreStart;
+//! * [`container`]: allocation folders, the container config, the Allocate response;
+//! * [`layout`]: the container-side paths (local copy until `vgpu_ldconfig::layout` lands);
+//! * [`kubelet`]: unix-socket gRPC clients (Registration, PodResources);
+//! * [`service`]: the DevicePlugin gRPC service of one resource;
+//! * [`daemon`]: sockets, registration, re-registration, GC, shutdown;
+//! * [`metrics`]: Prometheus metrics over plain HTTP.
+
+pub mod allocator;
+pub mod config;
+pub mod container;
+pub mod daemon;
+pub mod devices;
+pub mod ids;
+pub mod kubelet;
+pub mod layout;
+pub mod metrics;
+pub mod proto;
+pub mod service;
+pub mod state;
+
+pub use config::PluginConfig;
+pub use daemon::{PluginHandle, start};
+pub use devices::{CardInfo, DeviceSource};

@@ -1,0 +1,213 @@
+//! The plugin's own YAML config (`--config`, default `/etc/vgpu/plugin.yaml`). Every key
+//! is optional; unknown keys are errors that name the key.
+//!
+//! ```yaml
+//! device_plugin_dir: /var/lib/kubelet/device-plugins   # kubelet.sock and our sockets
+//! kubelet_socket: kubelet.sock                          # inside device_plugin_dir
+//! pod_resources_socket: /var/lib/kubelet/pod-resources/kubelet.sock
+//! state_dir: /var/lib/vgpu          # plugin-state.json, allocations/, containers/
+//! host_driver_dir: /var/lib/vgpu/driver   # prepared by `vgpu-ldconfig prepare`
+//! shim_dir: /var/lib/vgpu/driver/shim     # libcuda_shim.so, libnvml_shim.so
+//! nvml_library: libnvidia-ml.so.1         # what nvml-wrapper loads (a name or a path)
+//! core_resource: tencent.com/vcuda-core
+//! memory_resource: tencent.com/vcuda-memory
+//! memory_unit: 256MiB                     # one vcuda-memory device
+//! policy: binpack                         # or spread
+//! default_core_ceiling: 100               # soft-mode ceiling; omit for hard limits
+//! pairing_window_secs: 30
+//! gc_interval_secs: 60
+//! gc_grace_secs: 300
+//! health_interval_secs: 5
+//! kubelet_watch_interval_ms: 1000
+//! metrics_address: 127.0.0.1:9401         # omit or null to turn metrics off
+//! cdi_devices: false                      # also return CDI names `<kind>=<uuid>`
+//! cdi_kind: nvidia.com/gpu
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use vgpu_common::ByteSize;
+
+use crate::layout;
+
+/// Where the config is read from when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/vgpu/plugin.yaml";
+
+/// How GetPreferredAllocation picks a card among those that fit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// The fullest card that still fits: keeps whole cards free.
+    #[default]
+    Binpack,
+    /// The emptiest card: spreads load.
+    Spread,
+}
+
+/// The plugin config.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginConfig {
+    pub device_plugin_dir: PathBuf,
+    pub kubelet_socket: String,
+    pub pod_resources_socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub host_driver_dir: PathBuf,
+    pub shim_dir: PathBuf,
+    pub nvml_library: PathBuf,
+    pub core_resource: String,
+    pub memory_resource: String,
+    pub memory_unit: ByteSize,
+    pub policy: Policy,
+    pub default_core_ceiling: Option<u32>,
+    pub pairing_window_secs: u64,
+    pub gc_interval_secs: u64,
+    pub gc_grace_secs: u64,
+    pub health_interval_secs: u64,
+    pub kubelet_watch_interval_ms: u64,
+    pub metrics_address: Option<SocketAddr>,
+    pub cdi_devices: bool,
+    pub cdi_kind: String,
+    /// Root under which host device nodes are looked up (tests point it elsewhere).
+    pub dev_root: PathBuf,
+}
+
+impl Default for PluginConfig {
+    fn default() -> PluginConfig {
+        PluginConfig {
+            device_plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            kubelet_socket: "kubelet.sock".into(),
+            pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            state_dir: PathBuf::from("/var/lib/vgpu"),
+            host_driver_dir: PathBuf::from(layout::HOST_DRIVER_DIR),
+            shim_dir: Path::new(layout::HOST_DRIVER_DIR).join(layout::HOST_SHIM_SUBDIR),
+            nvml_library: PathBuf::from("libnvidia-ml.so.1"),
+            core_resource: "tencent.com/vcuda-core".into(),
+            memory_resource: "tencent.com/vcuda-memory".into(),
+            memory_unit: ByteSize::mib(256),
+            policy: Policy::Binpack,
+            default_core_ceiling: None,
+            pairing_window_secs: 30,
+            gc_interval_secs: 60,
+            gc_grace_secs: 300,
+            health_interval_secs: 5,
+            kubelet_watch_interval_ms: 1000,
+            metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 9401))),
+            cdi_devices: false,
+            cdi_kind: "nvidia.com/gpu".into(),
+            dev_root: PathBuf::from("/dev"),
+        }
+    }
+}
+
+impl PluginConfig {
+    /// Parses and checks YAML text; `origin` labels errors.
+    pub fn from_yaml(text: &str, origin: &Path) -> anyhow::Result<PluginConfig> {
+        let config: PluginConfig = if text.trim().is_empty() {
+            PluginConfig::default()
+        } else {
+            serde_norway::from_str(text).map_err(|err| anyhow::anyhow!("{}: {err}", origin.display()))?
+        };
+        config.validate().map_err(|message| anyhow::anyhow!("{}: {message}", origin.display()))?;
+        Ok(config)
+    }
+
+    /// Reads one file.
+    pub fn load(path: &Path) -> anyhow::Result<PluginConfig> {
+        let text = std::fs::read_to_string(path).map_err(|err| anyhow::anyhow!("cannot read {}: {err}", path.display()))?;
+        PluginConfig::from_yaml(&text, path)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.memory_unit.bytes() < (1 << 20) {
+            return Err(format!("memory_unit: {} is below 1MiB", self.memory_unit));
+        }
+        for (key, name) in [("core_resource", &self.core_resource), ("memory_resource", &self.memory_resource)] {
+            if !name.contains('/') || name.starts_with('/') || name.ends_with('/') {
+                return Err(format!("{key}: `{name}` is not an extended resource name such as tencent.com/vcuda-core"));
+            }
+        }
+        if self.core_resource == self.memory_resource {
+            return Err("core_resource and memory_resource must differ".into());
+        }
+        if self.kubelet_socket.contains('/') || self.kubelet_socket.is_empty() {
+            return Err(format!("kubelet_socket: `{}` must be a file name inside device_plugin_dir", self.kubelet_socket));
+        }
+        if let Some(ceiling) = self.default_core_ceiling
+            && !(1..=100).contains(&ceiling)
+        {
+            return Err(format!("default_core_ceiling: {ceiling} is outside 1-100"));
+        }
+        for (key, value) in [
+            ("gc_interval_secs", self.gc_interval_secs),
+            ("health_interval_secs", self.health_interval_secs),
+            ("kubelet_watch_interval_ms", self.kubelet_watch_interval_ms),
+        ] {
+            if value == 0 {
+                return Err(format!("{key}: must be more than 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `<state_dir>/plugin-state.json`.
+    pub fn state_file(&self) -> PathBuf {
+        self.state_dir.join("plugin-state.json")
+    }
+
+    /// `<state_dir>/allocations`.
+    pub fn allocations_dir(&self) -> PathBuf {
+        self.state_dir.join("allocations")
+    }
+
+    /// `<state_dir>/containers`.
+    pub fn containers_dir(&self) -> PathBuf {
+        self.state_dir.join("containers")
+    }
+
+    /// The kubelet's registration socket.
+    pub fn kubelet_socket_path(&self) -> PathBuf {
+        self.device_plugin_dir.join(&self.kubelet_socket)
+    }
+
+    /// Socket file name of a resource's plugin endpoint (`vgpu-vcuda-core.sock`).
+    pub fn endpoint_name(resource: &str) -> String {
+        let tail = resource.rsplit('/').next().unwrap_or(resource);
+        format!("vgpu-{tail}.sock")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let config = PluginConfig::from_yaml("", Path::new("p.yaml")).expect("empty is default");
+        assert_eq!(config, PluginConfig::default());
+        let config = PluginConfig::from_yaml("policy: spread\nmemory_unit: 512MiB\nmetrics_address: null\n", Path::new("p.yaml"))
+            .expect("valid");
+        assert_eq!(config.policy, Policy::Spread);
+        assert_eq!(config.memory_unit, ByteSize::mib(512));
+        assert_eq!(config.metrics_address, None);
+        assert_eq!(PluginConfig::endpoint_name("tencent.com/vcuda-core"), "vgpu-vcuda-core.sock");
+    }
+
+    #[test]
+    fn bad_configs_name_the_key() {
+        for (text, needle) in [
+            ("polcy: spread\n", "polcy"),
+            ("policy: random\n", "random"),
+            ("memory_unit: 1KiB\n", "memory_unit"),
+            ("core_resource: vcuda\n", "core_resource"),
+            ("default_core_ceiling: 0\n", "default_core_ceiling"),
+            ("kubelet_socket: a/b.sock\n", "kubelet_socket"),
+            ("gc_interval_secs: 0\n", "gc_interval_secs"),
+        ] {
+            let err = PluginConfig::from_yaml(text, Path::new("p.yaml")).expect_err(text).to_string();
+            assert!(err.contains(needle), "{text:?} gave {err}");
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The daemon's life: discover cards, load the state, serve one socket per resource in
+//! the device-plugin folder and Register each (serving before registering), watch that
+//! folder (kubelet deletes plugin sockets when it restarts: the socket is re-created and
+//! registered again; a new kubelet.sock also triggers re-registration), probe health,
+//! collect garbage, serve metrics, and on stop remove the sockets.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::allocator::{Allocator, HolderIndex};
+use crate::config::PluginConfig;
+use crate::container;
+use crate::devices::DeviceSource;
+use crate::ids::Kind;
+use crate::kubelet;
+use crate::metrics;
+use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
+use crate::service::{ResourceService, Shared, now_unix};
+use crate::state::PluginState;
+
+/// A running plugin.
+pub struct PluginHandle {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    health_stop: Arc<AtomicBool>,
+    health_thread: Option<std::thread::JoinHandle<()>>,
+    metrics_address: Option<SocketAddr>,
+    sockets: Vec<PathBuf>,
+}
+
+impl PluginHandle {
+    /// The shared book (tests and metrics read it).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Where metrics are served, once bound (port 0 in the config picks a free one).
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_address
+    }
+
+    /// Socket paths of the two resources (core first).
+    pub fn sockets(&self) -> &[PathBuf] {
+        &self.sockets
+    }
+
+    /// Stops serving, removes the sockets and waits for the background work.
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks.drain(..) {
+            if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
+                tracing::warn!("a background task did not stop within 5s");
+            }
+        }
+        self.health_stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.health_thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        for socket in &self.sockets {
+            let _ = std::fs::remove_file(socket);
+        }
+        tracing::info!("stopped");
+    }
+}
+
+struct RunningServer {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    inode: u64,
+}
+
+fn socket_inode(path: &std::path::Path) -> Option<u64> {
+    std::fs::symlink_metadata(path).ok().map(|meta| meta.ino())
+}
+
+fn serve_resource(shared: &Arc<Shared>, kind: Kind, path: &std::path::Path) -> anyhow::Result<RunningServer> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path).map_err(|err| anyhow::anyhow!("cannot listen on {}: {err}", path.display()))?;
+    let inode = socket_inode(path).unwrap_or(0);
+    let (stop, stop_receiver) = watch::channel(false);
+    let service = ResourceService { kind, shared: shared.clone(), stop: stop_receiver.clone() };
+    let mut shutdown = stop_receiver;
+    let shown = path.display().to_string();
+    let task = tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                let _ = shutdown.wait_for(|stopped| *stopped).await;
+            })
+            .await;
+        if let Err(err) = result {
+            tracing::error!(socket = %shown, error = %err, "device plugin server failed");
+        }
+    });
+    Ok(RunningServer { stop, task, inode })
+}
+
+async fn stop_server(server: RunningServer) {
+    let _ = server.stop.send(true);
+    if tokio::time::timeout(Duration::from_secs(5), server.task).await.is_err() {
+        tracing::warn!("a device plugin server did not stop within 5s");
+    }
+}
+
+/// Keeps both resources served and registered until `stop`.
+async fn supervise(shared: Arc<Shared>, resources: Vec<(Kind, String, PathBuf)>, mut stop: watch::Receiver<bool>) {
+    let config = shared.config.clone();
+    let kubelet_socket = config.kubelet_socket_path();
+    let tick = Duration::from_millis(config.kubelet_watch_interval_ms);
+    let mut servers: Vec<Option<RunningServer>> = resources.iter().map(|_| None).collect();
+    let mut registered = vec![false; resources.len()];
+    let mut kubelet_inode = None;
+    loop {
+        let inode_now = socket_inode(&kubelet_socket);
+        if inode_now != kubelet_inode {
+            if inode_now.is_some() {
+                tracing::info!(socket = %kubelet_socket.display(), "kubelet socket appeared or changed; registering");
+            }
+            registered.iter_mut().for_each(|flag| *flag = false);
+            kubelet_inode = inode_now;
+        }
+        for (slot, (kind, resource, path)) in resources.iter().enumerate() {
+            let alive = servers[slot].as_ref().is_some_and(|server| socket_inode(path) == Some(server.inode) && !server.task.is_finished());
+            if !alive {
+                if let Some(old) = servers[slot].take() {
+                    tracing::info!(socket = %path.display(), "plugin socket removed (kubelet restart?); serving again");
+                    stop_server(old).await;
+                }
+                match serve_resource(&shared, *kind, path) {
+                    Ok(server) => servers[slot] = Some(server),
+                    Err(err) => tracing::error!(error = %err, "cannot serve"),
+                }
+                registered[slot] = false;
+            }
+            if servers[slot].is_some() && !registered[slot] && kubelet_inode.is_some() {
+                let endpoint = PluginConfig::endpoint_name(resource);
+                match kubelet::register(&kubelet_socket, &endpoint, resource).await {
+                    Ok(()) => {
+                        registered[slot] = true;
+                        shared.counters.registrations.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(resource = %resource, endpoint = %endpoint, "registered with kubelet");
+                    }
+                    Err(err) => tracing::warn!(resource = %resource, error = %err, "registration failed; will retry"),
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        }
+    }
+    for server in servers.into_iter().flatten() {
+        stop_server(server).await;
+    }
+}
+
+/// One garbage-collection pass; returns how many allocations were collected.
+pub async fn collect_garbage(shared: &Shared) -> anyhow::Result<usize> {
+    let config = &shared.config;
+    let pods = kubelet::list_pod_resources(&config.pod_resources_socket).await?;
+    let holders = HolderIndex::from_list(&pods, &config.core_resource, &config.memory_resource);
+    let removed = shared.allocator().collect_garbage(&holders, now_unix())?;
+    for record in &removed {
+        tracing::info!(allocation = %record.id, owner = ?record.owner, "collected allocation of a container that is gone");
+        container::remove_allocation(config, record);
+    }
+    let known: Vec<String> = shared.allocator().state().allocations.keys().cloned().collect();
+    for orphan in container::orphan_dirs(config, &known, Duration::from_secs(config.gc_grace_secs)) {
+        tracing::info!(dir = %orphan.display(), "removing allocation folder unknown to the state");
+        let _ = std::fs::remove_dir_all(&orphan);
+    }
+    shared.counters.collected.fetch_add(removed.len() as u64, Ordering::Relaxed);
+    Ok(removed.len())
+}
+
+async fn garbage_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let every = Duration::from_secs(shared.config.gc_interval_secs);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+        if let Err(err) = collect_garbage(&shared).await {
+            tracing::warn!(error = %err, "garbage collection skipped");
+        }
+    }
+}
+
+fn health_loop(shared: Arc<Shared>, source: Arc<dyn DeviceSource>, stop: Arc<AtomicBool>) {
+    let interval = Duration::from_secs(shared.config.health_interval_secs);
+    let slice = interval.min(Duration::from_millis(500));
+    let uuids: Vec<String> = shared.allocator().cards().iter().map(|card| card.uuid.clone()).collect();
+    let mut critical: std::collections::BTreeMap<String, String> = Default::default();
+    let mut last_probe = std::time::Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        let hit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.wait_critical(slice))).unwrap_or_default();
+        for (uuid, reason) in hit {
+            // Critical Xids are sticky: the card stays out until the plugin restarts.
+            critical.insert(uuid, reason);
+        }
+        if last_probe.elapsed() >= interval || !critical.is_empty() {
+            last_probe = std::time::Instant::now();
+            for uuid in &uuids {
+                let health = match critical.get(uuid) {
+                    Some(reason) => Err(reason.clone()),
+                    None => source.probe(uuid),
+                };
+                shared.set_health(uuid, health);
+            }
+        }
+    }
+}
+
+/// Starts the plugin: returns once both resources are served (registration proceeds
+/// in the background and is retried until kubelet accepts it).
+pub async fn start(config: PluginConfig, source: Arc<dyn DeviceSource>) -> anyhow::Result<PluginHandle> {
+    let cards = source.discover()?;
+    if cards.is_empty() {
+        tracing::warn!("no GPUs found: advertising no devices");
+    }
+    for dir in [&config.state_dir, &config.allocations_dir(), &config.containers_dir(), &config.device_plugin_dir] {
+        std::fs::create_dir_all(dir).map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
+    }
+    let state = PluginState::load(&config.state_file())?;
+    tracing::info!(cards = cards.len(), allocations = state.allocations.len(), "starting");
+    let allocator = Allocator::new(config.clone(), cards.clone(), state);
+    let shared = Shared::new(allocator);
+    for card in &cards {
+        shared.set_health(&card.uuid, source.probe(&card.uuid));
+    }
+    let (stop, stop_receiver) = watch::channel(false);
+    let resources = vec![
+        (Kind::Core, config.core_resource.clone(), config.device_plugin_dir.join(PluginConfig::endpoint_name(&config.core_resource))),
+        (Kind::Memory, config.memory_resource.clone(), config.device_plugin_dir.join(PluginConfig::endpoint_name(&config.memory_resource))),
+    ];
+    let sockets: Vec<PathBuf> = resources.iter().map(|(_, _, path)| path.clone()).collect();
+    let mut tasks = Vec::new();
+    let metrics_address = match config.metrics_address {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|err| anyhow::anyhow!("cannot serve metrics on {address}: {err}"))?;
+            let bound = listener.local_addr()?;
+            tracing::info!(address = %bound, "serving metrics at /metrics");
+            tasks.push(tokio::spawn(metrics::serve(listener, shared.clone(), stop_receiver.clone())));
+            Some(bound)
+        }
+        None => None,
+    };
+    // Serve before anything registers: each supervisor pass binds a socket before it
+    // calls Register for it.
+    tasks.push(tokio::spawn(supervise(shared.clone(), resources, stop_receiver.clone())));
+    tasks.push(tokio::spawn(garbage_loop(shared.clone(), stop_receiver.clone())));
+    let health_stop = Arc::new(AtomicBool::new(false));
+    let health_thread = {
+        let shared = shared.clone();
+        let stop = health_stop.clone();
+        std::thread::Builder::new().name("vgpu-health".into()).spawn(move || health_loop(shared, source, stop))?
+    };
+    // Wait (briefly) until both sockets exist so callers can connect right away.
+    for _ in 0..100 {
+        if sockets.iter().all(|socket| socket.exists()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(PluginHandle { shared, stop, tasks, health_stop, health_thread: Some(health_thread), metrics_address, sockets })
+}

@@ -1,0 +1,84 @@
+//! Device IDs advertised to kubelet: `<uuid>-core-<k>` (100 per card) and
+//! `<uuid>-mem-<k>` (one per memory unit of the card).
+
+/// Core devices per card: one per percent of its SMs.
+pub const CORES_PER_CARD: u32 = 100;
+
+/// Which of the two resources an ID belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Core,
+    Memory,
+}
+
+impl Kind {
+    fn infix(self) -> &'static str {
+        match self {
+            Kind::Core => "-core-",
+            Kind::Memory => "-mem-",
+        }
+    }
+
+    /// The other resource.
+    pub fn other(self) -> Kind {
+        match self {
+            Kind::Core => Kind::Memory,
+            Kind::Memory => Kind::Core,
+        }
+    }
+}
+
+/// One parsed device ID.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId {
+    pub uuid: String,
+    pub kind: Kind,
+    pub unit: u32,
+}
+
+impl DeviceId {
+    pub fn new(uuid: &str, kind: Kind, unit: u32) -> DeviceId {
+        DeviceId { uuid: uuid.to_string(), kind, unit }
+    }
+
+    /// Parses `<uuid>-core-<k>` or `<uuid>-mem-<k>`; `None` for anything else.
+    pub fn parse(text: &str) -> Option<DeviceId> {
+        for kind in [Kind::Core, Kind::Memory] {
+            if let Some(at) = text.rfind(kind.infix()) {
+                let (uuid, rest) = text.split_at(at);
+                let digits = &rest[kind.infix().len()..];
+                if uuid.is_empty() || digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    continue;
+                }
+                let unit = digits.parse().ok()?;
+                return Some(DeviceId { uuid: uuid.to_string(), kind, unit });
+            }
+        }
+        None
+    }
+}
+
+impl std::fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}{}", self.uuid, self.kind.infix(), self.unit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_garbage() {
+        let uuid = "GPU-5e0f0c5a-1111-2222-3333-444455556666";
+        for kind in [Kind::Core, Kind::Memory] {
+            let id = DeviceId::new(uuid, kind, 42);
+            assert_eq!(DeviceId::parse(&id.to_string()), Some(id));
+        }
+        assert_eq!(DeviceId::parse("GPU-x-core-").map(|id| id.unit), None);
+        assert_eq!(DeviceId::parse("-core-3"), None);
+        assert_eq!(DeviceId::parse("GPU-x-core-3a"), None);
+        assert_eq!(DeviceId::parse("nvidia0"), None);
+        assert_eq!(DeviceId::parse("GPU-x-mem-99999999999999"), None);
+    }
+}

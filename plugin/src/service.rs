@@ -1,0 +1,225 @@
+//! The DevicePlugin gRPC service of one resource (cores or memory). Both share one
+//! [`Shared`]: the allocator behind a mutex, the health generation and the counters.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{mpsc, watch};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::allocator::{Allocator, HolderIndex};
+use crate::config::PluginConfig;
+use crate::container;
+use crate::ids::Kind;
+use crate::kubelet;
+use crate::proto::deviceplugin::device_plugin_server::DevicePlugin;
+use crate::proto::deviceplugin::{
+    AllocateRequest, AllocateResponse, ContainerPreferredAllocationResponse, DevicePluginOptions, Empty,
+    ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+    PreferredAllocationResponse,
+};
+
+/// Counters exported as metrics.
+#[derive(Default)]
+pub struct Counters {
+    pub allocations: AtomicU64,
+    pub refusals: AtomicU64,
+    pub prestarts: AtomicU64,
+    pub collected: AtomicU64,
+    pub registrations: AtomicU64,
+}
+
+/// State shared by both services, the health watcher, GC and metrics.
+pub struct Shared {
+    pub config: PluginConfig,
+    allocator: Mutex<Allocator>,
+    /// Bumped whenever a card's health changes.
+    pub health: watch::Sender<u64>,
+    pub counters: Counters,
+}
+
+/// Seconds since the epoch.
+pub fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |age| age.as_secs())
+}
+
+impl Shared {
+    pub fn new(allocator: Allocator) -> Arc<Shared> {
+        let config = allocator.config().clone();
+        Arc::new(Shared { config, allocator: Mutex::new(allocator), health: watch::Sender::new(0), counters: Counters::default() })
+    }
+
+    /// The allocator; a poisoned lock is taken over (the book stays consistent because
+    /// every change is saved before a call returns).
+    pub fn allocator(&self) -> MutexGuard<'_, Allocator> {
+        self.allocator.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Applies a probe result and wakes ListAndWatch streams when health changed.
+    pub fn set_health(&self, uuid: &str, health: Result<(), String>) {
+        let reason = health.as_ref().err().cloned();
+        if self.allocator().set_health(uuid, health) {
+            match reason {
+                Some(reason) => tracing::warn!(card = uuid, %reason, "card unhealthy"),
+                None => tracing::info!(card = uuid, "card healthy again"),
+            }
+            self.health.send_modify(|generation| *generation += 1);
+        }
+    }
+
+    async fn holders(&self) -> Result<HolderIndex, Status> {
+        let pods = kubelet::list_pod_resources(&self.config.pod_resources_socket)
+            .await
+            .map_err(|err| Status::unavailable(err.to_string()))?;
+        Ok(HolderIndex::from_list(&pods, &self.config.core_resource, &self.config.memory_resource))
+    }
+}
+
+/// The DevicePlugin service of one resource.
+pub struct ResourceService {
+    pub kind: Kind,
+    pub shared: Arc<Shared>,
+    /// Ends ListAndWatch streams when the server stops.
+    pub stop: watch::Receiver<bool>,
+}
+
+impl ResourceService {
+    fn refuse(&self, status: Status) -> Status {
+        self.shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(kind = ?self.kind, code = ?status.code(), message = status.message(), "request refused");
+        status
+    }
+
+    async fn allocate_one(&self, ids: &[String]) -> Result<crate::proto::deviceplugin::ContainerAllocateResponse, Status> {
+        let shared = &self.shared;
+        let conflicts = shared.allocator().conflicts(ids);
+        if !conflicts.is_empty() {
+            // Kubelet reuses IDs once a pod is gone; release our record only if PodResources agrees.
+            match shared.holders().await {
+                Ok(holders) => {
+                    let released = shared
+                        .allocator()
+                        .release_stale(&conflicts, &holders, now_unix())
+                        .map_err(|err| Status::internal(err.to_string()))?;
+                    for record in &released {
+                        tracing::info!(allocation = %record.id, "released a stale allocation whose devices kubelet reassigned");
+                        container::remove_allocation(&shared.config, record);
+                    }
+                }
+                Err(status) => tracing::warn!(error = status.message(), "PodResources unavailable; keeping existing allocations"),
+            }
+        }
+        let now = now_unix();
+        let (decision, cards) = {
+            let mut allocator = shared.allocator();
+            let decision = allocator.allocate(self.kind, ids, now)?;
+            let cards: Vec<_> =
+                allocator.cards().iter().filter(|card| decision.record.cards.contains(&card.uuid)).cloned().collect();
+            (decision, cards)
+        };
+        if decision.returns_mounts
+            && let Err(err) = container::create_allocation_dir(&shared.config, &decision.record)
+        {
+            shared.allocator().forget(&decision.record.id);
+            return Err(Status::internal(err.to_string()));
+        }
+        let units = match self.kind {
+            Kind::Core => (ids.len(), 0),
+            Kind::Memory => (0, ids.len()),
+        };
+        let card_refs: Vec<_> = cards.iter().collect();
+        tracing::info!(
+            kind = ?self.kind, allocation = %decision.record.id, cards = ?decision.record.cards,
+            count = ids.len(), mounts = decision.returns_mounts, "allocated"
+        );
+        shared.counters.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok(container::allocate_response(&shared.config, &decision.record, &card_refs, decision.returns_mounts, units))
+    }
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for ResourceService {
+    async fn get_device_plugin_options(&self, _: Request<Empty>) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true }))
+    }
+
+    type ListAndWatchStream = DeviceStream;
+
+    async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<DeviceStream>, Status> {
+        let (sender, receiver) = mpsc::channel(4);
+        let shared = self.shared.clone();
+        let kind = self.kind;
+        let mut health = shared.health.subscribe();
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let devices = shared.allocator().devices(kind);
+                if sender.send(Ok(ListAndWatchResponse { devices })).await.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    changed = health.changed() => if changed.is_err() { return },
+                    _ = stop.wait_for(|stopped| *stopped) => return,
+                    _ = sender.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let now = now_unix();
+        let allocator = self.shared.allocator();
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .iter()
+            .map(|wanted| ContainerPreferredAllocationResponse {
+                device_i_ds: allocator.preferred(
+                    self.kind,
+                    &wanted.available_device_i_ds,
+                    &wanted.must_include_device_i_ds,
+                    usize::try_from(wanted.allocation_size).unwrap_or(0),
+                    now,
+                ),
+            })
+            .collect();
+        Ok(Response::new(PreferredAllocationResponse { container_responses }))
+    }
+
+    async fn allocate(&self, request: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
+        let mut container_responses = Vec::new();
+        for wanted in request.into_inner().container_requests {
+            let response = self.allocate_one(&wanted.devices_ids).await.map_err(|status| self.refuse(status))?;
+            container_responses.push(response);
+        }
+        Ok(Response::new(AllocateResponse { container_responses }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        request: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        let ids = request.into_inner().devices_ids;
+        let holders = self.shared.holders().await.map_err(|status| self.refuse(status))?;
+        let plan = self.shared.allocator().plan_prestart(&ids, &holders).map_err(|status| self.refuse(status))?;
+        let dir = container::write_prestart(&self.shared.config, &plan)
+            .map_err(|err| self.refuse(Status::internal(format!("cannot write the container config: {err}"))))?;
+        self.shared.allocator().commit_owner(&plan).map_err(|err| self.refuse(Status::internal(err.to_string())))?;
+        self.shared.counters.prestarts.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            namespace = %plan.owner.namespace, pod = %plan.owner.pod, container = %plan.owner.container,
+            dir = %dir.display(), "container config written"
+        );
+        Ok(Response::new(PreStartContainerResponse {}))
+    }
+}

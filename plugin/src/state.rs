@@ -1,0 +1,149 @@
+//! Allocations kept on disk in `plugin-state.json`, so a restarted plugin neither loses
+//! nor double-books them. Written atomically: a temp file beside it, fsync, rename,
+//! fsync of the folder.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// Layout version of the state file.
+pub const STATE_VERSION: u32 = 1;
+
+/// The pod and container that hold an allocation (known after PreStartContainer).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+impl Owner {
+    /// Folder name of the pod under `containers/`: PodResources v1 names pods by
+    /// namespace and name only (it carries no UID), so `<namespace>_<pod>`.
+    pub fn pod_key(&self) -> String {
+        format!("{}_{}", self.namespace, self.pod)
+    }
+}
+
+/// One container's devices, as Allocate calls built it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationRecord {
+    pub id: String,
+    /// Order of creation (newest is highest).
+    pub sequence: u64,
+    /// Card UUIDs, in order (several only for whole-card requests).
+    pub cards: Vec<String>,
+    pub core_ids: Vec<String>,
+    pub memory_ids: Vec<String>,
+    /// Seconds since the epoch at the first Allocate.
+    pub created_unix: u64,
+    /// True when this allocation's Allocate response carried the mounts.
+    pub mounts_returned: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
+}
+
+impl AllocationRecord {
+    /// Core request of 100×N: N whole cards.
+    pub fn is_whole_card(&self) -> bool {
+        !self.core_ids.is_empty() && self.core_ids.len() as u32 % crate::ids::CORES_PER_CARD == 0
+    }
+
+    /// Every device ID held.
+    pub fn device_ids(&self) -> impl Iterator<Item = &String> {
+        self.core_ids.iter().chain(self.memory_ids.iter())
+    }
+}
+
+/// The whole state file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginState {
+    pub version: u32,
+    /// Next sequence number for allocation IDs.
+    pub next_sequence: u64,
+    pub allocations: BTreeMap<String, AllocationRecord>,
+}
+
+impl Default for PluginState {
+    fn default() -> PluginState {
+        PluginState { version: STATE_VERSION, next_sequence: 1, allocations: BTreeMap::new() }
+    }
+}
+
+impl PluginState {
+    /// Reads the state; a missing file is an empty state, a corrupt one an error (the
+    /// daemon refuses to start rather than forget allocations).
+    pub fn load(path: &Path) -> anyhow::Result<PluginState> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(PluginState::default()),
+            Err(err) => anyhow::bail!("cannot read {}: {err}", path.display()),
+        };
+        let state: PluginState =
+            serde_json::from_str(&text).map_err(|err| anyhow::anyhow!("{} is corrupt: {err}", path.display()))?;
+        if state.version != STATE_VERSION {
+            anyhow::bail!("{}: state version {} (this build reads {STATE_VERSION})", path.display(), state.version);
+        }
+        Ok(state)
+    }
+
+    /// Writes the state atomically.
+    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
+        let text = serde_json::to_vec_pretty(self)?;
+        write_atomically(path, &text)
+    }
+}
+
+/// Replaces `path` with `bytes`: temp file, fsync, rename, fsync of the folder.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let dir = path.parent().ok_or_else(|| anyhow::anyhow!("{} has no parent folder", path.display()))?;
+    std::fs::create_dir_all(dir).map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
+    let name = path.file_name().and_then(|name| name.to_str()).unwrap_or("state");
+    let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if let Err(err) = result {
+        let _ = std::fs::remove_file(&temp);
+        anyhow::bail!("cannot write {}: {err}", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_corruption() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("plugin-state.json");
+        assert_eq!(PluginState::load(&path).expect("missing is empty"), PluginState::default());
+        let mut state = PluginState::default();
+        state.allocations.insert(
+            "a1".into(),
+            AllocationRecord {
+                id: "a1".into(),
+                sequence: 1,
+                cards: vec!["GPU-1".into()],
+                core_ids: vec!["GPU-1-core-0".into()],
+                memory_ids: vec![],
+                created_unix: 5,
+                mounts_returned: true,
+                owner: Some(Owner { namespace: "ns".into(), pod: "p".into(), container: "c".into() }),
+            },
+        );
+        state.save(&path).expect("save");
+        assert_eq!(PluginState::load(&path).expect("load"), state);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+        assert_eq!(leftovers.len(), 1, "no temp file is left behind");
+        std::fs::write(&path, b"{ not json").expect("write");
+        assert!(PluginState::load(&path).unwrap_err().to_string().contains("corrupt"));
+    }
+}
