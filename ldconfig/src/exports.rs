@@ -181,6 +181,25 @@ mod tests {
         assert_eq!(soname(&lib).unwrap().as_deref(), Some("libtest.so.1"));
     }
 
+    /// A versioned system library: the set equals nm's with the `@@VERSION` suffixes
+    /// dropped, version-definition (`ABS`) symbols included.
+    #[test]
+    fn versioned_system_library_matches_nm() {
+        let lib = Path::new("/lib/x86_64-linux-gnu/libz.so.1");
+        assert!(lib.exists(), "zlib1g is part of every Debian system");
+        let nm = Command::new("nm").args(["-D", "--defined-only"]).arg(lib).output().unwrap();
+        let from_nm: BTreeSet<String> = String::from_utf8(nm.stdout)
+            .unwrap()
+            .lines()
+            .filter_map(|line| line.split_whitespace().last())
+            .map(|name| name.split('@').next().unwrap_or(name).to_string())
+            .collect();
+        let ours = defined_functions(lib).unwrap();
+        assert!(ours.contains("deflate") && ours.contains("ZLIB_1.2.0"));
+        assert_eq!(ours, from_nm);
+        assert_eq!(soname(lib).unwrap().as_deref(), Some("libz.so.1"));
+    }
+
     #[test]
     fn missing_soname_is_none() {
         let dir = tempfile::tempdir().unwrap();
