@@ -1,6 +1,7 @@
 //! `vgpu-ldconfig`: the command-line face of `vgpu_ldconfig`.
 //!
 //! * `check --real LIB|--real-list FILE --shim LIB`: exports the shim lacks, exit 1 if any;
+//! * `exports LIB [--soname]`: a library's defined dynamic symbols (symbols/*.txt format);
 //! * `scan [--cache PATH] [--extra-dir DIR]... [--json]`: the host driver found;
 //! * `prepare --dest DIR --shim-dir DIR [--cache PATH] [--extra-dir DIR]... [--force]`;
 //! * `layout [--host-driver-dir DIR] [--json]`: the container mounts and env.
@@ -16,7 +17,7 @@ use clap::{Args, Parser, Subcommand};
 
 use vgpu_ldconfig::check::CheckReport;
 use vgpu_ldconfig::discover::{DiscoverOptions, discover};
-use vgpu_ldconfig::exports::{defined_functions, read_symbol_list};
+use vgpu_ldconfig::exports::{defined_functions, read_symbol_list, soname};
 use vgpu_ldconfig::layout::LayoutPaths;
 use vgpu_ldconfig::prepare::{PrepareOptions, prepare};
 
@@ -40,6 +41,15 @@ enum Command {
         /// The shim library.
         #[arg(long)]
         shim: PathBuf,
+    },
+    /// Print the defined dynamic symbols of a library, sorted, one per line (the
+    /// format of symbols/*.txt), or its SONAME with --soname.
+    Exports {
+        /// The library.
+        lib: PathBuf,
+        /// Print the SONAME instead (empty line when it has none).
+        #[arg(long)]
+        soname: bool,
     },
     /// Show the real driver libraries, tools and version found on this host.
     Scan {
@@ -102,6 +112,16 @@ fn main() -> ExitCode {
 fn run(command: Command) -> Result<ExitCode> {
     match command {
         Command::Check { real, real_list, shim } => check(real.as_deref(), real_list.as_deref(), &shim),
+        Command::Exports { lib, soname: want_soname } => {
+            if want_soname {
+                println!("{}", soname(&lib)?.unwrap_or_default());
+            } else {
+                for name in defined_functions(&lib)? {
+                    println!("{name}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Scan { source, json } => {
             let driver = discover(&DiscoverOptions::host(&source.cache, &source.extra_dirs)?)?;
             if json {

@@ -121,3 +121,15 @@ fn scan_prepare_and_layout_from_the_command_line() {
     let plain = text(&vgpu_ldconfig(&["layout"]).stdout);
     assert!(plain.contains("mount /var/lib/vgpu/driver/shim/libcuda_shim.so => /usr/lib64/libcuda.so.1 (ro)"), "{plain}");
 }
+
+#[test]
+fn exports_prints_the_symbols_list_format() {
+    let driver = unpack_debian_driver();
+    let cuda = driver.lib_dir.join("libcuda.so.1");
+    let output = vgpu_ldconfig(&["exports", path(&cuda)]);
+    assert!(output.status.success());
+    let checked_in = std::fs::read_to_string(symbols_file(&format!("libcuda.so.{DEBIAN_VERSION}.txt"))).unwrap();
+    assert_eq!(text(&output.stdout), checked_in);
+    let output = vgpu_ldconfig(&["exports", "--soname", path(&cuda)]);
+    assert_eq!(text(&output.stdout), "libcuda.so.1\n");
+}
