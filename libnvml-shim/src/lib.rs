@@ -1,1 +1,55 @@
-//! placeholder
+//! libnvml-shim: a `libnvidia-ml.so.1` that forwards every export of the real NVML and
+//! shows the container its virtual GPU: only its devices (renumbered from 0), its quota
+//! as total memory, its own usage and processes, and its own utilization.
+//!
+//! - `forward` (generated from `symbols/libnvidia-ml.so.*.txt`): slots and trampolines.
+//! - `hooks`: devices, memory, processes, utilization, error strings.
+//! - `state`: the config, the usage region and the visible devices.
+
+mod forward {
+    include!(concat!(env!("OUT_DIR"), "/forward.rs"));
+}
+pub mod hooks;
+mod nvml;
+mod state;
+mod stubs;
+
+/// Defines an exported, panic-guarded hook (see `vgpu_shimgen::define_hook`).
+macro_rules! hook {
+    ($($tokens:tt)*) => {
+        ::vgpu_shimgen::define_hook!(crate::forward, crate::nvml::NVML_ERROR_UNKNOWN; $($tokens)*);
+    };
+}
+pub(crate) use hook;
+
+/// Calls the real function behind export `$name` with the given C signature.
+macro_rules! real {
+    ($name:ident as fn($($ty:ty),*) -> $ret:ty) => {
+        // SAFETY: the slot holds the real export `$name` (whose C signature the caller
+        // states) or an error stub that ignores its arguments.
+        unsafe {
+            ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(
+                $crate::forward::SLOTS.get($crate::forward::idx::$name),
+            )
+        }
+    };
+}
+pub(crate) use real;
+
+/// Debug logging, off unless `VGPU_LOG` asks.
+macro_rules! debug {
+    ($($arg:tt)*) => {
+        ::vgpu_shimgen::runtime::log(::vgpu_shimgen::runtime::Level::Debug, "nvml", format_args!($($arg)*))
+    };
+}
+pub(crate) use debug;
+
+extern "C" fn on_load() {
+    ::vgpu_shimgen::runtime::guard((), || {
+        state::shim();
+    });
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;
