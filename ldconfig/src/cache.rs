@@ -166,6 +166,14 @@ pub struct CacheEntry {
     pub hwcaps_subdir: Option<String>,
 }
 
+impl CacheEntry {
+    /// True for entries of a `glibc-hwcaps` subdirectory (hwcap bit 62), which only
+    /// loaders that match the subdirectory's CPU level use.
+    pub fn is_hwcaps_subdir(&self) -> bool {
+        self.hwcap & HWCAP_EXTENSION_BIT != 0
+    }
+}
+
 /// Reads and parses a cache file, e.g. `/etc/ld.so.cache`.
 pub fn read_cache(path: &Path) -> Result<Vec<CacheEntry>, CacheError> {
     let bytes = std::fs::read(path).map_err(|source| CacheError::Io {
@@ -557,6 +565,7 @@ mod tests {
         bytes[32..36].copy_from_slice(&extension_offset.to_le_bytes());
         let parsed = parse_cache(&bytes).unwrap();
         assert_eq!(parsed[0].hwcaps_subdir.as_deref(), Some("x86-64-v3"));
+        assert!(parsed[0].is_hwcaps_subdir());
         assert!(ldconfig_p_line(&parsed[0]).contains("hwcap: \"x86-64-v3\""));
     }
 

@@ -141,7 +141,7 @@ pub fn discover(options: &DiscoverOptions) -> Result<HostDriver, DiscoverError> 
             candidates.push((name, path));
         }
     }
-    for entry in options.cache.iter().filter(|entry| entry.is_x86_64 && entry.hwcaps_subdir.is_none()) {
+    for entry in options.cache.iter().filter(|entry| entry.is_x86_64 && !entry.is_hwcaps_subdir()) {
         if is_wanted_soname(&entry.name) {
             candidates.push((entry.name.clone(), entry.path.clone()));
         }
