@@ -6,9 +6,8 @@
 use anyhow::bail;
 
 use super::snapshot::{ComputeMode, GpuInfo, GpuProcess, Snapshot};
-use super::table::cuda_version_text;
+use super::table::{cuda_version_text, mebibytes};
 
-const MIB: u64 = 1024 * 1024;
 const NOT_AVAILABLE: &str = "[N/A]";
 
 /// A `--query-gpu` field.
@@ -255,9 +254,9 @@ fn gpu_value(snapshot: &Snapshot, gpu: &GpuInfo, field: GpuField) -> Option<Stri
         GpuField::DriverVersion => snapshot.driver_version.clone(),
         GpuField::CudaVersion => snapshot.cuda_version.map(cuda_version_text),
         GpuField::Count => Some(snapshot.device_count.to_string()),
-        GpuField::MemoryTotal => gpu.memory.map(|memory| (memory.total_bytes / MIB).to_string()),
-        GpuField::MemoryUsed => gpu.memory.map(|memory| (memory.used_bytes / MIB).to_string()),
-        GpuField::MemoryFree => gpu.memory.map(|memory| (memory.free_bytes / MIB).to_string()),
+        GpuField::MemoryTotal => gpu.memory.map(|memory| mebibytes(memory.total_bytes).to_string()),
+        GpuField::MemoryUsed => gpu.memory.map(|memory| mebibytes(memory.used_bytes).to_string()),
+        GpuField::MemoryFree => gpu.memory.map(|memory| mebibytes(memory.free_bytes).to_string()),
         GpuField::UtilizationGpu => gpu.utilization.map(|rates| rates.gpu_percent.to_string()),
         GpuField::UtilizationMemory => gpu.utilization.map(|rates| rates.memory_percent.to_string()),
         GpuField::TemperatureGpu => gpu.temperature_celsius.map(|celsius| celsius.to_string()),
@@ -285,7 +284,7 @@ fn app_value(process: &GpuProcess, field: AppField) -> Option<String> {
     match field {
         AppField::Pid => Some(process.pid.to_string()),
         AppField::ProcessName => process.name.clone(),
-        AppField::UsedMemory => process.used_memory_bytes.map(|bytes| (bytes / MIB).to_string()),
+        AppField::UsedMemory => process.used_memory_bytes.map(|bytes| mebibytes(bytes).to_string()),
         AppField::GpuUuid => process.gpu_uuid.clone(),
         AppField::GpuName => process.gpu_name.clone(),
         AppField::GpuBusId => process.gpu_bus_id.clone(),
@@ -301,6 +300,8 @@ fn watts_with_decimals(milliwatts: u32) -> String {
 mod tests {
     use super::*;
     use crate::smi::snapshot::{EccStatus, MemoryUsage, ProcessKind, Utilization};
+
+    const MIB: u64 = 1024 * 1024;
 
     fn gpu(index: u32) -> GpuInfo {
         GpuInfo {

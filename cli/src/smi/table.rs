@@ -126,7 +126,7 @@ fn gpu_lines(gpu: &GpuInfo) -> [[String; 3]; 3] {
     let power_usage = or_na(gpu.power_usage_milliwatts.map(watts_text));
     let power_limit = or_na(gpu.power_limit_milliwatts.map(watts_text));
     let (memory_used, memory_total) = match gpu.memory {
-        Some(memory) => (format!("{}MiB", memory.used_bytes / MIB), format!("{}MiB", memory.total_bytes / MIB)),
+        Some(memory) => (format!("{}MiB", mebibytes(memory.used_bytes)), format!("{}MiB", mebibytes(memory.total_bytes))),
         None => (NOT_AVAILABLE.into(), NOT_AVAILABLE.into()),
     };
     let utilization = or_na(gpu.utilization.map(|rates| format!("{}%", rates.gpu_percent)));
@@ -174,7 +174,7 @@ fn push_process_box(out: &mut String, processes: &[GpuProcess]) {
         let gpu_instance = or_na(process.gpu_instance_id.map(|id| id.to_string()));
         let compute_instance = or_na(process.compute_instance_id.map(|id| id.to_string()));
         let name = truncate_start(process.name.as_deref().unwrap_or(NOT_AVAILABLE), PROCESS_NAME_WIDTH);
-        let memory = or_na(process.used_memory_bytes.map(|bytes| format!("{}MiB", bytes / MIB)));
+        let memory = or_na(process.used_memory_bytes.map(|bytes| format!("{}MiB", mebibytes(bytes))));
         out.push_str(&full_line(&format!(
             "{:>5}   {gpu_instance:>3}  {compute_instance:>3}{:>16}{:>7}   {name:<37}{memory:>9} ",
             process.gpu_index,
@@ -183,6 +183,11 @@ fn push_process_box(out: &mut String, processes: &[GpuProcess]) {
         )));
     }
     out.push_str(&full_rule());
+}
+
+/// Bytes to MiB, rounded up as nvidia-smi does (1550.81 MiB used shows as 1551MiB).
+pub fn mebibytes(bytes: u64) -> u64 {
+    bytes.div_ceil(MIB)
 }
 
 fn watts_text(milliwatts: u32) -> String {
@@ -243,7 +248,7 @@ mod tests {
             power_limit_milliwatts: Some(700_000),
             memory: Some(MemoryUsage {
                 total_bytes: 143_771 * MIB,
-                used_bytes: 1_551 * MIB + 1234,
+                used_bytes: 1_626_144_768, // 1550.81 MiB, measured on an H200
                 free_bytes: 142_220 * MIB,
             }),
             utilization: Some(Utilization { gpu_percent: 0, memory_percent: 0 }),
@@ -438,6 +443,16 @@ mod tests {
             "GPU 0: NVIDIA H200 (UUID: GPU-a2772633-adc4-1d01-4c60-2b74302a7a2a)\n\
              GPU 1: NVIDIA H200 (UUID: N/A)\n"
         );
+    }
+
+    #[test]
+    fn mebibytes_round_up_like_nvidia_smi() {
+        // Measured on driver 580: reserved 644939776 B shows as 616 MiB, free
+        // 148483735552 B as 141606 MiB; whole MiB stay exact.
+        assert_eq!(mebibytes(644_939_776), 616);
+        assert_eq!(mebibytes(148_483_735_552), 141_606);
+        assert_eq!(mebibytes(150_754_820_096), 143_771);
+        assert_eq!(mebibytes(0), 0);
     }
 
     #[test]
