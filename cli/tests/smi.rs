@@ -5,8 +5,10 @@
 //! The simulated-driver tests need `cargo build -p vgpu-sim-driver` first (same
 //! profile); they fail with that instruction when the library is missing.
 
+use std::ffi::{c_int, c_uint, c_void};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const SIM_UUID_0: &str = "GPU-51d00000-0000-4000-8000-000000000001";
@@ -56,7 +58,44 @@ impl SimMachine {
     fn smi(&self, args: &[&str]) -> Output {
         run_with_deadline(self.command(args))
     }
+
+    /// Starts a process (this test binary, running `simulated_memory_holder`) that
+    /// opens a context on GPU 0 of this machine and allocates 1 GiB, and waits until it
+    /// holds it.
+    fn start_memory_holder(&self) -> Child {
+        let mut child = Command::new(std::env::current_exe().expect("test binary path"))
+            .args(["--exact", "simulated_memory_holder", "--include-ignored", "--nocapture", "--test-threads=1"])
+            .env(HOLDER_ENV, sim_library())
+            .env("VGPU_SIM_GPUS", self.gpus.to_string())
+            .env("VGPU_SIM_MEMORY", self.memory)
+            .env("VGPU_SIM_NAME", self.name)
+            .env("VGPU_SIM_STATE", self.state_dir.path().join("state"))
+            .env_remove("VGPU_SIM_CONFIG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the memory holder");
+        let stdout = child.stdout.take().expect("holder stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line == HOLDING_LINE => break,
+                Some(Ok(_)) => continue,
+                other => {
+                    let _ = child.kill();
+                    panic!("the memory holder stopped before holding memory: {other:?}");
+                }
+            }
+        }
+        child
+    }
 }
+
+/// Env var telling `simulated_memory_holder` which simulated driver to load.
+const HOLDER_ENV: &str = "VGPU_SMI_TEST_HOLDER_LIBRARY";
+const HOLDING_LINE: &str = "vgpu-smi-test: holding 1 GiB";
+const HOLDER_BYTES: usize = 1 << 30;
 
 /// Runs a command, killing it if it takes more than 20 s (a hang is a failure).
 fn run_with_deadline(mut command: Command) -> Output {
@@ -189,4 +228,78 @@ fn missing_nvml_library_is_a_clear_error() {
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("could not initialize NVML through /nonexistent/libnvidia-ml.so.1"), "{stderr}");
+}
+
+/// Not a test on its own: the helper process of `processes_of_other_programs_are_listed`.
+/// It loads the simulated driver, allocates 1 GiB on GPU 0, says so on stdout and holds
+/// it until its stdin closes (the parent test ends or dies).
+#[test]
+#[ignore = "helper process, started by processes_of_other_programs_are_listed"]
+fn simulated_memory_holder() {
+    type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
+    type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+    type CuCtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type CuMemAlloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+
+    let library = std::env::var_os(HOLDER_ENV)
+        .unwrap_or_else(|| panic!("{HOLDER_ENV} is unset: this helper is started by another test"));
+    // SAFETY: test-only; the simulated driver is a Rust cdylib whose exports have the
+    // CUDA driver API signatures spelled out by the types above, and every pointer
+    // passed points to a live local.
+    unsafe {
+        let sim = libloading::Library::new(&library).expect("load the simulated driver");
+        let cu_init = sim.get::<CuInit>(b"cuInit\0").expect("cuInit");
+        let cu_device_get = sim.get::<CuDeviceGet>(b"cuDeviceGet\0").expect("cuDeviceGet");
+        let cu_ctx_create = sim.get::<CuCtxCreate>(b"cuCtxCreate_v2\0").expect("cuCtxCreate_v2");
+        let cu_mem_alloc = sim.get::<CuMemAlloc>(b"cuMemAlloc_v2\0").expect("cuMemAlloc_v2");
+        assert_eq!(cu_init(0), 0, "cuInit");
+        let mut device: c_int = -1;
+        assert_eq!(cu_device_get(&mut device, 0), 0, "cuDeviceGet");
+        let mut context: *mut c_void = std::ptr::null_mut();
+        assert_eq!(cu_ctx_create(&mut context, 0, device), 0, "cuCtxCreate_v2");
+        let mut pointer: u64 = 0;
+        assert_eq!(cu_mem_alloc(&mut pointer, HOLDER_BYTES), 0, "cuMemAlloc_v2");
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{HOLDING_LINE}").expect("tell the parent");
+        stdout.flush().expect("tell the parent");
+        let mut rest = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut rest);
+    }
+}
+
+#[test]
+fn processes_of_other_programs_are_listed() {
+    let machine = SimMachine::new(2, "8GiB", "Tesla Sim");
+    let mut holder = machine.start_memory_holder();
+    let pid = holder.id().to_string();
+
+    let csv_output = machine.smi(&["--query-compute-apps=pid,used_memory,gpu_uuid", "--format=csv,noheader,nounits"]);
+    let table_output = machine.smi(&[]);
+    let used_output = machine.smi(&["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"]);
+    drop(holder.stdin.take());
+    let _ = holder.kill();
+    let _ = holder.wait();
+
+    let csv = stdout_of(&csv_output);
+    let row = csv
+        .lines()
+        .find(|row| row.starts_with(&format!("{pid}, ")))
+        .unwrap_or_else(|| panic!("no row for holder pid {pid}: {csv:?}"));
+    let cells: Vec<&str> = row.split(", ").collect();
+    let used_mib: u64 = cells[1].parse().unwrap_or_else(|_| panic!("used_memory is a number: {row}"));
+    assert!(used_mib >= 1024, "{row}");
+    assert_eq!(cells[2], SIM_UUID_0, "{row}");
+
+    let table = stdout_of(&table_output);
+    let process_row = table
+        .lines()
+        .find(|line| line.split_whitespace().nth(4) == Some(pid.as_str()))
+        .unwrap_or_else(|| panic!("no table row for pid {pid}: {table}"));
+    assert!(process_row.starts_with("|    0   N/A  N/A "), "{process_row}");
+    assert!(process_row.ends_with(&format!("{used_mib:>6}MiB |")), "{process_row}");
+    assert!(process_row.contains("      C   "), "{process_row}");
+    assert!(!table.contains("No running processes found"), "{table}");
+
+    let used: u64 = stdout_of(&used_output).trim().parse().expect("memory.used is a number");
+    assert!(used >= 1024, "memory.used {used}");
 }
