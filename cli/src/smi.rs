@@ -17,7 +17,9 @@ use std::io::Write;
 
 use anyhow::{Context, bail};
 
-use self::csv::{CsvFormat, CsvQuery, parse_app_fields, parse_format, parse_gpu_fields, render_csv};
+use self::csv::{
+    CsvFormat, CsvQuery, parse_app_fields, parse_format, parse_gpu_fields, render_csv,
+};
 use self::snapshot::{gather, open_nvml, parse_selectors};
 use self::table::{render_list, render_table};
 
@@ -41,7 +43,11 @@ pub struct SmiArgs {
     /// Print these GPU fields as CSV (index, name, uuid, driver_version, memory.total,
     /// memory.used, memory.free, utilization.gpu, utilization.memory, temperature.gpu,
     /// pci.bus_id, count, ...).
-    #[arg(long = "query-gpu", value_name = "FIELD[,FIELD...]", conflicts_with = "query_compute_apps")]
+    #[arg(
+        long = "query-gpu",
+        value_name = "FIELD[,FIELD...]",
+        conflicts_with = "query_compute_apps"
+    )]
     pub query_gpu: Option<String>,
 
     /// Print these fields of each compute process as CSV (pid, process_name,
@@ -64,7 +70,10 @@ enum View {
 
 fn parse_view(args: &SmiArgs) -> anyhow::Result<View> {
     if let Some(fields) = &args.query_gpu {
-        return Ok(View::Csv(CsvQuery::Gpus(parse_gpu_fields(fields)?), parse_format(args.format.as_deref())?));
+        return Ok(View::Csv(
+            CsvQuery::Gpus(parse_gpu_fields(fields)?),
+            parse_format(args.format.as_deref())?,
+        ));
     }
     if let Some(fields) = &args.query_compute_apps {
         return Ok(View::Csv(
@@ -75,7 +84,11 @@ fn parse_view(args: &SmiArgs) -> anyhow::Result<View> {
     if args.format.is_some() {
         bail!("--format needs --query-gpu or --query-compute-apps");
     }
-    Ok(if args.list_gpus { View::List } else { View::Table })
+    Ok(if args.list_gpus {
+        View::List
+    } else {
+        View::Table
+    })
 }
 
 /// The NVML library to load: `$VGPU_NVML_LIBRARY`, else `libnvidia-ml.so.1`.
@@ -104,7 +117,10 @@ pub fn run(args: &SmiArgs) -> anyhow::Result<()> {
         View::Csv(query, format) => render_csv(&snapshot, query, *format),
     };
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         Ok(()) => Ok(()),
         // `vgpu smi | head` closing the pipe early is not an error.
         Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -125,26 +141,43 @@ mod tests {
     }
 
     fn args(argv: &[&str]) -> Result<SmiArgs, clap::Error> {
-        Harness::try_parse_from(std::iter::once("smi").chain(argv.iter().copied())).map(|harness| harness.smi)
+        Harness::try_parse_from(std::iter::once("smi").chain(argv.iter().copied()))
+            .map(|harness| harness.smi)
     }
 
     #[test]
     fn nvidia_smi_spellings_parse() {
-        let parsed = args(&["--query-gpu=name,memory.total", "--format=csv,noheader", "-i", "0"]).unwrap();
+        let parsed = args(&[
+            "--query-gpu=name,memory.total",
+            "--format=csv,noheader",
+            "-i",
+            "0",
+        ])
+        .unwrap();
         assert_eq!(
             parse_view(&parsed).unwrap(),
             View::Csv(
                 CsvQuery::Gpus(vec![GpuField::Name, GpuField::MemoryTotal]),
-                CsvFormat { header: false, units: true }
+                CsvFormat {
+                    header: false,
+                    units: true
+                }
             )
         );
         assert_eq!(parsed.id.as_deref(), Some("0"));
         assert_eq!(parse_view(&args(&["-L"]).unwrap()).unwrap(), View::List);
-        assert_eq!(parse_view(&args(&["--list-gpus"]).unwrap()).unwrap(), View::List);
+        assert_eq!(
+            parse_view(&args(&["--list-gpus"]).unwrap()).unwrap(),
+            View::List
+        );
         assert_eq!(parse_view(&args(&[]).unwrap()).unwrap(), View::Table);
         assert_eq!(
-            parse_view(&args(&["--query-compute-apps=pid,used_memory", "--format=csv"]).unwrap()).unwrap(),
-            View::Csv(CsvQuery::ComputeApps(vec![AppField::Pid, AppField::UsedMemory]), CsvFormat::default())
+            parse_view(&args(&["--query-compute-apps=pid,used_memory", "--format=csv"]).unwrap())
+                .unwrap(),
+            View::Csv(
+                CsvQuery::ComputeApps(vec![AppField::Pid, AppField::UsedMemory]),
+                CsvFormat::default()
+            )
         );
     }
 
@@ -152,13 +185,17 @@ mod tests {
     fn contradictory_options_are_refused() {
         assert!(args(&["-L", "--query-gpu=name"]).is_err());
         assert!(args(&["--query-gpu=name", "--query-compute-apps=pid"]).is_err());
-        let err = parse_view(&args(&["--format=csv"]).unwrap()).unwrap_err().to_string();
+        let err = parse_view(&args(&["--format=csv"]).unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--query-gpu"), "{err}");
     }
 
     #[test]
     fn bad_fields_fail_before_nvml_is_touched() {
-        let err = parse_view(&args(&["--query-gpu=name,bogus"]).unwrap()).unwrap_err().to_string();
+        let err = parse_view(&args(&["--query-gpu=name,bogus"]).unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("\"bogus\""), "{err}");
     }
 }

@@ -18,7 +18,10 @@ const SIM_UUID_1: &str = "GPU-51d00000-0000-4000-8000-000000000002";
 fn sim_library() -> PathBuf {
     let binary = Path::new(env!("CARGO_BIN_EXE_vgpu"));
     let profile_dir = binary.parent().expect("the vgpu binary lives in a folder");
-    let candidates = [profile_dir.join("libvgpu_sim.so"), profile_dir.join("deps").join("libvgpu_sim.so")];
+    let candidates = [
+        profile_dir.join("libvgpu_sim.so"),
+        profile_dir.join("deps").join("libvgpu_sim.so"),
+    ];
     candidates.iter().find(|path| path.is_file()).cloned().unwrap_or_else(|| {
         panic!(
             "the simulated driver is not built ({} missing): run `cargo build -p vgpu-sim-driver` first",
@@ -37,7 +40,12 @@ struct SimMachine {
 
 impl SimMachine {
     fn new(gpus: u32, memory: &'static str, name: &'static str) -> SimMachine {
-        SimMachine { state_dir: tempfile::tempdir().expect("temp dir"), gpus, memory, name }
+        SimMachine {
+            state_dir: tempfile::tempdir().expect("temp dir"),
+            gpus,
+            memory,
+            name,
+        }
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -64,7 +72,13 @@ impl SimMachine {
     /// holds it.
     fn start_memory_holder(&self) -> Child {
         let mut child = Command::new(std::env::current_exe().expect("test binary path"))
-            .args(["--exact", "simulated_memory_holder", "--include-ignored", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "simulated_memory_holder",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(HOLDER_ENV, sim_library())
             .env("VGPU_SIM_GPUS", self.gpus.to_string())
             .env("VGPU_SIM_MEMORY", self.memory)
@@ -135,42 +149,65 @@ fn table_shows_every_simulated_gpu() {
     assert!(lines[2].starts_with("| VGPU-SMI "), "{table}");
     assert!(lines[2].contains("Driver Version: 580.159.04"), "{table}");
     assert!(lines[2].contains("CUDA Version: 13.0"), "{table}");
-    let gpu_rows: Vec<&&str> = lines.iter().filter(|line| line.contains("Tesla Sim")).collect();
+    let gpu_rows: Vec<&&str> = lines
+        .iter()
+        .filter(|line| line.contains("Tesla Sim"))
+        .collect();
     assert_eq!(gpu_rows.len(), 2, "{table}");
     assert!(gpu_rows[0].starts_with("|   0  Tesla Sim "), "{table}");
     assert!(gpu_rows[1].starts_with("|   1  Tesla Sim "), "{table}");
     assert!(gpu_rows[0].contains("00000000:11:00.0"), "{table}");
     assert!(gpu_rows[1].contains("00000000:12:00.0"), "{table}");
-    let memory_cells = lines.iter().filter(|line| line.contains(" /   4096MiB |")).count();
+    let memory_cells = lines
+        .iter()
+        .filter(|line| line.contains(" /   4096MiB |"))
+        .count();
     assert_eq!(memory_cells, 2, "{table}");
     assert!(table.contains("|  No running processes found "), "{table}");
     for line in lines.iter().skip(1).filter(|line| !line.is_empty()) {
         assert_eq!(line.chars().count(), 91, "{line:?}");
     }
-    assert!(!table.contains("Not Found") && !table.contains("rror"), "{table}");
+    assert!(
+        !table.contains("Not Found") && !table.contains("rror"),
+        "{table}"
+    );
 }
 
 #[test]
 fn list_gpus_prints_names_and_uuids() {
     let machine = SimMachine::new(2, "4GiB", "Tesla Sim");
     let listing = stdout_of(&machine.smi(&["-L"]));
-    assert_eq!(listing, format!("GPU 0: Tesla Sim (UUID: {SIM_UUID_0})\nGPU 1: Tesla Sim (UUID: {SIM_UUID_1})\n"));
+    assert_eq!(
+        listing,
+        format!("GPU 0: Tesla Sim (UUID: {SIM_UUID_0})\nGPU 1: Tesla Sim (UUID: {SIM_UUID_1})\n")
+    );
 }
 
 #[test]
 fn query_gpu_csv_reports_memory_total() {
     let machine = SimMachine::new(3, "80GiB", "NVIDIA H200 (simulated)");
-    let csv = stdout_of(&machine.smi(&["--query-gpu=index,name,uuid,memory.total,count", "--format=csv"]));
+    let csv = stdout_of(&machine.smi(&[
+        "--query-gpu=index,name,uuid,memory.total,count",
+        "--format=csv",
+    ]));
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(rows[0], "index, name, uuid, memory.total [MiB], count");
     assert_eq!(rows.len(), 4, "{csv}");
-    assert_eq!(rows[1], format!("0, NVIDIA H200 (simulated), {SIM_UUID_0}, 81920 MiB, 3"));
+    assert_eq!(
+        rows[1],
+        format!("0, NVIDIA H200 (simulated), {SIM_UUID_0}, 81920 MiB, 3")
+    );
 
-    let bare = stdout_of(&machine.smi(&["--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"]));
+    let bare = stdout_of(&machine.smi(&[
+        "--query-gpu=memory.total,memory.used",
+        "--format=csv,noheader,nounits",
+    ]));
     for row in bare.lines() {
         let cells: Vec<&str> = row.split(", ").collect();
         assert_eq!(cells[0], "81920", "{bare}");
-        let used: u64 = cells[1].parse().unwrap_or_else(|_| panic!("memory.used is a number: {bare}"));
+        let used: u64 = cells[1]
+            .parse()
+            .unwrap_or_else(|_| panic!("memory.used is a number: {bare}"));
         assert!(used < 81920, "{bare}");
     }
 }
@@ -180,10 +217,22 @@ fn id_picks_one_gpu_by_index_or_uuid() {
     let machine = SimMachine::new(2, "4GiB", "Tesla Sim");
     let by_index = stdout_of(&machine.smi(&["-L", "-i", "1"]));
     assert_eq!(by_index, format!("GPU 1: Tesla Sim (UUID: {SIM_UUID_1})\n"));
-    let by_uuid = stdout_of(&machine.smi(&["--query-gpu=index", "--format=csv,noheader", "--id", SIM_UUID_1]));
+    let by_uuid = stdout_of(&machine.smi(&[
+        "--query-gpu=index",
+        "--format=csv,noheader",
+        "--id",
+        SIM_UUID_1,
+    ]));
     assert_eq!(by_uuid, "1\n");
     let table = stdout_of(&machine.smi(&["-i", "0"]));
-    assert_eq!(table.lines().filter(|line| line.contains("Tesla Sim")).count(), 1, "{table}");
+    assert_eq!(
+        table
+            .lines()
+            .filter(|line| line.contains("Tesla Sim"))
+            .count(),
+        1,
+        "{table}"
+    );
 
     let missing = machine.smi(&["-L", "-i", "7"]);
     assert!(!missing.status.success());
@@ -194,7 +243,10 @@ fn id_picks_one_gpu_by_index_or_uuid() {
 #[test]
 fn compute_apps_without_processes_is_only_the_header() {
     let machine = SimMachine::new(1, "4GiB", "Tesla Sim");
-    let csv = stdout_of(&machine.smi(&["--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv"]));
+    let csv = stdout_of(&machine.smi(&[
+        "--query-compute-apps=pid,process_name,used_memory,gpu_uuid",
+        "--format=csv",
+    ]));
     assert_eq!(csv, "pid, process_name, used_gpu_memory [MiB], gpu_uuid\n");
 }
 
@@ -206,7 +258,10 @@ fn unknown_field_fails_naming_it() {
     assert!(!output.status.success());
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("Field \"clocks.bogus\" is not a valid field to query."), "{stderr}");
+    assert!(
+        stderr.contains("Field \"clocks.bogus\" is not a valid field to query."),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -222,12 +277,17 @@ fn bad_format_fails_naming_the_modifier() {
 #[test]
 fn missing_nvml_library_is_a_clear_error() {
     let mut command = Command::new(env!("CARGO_BIN_EXE_vgpu"));
-    command.args(["smi", "-L"]).env("VGPU_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1");
+    command
+        .args(["smi", "-L"])
+        .env("VGPU_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1");
     let output = run_with_deadline(command);
     assert!(!output.status.success());
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("could not initialize NVML through /nonexistent/libnvidia-ml.so.1"), "{stderr}");
+    assert!(
+        stderr.contains("could not initialize NVML through /nonexistent/libnvidia-ml.so.1"),
+        "{stderr}"
+    );
 }
 
 /// Not a test on its own: the helper process of `processes_of_other_programs_are_listed`.
@@ -249,9 +309,15 @@ fn simulated_memory_holder() {
     unsafe {
         let sim = libloading::Library::new(&library).expect("load the simulated driver");
         let cu_init = sim.get::<CuInit>(b"cuInit\0").expect("cuInit");
-        let cu_device_get = sim.get::<CuDeviceGet>(b"cuDeviceGet\0").expect("cuDeviceGet");
-        let cu_ctx_create = sim.get::<CuCtxCreate>(b"cuCtxCreate_v2\0").expect("cuCtxCreate_v2");
-        let cu_mem_alloc = sim.get::<CuMemAlloc>(b"cuMemAlloc_v2\0").expect("cuMemAlloc_v2");
+        let cu_device_get = sim
+            .get::<CuDeviceGet>(b"cuDeviceGet\0")
+            .expect("cuDeviceGet");
+        let cu_ctx_create = sim
+            .get::<CuCtxCreate>(b"cuCtxCreate_v2\0")
+            .expect("cuCtxCreate_v2");
+        let cu_mem_alloc = sim
+            .get::<CuMemAlloc>(b"cuMemAlloc_v2\0")
+            .expect("cuMemAlloc_v2");
         assert_eq!(cu_init(0), 0, "cuInit");
         let mut device: c_int = -1;
         assert_eq!(cu_device_get(&mut device, 0), 0, "cuDeviceGet");
@@ -273,9 +339,17 @@ fn processes_of_other_programs_are_listed() {
     let mut holder = machine.start_memory_holder();
     let pid = holder.id().to_string();
 
-    let csv_output = machine.smi(&["--query-compute-apps=pid,used_memory,gpu_uuid", "--format=csv,noheader,nounits"]);
+    let csv_output = machine.smi(&[
+        "--query-compute-apps=pid,used_memory,gpu_uuid",
+        "--format=csv,noheader,nounits",
+    ]);
     let table_output = machine.smi(&[]);
-    let used_output = machine.smi(&["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"]);
+    let used_output = machine.smi(&[
+        "--query-gpu=memory.used",
+        "--format=csv,noheader,nounits",
+        "-i",
+        "0",
+    ]);
     drop(holder.stdin.take());
     let _ = holder.kill();
     let _ = holder.wait();
@@ -286,7 +360,9 @@ fn processes_of_other_programs_are_listed() {
         .find(|row| row.starts_with(&format!("{pid}, ")))
         .unwrap_or_else(|| panic!("no row for holder pid {pid}: {csv:?}"));
     let cells: Vec<&str> = row.split(", ").collect();
-    let used_mib: u64 = cells[1].parse().unwrap_or_else(|_| panic!("used_memory is a number: {row}"));
+    let used_mib: u64 = cells[1]
+        .parse()
+        .unwrap_or_else(|_| panic!("used_memory is a number: {row}"));
     assert!(used_mib >= 1024, "{row}");
     assert_eq!(cells[2], SIM_UUID_0, "{row}");
 
@@ -295,11 +371,20 @@ fn processes_of_other_programs_are_listed() {
         .lines()
         .find(|line| line.split_whitespace().nth(4) == Some(pid.as_str()))
         .unwrap_or_else(|| panic!("no table row for pid {pid}: {table}"));
-    assert!(process_row.starts_with("|    0   N/A  N/A "), "{process_row}");
-    assert!(process_row.ends_with(&format!("{used_mib:>6}MiB |")), "{process_row}");
+    assert!(
+        process_row.starts_with("|    0   N/A  N/A "),
+        "{process_row}"
+    );
+    assert!(
+        process_row.ends_with(&format!("{used_mib:>6}MiB |")),
+        "{process_row}"
+    );
     assert!(process_row.contains("      C   "), "{process_row}");
     assert!(!table.contains("No running processes found"), "{table}");
 
-    let used: u64 = stdout_of(&used_output).trim().parse().expect("memory.used is a number");
+    let used: u64 = stdout_of(&used_output)
+        .trim()
+        .parse()
+        .expect("memory.used is a number");
     assert!(used >= 1024, "memory.used {used}");
 }

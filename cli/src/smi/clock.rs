@@ -60,7 +60,11 @@ pub fn utc_time(seconds: i64) -> CivilTime {
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let month_from_march = (5 * day_of_year + 2) / 153;
     let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
-    let month = if month_from_march < 10 { month_from_march + 3 } else { month_from_march - 9 };
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     CivilTime {
         year,
@@ -77,10 +81,17 @@ pub fn utc_time(seconds: i64) -> CivilTime {
 /// `Www Mmm dd hh:mm:ss yyyy`, the day space-padded, as C's `asctime`.
 pub fn format_asctime(time: CivilTime) -> String {
     const WEEKDAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
-    const MONTHS: [&str; 12] =
-        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    let weekday = WEEKDAYS.get(time.weekday as usize).copied().unwrap_or("???");
-    let month = MONTHS.get(time.month.wrapping_sub(1) as usize).copied().unwrap_or("???");
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let weekday = WEEKDAYS
+        .get(time.weekday as usize)
+        .copied()
+        .unwrap_or("???");
+    let month = MONTHS
+        .get(time.month.wrapping_sub(1) as usize)
+        .copied()
+        .unwrap_or("???");
     format!(
         "{weekday} {month} {:>2} {:02}:{:02}:{:02} {}",
         time.day, time.hour, time.minute, time.second, time.year
@@ -94,10 +105,16 @@ mod tests {
     #[test]
     fn utc_conversion_matches_known_dates() {
         // 2026-12-02 15:49:22 UTC, a Wednesday.
-        assert_eq!(format_asctime(utc_time(1_796_226_562)), "Wed Dec  2 15:49:22 2026");
+        assert_eq!(
+            format_asctime(utc_time(1_796_226_562)),
+            "Wed Dec  2 15:49:22 2026"
+        );
         assert_eq!(format_asctime(utc_time(0)), "Thu Jan  1 00:00:00 1970");
         // Leap day.
-        assert_eq!(format_asctime(utc_time(951_782_400)), "Tue Feb 29 00:00:00 2000");
+        assert_eq!(
+            format_asctime(utc_time(951_782_400)),
+            "Tue Feb 29 00:00:00 2000"
+        );
         // Before the epoch.
         assert_eq!(format_asctime(utc_time(-1)), "Wed Dec 31 23:59:59 1969");
     }

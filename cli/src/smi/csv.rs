@@ -48,10 +48,22 @@ const GPU_FIELDS: &[(GpuField, &[&str], Unit)] = &[
     (GpuField::MemoryTotal, &["memory.total"], Unit::Mib),
     (GpuField::MemoryUsed, &["memory.used"], Unit::Mib),
     (GpuField::MemoryFree, &["memory.free"], Unit::Mib),
-    (GpuField::UtilizationGpu, &["utilization.gpu"], Unit::Percent),
-    (GpuField::UtilizationMemory, &["utilization.memory"], Unit::Percent),
+    (
+        GpuField::UtilizationGpu,
+        &["utilization.gpu"],
+        Unit::Percent,
+    ),
+    (
+        GpuField::UtilizationMemory,
+        &["utilization.memory"],
+        Unit::Percent,
+    ),
     (GpuField::TemperatureGpu, &["temperature.gpu"], Unit::None),
-    (GpuField::PciBusId, &["pci.bus_id", "gpu_bus_id"], Unit::None),
+    (
+        GpuField::PciBusId,
+        &["pci.bus_id", "gpu_bus_id"],
+        Unit::None,
+    ),
     (GpuField::FanSpeed, &["fan.speed"], Unit::Percent),
     (GpuField::PerformanceState, &["pstate"], Unit::None),
     (GpuField::PowerDraw, &["power.draw"], Unit::Watt),
@@ -76,7 +88,11 @@ pub enum AppField {
 const APP_FIELDS: &[(AppField, &[&str], Unit)] = &[
     (AppField::Pid, &["pid"], Unit::None),
     (AppField::ProcessName, &["process_name", "name"], Unit::None),
-    (AppField::UsedMemory, &["used_gpu_memory", "used_memory"], Unit::Mib),
+    (
+        AppField::UsedMemory,
+        &["used_gpu_memory", "used_memory"],
+        Unit::Mib,
+    ),
     (AppField::GpuUuid, &["gpu_uuid"], Unit::None),
     (AppField::GpuName, &["gpu_name"], Unit::None),
     (AppField::GpuBusId, &["gpu_bus_id"], Unit::None),
@@ -119,7 +135,10 @@ pub struct CsvFormat {
 
 impl Default for CsvFormat {
     fn default() -> Self {
-        CsvFormat { header: true, units: true }
+        CsvFormat {
+            header: true,
+            units: true,
+        }
     }
 }
 
@@ -135,7 +154,9 @@ pub fn parse_format(text: Option<&str>) -> anyhow::Result<CsvFormat> {
             "csv" => saw_csv = true,
             "noheader" => format.header = false,
             "nounits" => format.units = false,
-            other => bail!("--format: modifier {other:?} is not recognized; use csv[,noheader][,nounits]"),
+            other => bail!(
+                "--format: modifier {other:?} is not recognized; use csv[,noheader][,nounits]"
+            ),
         }
     }
     if !saw_csv {
@@ -144,13 +165,20 @@ pub fn parse_format(text: Option<&str>) -> anyhow::Result<CsvFormat> {
     Ok(format)
 }
 
-fn parse_fields<F: Copy>(text: &str, known: &[(F, &'static [&'static str], Unit)], option: &str) -> anyhow::Result<Vec<F>> {
+fn parse_fields<F: Copy>(
+    text: &str,
+    known: &[(F, &'static [&'static str], Unit)],
+    option: &str,
+) -> anyhow::Result<Vec<F>> {
     let mut fields = Vec::new();
     for name in text.split(',').map(str::trim) {
         if name.is_empty() {
             bail!("{option}={text}: empty field name");
         }
-        match known.iter().find(|(_, names, _)| names.iter().any(|known| known.eq_ignore_ascii_case(name))) {
+        match known
+            .iter()
+            .find(|(_, names, _)| names.iter().any(|known| known.eq_ignore_ascii_case(name)))
+        {
             Some((field, _, _)) => fields.push(*field),
             None => {
                 let valid: Vec<&str> = known.iter().map(|(_, names, _)| names[0]).collect();
@@ -181,7 +209,10 @@ pub enum CsvQuery {
     ComputeApps(Vec<AppField>),
 }
 
-fn describe<F: PartialEq + Copy>(field: F, known: &[(F, &'static [&'static str], Unit)]) -> (&'static str, Unit) {
+fn describe<F: PartialEq + Copy>(
+    field: F,
+    known: &[(F, &'static [&'static str], Unit)],
+) -> (&'static str, Unit) {
     known
         .iter()
         .find(|(candidate, _, _)| *candidate == field)
@@ -195,24 +226,36 @@ pub fn render_csv(snapshot: &Snapshot, query: &CsvQuery, format: CsvFormat) -> S
     let mut out = String::new();
     match query {
         CsvQuery::Gpus(fields) => {
-            let described: Vec<_> = fields.iter().map(|field| (*field, describe(*field, GPU_FIELDS))).collect();
+            let described: Vec<_> = fields
+                .iter()
+                .map(|field| (*field, describe(*field, GPU_FIELDS)))
+                .collect();
             if format.header {
                 push_header(&mut out, described.iter().map(|(_, described)| *described));
             }
             for gpu in &snapshot.gpus {
                 let row: Vec<String> = described
                     .iter()
-                    .map(|(field, (_, unit))| with_unit(gpu_value(snapshot, gpu, *field), *unit, format))
+                    .map(|(field, (_, unit))| {
+                        with_unit(gpu_value(snapshot, gpu, *field), *unit, format)
+                    })
                     .collect();
                 push_row(&mut out, &row);
             }
         }
         CsvQuery::ComputeApps(fields) => {
-            let described: Vec<_> = fields.iter().map(|field| (*field, describe(*field, APP_FIELDS))).collect();
+            let described: Vec<_> = fields
+                .iter()
+                .map(|field| (*field, describe(*field, APP_FIELDS)))
+                .collect();
             if format.header {
                 push_header(&mut out, described.iter().map(|(_, described)| *described));
             }
-            for process in snapshot.processes.iter().filter(|process| process.kind.has_compute()) {
+            for process in snapshot
+                .processes
+                .iter()
+                .filter(|process| process.kind.has_compute())
+            {
                 let row: Vec<String> = described
                     .iter()
                     .map(|(field, (_, unit))| with_unit(app_value(process, *field), *unit, format))
@@ -225,7 +268,9 @@ pub fn render_csv(snapshot: &Snapshot, query: &CsvQuery, format: CsvFormat) -> S
 }
 
 fn push_header(out: &mut String, columns: impl Iterator<Item = (&'static str, Unit)>) {
-    let names: Vec<String> = columns.map(|(name, unit)| format!("{name}{}", unit.header_suffix())).collect();
+    let names: Vec<String> = columns
+        .map(|(name, unit)| format!("{name}{}", unit.header_suffix()))
+        .collect();
     push_row(out, &names);
 }
 
@@ -254,11 +299,19 @@ fn gpu_value(snapshot: &Snapshot, gpu: &GpuInfo, field: GpuField) -> Option<Stri
         GpuField::DriverVersion => snapshot.driver_version.clone(),
         GpuField::CudaVersion => snapshot.cuda_version.map(cuda_version_text),
         GpuField::Count => Some(snapshot.device_count.to_string()),
-        GpuField::MemoryTotal => gpu.memory.map(|memory| mebibytes(memory.total_bytes).to_string()),
-        GpuField::MemoryUsed => gpu.memory.map(|memory| mebibytes(memory.used_bytes).to_string()),
-        GpuField::MemoryFree => gpu.memory.map(|memory| mebibytes(memory.free_bytes).to_string()),
+        GpuField::MemoryTotal => gpu
+            .memory
+            .map(|memory| mebibytes(memory.total_bytes).to_string()),
+        GpuField::MemoryUsed => gpu
+            .memory
+            .map(|memory| mebibytes(memory.used_bytes).to_string()),
+        GpuField::MemoryFree => gpu
+            .memory
+            .map(|memory| mebibytes(memory.free_bytes).to_string()),
         GpuField::UtilizationGpu => gpu.utilization.map(|rates| rates.gpu_percent.to_string()),
-        GpuField::UtilizationMemory => gpu.utilization.map(|rates| rates.memory_percent.to_string()),
+        GpuField::UtilizationMemory => gpu
+            .utilization
+            .map(|rates| rates.memory_percent.to_string()),
         GpuField::TemperatureGpu => gpu.temperature_celsius.map(|celsius| celsius.to_string()),
         GpuField::PciBusId => gpu.bus_id.clone(),
         GpuField::FanSpeed => gpu.fan_percent.map(|percent| percent.to_string()),
@@ -284,7 +337,9 @@ fn app_value(process: &GpuProcess, field: AppField) -> Option<String> {
     match field {
         AppField::Pid => Some(process.pid.to_string()),
         AppField::ProcessName => process.name.clone(),
-        AppField::UsedMemory => process.used_memory_bytes.map(|bytes| mebibytes(bytes).to_string()),
+        AppField::UsedMemory => process
+            .used_memory_bytes
+            .map(|bytes| mebibytes(bytes).to_string()),
         AppField::GpuUuid => process.gpu_uuid.clone(),
         AppField::GpuName => process.gpu_name.clone(),
         AppField::GpuBusId => process.gpu_bus_id.clone(),
@@ -322,7 +377,10 @@ mod tests {
                 used_bytes: 1_551 * MIB,
                 free_bytes: 142_220 * MIB,
             }),
-            utilization: Some(Utilization { gpu_percent: 30, memory_percent: 5 }),
+            utilization: Some(Utilization {
+                gpu_percent: 30,
+                memory_percent: 5,
+            }),
             compute_mode: Some(ComputeMode::Default),
             mig_enabled: Some(false),
         }
@@ -344,7 +402,11 @@ mod tests {
     }
 
     fn snapshot() -> Snapshot {
-        let mut bare = GpuInfo { index: 1, name: Some("Simulated GPU".into()), ..GpuInfo::default() };
+        let mut bare = GpuInfo {
+            index: 1,
+            name: Some("Simulated GPU".into()),
+            ..GpuInfo::default()
+        };
         bare.uuid = Some("GPU-sim-1".into());
         Snapshot {
             timestamp: "Wed Dec  2 15:49:22 2026".into(),
@@ -388,17 +450,24 @@ mod tests {
         // nounits keeps the units in the header, as nvidia-smi does.
         let format = parse_format(Some("csv,nounits")).unwrap();
         let csv = render_csv(&snapshot(), &CsvQuery::Gpus(fields), format);
-        assert_eq!(csv, "memory.total [MiB], name\n143771, NVIDIA H200\n[N/A], Simulated GPU\n");
+        assert_eq!(
+            csv,
+            "memory.total [MiB], name\n143771, NVIDIA H200\n[N/A], Simulated GPU\n"
+        );
     }
 
     #[test]
     fn extra_gpu_fields_render() {
-        let fields =
-            parse_gpu_fields("power.draw,power.limit,pstate,fan.speed,compute_mode,persistence_mode,cuda_version")
-                .unwrap();
+        let fields = parse_gpu_fields(
+            "power.draw,power.limit,pstate,fan.speed,compute_mode,persistence_mode,cuda_version",
+        )
+        .unwrap();
         let csv = render_csv(&snapshot(), &CsvQuery::Gpus(fields), CsvFormat::default());
         let first_row = csv.lines().nth(1).unwrap();
-        assert_eq!(first_row, "120.55 W, 700.00 W, P0, [N/A], Default, Enabled, 13.0");
+        assert_eq!(
+            first_row,
+            "120.55 W, 700.00 W, P0, [N/A], Default, Enabled, 13.0"
+        );
         assert_eq!(
             csv.lines().next().unwrap(),
             "power.draw [W], power.limit [W], pstate, fan.speed [%], compute_mode, persistence_mode, cuda_version"
@@ -408,7 +477,11 @@ mod tests {
     #[test]
     fn compute_apps_list_only_compute_contexts() {
         let fields = parse_app_fields("pid,process_name,used_memory,gpu_uuid").unwrap();
-        let csv = render_csv(&snapshot(), &CsvQuery::ComputeApps(fields), CsvFormat::default());
+        let csv = render_csv(
+            &snapshot(),
+            &CsvQuery::ComputeApps(fields),
+            CsvFormat::default(),
+        );
         assert_eq!(
             csv,
             "pid, process_name, used_gpu_memory [MiB], gpu_uuid\n\
@@ -422,26 +495,57 @@ mod tests {
         let mut empty = snapshot();
         empty.processes.clear();
         let fields = parse_app_fields("pid,used_memory").unwrap();
-        let csv = render_csv(&empty, &CsvQuery::ComputeApps(fields.clone()), CsvFormat::default());
+        let csv = render_csv(
+            &empty,
+            &CsvQuery::ComputeApps(fields.clone()),
+            CsvFormat::default(),
+        );
         assert_eq!(csv, "pid, used_gpu_memory [MiB]\n");
-        let csv = render_csv(&empty, &CsvQuery::ComputeApps(fields), CsvFormat { header: false, units: true });
+        let csv = render_csv(
+            &empty,
+            &CsvQuery::ComputeApps(fields),
+            CsvFormat {
+                header: false,
+                units: true,
+            },
+        );
         assert_eq!(csv, "");
     }
 
     #[test]
     fn unknown_fields_are_named_in_the_error() {
         let err = parse_gpu_fields("name,bogus").unwrap_err().to_string();
-        assert!(err.starts_with("Field \"bogus\" is not a valid field to query."), "{err}");
+        assert!(
+            err.starts_with("Field \"bogus\" is not a valid field to query."),
+            "{err}"
+        );
         assert!(err.contains("memory.total"), "{err}");
-        let err = parse_app_fields("pid,memory.total").unwrap_err().to_string();
-        assert!(err.starts_with("Field \"memory.total\" is not a valid field to query."), "{err}");
+        let err = parse_app_fields("pid,memory.total")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("Field \"memory.total\" is not a valid field to query."),
+            "{err}"
+        );
         assert!(parse_gpu_fields("name,,index").is_err());
     }
 
     #[test]
     fn format_accepts_only_csv_modifiers() {
-        assert_eq!(parse_format(None).unwrap(), CsvFormat { header: true, units: true });
-        assert_eq!(parse_format(Some("csv,noheader")).unwrap(), CsvFormat { header: false, units: true });
+        assert_eq!(
+            parse_format(None).unwrap(),
+            CsvFormat {
+                header: true,
+                units: true
+            }
+        );
+        assert_eq!(
+            parse_format(Some("csv,noheader")).unwrap(),
+            CsvFormat {
+                header: false,
+                units: true
+            }
+        );
         let err = parse_format(Some("xml")).unwrap_err().to_string();
         assert!(err.contains("\"xml\""), "{err}");
         assert!(parse_format(Some("noheader")).is_err());

@@ -50,7 +50,9 @@ pub(super) fn memory_info_v1(library: &OsStr, device: &Device<'_>) -> Option<Mem
     // which `GetMemoryInfoV1` spells out; the device handle comes from the same library and
     // `memory` is a live, writable `nvmlMemory_t`.
     let status = unsafe {
-        let function = lib.get::<GetMemoryInfoV1>(b"nvmlDeviceGetMemoryInfo\0").ok()?;
+        let function = lib
+            .get::<GetMemoryInfoV1>(b"nvmlDeviceGetMemoryInfo\0")
+            .ok()?;
         function(device.handle().cast::<c_void>(), &mut memory)
     };
     (status == NVML_SUCCESS).then_some(MemoryUsage {
@@ -78,7 +80,11 @@ pub(super) fn compute_processes_v1(library: &OsStr, device: &Device<'_>) -> Vec<
             else {
                 return Vec::new();
             };
-            function(device.handle().cast::<c_void>(), &mut count, buffer.as_mut_ptr())
+            function(
+                device.handle().cast::<c_void>(),
+                &mut count,
+                buffer.as_mut_ptr(),
+            )
         };
         match status {
             NVML_SUCCESS => {

@@ -182,7 +182,9 @@ pub fn gather(
     selectors: &[GpuSelector],
     include_processes: bool,
 ) -> anyhow::Result<Snapshot> {
-    let device_count = nvml.device_count().context("nvmlDeviceGetCount_v2 failed")?;
+    let device_count = nvml
+        .device_count()
+        .context("nvmlDeviceGetCount_v2 failed")?;
     let devices = select_devices(nvml, device_count, selectors)?;
     let mut gpus = Vec::with_capacity(devices.len());
     let mut processes = Vec::new();
@@ -234,7 +236,8 @@ fn select_devices<'nvml>(
                 bail!("no GPU matches --id {}", selector_text(selector))
             }
             Err(err) => {
-                return Err(err).with_context(|| format!("looking up GPU {}", selector_text(selector)));
+                return Err(err)
+                    .with_context(|| format!("looking up GPU {}", selector_text(selector)));
             }
         };
         let index = match selector {
@@ -478,14 +481,21 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let with_cmdline = root.path().join("1");
         std::fs::create_dir(&with_cmdline).unwrap();
-        std::fs::write(with_cmdline.join("cmdline"), b"/usr/bin/python3\0train.py\0").unwrap();
+        std::fs::write(
+            with_cmdline.join("cmdline"),
+            b"/usr/bin/python3\0train.py\0",
+        )
+        .unwrap();
         std::fs::write(with_cmdline.join("comm"), b"python3\n").unwrap();
         let kernel_thread = root.path().join("2");
         std::fs::create_dir(&kernel_thread).unwrap();
         std::fs::write(kernel_thread.join("cmdline"), b"").unwrap();
         std::fs::write(kernel_thread.join("comm"), b"kworker\n").unwrap();
 
-        assert_eq!(process_name_in(root.path(), 1).as_deref(), Some("/usr/bin/python3"));
+        assert_eq!(
+            process_name_in(root.path(), 1).as_deref(),
+            Some("/usr/bin/python3")
+        );
         assert_eq!(process_name_in(root.path(), 2).as_deref(), Some("kworker"));
         assert_eq!(process_name_in(root.path(), 3), None);
     }

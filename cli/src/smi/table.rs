@@ -56,7 +56,10 @@ fn full_rule() -> String {
 }
 
 fn cell_rule(fill: char) -> String {
-    let cells: Vec<String> = CELL_WIDTHS.iter().map(|width| fill.to_string().repeat(*width)).collect();
+    let cells: Vec<String> = CELL_WIDTHS
+        .iter()
+        .map(|width| fill.to_string().repeat(*width))
+        .collect();
     let edge = if fill == '=' { '|' } else { '+' };
     format!("{edge}{}{edge}\n", cells.join("+"))
 }
@@ -79,9 +82,14 @@ fn cell_line(cells: [String; 3]) -> String {
 fn push_header_box(out: &mut String, snapshot: &Snapshot) {
     let smi = format!("{SMI_LABEL} {}", env!("CARGO_PKG_VERSION"));
     let driver = snapshot.driver_version.as_deref().unwrap_or(NOT_AVAILABLE);
-    let cuda = snapshot.cuda_version.map(cuda_version_text).unwrap_or_else(|| NOT_AVAILABLE.into());
+    let cuda = snapshot
+        .cuda_version
+        .map(cuda_version_text)
+        .unwrap_or_else(|| NOT_AVAILABLE.into());
     out.push_str(&full_rule());
-    out.push_str(&full_line(&format!(" {smi:<34}Driver Version: {driver:<15}CUDA Version: {cuda:<9}")));
+    out.push_str(&full_line(&format!(
+        " {smi:<34}Driver Version: {driver:<15}CUDA Version: {cuda:<9}"
+    )));
     out.push_str(&cell_rule('-'));
     out.push_str(&cell_line([
         " GPU  Name                 Persistence-M ".into(),
@@ -93,7 +101,11 @@ fn push_header_box(out: &mut String, snapshot: &Snapshot) {
         "           Memory-Usage ".into(),
         " GPU-Util  Compute M. ".into(),
     ]));
-    out.push_str(&cell_line([String::new(), String::new(), "               MIG M. ".into()]));
+    out.push_str(&cell_line([
+        String::new(),
+        String::new(),
+        "               MIG M. ".into(),
+    ]));
     out.push_str(&cell_rule('='));
 }
 
@@ -116,9 +128,14 @@ fn gpu_lines(gpu: &GpuInfo) -> [[String; 3]; 3] {
     let bus_id = gpu.bus_id.as_deref().unwrap_or(NOT_AVAILABLE);
     let display = on_off(gpu.display_active);
     let ecc = match gpu.ecc {
-        EccStatus::Unknown | EccStatus::Enabled { volatile_uncorrected: None } => NOT_AVAILABLE.into(),
+        EccStatus::Unknown
+        | EccStatus::Enabled {
+            volatile_uncorrected: None,
+        } => NOT_AVAILABLE.into(),
         EccStatus::Disabled => "Off".into(),
-        EccStatus::Enabled { volatile_uncorrected: Some(count) } => count.to_string(),
+        EccStatus::Enabled {
+            volatile_uncorrected: Some(count),
+        } => count.to_string(),
     };
     let fan = or_na(gpu.fan_percent.map(|percent| format!("{percent}%")));
     let temperature = or_na(gpu.temperature_celsius.map(|celsius| format!("{celsius}C")));
@@ -126,10 +143,16 @@ fn gpu_lines(gpu: &GpuInfo) -> [[String; 3]; 3] {
     let power_usage = or_na(gpu.power_usage_milliwatts.map(watts_text));
     let power_limit = or_na(gpu.power_limit_milliwatts.map(watts_text));
     let (memory_used, memory_total) = match gpu.memory {
-        Some(memory) => (format!("{}MiB", mebibytes(memory.used_bytes)), format!("{}MiB", mebibytes(memory.total_bytes))),
+        Some(memory) => (
+            format!("{}MiB", mebibytes(memory.used_bytes)),
+            format!("{}MiB", mebibytes(memory.total_bytes)),
+        ),
         None => (NOT_AVAILABLE.into(), NOT_AVAILABLE.into()),
     };
-    let utilization = or_na(gpu.utilization.map(|rates| format!("{}%", rates.gpu_percent)));
+    let utilization = or_na(
+        gpu.utilization
+            .map(|rates| format!("{}%", rates.gpu_percent)),
+    );
     let compute_mode = match gpu.compute_mode {
         Some(ComputeMode::Default) => "Default",
         Some(ComputeMode::ExclusiveThread) => "E. Thread",
@@ -173,8 +196,15 @@ fn push_process_box(out: &mut String, processes: &[GpuProcess]) {
     for process in processes {
         let gpu_instance = or_na(process.gpu_instance_id.map(|id| id.to_string()));
         let compute_instance = or_na(process.compute_instance_id.map(|id| id.to_string()));
-        let name = truncate_start(process.name.as_deref().unwrap_or(NOT_AVAILABLE), PROCESS_NAME_WIDTH);
-        let memory = or_na(process.used_memory_bytes.map(|bytes| format!("{}MiB", mebibytes(bytes))));
+        let name = truncate_start(
+            process.name.as_deref().unwrap_or(NOT_AVAILABLE),
+            PROCESS_NAME_WIDTH,
+        );
+        let memory = or_na(
+            process
+                .used_memory_bytes
+                .map(|bytes| format!("{}MiB", mebibytes(bytes))),
+        );
         out.push_str(&full_line(&format!(
             "{:>5}   {gpu_instance:>3}  {compute_instance:>3}{:>16}{:>7}   {name:<37}{memory:>9} ",
             process.gpu_index,
@@ -221,7 +251,10 @@ fn truncate_start(text: &str, width: usize) -> String {
     if length <= width {
         return text.to_owned();
     }
-    let kept: String = text.chars().skip(length - width.saturating_sub(3)).collect();
+    let kept: String = text
+        .chars()
+        .skip(length - width.saturating_sub(3))
+        .collect();
     format!("...{kept}")
 }
 
@@ -240,7 +273,9 @@ mod tests {
             persistence_mode: Some(true),
             bus_id: Some("00000000:00:06.0".into()),
             display_active: Some(false),
-            ecc: EccStatus::Enabled { volatile_uncorrected: Some(0) },
+            ecc: EccStatus::Enabled {
+                volatile_uncorrected: Some(0),
+            },
             fan_percent: None,
             temperature_celsius: Some(41),
             performance_state: Some(0),
@@ -251,7 +286,10 @@ mod tests {
                 used_bytes: 1_626_144_768, // 1550.81 MiB, measured on an H200
                 free_bytes: 142_220 * MIB,
             }),
-            utilization: Some(Utilization { gpu_percent: 0, memory_percent: 0 }),
+            utilization: Some(Utilization {
+                gpu_percent: 0,
+                memory_percent: 0,
+            }),
             compute_mode: Some(ComputeMode::Default),
             mig_enabled: Some(false),
         }
@@ -324,7 +362,10 @@ mod tests {
     fn header_uses_vgpu_label_not_nvidia() {
         let table = render_table(&snapshot(vec![h200()], vec![]));
         let header = table.lines().nth(2).unwrap();
-        assert!(header.starts_with(&format!("| VGPU-SMI {} ", env!("CARGO_PKG_VERSION"))), "{header}");
+        assert!(
+            header.starts_with(&format!("| VGPU-SMI {} ", env!("CARGO_PKG_VERSION"))),
+            "{header}"
+        );
         assert!(!table.contains("NVIDIA-SMI"));
     }
 
@@ -348,7 +389,8 @@ mod tests {
         gpu.persistence_mode = Some(false);
         let table = render_table(&snapshot(vec![gpu], vec![]));
         assert!(
-            table.contains("\n|   0  NVIDIA GeForce RTX 4060 L...  Off  |   00000000:00:06.0 Off |"),
+            table
+                .contains("\n|   0  NVIDIA GeForce RTX 4060 L...  Off  |   00000000:00:06.0 Off |"),
             "{table}"
         );
     }
@@ -371,12 +413,23 @@ mod tests {
 
     #[test]
     fn unsupported_fields_print_na() {
-        let bare = GpuInfo { index: 3, name: Some("Simulated GPU".into()), ..GpuInfo::default() };
+        let bare = GpuInfo {
+            index: 3,
+            name: Some("Simulated GPU".into()),
+            ..GpuInfo::default()
+        };
         let mut bare_snapshot = snapshot(vec![bare], vec![]);
         bare_snapshot.driver_version = None;
         bare_snapshot.cuda_version = None;
-        let lines: Vec<String> = render_table(&bare_snapshot).lines().map(str::to_owned).collect();
-        assert!(lines[2].contains("Driver Version: N/A            CUDA Version: N/A      "), "{}", lines[2]);
+        let lines: Vec<String> = render_table(&bare_snapshot)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            lines[2].contains("Driver Version: N/A            CUDA Version: N/A      "),
+            "{}",
+            lines[2]
+        );
         assert_eq!(
             lines[8],
             "|   3  Simulated GPU                 N/A  |                N/A N/A |                  N/A |"
@@ -389,7 +442,11 @@ mod tests {
             lines[10],
             "|                                         |                        |                  N/A |"
         );
-        assert!(!lines.iter().any(|line| line.contains("Not Found") || line.contains("rror")));
+        assert!(
+            !lines
+                .iter()
+                .any(|line| line.contains("Not Found") || line.contains("rror"))
+        );
     }
 
     #[test]
@@ -400,14 +457,29 @@ mod tests {
         gpu.mig_enabled = Some(true);
         gpu.fan_percent = Some(30);
         gpu.performance_state = Some(8);
-        gpu.memory = Some(MemoryUsage { total_bytes: 4 * GIB, used_bytes: GIB, free_bytes: 3 * GIB });
-        let lines: Vec<String> = render_table(&snapshot(vec![gpu], vec![])).lines().map(str::to_owned).collect();
-        assert!(lines[8].ends_with("|                  Off |"), "{}", lines[8]);
+        gpu.memory = Some(MemoryUsage {
+            total_bytes: 4 * GIB,
+            used_bytes: GIB,
+            free_bytes: 3 * GIB,
+        });
+        let lines: Vec<String> = render_table(&snapshot(vec![gpu], vec![]))
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            lines[8].ends_with("|                  Off |"),
+            "{}",
+            lines[8]
+        );
         assert_eq!(
             lines[9],
             "| 30%   41C    P8            120W /  700W |    1024MiB /   4096MiB |      0%   E. Process |"
         );
-        assert!(lines[10].ends_with("|              Enabled |"), "{}", lines[10]);
+        assert!(
+            lines[10].ends_with("|              Enabled |"),
+            "{}",
+            lines[10]
+        );
     }
 
     #[test]
