@@ -285,3 +285,25 @@ async fn restart_keeps_allocations_and_never_double_books() {
     assert!(next.iter().all(|id| !core_ids.contains(id)), "preferred allocation skips booked IDs");
     plugin.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_collection_waits_for_the_container_to_go() {
+    let kubelet = TestKubelet::start().await;
+    let config = vgpu_plugin::PluginConfig { gc_grace_secs: 0, ..kubelet.plugin_config() };
+    let plugin = vgpu_plugin::start(config, Arc::new(FakeSource::uniform(1, CARD_MEMORY))).await.expect("plugin");
+    kubelet.wait_registrations(2).await;
+    let mut cores = plugin_client(&plugin.sockets()[0]).await;
+    let core_ids: Vec<String> = (0..100).map(|k| format!("GPU-fake-0-core-{k}")).collect();
+    let response = allocate(&mut cores, &core_ids).await.expect("whole card");
+    let dir = std::path::Path::new(host_path_of(&response, "/etc/vgpu/vgpu.yaml")).parent().expect("dir").to_path_buf();
+    kubelet.add_container("default", "short", "main", &core_ids, &[]);
+    prestart(&mut cores, &core_ids).await.expect("PreStart");
+    assert_eq!(vgpu_plugin::daemon::collect_garbage(plugin.shared()).await.expect("gc"), 0, "the container still runs");
+    assert!(dir.exists());
+    kubelet.clear_pods();
+    assert_eq!(vgpu_plugin::daemon::collect_garbage(plugin.shared()).await.expect("gc"), 1);
+    assert!(!dir.exists(), "allocation folder removed");
+    assert!(!kubelet.root.path().join("vgpu/containers/default_short/main").exists(), "container link removed");
+    assert!(plugin.shared().allocator().state().allocations.is_empty());
+    plugin.stop().await;
+}
