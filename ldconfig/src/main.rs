@@ -3,7 +3,7 @@
 //! * `check --real LIB|--real-list FILE --shim LIB`: exports the shim lacks, exit 1 if any;
 //! * `exports LIB [--soname]`: a library's defined dynamic symbols (symbols/*.txt format);
 //! * `scan [--cache PATH] [--extra-dir DIR]... [--json]`: the host driver found;
-//! * `prepare --dest DIR --shim-dir DIR [--cache PATH] [--extra-dir DIR]... [--force]`;
+//! * `prepare --dest DIR --shim-dir DIR [--cache PATH] [--extra-dir DIR]... [--force] [--verify]`;
 //! * `layout [--host-driver-dir DIR] [--json]`: the container mounts and env.
 //!
 //! Errors are one line on stderr and exit status 2 (1 is reserved for "check found
@@ -72,6 +72,9 @@ enum Command {
         /// Replace a folder prepared for another driver version.
         #[arg(long)]
         force: bool,
+        /// Rehash every file instead of trusting size and modification time.
+        #[arg(long)]
+        verify: bool,
         /// Print the outcome as JSON.
         #[arg(long)]
         json: bool,
@@ -146,9 +149,9 @@ fn run(command: Command) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Prepare { dest, shim_dir, source, force, json } => {
+        Command::Prepare { dest, shim_dir, source, force, verify, json } => {
             let driver = discover(&DiscoverOptions::host(&source.cache, &source.extra_dirs)?)?;
-            let outcome = prepare(&PrepareOptions { dest: dest.clone(), shim_dir, driver, force })?;
+            let outcome = prepare(&PrepareOptions { dest: dest.clone(), shim_dir, driver, force, verify })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&outcome)?);
             } else {

@@ -13,7 +13,8 @@
 //! Before anything is written, each shim is checked against the real library it
 //! replaces: a shim that lacks an export of the host driver is refused, since an
 //! application resolving that name would fail with "function not found". The step is
-//! idempotent (unchanged files are not rewritten) and refuses to replace a folder
+//! idempotent (unchanged files are not rewritten; a copy whose size and modification
+//! time match the manifest's record is trusted without rehashing unless `verify`) and refuses to replace a folder
 //! prepared for another driver version unless forced. Files are written to a temporary
 //! name and renamed into place, so a container never sees a half-copied library.
 
@@ -122,6 +123,9 @@ pub struct PrepareOptions {
     pub driver: HostDriver,
     /// Replace a folder prepared for another driver version (or with a corrupt manifest).
     pub force: bool,
+    /// Hash every source and copy even when size and modification time say a copy is
+    /// current (the default trusts them, as make and rsync do).
+    pub verify: bool,
 }
 
 /// One copied file in the manifest.
@@ -135,6 +139,12 @@ pub struct ManifestFile {
     pub size: u64,
     /// Lower-case hex SHA-256.
     pub sha256: String,
+    /// The source's modification time (ns since the epoch) when it was hashed.
+    #[serde(default)]
+    pub source_mtime_ns: u128,
+    /// The copy's modification time (ns since the epoch) after it was written.
+    #[serde(default)]
+    pub mtime_ns: u128,
 }
 
 /// One symlink in the manifest.
@@ -260,15 +270,30 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
     let mut files = Vec::new();
     for (relative, source) in file_plan {
         let target = dest.join(&relative);
+        let source_meta = std::fs::metadata(&source).map_err(|error| io("cannot stat", &source, error))?;
+        let (size, source_mtime_ns) = (source_meta.len(), mtime_ns(&source_meta));
+        let target_meta = std::fs::symlink_metadata(&target).ok().filter(|meta| meta.is_file());
+        // Fast path: the previous run recorded this very source and copy, and neither
+        // changed size or modification time since.
+        let recorded = previous.as_ref().and_then(|manifest| manifest.files.iter().find(|file| file.path == relative)).filter(|file| {
+            !options.verify
+                && file.source == source
+                && file.size == size
+                && file.source_mtime_ns == source_mtime_ns
+                && target_meta.as_ref().is_some_and(|meta| meta.len() == size && mtime_ns(meta) == file.mtime_ns)
+        });
+        if let Some(file) = recorded {
+            files.push(file.clone());
+            continue;
+        }
         let sha256 = digest(&source)?;
-        let size = std::fs::metadata(&source).map_err(|error| io("cannot stat", &source, error))?.len();
-        let same = std::fs::symlink_metadata(&target).is_ok_and(|meta| meta.is_file() && meta.len() == size)
-            && digest(&target).is_ok_and(|existing| existing == sha256);
+        let same = target_meta.as_ref().is_some_and(|meta| meta.len() == size) && digest(&target).is_ok_and(|existing| existing == sha256);
         if !same {
             copy_atomically(&source, &target)?;
             changed.push(relative.clone());
         }
-        files.push(ManifestFile { path: relative, source, size, sha256 });
+        let copy_meta = std::fs::metadata(&target).map_err(|error| io("cannot stat", &target, error))?;
+        files.push(ManifestFile { path: relative, source, size, sha256, source_mtime_ns, mtime_ns: mtime_ns(&copy_meta) });
     }
     for link in &link_plan {
         let path = dest.join(&link.path);
@@ -312,6 +337,10 @@ fn is_inside(relative: &str) -> bool {
 
 fn io(action: &'static str, path: &Path, source: std::io::Error) -> PrepareError {
     PrepareError::Io { action, path: path.to_path_buf(), source }
+}
+
+fn mtime_ns(meta: &std::fs::Metadata) -> u128 {
+    meta.modified().ok().and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |since| since.as_nanos())
 }
 
 fn digest(path: &Path) -> Result<String, PrepareError> {

@@ -70,7 +70,7 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
     let dest = work.path().join("driver");
     let shims = work.path().join("shims");
     std::fs::create_dir(&shims).unwrap();
-    let options = |driver| PrepareOptions { dest: dest.clone(), shim_dir: shims.clone(), driver, force: false };
+    let options = |driver| PrepareOptions { dest: dest.clone(), shim_dir: shims.clone(), driver, force: false, verify: false };
 
     // 1. No shims at all.
     let error = prepare(&options(driver.clone())).unwrap_err();
@@ -125,11 +125,23 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
     assert!(again.changed.is_empty(), "{:?}", again.changed);
     assert!(again.removed.is_empty());
     assert_eq!(std::fs::metadata(lib64.join(&cuda_file)).unwrap().modified().unwrap(), mtime);
-    // A damaged copy is repaired.
+    // A damaged copy (other size) is repaired.
     std::fs::write(lib64.join(&nvml_file), b"damaged").unwrap();
     let repaired = prepare(&options(driver.clone())).unwrap();
-    assert_eq!(repaired.changed, [format!("lib64/{nvml_file}")]);
+    assert_eq!(repaired.changed, [format!("lib64/{nvml_file}"), "driver.json".to_string()]);
     assert_eq!(sha256sum(&lib64.join(&nvml_file)), sha256sum(&driver_files.lib_dir.join(&nvml_file)));
+    // Same-size damage with the old modification time restored passes the fast check,
+    // and is caught by `verify`.
+    let nvml_copy = lib64.join(&nvml_file);
+    let recorded_mtime = std::fs::metadata(&nvml_copy).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(&nvml_copy).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&nvml_copy, &bytes).unwrap();
+    std::fs::File::options().write(true).open(&nvml_copy).unwrap().set_modified(recorded_mtime).unwrap();
+    assert!(prepare(&options(driver.clone())).unwrap().changed.is_empty());
+    let verified = prepare(&PrepareOptions { verify: true, ..options(driver.clone()) }).unwrap();
+    assert!(verified.changed.contains(&format!("lib64/{nvml_file}")), "{:?}", verified.changed);
+    assert_eq!(sha256sum(&nvml_copy), sha256sum(&driver_files.lib_dir.join(&nvml_file)));
 
     // 5. Another driver version is refused unless forced; forcing removes the old files.
     let other = work.path().join("other");
