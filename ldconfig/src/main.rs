@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
 use vgpu_ldconfig::check::CheckReport;
@@ -106,7 +106,8 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("vgpu-ldconfig: {error:#}");
+            // The library's errors already name their cause, so only the top is printed.
+            eprintln!("vgpu-ldconfig: {error}");
             ExitCode::from(2)
         }
     }
@@ -196,7 +197,7 @@ fn check(real: Option<&Path>, real_list: Option<&Path>, shim: &Path) -> Result<E
         (None, Some(list)) => (list, read_symbol_list(list)?),
         (None, None) => anyhow::bail!("give --real LIB or --real-list FILE"),
     };
-    let shim_exports = defined_functions(shim).with_context(|| "reading the shim")?;
+    let shim_exports = defined_functions(shim)?;
     let report = CheckReport::compare(label.display().to_string(), &real_exports, shim.display().to_string(), &shim_exports);
     if report.is_complete() {
         println!("{report}");

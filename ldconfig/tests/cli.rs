@@ -70,6 +70,7 @@ fn bad_input_is_one_error_line_and_exit_2() {
         let stderr = text(&output.stderr);
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.starts_with("vgpu-ldconfig: "), "{stderr}");
+        assert!(stderr.matches("os error").count() <= 1, "cause printed twice: {stderr}");
         assert!(output.stdout.is_empty());
     }
 }
