@@ -1,6 +1,10 @@
 //! `vgpu`: run a program under a GPU quota (`run`), assemble a driver folder of the
 //! shims (`install`), show what a process sees (`probe`, `smi`).
 
+mod artifacts;
+mod install;
+mod probe;
+mod run;
 mod smi;
 
 use clap::{Parser, Subcommand};
@@ -14,6 +18,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a command under a GPU quota, in a mount namespace where the shims cover the
+    /// driver libraries, as a container gets them from the device plugin.
+    Run(run::RunArgs),
+    /// Install the shims, the simulated driver and vgpu into a prefix.
+    Install(install::InstallArgs),
+    /// Print what a CUDA process sees through libcuda.so.1 and libnvidia-ml.so.1.
+    Probe(probe::ProbeArgs),
     /// Render an nvidia-smi-like view through whatever libnvidia-ml.so.1 this process loads.
     Smi(smi::SmiArgs),
 }
@@ -21,10 +32,17 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Smi(args) => smi::run(&args),
+        Command::Run(args) => run::run(&args).map(Some),
+        Command::Install(args) => install::run(&args).map(|()| None),
+        Command::Probe(args) => probe::run(&args).map(|()| None),
+        Command::Smi(args) => smi::run(&args).map(|()| None),
     };
-    if let Err(err) = result {
-        eprintln!("vgpu: {err:#}");
-        std::process::exit(1);
+    match result {
+        Ok(Some(code)) => std::process::exit(code),
+        Ok(None) => {}
+        Err(err) => {
+            eprintln!("vgpu: {err:#}");
+            std::process::exit(1);
+        }
     }
 }

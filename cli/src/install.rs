@@ -1,0 +1,59 @@
+//! `vgpu install --prefix DIR`: a ready driver folder of the shims (and the sim driver
+//! and the `vgpu` binary), in the layout `artifacts` describes. Self-contained: it can be
+//! copied to another machine of the same architecture.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::artifacts::{Artifacts, sim_driver_folder};
+
+#[derive(clap::Args)]
+pub struct InstallArgs {
+    /// Folder to install into (created if needed).
+    #[arg(long)]
+    prefix: PathBuf,
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+    }
+    // Replace rather than overwrite in place: the old file may be mapped by a running process.
+    let staging = to.with_extension("vgpu-new");
+    std::fs::copy(from, &staging).with_context(|| format!("copy {} to {}", from.display(), staging.display()))?;
+    std::fs::rename(&staging, to).with_context(|| format!("rename to {}", to.display()))
+}
+
+fn link(target: &str, at: &Path) -> Result<()> {
+    let _ = std::fs::remove_file(at);
+    std::os::unix::fs::symlink(target, at).with_context(|| format!("link {}", at.display()))
+}
+
+pub fn run(args: &InstallArgs) -> Result<()> {
+    let artifacts = Artifacts::locate()?;
+    let lib64 = args.prefix.join("lib64");
+    copy(&artifacts.cuda_shim, &lib64.join("libcuda.so.1"))?;
+    copy(&artifacts.nvml_shim, &lib64.join("libnvidia-ml.so.1"))?;
+    link("libcuda.so.1", &lib64.join("libcuda.so"))?;
+    link("libnvidia-ml.so.1", &lib64.join("libnvidia-ml.so"))?;
+    if let Some(sim) = &artifacts.sim {
+        let sim_lib64 = args.prefix.join("sim/lib64");
+        let installed = sim_lib64.join("libvgpu_sim.so");
+        copy(sim, &installed)?;
+        sim_driver_folder(&sim_lib64, Path::new("libvgpu_sim.so"))?;
+    }
+    let exe = std::env::current_exe().context("cannot find the vgpu executable")?;
+    let bin = args.prefix.join("bin/vgpu");
+    if std::fs::canonicalize(&exe).ok() != std::fs::canonicalize(&bin).ok() {
+        copy(&exe, &bin)?;
+    }
+    println!("installed into {}", args.prefix.display());
+    println!("  {}  (CUDA shim)", lib64.join("libcuda.so.1").display());
+    println!("  {}  (NVML shim)", lib64.join("libnvidia-ml.so.1").display());
+    if artifacts.sim.is_some() {
+        println!("  {}  (simulated driver)", args.prefix.join("sim/lib64").display());
+    }
+    println!("  {}", bin.display());
+    Ok(())
+}

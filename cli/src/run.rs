@@ -1,0 +1,304 @@
+//! `vgpu run`: run one command as a container would see the GPU.
+//!
+//! It writes a quota config and usage region into a private work folder, enters a new
+//! mount namespace (as root, or in a user namespace), binds the real driver libraries to
+//! private paths (so the shims can still reach them once their public paths are
+//! covered), bind-mounts the shims over every path where the dynamic loader finds
+//! `libcuda.so.1` and `libnvidia-ml.so.1` (LD_LIBRARY_PATH folders and ld.so.cache
+//! entries, exactly what the device plugin's mounts cover in a container), then runs the
+//! command, waits for it and removes the work folder.
+
+use std::ffi::CString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota};
+
+use crate::artifacts::{Artifacts, sim_driver_folder};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Forward to the simulated driver instead of the host's real one.
+    #[arg(long)]
+    simulate: bool,
+    /// Memory quota per device (bytes, or 4GiB, 7680MiB, ...).
+    #[arg(long)]
+    memory: Option<ByteSize>,
+    /// Compute quota per device, percent of one card (1-100).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    cores: Option<u32>,
+    /// `hard` (never above --cores) or `soft` (may use idle capacity).
+    #[arg(long, default_value = "hard", value_parser = parse_core_mode)]
+    core_mode: CoreMode,
+    /// A device the command may use: a host index or a UUID, optionally with its own
+    /// quota, e.g. `1:memory=2GiB,cores=30`. Repeat for several; default: device 0.
+    #[arg(long = "device", value_name = "SEL[:memory=SIZE,cores=N]")]
+    devices: Vec<String>,
+    /// The real driver folder (holding libcuda.so.1 and libnvidia-ml.so.1) instead of the
+    /// one the loader finds.
+    #[arg(long)]
+    driver_dir: Option<PathBuf>,
+    /// Work folder for the config and usage region (default: a new folder under /tmp).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Keep the work folder afterwards.
+    #[arg(long)]
+    keep: bool,
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+fn parse_core_mode(text: &str) -> Result<CoreMode, String> {
+    match text {
+        "hard" => Ok(CoreMode::Hard),
+        "soft" => Ok(CoreMode::Soft),
+        other => Err(format!("`{other}`: expected hard or soft")),
+    }
+}
+
+/// One `--device` argument.
+fn parse_device(text: &str, memory: Option<ByteSize>, cores: Option<u32>, core_mode: CoreMode) -> Result<DeviceQuota> {
+    let (selector, options) = match text.split_once(':') {
+        Some((selector, options)) => (selector, Some(options)),
+        None => (text, None),
+    };
+    let mut quota = DeviceQuota::unlimited_index(0);
+    if !selector.is_empty() && selector.bytes().all(|b| b.is_ascii_digit()) {
+        quota.index = Some(selector.parse().with_context(|| format!("--device {text}: bad index"))?);
+    } else if !selector.is_empty() {
+        quota.index = None;
+        quota.uuid = Some(selector.to_string());
+    } else {
+        bail!("--device {text}: empty selector");
+    }
+    quota.memory_limit = memory;
+    quota.core_limit = cores;
+    quota.core_mode = core_mode;
+    for option in options.unwrap_or("").split(',').filter(|o| !o.is_empty()) {
+        match option.split_once('=') {
+            Some(("memory", value)) => quota.memory_limit = Some(value.parse().with_context(|| format!("--device {text}"))?),
+            Some(("cores", value)) => {
+                quota.core_limit = Some(value.parse().with_context(|| format!("--device {text}: bad cores"))?)
+            }
+            _ => bail!("--device {text}: unknown option `{option}` (use memory=SIZE or cores=N)"),
+        }
+    }
+    Ok(quota)
+}
+
+/// The work folder, removed on drop unless kept.
+struct WorkDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// The real libraries to forward to, and the public paths to cover.
+struct Plan {
+    driver_dir: PathBuf,
+    /// (real file, private path it is bound to)
+    private_binds: Vec<(PathBuf, PathBuf)>,
+    /// (shim, public path to cover)
+    covers: Vec<(PathBuf, PathBuf)>,
+    /// A folder of shim links to put first on LD_LIBRARY_PATH, when the loader would
+    /// find no libcuda.so.1 / libnvidia-ml.so.1 to cover.
+    fallback_lib_dir: Option<PathBuf>,
+}
+
+const LIBS: [&str; 2] = ["libcuda.so.1", "libnvidia-ml.so.1"];
+
+fn plan(args: &RunArgs, artifacts: &Artifacts, work: &Path) -> Result<Plan> {
+    let cache = vgpu_ldconfig::read_cache(Path::new("/etc/ld.so.cache")).unwrap_or_default();
+    let ld_library_path = std::env::var("LD_LIBRARY_PATH").ok();
+    let shims = [&artifacts.cuda_shim, &artifacts.nvml_shim];
+    let mut private_binds = Vec::new();
+    let mut covers = Vec::new();
+    let mut uncovered = Vec::new();
+    let driver_dir = if args.simulate {
+        let sim = artifacts.require_sim()?;
+        let dir = work.join("sim");
+        sim_driver_folder(&dir, sim)?;
+        dir
+    } else {
+        work.join("driver")
+    };
+    if !args.simulate {
+        std::fs::create_dir_all(&driver_dir).with_context(|| format!("create {}", driver_dir.display()))?;
+    }
+    for (name, shim) in LIBS.iter().zip(shims) {
+        let public: Vec<PathBuf> = vgpu_ldconfig::loader_paths(name, &cache, ld_library_path.as_deref());
+        if !args.simulate {
+            let real = match &args.driver_dir {
+                Some(dir) => dir.join(name),
+                None => public.first().cloned().with_context(|| {
+                    format!("the loader finds no real {name} on this host: use --simulate, or --driver-dir DIR")
+                })?,
+            };
+            let real = std::fs::canonicalize(&real).with_context(|| format!("real driver library {}", real.display()))?;
+            let private = driver_dir.join(name);
+            std::fs::write(&private, b"").with_context(|| format!("create {}", private.display()))?;
+            private_binds.push((real, private));
+        }
+        let mut seen = Vec::new();
+        for path in public {
+            let Ok(target) = std::fs::canonicalize(&path) else { continue };
+            if !seen.contains(&target) {
+                seen.push(target);
+                covers.push((shim.to_path_buf(), path));
+            }
+        }
+        if seen.is_empty() {
+            uncovered.push((*name, shim));
+        }
+    }
+    let fallback_lib_dir = if uncovered.is_empty() {
+        None
+    } else {
+        let dir = work.join("lib");
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        for (name, shim) in uncovered {
+            std::os::unix::fs::symlink(shim, dir.join(name)).with_context(|| format!("link {name}"))?;
+        }
+        Some(dir)
+    };
+    Ok(Plan { driver_dir, private_binds, covers, fallback_lib_dir })
+}
+
+fn c_path(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes()).with_context(|| format!("{} holds a NUL byte", path.display()))
+}
+
+fn bind(source: &Path, target: &Path) -> Result<()> {
+    let (source_c, target_c) = (c_path(source)?, c_path(target)?);
+    // SAFETY: valid C strings; a bind mount has no data argument.
+    let rc = unsafe { libc::mount(source_c.as_ptr(), target_c.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+    if rc != 0 {
+        bail!("bind {} over {}: {}", source.display(), target.display(), std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A private mount namespace: as root directly, else inside a new user namespace.
+fn enter_mount_namespace() -> Result<()> {
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let flags = if uid == 0 { libc::CLONE_NEWNS } else { libc::CLONE_NEWUSER | libc::CLONE_NEWNS };
+    // SAFETY: unshare on the calling (single-threaded) process.
+    if unsafe { libc::unshare(flags) } != 0 {
+        let error = std::io::Error::last_os_error();
+        bail!(
+            "cannot enter a mount namespace ({error}): vgpu run needs root, or unprivileged user namespaces \
+             (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0)"
+        );
+    }
+    if uid != 0 {
+        std::fs::write("/proc/self/setgroups", "deny").context("user namespace: setgroups")?;
+        std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")).context("user namespace: uid_map")?;
+        std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")).context("user namespace: gid_map")?;
+    }
+    // SAFETY: making every mount private to this namespace, so nothing leaks to the host.
+    let rc = unsafe {
+        libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null())
+    };
+    if rc != 0 {
+        bail!("make mounts private: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+pub fn run(args: &RunArgs) -> Result<i32> {
+    let artifacts = Artifacts::locate()?;
+    let path = match &args.state_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("vgpu-run-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+    let work = WorkDir { path, keep: args.keep || args.state_dir.is_some() };
+    let plan = plan(args, &artifacts, &work.path)?;
+
+    let quota_given = args.memory.is_some() || args.cores.is_some() || !args.devices.is_empty();
+    let mut command = Command::new(&args.command[0]);
+    command.args(&args.command[1..]);
+    if quota_given {
+        let selectors = if args.devices.is_empty() { vec!["0".to_string()] } else { args.devices.clone() };
+        let devices = selectors
+            .iter()
+            .map(|text| parse_device(text, args.memory, args.cores, args.core_mode))
+            .collect::<Result<Vec<_>>>()?;
+        let config = Config {
+            driver_dir: Some(plan.driver_dir.clone()),
+            usage_region: Some(work.path.join("usage.region")),
+            devices,
+            ..Config::default()
+        };
+        config.validate().map_err(|message| anyhow::anyhow!("quota: {message}"))?;
+        let config_path = work.path.join("vgpu.yaml");
+        std::fs::write(&config_path, config.to_yaml()).with_context(|| format!("write {}", config_path.display()))?;
+        command.env("VGPU_CONFIG", &config_path).env_remove("VGPU_DRIVER_DIR");
+    } else {
+        // No quota: the shims forward only.
+        command.env("VGPU_DRIVER_DIR", &plan.driver_dir).env_remove("VGPU_CONFIG");
+    }
+    if let Some(dir) = &plan.fallback_lib_dir {
+        let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        let joined = if old.is_empty() { dir.display().to_string() } else { format!("{}:{old}", dir.display()) };
+        command.env("LD_LIBRARY_PATH", joined);
+    }
+
+    enter_mount_namespace()?;
+    for (real, private) in &plan.private_binds {
+        bind(real, private)?;
+    }
+    for (shim, public) in &plan.covers {
+        bind(shim, public)?;
+    }
+
+    // SAFETY: installing a handler (not SIG_IGN, which exec would inherit) so that ^C
+    // reaches the command while we stay to clean up.
+    unsafe {
+        libc::signal(libc::SIGINT, ignore_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGQUIT, ignore_signal as *const () as libc::sighandler_t);
+    }
+    let status = command.status().with_context(|| format!("cannot run {}", args.command[0]));
+    // Mount points cannot be removed: detach our private binds before the work folder goes.
+    for (_, private) in &plan.private_binds {
+        if let Ok(target) = c_path(private) {
+            // SAFETY: unmounting a bind we made; failure only leaves it to the namespace's end.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+    let status = status?;
+    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_arguments() {
+        let quota = parse_device("1:memory=2GiB,cores=30", Some(ByteSize::gib(4)), None, CoreMode::Hard).expect("parses");
+        assert_eq!(quota.index, Some(1));
+        assert_eq!(quota.memory_limit, Some(ByteSize::gib(2)));
+        assert_eq!(quota.core_limit, Some(30));
+        let quota = parse_device("GPU-abc", Some(ByteSize::gib(4)), Some(50), CoreMode::Soft).expect("parses");
+        assert_eq!(quota.uuid.as_deref(), Some("GPU-abc"));
+        assert_eq!(quota.memory_limit, Some(ByteSize::gib(4)));
+        assert_eq!(quota.core_mode, CoreMode::Soft);
+        assert!(parse_device("0:color=red", None, None, CoreMode::Hard).is_err());
+        assert!(parse_device("", None, None, CoreMode::Hard).is_err());
+        assert!(parse_device("0:memory=lots", None, None, CoreMode::Hard).is_err());
+    }
+}

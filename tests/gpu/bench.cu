@@ -1,0 +1,45 @@
+// Microbenchmarks for the shim's hot paths, driven through whatever libcuda.so.1 the
+// loader finds (the real driver bare, the shim under `vgpu run`):
+//   launch N  : N empty-kernel launches through the runtime (cudart fetches
+//               cuLaunchKernel with cuGetProcAddress), microseconds per launch;
+//   alloc N   : N cuMemAlloc_v2/cuMemFree_v2 pairs of 1 MiB through the driver API,
+//               microseconds per pair.
+// Prints one line: RESULT {"what": ..., "per_op_us": ...}
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+__global__ void empty_kernel() {}
+
+static double now_us() {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int main(int argc, char** argv) {
+    if (argc < 3) { fprintf(stderr, "usage: bench launch|alloc N\n"); return 2; }
+    long n = atol(argv[2]);
+    if (cudaFree(0) != cudaSuccess) { fprintf(stderr, "no CUDA\n"); return 1; }
+    if (!strcmp(argv[1], "launch")) {
+        for (int i = 0; i < 1000; i++) empty_kernel<<<1, 1>>>();
+        cudaDeviceSynchronize();
+        double t0 = now_us();
+        for (long i = 0; i < n; i++) empty_kernel<<<1, 1>>>();
+        cudaDeviceSynchronize();
+        double t1 = now_us();
+        printf("RESULT {\"what\": \"launch\", \"n\": %ld, \"per_op_us\": %.4f}\n", n, (t1 - t0) / n);
+    } else {
+        CUdeviceptr p;
+        for (int i = 0; i < 1000; i++) { cuMemAlloc(&p, 1 << 20); cuMemFree(p); }
+        double t0 = now_us();
+        for (long i = 0; i < n; i++) {
+            if (cuMemAlloc(&p, 1 << 20) != CUDA_SUCCESS) { fprintf(stderr, "alloc failed\n"); return 1; }
+            cuMemFree(p);
+        }
+        double t1 = now_us();
+        printf("RESULT {\"what\": \"alloc\", \"n\": %ld, \"per_op_us\": %.4f}\n", n, (t1 - t0) / n);
+    }
+    return 0;
+}
