@@ -190,7 +190,13 @@ pub fn parse_cache(bytes: &[u8]) -> Result<Vec<CacheEntry>, CacheError> {
     }
     if bytes.starts_with(OLD_MAGIC) {
         let nlibs = read_u32(bytes, 12, "old header")? as usize;
-        let entries_end = entries_end(OLD_HEADER_LEN, nlibs, OLD_ENTRY_LEN, bytes.len(), "old entry table")?;
+        let entries_end = entries_end(
+            OLD_HEADER_LEN,
+            nlibs,
+            OLD_ENTRY_LEN,
+            bytes.len(),
+            "old entry table",
+        )?;
         let new_start = entries_end.div_ceil(NEW_HEADER_ALIGN) * NEW_HEADER_ALIGN;
         if bytes.len() >= new_start && bytes[new_start..].starts_with(NEW_MAGIC) {
             return parse_new(bytes, new_start);
@@ -200,7 +206,11 @@ pub fn parse_cache(bytes: &[u8]) -> Result<Vec<CacheEntry>, CacheError> {
     Err(CacheError::BadMagic)
 }
 
-fn parse_old(bytes: &[u8], nlibs: usize, strings_start: usize) -> Result<Vec<CacheEntry>, CacheError> {
+fn parse_old(
+    bytes: &[u8],
+    nlibs: usize,
+    strings_start: usize,
+) -> Result<Vec<CacheEntry>, CacheError> {
     let strings = &bytes[strings_start..];
     (0..nlibs)
         .map(|index| {
@@ -226,17 +236,36 @@ fn parse_old(bytes: &[u8], nlibs: usize, strings_start: usize) -> Result<Vec<Cac
 fn parse_new(bytes: &[u8], base: usize) -> Result<Vec<CacheEntry>, CacheError> {
     let header_end = base + NEW_HEADER_LEN;
     if bytes.len() < header_end {
-        return Err(CacheError::Truncated { what: "new header", start: base, end: header_end, len: bytes.len() });
+        return Err(CacheError::Truncated {
+            what: "new header",
+            start: base,
+            end: header_end,
+            len: bytes.len(),
+        });
     }
     let nlibs = read_u32(bytes, base + 20, "new header")? as usize;
     let endian = bytes[base + 28] & 0x3;
     if endian != ENDIAN_UNSET && endian != ENDIAN_LITTLE {
-        return Err(CacheError::ByteOrder(if endian == ENDIAN_BIG { ENDIAN_BIG } else { endian }));
+        return Err(CacheError::ByteOrder(if endian == ENDIAN_BIG {
+            ENDIAN_BIG
+        } else {
+            endian
+        }));
     }
     let extension_offset = read_u32(bytes, base + 32, "new header")? as usize;
-    entries_end(header_end, nlibs, NEW_ENTRY_LEN, bytes.len(), "new entry table")?;
+    entries_end(
+        header_end,
+        nlibs,
+        NEW_ENTRY_LEN,
+        bytes.len(),
+        "new entry table",
+    )?;
     let strings = &bytes[base..];
-    let hwcaps_subdirs = if extension_offset != 0 { read_hwcaps_subdirs(strings, extension_offset) } else { Vec::new() };
+    let hwcaps_subdirs = if extension_offset != 0 {
+        read_hwcaps_subdirs(strings, extension_offset)
+    } else {
+        Vec::new()
+    };
     (0..nlibs)
         .map(|index| {
             let at = header_end + index * NEW_ENTRY_LEN;
@@ -271,7 +300,9 @@ fn read_hwcaps_subdirs(strings: &[u8], extension_offset: usize) -> Vec<String> {
     if read(extension_offset) != Some(EXTENSION_MAGIC) {
         return Vec::new();
     }
-    let Some(count) = read(extension_offset + 4) else { return Vec::new() };
+    let Some(count) = read(extension_offset + 4) else {
+        return Vec::new();
+    };
     // Each section: u32 tag, u32 flags, u32 offset, u32 size.
     for section in 0..count.min(64) as usize {
         let at = extension_offset + 8 + section * 16;
@@ -289,13 +320,29 @@ fn read_hwcaps_subdirs(strings: &[u8], extension_offset: usize) -> Vec<String> {
     Vec::new()
 }
 
-fn entries_end(start: usize, count: usize, entry_len: usize, len: usize, what: &'static str) -> Result<usize, CacheError> {
+fn entries_end(
+    start: usize,
+    count: usize,
+    entry_len: usize,
+    len: usize,
+    what: &'static str,
+) -> Result<usize, CacheError> {
     let end = count
         .checked_mul(entry_len)
         .and_then(|size| size.checked_add(start))
-        .ok_or(CacheError::Truncated { what, start, end: usize::MAX, len })?;
+        .ok_or(CacheError::Truncated {
+            what,
+            start,
+            end: usize::MAX,
+            len,
+        })?;
     if end > len {
-        return Err(CacheError::Truncated { what, start, end, len });
+        return Err(CacheError::Truncated {
+            what,
+            start,
+            end,
+            len,
+        });
     }
     Ok(end)
 }
@@ -304,7 +351,12 @@ fn read_u32(bytes: &[u8], at: usize, what: &'static str) -> Result<u32, CacheErr
     let end = at.saturating_add(4);
     match bytes.get(at..end) {
         Some(&[a, b, c, d]) => Ok(u32::from_le_bytes([a, b, c, d])),
-        _ => Err(CacheError::Truncated { what, start: at, end, len: bytes.len() }),
+        _ => Err(CacheError::Truncated {
+            what,
+            start: at,
+            end,
+            len: bytes.len(),
+        }),
     }
 }
 
@@ -314,10 +366,26 @@ fn read_u64(bytes: &[u8], at: usize, what: &'static str) -> Result<u64, CacheErr
     Ok(low | (high << 32))
 }
 
-fn string_at(strings: &[u8], offset: u32, index: usize, field: &'static str) -> Result<String, CacheError> {
-    let bad = CacheError::BadString { index, field, offset };
+fn string_at(
+    strings: &[u8],
+    offset: u32,
+    index: usize,
+    field: &'static str,
+) -> Result<String, CacheError> {
+    let bad = CacheError::BadString {
+        index,
+        field,
+        offset,
+    };
     let tail = strings.get(offset as usize..).ok_or(bad)?;
-    let nul = tail.iter().position(|&byte| byte == 0).ok_or(CacheError::BadString { index, field, offset })?;
+    let nul = tail
+        .iter()
+        .position(|&byte| byte == 0)
+        .ok_or(CacheError::BadString {
+            index,
+            field,
+            offset,
+        })?;
     std::str::from_utf8(&tail[..nul])
         .map(str::to_owned)
         .map_err(|_| CacheError::NotUtf8 { index, field })
@@ -336,7 +404,12 @@ pub fn ldconfig_p_line(entry: &CacheEntry) -> String {
         Some(subdir) => format!(", hwcap: \"{subdir}\""),
         None => String::new(),
     };
-    format!("\t{} ({kind}{}{hwcaps}) => {}", entry.name, entry.arch, entry.path.display())
+    format!(
+        "\t{} ({kind}{}{hwcaps}) => {}",
+        entry.name,
+        entry.arch,
+        entry.path.display()
+    )
 }
 
 /// Builders for synthetic caches, used by this crate's tests and by other crates'
@@ -386,7 +459,12 @@ pub mod build {
             out.extend_from_slice(&new_part[new_entry..new_entry + 4]);
             for word in [4, 8] {
                 let at = new_entry + word;
-                let offset = u32::from_le_bytes([new_part[at], new_part[at + 1], new_part[at + 2], new_part[at + 3]]);
+                let offset = u32::from_le_bytes([
+                    new_part[at],
+                    new_part[at + 1],
+                    new_part[at + 2],
+                    new_part[at + 3],
+                ]);
                 out.extend_from_slice(&(offset + shift).to_le_bytes());
             }
         }
@@ -441,19 +519,37 @@ mod tests {
 
     fn sample() -> Vec<(&'static str, &'static str, u32)> {
         vec![
-            ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", X86_64_LIBC6),
-            ("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", I386_LIBC6),
-            ("libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", X86_64_LIBC6),
+            (
+                "libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                X86_64_LIBC6,
+            ),
+            (
+                "libcuda.so.1",
+                "/usr/lib/i386-linux-gnu/libcuda.so.1",
+                I386_LIBC6,
+            ),
+            (
+                "libnvidia-ml.so.1",
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+                X86_64_LIBC6,
+            ),
         ]
     }
 
     fn check_sample(entries: &[CacheEntry]) {
         assert_eq!(entries.len(), 3);
         assert_eq!(entries[0].name, "libcuda.so.1");
-        assert_eq!(entries[0].path, Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1"));
+        assert_eq!(
+            entries[0].path,
+            Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+        );
         assert!(entries[0].is_x86_64);
         assert_eq!(entries[0].flags, 0x0303);
-        assert_eq!(entries[1].path, Path::new("/usr/lib/i386-linux-gnu/libcuda.so.1"));
+        assert_eq!(
+            entries[1].path,
+            Path::new("/usr/lib/i386-linux-gnu/libcuda.so.1")
+        );
         assert!(!entries[1].is_x86_64);
         assert_eq!(entries[1].arch, CacheArch::Default);
         assert_eq!(entries[2].name, "libnvidia-ml.so.1");
@@ -488,7 +584,11 @@ mod tests {
 
     #[test]
     fn every_truncation_is_an_error_not_a_panic() {
-        for bytes in [new_format(&sample()), old_format(&sample()), compat_format(&sample())] {
+        for bytes in [
+            new_format(&sample()),
+            old_format(&sample()),
+            compat_format(&sample()),
+        ] {
             // Cutting inside the strings (keeping whole tables) must fail too: the last
             // string loses its NUL.
             for cut in 0..bytes.len() {
@@ -509,7 +609,11 @@ mod tests {
         };
         let base = new_format(&sample());
         for round in 0..4000 {
-            let mut bytes = if round % 2 == 0 { base.clone() } else { old_format(&sample()) };
+            let mut bytes = if round % 2 == 0 {
+                base.clone()
+            } else {
+                old_format(&sample())
+            };
             for _ in 0..(1 + next() % 8) {
                 let at = (next() as usize) % bytes.len();
                 bytes[at] = next() as u8;
@@ -525,18 +629,35 @@ mod tests {
     fn huge_nlibs_is_truncated_error() {
         let mut bytes = new_format(&sample());
         bytes[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(parse_cache(&bytes), Err(CacheError::Truncated { .. })));
+        assert!(matches!(
+            parse_cache(&bytes),
+            Err(CacheError::Truncated { .. })
+        ));
         let mut bytes = old_format(&sample());
         bytes[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(parse_cache(&bytes), Err(CacheError::Truncated { .. })));
+        assert!(matches!(
+            parse_cache(&bytes),
+            Err(CacheError::Truncated { .. })
+        ));
     }
 
     #[test]
     fn bad_string_offset_is_reported() {
         let mut bytes = new_format(&sample());
-        bytes[NEW_HEADER_LEN + 4..NEW_HEADER_LEN + 8].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
+        bytes[NEW_HEADER_LEN + 4..NEW_HEADER_LEN + 8]
+            .copy_from_slice(&0xffff_fff0u32.to_le_bytes());
         let error = parse_cache(&bytes).unwrap_err();
-        assert!(matches!(error, CacheError::BadString { index: 0, field: "key", .. }), "{error}");
+        assert!(
+            matches!(
+                error,
+                CacheError::BadString {
+                    index: 0,
+                    field: "key",
+                    ..
+                }
+            ),
+            "{error}"
+        );
     }
 
     #[test]
@@ -548,7 +669,11 @@ mod tests {
 
     #[test]
     fn hwcaps_extension_names_subdirectory() {
-        let entries = [("libfoo.so.1", "/usr/lib/glibc-hwcaps/x86-64-v3/libfoo.so.1", X86_64_LIBC6)];
+        let entries = [(
+            "libfoo.so.1",
+            "/usr/lib/glibc-hwcaps/x86-64-v3/libfoo.so.1",
+            X86_64_LIBC6,
+        )];
         let mut bytes = new_format_at_for_test(&entries, HWCAP_EXTENSION_BIT);
         // Append: the subdirectory name, its offset array, then the extension directory.
         let name_offset = bytes.len() as u32;
@@ -559,7 +684,14 @@ mod tests {
         let array_offset = bytes.len() as u32;
         bytes.extend_from_slice(&name_offset.to_le_bytes());
         let extension_offset = bytes.len() as u32;
-        for word in [EXTENSION_MAGIC, 1, EXTENSION_TAG_GLIBC_HWCAPS, 0, array_offset, 4] {
+        for word in [
+            EXTENSION_MAGIC,
+            1,
+            EXTENSION_TAG_GLIBC_HWCAPS,
+            0,
+            array_offset,
+            4,
+        ] {
             bytes.extend_from_slice(&word.to_le_bytes());
         }
         bytes[32..36].copy_from_slice(&extension_offset.to_le_bytes());
@@ -577,7 +709,11 @@ mod tests {
     #[test]
     fn matches_ldconfig_p_on_this_machine() {
         let cache = Path::new("/etc/ld.so.cache");
-        let Ok(output) = std::process::Command::new("ldconfig").args(["-p", "-C"]).arg(cache).output() else {
+        let Ok(output) = std::process::Command::new("ldconfig")
+            .args(["-p", "-C"])
+            .arg(cache)
+            .output()
+        else {
             panic!("ldconfig is not runnable here; install libc-bin");
         };
         assert!(output.status.success(), "ldconfig -p failed");
@@ -588,6 +724,9 @@ mod tests {
         assert!(!ours.is_empty());
         assert_eq!(ours, expected);
         let count_line = text.lines().next().unwrap();
-        assert!(count_line.starts_with(&format!("{} libs found", entries.len())), "{count_line}");
+        assert!(
+            count_line.starts_with(&format!("{} libs found", entries.len())),
+            "{count_line}"
+        );
     }
 }

@@ -29,7 +29,12 @@ pub struct CheckReport {
 
 impl CheckReport {
     /// Compares two export sets; `real` and `shim` label them in messages.
-    pub fn compare(real: impl Into<String>, real_exports: &BTreeSet<String>, shim: impl Into<String>, shim_exports: &BTreeSet<String>) -> Self {
+    pub fn compare(
+        real: impl Into<String>,
+        real_exports: &BTreeSet<String>,
+        shim: impl Into<String>,
+        shim_exports: &BTreeSet<String>,
+    ) -> Self {
         CheckReport {
             real: real.into(),
             shim: shim.into(),
@@ -49,7 +54,11 @@ impl fmt::Display for CheckReport {
     /// One summary line, e.g. `shim x exports all 620 names of y (640 exports)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_complete() {
-            write!(f, "{} exports all {} names of {} ({} exports)", self.shim, self.real_count, self.real, self.shim_count)
+            write!(
+                f,
+                "{} exports all {} names of {} ({} exports)",
+                self.shim, self.real_count, self.real, self.shim_count
+            )
         } else {
             write!(
                 f,
@@ -76,7 +85,10 @@ mod tests {
     fn reports_only_names_the_shim_lacks_sorted() {
         let real = set(&["cuMemAlloc_v2", "cuInit", "cuDriverGetVersion"]);
         let shim = set(&["cuInit", "vgpuExtra"]);
-        assert_eq!(missing_exports(&real, &shim), ["cuDriverGetVersion", "cuMemAlloc_v2"]);
+        assert_eq!(
+            missing_exports(&real, &shim),
+            ["cuDriverGetVersion", "cuMemAlloc_v2"]
+        );
         let report = CheckReport::compare("real.so", &real, "shim.so", &shim);
         assert!(!report.is_complete());
         assert_eq!(report.real_count, 3);
@@ -90,6 +102,9 @@ mod tests {
         let shim = set(&["cuInit", "cuGetProcAddress"]);
         let report = CheckReport::compare("real", &real, "shim", &shim);
         assert!(report.is_complete());
-        assert_eq!(report.to_string(), "shim exports all 1 names of real (2 exports)");
+        assert_eq!(
+            report.to_string(),
+            "shim exports all 1 names of real (2 exports)"
+        );
     }
 }

@@ -28,9 +28,15 @@ pub const DRIVER_SONAMES: &[&str] = &[
 ];
 /// Libraries whose SONAME carries the full driver version
 /// (`libnvidia-gpucomp.so.580.159.04`), matched by this prefix.
-pub const VERSIONED_SONAME_PREFIXES: &[&str] = &["libnvidia-gpucomp.so.", "libnvidia-glvkspirv.so."];
+pub const VERSIONED_SONAME_PREFIXES: &[&str] =
+    &["libnvidia-gpucomp.so.", "libnvidia-glvkspirv.so."];
 /// Tools copied next to the libraries when found.
-pub const DRIVER_TOOLS: &[&str] = &["nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];
+pub const DRIVER_TOOLS: &[&str] = &[
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+];
 /// Where the kernel module reports its version.
 pub const PROC_DRIVER_VERSION: &str = "/proc/driver/nvidia/version";
 /// Tool folders searched after `PATH`.
@@ -66,7 +72,9 @@ impl DiscoverOptions {
         if let Ok(ld_library_path) = std::env::var("LD_LIBRARY_PATH") {
             dirs.extend(split_path_list(&ld_library_path));
         }
-        let mut tool_dirs: Vec<PathBuf> = std::env::var("PATH").map(|path| split_path_list(&path)).unwrap_or_default();
+        let mut tool_dirs: Vec<PathBuf> = std::env::var("PATH")
+            .map(|path| split_path_list(&path))
+            .unwrap_or_default();
         tool_dirs.extend(DEFAULT_TOOL_DIRS.iter().map(PathBuf::from));
         Ok(DiscoverOptions {
             extra_dirs: dirs,
@@ -120,7 +128,9 @@ pub struct HostDriver {
 impl HostDriver {
     /// The library with this SONAME, if found.
     pub fn library(&self, soname: &str) -> Option<&DriverLibrary> {
-        self.libraries.iter().find(|library| library.soname == soname)
+        self.libraries
+            .iter()
+            .find(|library| library.soname == soname)
     }
 }
 
@@ -131,17 +141,25 @@ pub fn discover(options: &DiscoverOptions) -> Result<HostDriver, DiscoverError> 
     let mut candidates: Vec<(String, PathBuf)> = Vec::new();
     for dir in &options.extra_dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
-            driver.skipped.push(format!("{}: not a readable folder", dir.display()));
+            driver
+                .skipped
+                .push(format!("{}: not a readable folder", dir.display()));
             continue;
         };
-        let mut names: Vec<String> = entries.filter_map(|entry| entry.ok()?.file_name().into_string().ok()).collect();
+        let mut names: Vec<String> = entries
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .collect();
         names.sort();
         for name in names.into_iter().filter(|name| is_wanted_soname(name)) {
             let path = dir.join(&name);
             candidates.push((name, path));
         }
     }
-    for entry in options.cache.iter().filter(|entry| entry.is_x86_64 && !entry.is_hwcaps_subdir()) {
+    for entry in options
+        .cache
+        .iter()
+        .filter(|entry| entry.is_x86_64 && !entry.is_hwcaps_subdir())
+    {
         if is_wanted_soname(&entry.name) {
             candidates.push((entry.name.clone(), entry.path.clone()));
         }
@@ -151,12 +169,20 @@ pub fn discover(options: &DiscoverOptions) -> Result<HostDriver, DiscoverError> 
             continue;
         }
         match resolve_file(&path) {
-            Ok((real_path, file_name)) => driver.libraries.push(DriverLibrary { soname, found_at: path, real_path, file_name }),
+            Ok((real_path, file_name)) => driver.libraries.push(DriverLibrary {
+                soname,
+                found_at: path,
+                real_path,
+                file_name,
+            }),
             Err(reason) => driver.skipped.push(format!("{}: {reason}", path.display())),
         }
     }
     driver.libraries.sort_by_key(|library| {
-        let rank = DRIVER_SONAMES.iter().position(|name| *name == library.soname).unwrap_or(DRIVER_SONAMES.len());
+        let rank = DRIVER_SONAMES
+            .iter()
+            .position(|name| *name == library.soname)
+            .unwrap_or(DRIVER_SONAMES.len());
         (rank, library.soname.clone())
     });
 
@@ -170,8 +196,16 @@ pub fn discover(options: &DiscoverOptions) -> Result<HostDriver, DiscoverError> 
         }
     }
 
-    let from_proc = options.proc_version.as_deref().and_then(|path| std::fs::read_to_string(path).ok()).and_then(|text| parse_proc_version(&text));
-    let from_file = |soname: &str| driver.library(soname).and_then(|library| version_from_file_name(&library.file_name, soname));
+    let from_proc = options
+        .proc_version
+        .as_deref()
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| parse_proc_version(&text));
+    let from_file = |soname: &str| {
+        driver
+            .library(soname)
+            .and_then(|library| version_from_file_name(&library.file_name, soname))
+    };
     (driver.version, driver.version_source) = if let Some(version) = from_proc {
         (Some(version), Some(VersionSource::KernelModule))
     } else if let Some(version) = from_file("libcuda.so.1") {
@@ -187,11 +221,21 @@ pub fn discover(options: &DiscoverOptions) -> Result<HostDriver, DiscoverError> 
 /// Every path at which the loader could find `name` for a 64-bit process: each
 /// `LD_LIBRARY_PATH` folder that holds it, then every x86-64 cache entry for it, without
 /// duplicates, in that order.
-pub fn loader_paths(name: &str, cache: &[CacheEntry], ld_library_path: Option<&str>) -> Vec<PathBuf> {
+pub fn loader_paths(
+    name: &str,
+    cache: &[CacheEntry],
+    ld_library_path: Option<&str>,
+) -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = Vec::new();
     let from_env = ld_library_path.map(split_path_list).unwrap_or_default();
-    let from_env = from_env.into_iter().map(|dir| dir.join(name)).filter(|path| path.exists());
-    let from_cache = cache.iter().filter(|entry| entry.is_x86_64 && entry.name == name).map(|entry| entry.path.clone());
+    let from_env = from_env
+        .into_iter()
+        .map(|dir| dir.join(name))
+        .filter(|path| path.exists());
+    let from_cache = cache
+        .iter()
+        .filter(|entry| entry.is_x86_64 && entry.name == name)
+        .map(|entry| entry.path.clone());
     for path in from_env.chain(from_cache) {
         if !paths.contains(&path) {
             paths.push(path);
@@ -203,8 +247,12 @@ pub fn loader_paths(name: &str, cache: &[CacheEntry], ld_library_path: Option<&s
 /// The version in `/proc/driver/nvidia/version` text, e.g. `535.261.03` from
 /// `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Thu ...`.
 pub fn parse_proc_version(text: &str) -> Option<String> {
-    let line = text.lines().find(|line| line.starts_with("NVRM version:"))?;
-    line.split_whitespace().find(|word| is_version(word)).map(str::to_string)
+    let line = text
+        .lines()
+        .find(|line| line.starts_with("NVRM version:"))?;
+    line.split_whitespace()
+        .find(|word| is_version(word))
+        .map(str::to_string)
 }
 
 /// The version suffix of a versioned file name: `libcuda.so.580.159.04` with SONAME
@@ -218,17 +266,23 @@ pub fn version_from_file_name(file_name: &str, soname: &str) -> Option<String> {
 /// `major.minor` or `major.minor.patch`, all decimal digits.
 fn is_version(word: &str) -> bool {
     let parts: Vec<&str> = word.split('.').collect();
-    (2..=3).contains(&parts.len()) && parts.iter().all(|part| !part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit()))
+    (2..=3).contains(&parts.len())
+        && parts
+            .iter()
+            .all(|part| !part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit()))
 }
 
 fn is_wanted_soname(name: &str) -> bool {
     DRIVER_SONAMES.contains(&name)
-        || VERSIONED_SONAME_PREFIXES.iter().any(|prefix| name.strip_prefix(prefix).is_some_and(is_version))
+        || VERSIONED_SONAME_PREFIXES
+            .iter()
+            .any(|prefix| name.strip_prefix(prefix).is_some_and(is_version))
 }
 
 /// Resolves symlinks; the target must be a regular file.
 fn resolve_file(path: &Path) -> Result<(PathBuf, String), String> {
-    let real_path = std::fs::canonicalize(path).map_err(|error| format!("cannot resolve: {error}"))?;
+    let real_path =
+        std::fs::canonicalize(path).map_err(|error| format!("cannot resolve: {error}"))?;
     let metadata = std::fs::metadata(&real_path).map_err(|error| error.to_string())?;
     if !metadata.is_file() {
         return Err(format!("{} is not a regular file", real_path.display()));
@@ -243,7 +297,10 @@ fn resolve_file(path: &Path) -> Result<(PathBuf, String), String> {
 
 /// Splits a `:`-separated folder list, dropping empty entries.
 pub fn split_path_list(list: &str) -> Vec<PathBuf> {
-    list.split(':').filter(|dir| !dir.is_empty()).map(PathBuf::from).collect()
+    list.split(':')
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .collect()
 }
 
 #[cfg(test)]
@@ -255,14 +312,32 @@ mod tests {
 
     /// A fake driver install: versioned files plus SONAME links, as the packages lay it out.
     fn fake_install(dir: &Path, version: &str) {
-        for stem in ["libcuda.so", "libnvidia-ml.so", "libnvidia-nvvm.so", "libnvidia-ptxjitcompiler.so", "libnvidia-gpucomp.so"] {
+        for stem in [
+            "libcuda.so",
+            "libnvidia-ml.so",
+            "libnvidia-nvvm.so",
+            "libnvidia-ptxjitcompiler.so",
+            "libnvidia-gpucomp.so",
+        ] {
             std::fs::write(dir.join(format!("{stem}.{version}")), stem).unwrap();
         }
         symlink(format!("libcuda.so.{version}"), dir.join("libcuda.so.1")).unwrap();
         symlink("libcuda.so.1", dir.join("libcuda.so")).unwrap();
-        symlink(format!("libnvidia-ml.so.{version}"), dir.join("libnvidia-ml.so.1")).unwrap();
-        symlink(format!("libnvidia-nvvm.so.{version}"), dir.join("libnvidia-nvvm.so.4")).unwrap();
-        symlink(format!("libnvidia-ptxjitcompiler.so.{version}"), dir.join("libnvidia-ptxjitcompiler.so.1")).unwrap();
+        symlink(
+            format!("libnvidia-ml.so.{version}"),
+            dir.join("libnvidia-ml.so.1"),
+        )
+        .unwrap();
+        symlink(
+            format!("libnvidia-nvvm.so.{version}"),
+            dir.join("libnvidia-nvvm.so.4"),
+        )
+        .unwrap();
+        symlink(
+            format!("libnvidia-ptxjitcompiler.so.{version}"),
+            dir.join("libnvidia-ptxjitcompiler.so.1"),
+        )
+        .unwrap();
     }
 
     #[test]
@@ -274,19 +349,51 @@ mod tests {
             ("libcuda.so.1", &at("libcuda.so.1"), X86_64_LIBC6),
             ("libcuda.so.1", "/nonexistent/i386/libcuda.so.1", I386_LIBC6),
             ("libnvidia-ml.so.1", &at("libnvidia-ml.so.1"), X86_64_LIBC6),
-            ("libnvidia-nvvm.so.4", &at("libnvidia-nvvm.so.4"), X86_64_LIBC6),
-            ("libnvidia-gpucomp.so.580.159.04", &at("libnvidia-gpucomp.so.580.159.04"), X86_64_LIBC6),
-            ("libnvidia-encode.so.1", "/nonexistent/libnvidia-encode.so.1", X86_64_LIBC6),
+            (
+                "libnvidia-nvvm.so.4",
+                &at("libnvidia-nvvm.so.4"),
+                X86_64_LIBC6,
+            ),
+            (
+                "libnvidia-gpucomp.so.580.159.04",
+                &at("libnvidia-gpucomp.so.580.159.04"),
+                X86_64_LIBC6,
+            ),
+            (
+                "libnvidia-encode.so.1",
+                "/nonexistent/libnvidia-encode.so.1",
+                X86_64_LIBC6,
+            ),
             ("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64_LIBC6),
         ]))
         .unwrap();
-        let options = DiscoverOptions { cache, ..DiscoverOptions::default() };
+        let options = DiscoverOptions {
+            cache,
+            ..DiscoverOptions::default()
+        };
         let driver = discover(&options).unwrap();
-        let sonames: Vec<&str> = driver.libraries.iter().map(|library| library.soname.as_str()).collect();
-        assert_eq!(sonames, ["libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-nvvm.so.4", "libnvidia-gpucomp.so.580.159.04"]);
+        let sonames: Vec<&str> = driver
+            .libraries
+            .iter()
+            .map(|library| library.soname.as_str())
+            .collect();
+        assert_eq!(
+            sonames,
+            [
+                "libcuda.so.1",
+                "libnvidia-ml.so.1",
+                "libnvidia-nvvm.so.4",
+                "libnvidia-gpucomp.so.580.159.04"
+            ]
+        );
         let cuda = driver.library("libcuda.so.1").unwrap();
         assert_eq!(cuda.file_name, "libcuda.so.580.159.04");
-        assert_eq!(cuda.real_path, std::fs::canonicalize(dir.path()).unwrap().join("libcuda.so.580.159.04"));
+        assert_eq!(
+            cuda.real_path,
+            std::fs::canonicalize(dir.path())
+                .unwrap()
+                .join("libcuda.so.580.159.04")
+        );
         assert_eq!(driver.version.as_deref(), Some("580.159.04"));
         assert_eq!(driver.version_source, Some(VersionSource::LibcudaFileName));
         assert_eq!(driver.skipped.len(), 1, "{:?}", driver.skipped);
@@ -312,17 +419,34 @@ mod tests {
         )
         .unwrap();
         let options = DiscoverOptions {
-            extra_dirs: vec![PathBuf::from("/nonexistent-dir"), first.path().to_path_buf()],
+            extra_dirs: vec![
+                PathBuf::from("/nonexistent-dir"),
+                first.path().to_path_buf(),
+            ],
             cache,
             proc_version: Some(proc_version),
             tool_dirs: Vec::new(),
         };
         let driver = discover(&options).unwrap();
-        assert_eq!(driver.library("libcuda.so.1").unwrap().file_name, "libcuda.so.535.261.03");
-        assert_eq!(driver.library("libnvidia-gpucomp.so.535.261.03").unwrap().file_name, "libnvidia-gpucomp.so.535.261.03");
+        assert_eq!(
+            driver.library("libcuda.so.1").unwrap().file_name,
+            "libcuda.so.535.261.03"
+        );
+        assert_eq!(
+            driver
+                .library("libnvidia-gpucomp.so.535.261.03")
+                .unwrap()
+                .file_name,
+            "libnvidia-gpucomp.so.535.261.03"
+        );
         assert_eq!(driver.version.as_deref(), Some("580.159.04"));
         assert_eq!(driver.version_source, Some(VersionSource::KernelModule));
-        assert!(driver.skipped.iter().any(|line| line.contains("/nonexistent-dir")));
+        assert!(
+            driver
+                .skipped
+                .iter()
+                .any(|line| line.contains("/nonexistent-dir"))
+        );
     }
 
     #[test]
@@ -330,8 +454,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("libcuda.so.1"), "x").unwrap();
         std::fs::write(dir.path().join("libnvidia-ml.so.535.261.03"), "x").unwrap();
-        symlink("libnvidia-ml.so.535.261.03", dir.path().join("libnvidia-ml.so.1")).unwrap();
-        let driver = discover(&DiscoverOptions { extra_dirs: vec![dir.path().to_path_buf()], ..DiscoverOptions::default() }).unwrap();
+        symlink(
+            "libnvidia-ml.so.535.261.03",
+            dir.path().join("libnvidia-ml.so.1"),
+        )
+        .unwrap();
+        let driver = discover(&DiscoverOptions {
+            extra_dirs: vec![dir.path().to_path_buf()],
+            ..DiscoverOptions::default()
+        })
+        .unwrap();
         assert_eq!(driver.version.as_deref(), Some("535.261.03"));
         assert_eq!(driver.version_source, Some(VersionSource::NvmlFileName));
     }
@@ -343,10 +475,18 @@ mod tests {
         std::fs::write(late.path().join("nvidia-smi"), "late").unwrap();
         std::fs::write(early.path().join("nvidia-debugdump"), "early").unwrap();
         std::fs::write(late.path().join("nvidia-debugdump"), "late").unwrap();
-        let options = DiscoverOptions { tool_dirs: vec![early.path().to_path_buf(), late.path().to_path_buf()], ..DiscoverOptions::default() };
+        let options = DiscoverOptions {
+            tool_dirs: vec![early.path().to_path_buf(), late.path().to_path_buf()],
+            ..DiscoverOptions::default()
+        };
         let driver = discover(&options).unwrap();
-        assert!(driver.tools["nvidia-smi"].starts_with(std::fs::canonicalize(late.path()).unwrap()));
-        assert!(driver.tools["nvidia-debugdump"].starts_with(std::fs::canonicalize(early.path()).unwrap()));
+        assert!(
+            driver.tools["nvidia-smi"].starts_with(std::fs::canonicalize(late.path()).unwrap())
+        );
+        assert!(
+            driver.tools["nvidia-debugdump"]
+                .starts_with(std::fs::canonicalize(early.path()).unwrap())
+        );
         assert!(!driver.tools.contains_key("nvidia-cuda-mps-control"));
     }
 
@@ -356,30 +496,73 @@ mod tests {
         std::fs::write(env_dir.path().join("libcuda.so.1"), "x").unwrap();
         let empty_dir = tempfile::tempdir().unwrap();
         let cache = parse_cache(&new_format(&[
-            ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", X86_64_LIBC6),
-            ("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", I386_LIBC6),
+            (
+                "libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                X86_64_LIBC6,
+            ),
+            (
+                "libcuda.so.1",
+                "/usr/lib/i386-linux-gnu/libcuda.so.1",
+                I386_LIBC6,
+            ),
             ("libcuda.so.1", "/usr/lib64/libcuda.so.1", X86_64_LIBC6),
-            ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", X86_64_LIBC6),
-            ("libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1", X86_64_LIBC6),
+            (
+                "libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                X86_64_LIBC6,
+            ),
+            (
+                "libnvidia-ml.so.1",
+                "/usr/lib64/libnvidia-ml.so.1",
+                X86_64_LIBC6,
+            ),
         ]))
         .unwrap();
-        let env = format!("{}::{}:{}", empty_dir.path().display(), env_dir.path().display(), env_dir.path().display());
+        let env = format!(
+            "{}::{}:{}",
+            empty_dir.path().display(),
+            env_dir.path().display(),
+            env_dir.path().display()
+        );
         let paths = loader_paths("libcuda.so.1", &cache, Some(&env));
         assert_eq!(
             paths,
-            [env_dir.path().join("libcuda.so.1"), PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1"), PathBuf::from("/usr/lib64/libcuda.so.1")]
+            [
+                env_dir.path().join("libcuda.so.1"),
+                PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+                PathBuf::from("/usr/lib64/libcuda.so.1")
+            ]
         );
-        assert_eq!(loader_paths("libnvidia-ml.so.1", &cache, None), [PathBuf::from("/usr/lib64/libnvidia-ml.so.1")]);
+        assert_eq!(
+            loader_paths("libnvidia-ml.so.1", &cache, None),
+            [PathBuf::from("/usr/lib64/libnvidia-ml.so.1")]
+        );
         assert!(loader_paths("libnope.so.1", &cache, None).is_empty());
     }
 
     #[test]
     fn version_parsing() {
-        assert_eq!(parse_proc_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Fri Jun 13 2025\n").as_deref(), Some("535.261.03"));
+        assert_eq!(
+            parse_proc_version(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Fri Jun 13 2025\n"
+            )
+            .as_deref(),
+            Some("535.261.03")
+        );
         assert_eq!(parse_proc_version("garbage\n"), None);
-        assert_eq!(version_from_file_name("libcuda.so.580.159.04", "libcuda.so.1").as_deref(), Some("580.159.04"));
+        assert_eq!(
+            version_from_file_name("libcuda.so.580.159.04", "libcuda.so.1").as_deref(),
+            Some("580.159.04")
+        );
         assert_eq!(version_from_file_name("libcuda.so.1", "libcuda.so.1"), None);
-        assert_eq!(version_from_file_name("libnvidia-ml.so.535.261.03", "libnvidia-ml.so.1").as_deref(), Some("535.261.03"));
-        assert_eq!(version_from_file_name("libcuda.so.5x.1", "libcuda.so.1"), None);
+        assert_eq!(
+            version_from_file_name("libnvidia-ml.so.535.261.03", "libnvidia-ml.so.1").as_deref(),
+            Some("535.261.03")
+        );
+        assert_eq!(
+            version_from_file_name("libcuda.so.5x.1", "libcuda.so.1"),
+            None
+        );
     }
 }

@@ -61,7 +61,9 @@ pub fn soname(lib: &Path) -> Result<Option<String>, ExportError> {
     .map_err(|reason| not_elf(lib, reason))
 }
 
-fn defined_in<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<BTreeSet<String>, String> {
+fn defined_in<Elf: FileHeader<Endian = Endianness>>(
+    data: &[u8],
+) -> Result<BTreeSet<String>, String> {
     let file = ElfFile::<Elf>::parse(data).map_err(|error| error.to_string())?;
     let endian = file.endian();
     let table = file.elf_dynamic_symbol_table();
@@ -75,7 +77,9 @@ fn defined_in<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<BTree
         if matches!(symbol.st_type(), elf::STT_SECTION | elf::STT_FILE) {
             continue;
         }
-        let name = symbol.name(endian, strings).map_err(|error| error.to_string())?;
+        let name = symbol
+            .name(endian, strings)
+            .map_err(|error| error.to_string())?;
         if !name.is_empty() {
             names.insert(String::from_utf8_lossy(name).into_owned());
         }
@@ -86,7 +90,9 @@ fn defined_in<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<BTree
 fn soname_in<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Option<String>, String> {
     let file = ElfFile::<Elf>::parse(data).map_err(|error| error.to_string())?;
     let endian = file.endian();
-    let dynamic = file.elf_dynamic_table().map_err(|error| error.to_string())?;
+    let dynamic = file
+        .elf_dynamic_table()
+        .map_err(|error| error.to_string())?;
     for entry in dynamic.dynamics() {
         let tag = entry.d_tag(endian);
         if tag == elf::DT_NULL {
@@ -94,8 +100,12 @@ fn soname_in<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Option
         }
         if tag == elf::DT_SONAME {
             let value: u64 = entry.d_val(endian).into();
-            let offset = u32::try_from(value).map_err(|_| "DT_SONAME offset out of range".to_string())?;
-            let name = dynamic.strings().get(offset).map_err(|()| "bad DT_SONAME string".to_string())?;
+            let offset =
+                u32::try_from(value).map_err(|_| "DT_SONAME offset out of range".to_string())?;
+            let name = dynamic
+                .strings()
+                .get(offset)
+                .map_err(|()| "bad DT_SONAME string".to_string())?;
             return Ok(Some(String::from_utf8_lossy(name).into_owned()));
         }
     }
@@ -111,13 +121,19 @@ fn elf_kind(lib: &Path, data: &[u8]) -> Result<FileKind, ExportError> {
 }
 
 fn not_elf(lib: &Path, reason: String) -> ExportError {
-    ExportError::NotElf { path: lib.to_path_buf(), reason }
+    ExportError::NotElf {
+        path: lib.to_path_buf(),
+        reason,
+    }
 }
 
 /// Reads a `symbols/*.txt` list: one name per line; blank lines and `#` comments are
 /// skipped.
 pub fn read_symbol_list(path: &Path) -> Result<BTreeSet<String>, ExportError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ExportError::Io { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ExportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut names = BTreeSet::new();
     for (index, line) in text.lines().enumerate() {
         let name = line.trim();
@@ -125,7 +141,11 @@ pub fn read_symbol_list(path: &Path) -> Result<BTreeSet<String>, ExportError> {
             continue;
         }
         if name.chars().any(char::is_whitespace) {
-            return Err(ExportError::BadListLine { path: path.to_path_buf(), line: index + 1, text: line.to_string() });
+            return Err(ExportError::BadListLine {
+                path: path.to_path_buf(),
+                line: index + 1,
+                text: line.to_string(),
+            });
         }
         names.insert(name.to_string());
     }
@@ -133,7 +153,10 @@ pub fn read_symbol_list(path: &Path) -> Result<BTreeSet<String>, ExportError> {
 }
 
 fn read(lib: &Path) -> Result<Vec<u8>, ExportError> {
-    std::fs::read(lib).map_err(|source| ExportError::Io { path: lib.to_path_buf(), source })
+    std::fs::read(lib).map_err(|source| ExportError::Io {
+        path: lib.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -147,11 +170,16 @@ mod tests {
         std::fs::write(&c_file, source).unwrap();
         let out = dir.join("libtest.so");
         let mut command = Command::new("cc");
-        command.args(["-shared", "-fPIC", "-o"]).arg(&out).arg(&c_file);
+        command
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&c_file);
         if let Some(soname) = soname {
             command.arg(format!("-Wl,-soname,{soname}"));
         }
-        let status = command.status().expect("cc must be installed for these tests");
+        let status = command
+            .status()
+            .expect("cc must be installed for these tests");
         assert!(status.success());
         out
     }
@@ -166,12 +194,19 @@ mod tests {
         );
         let names = defined_functions(&lib).unwrap();
         for expected in ["cuFake", "cuOther", "exported_counter", "use_hidden"] {
-            assert!(names.contains(expected), "{expected} missing from {names:?}");
+            assert!(
+                names.contains(expected),
+                "{expected} missing from {names:?}"
+            );
         }
         assert!(!names.contains("puts"), "undefined import listed");
         assert!(!names.contains("hidden"), "static function listed");
         // Same set as nm -D --defined-only.
-        let nm = Command::new("nm").args(["-D", "--defined-only"]).arg(&lib).output().unwrap();
+        let nm = Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(&lib)
+            .output()
+            .unwrap();
         let from_nm: BTreeSet<String> = String::from_utf8(nm.stdout)
             .unwrap()
             .lines()
@@ -187,7 +222,11 @@ mod tests {
     fn versioned_system_library_matches_nm() {
         let lib = Path::new("/lib/x86_64-linux-gnu/libz.so.1");
         assert!(lib.exists(), "zlib1g is part of every Debian system");
-        let nm = Command::new("nm").args(["-D", "--defined-only"]).arg(lib).output().unwrap();
+        let nm = Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(lib)
+            .output()
+            .unwrap();
         let from_nm: BTreeSet<String> = String::from_utf8(nm.stdout)
             .unwrap()
             .lines()
@@ -236,7 +275,10 @@ mod tests {
         let list = dir.path().join("l.txt");
         std::fs::write(&list, "# header\ncuInit\n\ncuDriverGetVersion\ncuInit\n").unwrap();
         let names = read_symbol_list(&list).unwrap();
-        assert_eq!(names.into_iter().collect::<Vec<_>>(), ["cuDriverGetVersion", "cuInit"]);
+        assert_eq!(
+            names.into_iter().collect::<Vec<_>>(),
+            ["cuDriverGetVersion", "cuInit"]
+        );
         std::fs::write(&list, "cuInit\n0000 T cuFoo\n").unwrap();
         let error = read_symbol_list(&list).unwrap_err();
         assert!(error.to_string().contains(":2:"), "{error}");

@@ -36,8 +36,16 @@ impl Default for LayoutPaths {
         LayoutPaths {
             host_driver_dir: PathBuf::from("/var/lib/vgpu/driver"),
             container_driver_dir: PathBuf::from("/usr/local/vgpu/driver"),
-            container_library_dirs: ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64"].map(PathBuf::from).to_vec(),
-            container_nvidia_smi: ["/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"].map(PathBuf::from).to_vec(),
+            container_library_dirs: [
+                "/usr/lib/x86_64-linux-gnu",
+                "/usr/lib64",
+                "/usr/local/nvidia/lib64",
+            ]
+            .map(PathBuf::from)
+            .to_vec(),
+            container_nvidia_smi: ["/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"]
+                .map(PathBuf::from)
+                .to_vec(),
             ld_library_path: vec![PathBuf::from("/usr/local/nvidia/lib64")],
         }
     }
@@ -80,21 +88,39 @@ impl LayoutPaths {
 
     /// The whole layout.
     pub fn layout(&self) -> ContainerLayout {
-        let read_only = |host_path: PathBuf, container_path: PathBuf| Mount { host_path, container_path, read_only: true };
-        let mut mounts = vec![read_only(self.host_driver_dir.clone(), self.container_driver_dir.clone())];
+        let read_only = |host_path: PathBuf, container_path: PathBuf| Mount {
+            host_path,
+            container_path,
+            read_only: true,
+        };
+        let mut mounts = vec![read_only(
+            self.host_driver_dir.clone(),
+            self.container_driver_dir.clone(),
+        )];
         for spec in SHIMS {
             for dir in &self.container_library_dirs {
-                mounts.push(read_only(self.host_shim(spec.file_name), dir.join(spec.real_soname)));
+                mounts.push(read_only(
+                    self.host_shim(spec.file_name),
+                    dir.join(spec.real_soname),
+                ));
             }
         }
         let host_smi = self.host_driver_dir.join(BIN_SUBDIR).join("nvidia-smi");
         for path in &self.container_nvidia_smi {
             mounts.push(read_only(host_smi.clone(), path.clone()));
         }
-        let ld_library_path = self.ld_library_path.iter().map(|dir| dir.display().to_string()).collect::<Vec<_>>().join(":");
+        let ld_library_path = self
+            .ld_library_path
+            .iter()
+            .map(|dir| dir.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
         let env = BTreeMap::from([
             ("LD_LIBRARY_PATH".to_string(), ld_library_path),
-            (DRIVER_DIR_ENV.to_string(), self.container_driver_lib_dir().display().to_string()),
+            (
+                DRIVER_DIR_ENV.to_string(),
+                self.container_driver_lib_dir().display().to_string(),
+            ),
         ]);
         ContainerLayout { mounts, env }
     }
@@ -103,7 +129,9 @@ impl LayoutPaths {
     /// `nvidia-smi` was found when the folder was prepared).
     pub fn layout_existing(&self) -> ContainerLayout {
         let mut layout = self.layout();
-        layout.mounts.retain(|mount| Path::new(&mount.host_path).exists());
+        layout
+            .mounts
+            .retain(|mount| Path::new(&mount.host_path).exists());
         layout
     }
 }
@@ -115,21 +143,49 @@ mod tests {
     #[test]
     fn default_layout_mounts_shims_over_every_library_dir() {
         let layout = LayoutPaths::default().layout();
-        let target = |container: &str| layout.mounts.iter().find(|mount| mount.container_path == Path::new(container)).map(|mount| mount.host_path.clone());
-        assert_eq!(target("/usr/local/vgpu/driver"), Some(PathBuf::from("/var/lib/vgpu/driver")));
-        for dir in ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64"] {
-            assert_eq!(target(&format!("{dir}/libcuda.so.1")), Some(PathBuf::from("/var/lib/vgpu/driver/shim/libcuda_shim.so")));
-            assert_eq!(target(&format!("{dir}/libnvidia-ml.so.1")), Some(PathBuf::from("/var/lib/vgpu/driver/shim/libnvml_shim.so")));
+        let target = |container: &str| {
+            layout
+                .mounts
+                .iter()
+                .find(|mount| mount.container_path == Path::new(container))
+                .map(|mount| mount.host_path.clone())
+        };
+        assert_eq!(
+            target("/usr/local/vgpu/driver"),
+            Some(PathBuf::from("/var/lib/vgpu/driver"))
+        );
+        for dir in [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/local/nvidia/lib64",
+        ] {
+            assert_eq!(
+                target(&format!("{dir}/libcuda.so.1")),
+                Some(PathBuf::from("/var/lib/vgpu/driver/shim/libcuda_shim.so"))
+            );
+            assert_eq!(
+                target(&format!("{dir}/libnvidia-ml.so.1")),
+                Some(PathBuf::from("/var/lib/vgpu/driver/shim/libnvml_shim.so"))
+            );
         }
         for smi in ["/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"] {
-            assert_eq!(target(smi), Some(PathBuf::from("/var/lib/vgpu/driver/bin/nvidia-smi")));
+            assert_eq!(
+                target(smi),
+                Some(PathBuf::from("/var/lib/vgpu/driver/bin/nvidia-smi"))
+            );
         }
         assert_eq!(layout.mounts.len(), 1 + 6 + 2);
         assert!(layout.mounts.iter().all(|mount| mount.read_only));
         assert_eq!(layout.env["LD_LIBRARY_PATH"], "/usr/local/nvidia/lib64");
-        assert_eq!(layout.env["VGPU_DRIVER_DIR"], "/usr/local/vgpu/driver/lib64");
+        assert_eq!(
+            layout.env["VGPU_DRIVER_DIR"],
+            "/usr/local/vgpu/driver/lib64"
+        );
         // The container-side folder must agree with the shims' built-in default.
-        assert_eq!(layout.env["VGPU_DRIVER_DIR"], vgpu_common::config::DEFAULT_DRIVER_DIR);
+        assert_eq!(
+            layout.env["VGPU_DRIVER_DIR"],
+            vgpu_common::config::DEFAULT_DRIVER_DIR
+        );
         assert_eq!(DRIVER_DIR_ENV, vgpu_common::config::DRIVER_DIR_ENV);
     }
 
@@ -150,8 +206,15 @@ mod tests {
         assert_eq!(layout.env["VGPU_DRIVER_DIR"], "/opt/drv/lib64");
         assert_eq!(layout.mounts.len(), 1 + 2 + 1);
         let existing = paths.layout_existing();
-        let targets: Vec<&Path> = existing.mounts.iter().map(|mount| mount.container_path.as_path()).collect();
-        assert_eq!(targets, [Path::new("/opt/drv"), Path::new("/lib/libcuda.so.1")]);
+        let targets: Vec<&Path> = existing
+            .mounts
+            .iter()
+            .map(|mount| mount.container_path.as_path())
+            .collect();
+        assert_eq!(
+            targets,
+            [Path::new("/opt/drv"), Path::new("/lib/libcuda.so.1")]
+        );
         let json = serde_json::to_value(&layout).unwrap();
         assert_eq!(json["mounts"][1]["container_path"], "/lib/libcuda.so.1");
     }

@@ -22,7 +22,9 @@ mod sha256;
 
 pub use cache::{CacheEntry, CacheError, parse_cache, read_cache};
 pub use check::{CheckReport, missing_exports};
-pub use discover::{DiscoverError, DiscoverOptions, DriverLibrary, HostDriver, discover, loader_paths};
+pub use discover::{
+    DiscoverError, DiscoverOptions, DriverLibrary, HostDriver, discover, loader_paths,
+};
 pub use exports::{ExportError, defined_functions, soname};
 pub use layout::{ContainerLayout, LayoutPaths, Mount};
 pub use prepare::{PrepareError, PrepareOptions, PrepareOutcome, prepare};

@@ -22,7 +22,11 @@ use vgpu_ldconfig::layout::LayoutPaths;
 use vgpu_ldconfig::prepare::{PrepareOptions, prepare};
 
 #[derive(Parser)]
-#[command(name = "vgpu-ldconfig", version, about = "Host NVIDIA driver discovery, driver folder preparation and the shim export check")]
+#[command(
+    name = "vgpu-ldconfig",
+    version,
+    about = "Host NVIDIA driver discovery, driver folder preparation and the shim export check"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -33,7 +37,11 @@ enum Command {
     /// Print each export of the real library that the shim lacks; exit 1 if any.
     Check {
         /// The real library (e.g. libcuda.so.580.159.04).
-        #[arg(long, conflicts_with = "real_list", required_unless_present = "real_list")]
+        #[arg(
+            long,
+            conflicts_with = "real_list",
+            required_unless_present = "real_list"
+        )]
         real: Option<PathBuf>,
         /// A symbols/*.txt export list instead of a real library.
         #[arg(long)]
@@ -115,8 +123,15 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Check { real, real_list, shim } => check(real.as_deref(), real_list.as_deref(), &shim),
-        Command::Exports { lib, soname: want_soname } => {
+        Command::Check {
+            real,
+            real_list,
+            shim,
+        } => check(real.as_deref(), real_list.as_deref(), &shim),
+        Command::Exports {
+            lib,
+            soname: want_soname,
+        } => {
             if want_soname {
                 println!("{}", soname(&lib)?.unwrap_or_default());
             } else {
@@ -131,12 +146,23 @@ fn run(command: Command) -> Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&driver)?);
             } else {
-                println!("driver version: {}", driver.version.as_deref().unwrap_or("unknown"));
+                println!(
+                    "driver version: {}",
+                    driver.version.as_deref().unwrap_or("unknown")
+                );
                 if let Some(source) = driver.version_source {
-                    println!("version from: {}", serde_json::to_value(source)?.as_str().unwrap_or("?"));
+                    println!(
+                        "version from: {}",
+                        serde_json::to_value(source)?.as_str().unwrap_or("?")
+                    );
                 }
                 for library in &driver.libraries {
-                    println!("library {} => {} ({})", library.soname, library.found_at.display(), library.real_path.display());
+                    println!(
+                        "library {} => {} ({})",
+                        library.soname,
+                        library.found_at.display(),
+                        library.real_path.display()
+                    );
                 }
                 for (tool, path) in &driver.tools {
                     println!("tool {tool} => {}", path.display());
@@ -150,9 +176,22 @@ fn run(command: Command) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Prepare { dest, shim_dir, source, force, verify, json } => {
+        Command::Prepare {
+            dest,
+            shim_dir,
+            source,
+            force,
+            verify,
+            json,
+        } => {
             let driver = discover(&DiscoverOptions::host(&source.cache, &source.extra_dirs)?)?;
-            let outcome = prepare(&PrepareOptions { dest: dest.clone(), shim_dir, driver, force, verify })?;
+            let outcome = prepare(&PrepareOptions {
+                dest: dest.clone(),
+                shim_dir,
+                driver,
+                force,
+                verify,
+            })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&outcome)?);
             } else {
@@ -165,12 +204,25 @@ fn run(command: Command) -> Result<ExitCode> {
                 for path in &outcome.changed {
                     println!("wrote {path}");
                 }
-                let state = if outcome.changed.is_empty() && outcome.removed.is_empty() { "already up to date" } else { "prepared" };
-                println!("{}: driver {} {state} ({} files, {} links)", dest.display(), outcome.manifest.version, outcome.manifest.files.len(), outcome.manifest.links.len());
+                let state = if outcome.changed.is_empty() && outcome.removed.is_empty() {
+                    "already up to date"
+                } else {
+                    "prepared"
+                };
+                println!(
+                    "{}: driver {} {state} ({} files, {} links)",
+                    dest.display(),
+                    outcome.manifest.version,
+                    outcome.manifest.files.len(),
+                    outcome.manifest.links.len()
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Layout { host_driver_dir, json } => {
+        Command::Layout {
+            host_driver_dir,
+            json,
+        } => {
             let mut paths = LayoutPaths::default();
             if let Some(dir) = host_driver_dir {
                 paths.host_driver_dir = dir;
@@ -180,7 +232,12 @@ fn run(command: Command) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&layout)?);
             } else {
                 for mount in &layout.mounts {
-                    println!("mount {} => {}{}", mount.host_path.display(), mount.container_path.display(), if mount.read_only { " (ro)" } else { "" });
+                    println!(
+                        "mount {} => {}{}",
+                        mount.host_path.display(),
+                        mount.container_path.display(),
+                        if mount.read_only { " (ro)" } else { "" }
+                    );
                 }
                 for (name, value) in &layout.env {
                     println!("env {name}={value}");
@@ -198,7 +255,12 @@ fn check(real: Option<&Path>, real_list: Option<&Path>, shim: &Path) -> Result<E
         (None, None) => anyhow::bail!("give --real LIB or --real-list FILE"),
     };
     let shim_exports = defined_functions(shim)?;
-    let report = CheckReport::compare(label.display().to_string(), &real_exports, shim.display().to_string(), &shim_exports);
+    let report = CheckReport::compare(
+        label.display().to_string(),
+        &real_exports,
+        shim.display().to_string(),
+        &shim_exports,
+    );
     if report.is_complete() {
         println!("{report}");
         Ok(ExitCode::SUCCESS)
@@ -206,7 +268,13 @@ fn check(real: Option<&Path>, real_list: Option<&Path>, shim: &Path) -> Result<E
         for name in &report.missing {
             println!("{name}");
         }
-        eprintln!("{} lacks {} of {} exports of {}", report.shim, report.missing.len(), report.real_count, report.real);
+        eprintln!(
+            "{} lacks {} of {} exports of {}",
+            report.shim,
+            report.missing.len(),
+            report.real_count,
+            report.real
+        );
         Ok(ExitCode::from(1))
     }
 }

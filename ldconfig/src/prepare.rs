@@ -50,18 +50,28 @@ pub struct ShimSpec {
 /// The shims `prepare` deploys. In the shim folder each is looked up by its built name
 /// (`libcuda_shim.so`), then by the real SONAME (`libcuda.so.1`).
 pub const SHIMS: &[ShimSpec] = &[
-    ShimSpec { real_soname: "libcuda.so.1", file_name: "libcuda_shim.so" },
-    ShimSpec { real_soname: "libnvidia-ml.so.1", file_name: "libnvml_shim.so" },
+    ShimSpec {
+        real_soname: "libcuda.so.1",
+        file_name: "libcuda_shim.so",
+    },
+    ShimSpec {
+        real_soname: "libnvidia-ml.so.1",
+        file_name: "libnvml_shim.so",
+    },
 ];
 
 /// Why the folder was not prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
     /// No real `libcuda.so.1` was discovered.
-    #[error("no real libcuda.so.1 found on this host (looked in the loader cache and the extra folders)")]
+    #[error(
+        "no real libcuda.so.1 found on this host (looked in the loader cache and the extra folders)"
+    )]
     NoLibcuda,
     /// The driver version could not be told.
-    #[error("cannot tell the driver version: no /proc/driver/nvidia/version and no versioned libcuda/libnvidia-ml file name")]
+    #[error(
+        "cannot tell the driver version: no /proc/driver/nvidia/version and no versioned libcuda/libnvidia-ml file name"
+    )]
     NoVersion,
     /// A shim for a discovered real library is not in the shim folder.
     #[error("shim for {real_soname} not found: looked for {looked_for}")]
@@ -108,7 +118,10 @@ pub enum PrepareError {
 }
 
 fn shim_lacks_message(reports: &[CheckReport]) -> String {
-    let lines: Vec<String> = reports.iter().map(|report| format!("shim {report}")).collect();
+    let lines: Vec<String> = reports
+        .iter()
+        .map(|report| format!("shim {report}"))
+        .collect();
     format!("refusing to deploy: {}", lines.join("; "))
 }
 
@@ -176,9 +189,20 @@ impl Manifest {
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(PrepareError::Io { action: "cannot read", path, source }),
+            Err(source) => {
+                return Err(PrepareError::Io {
+                    action: "cannot read",
+                    path,
+                    source,
+                });
+            }
         };
-        serde_json::from_str(&text).map(Some).map_err(|error| PrepareError::BadManifest { path, reason: error.to_string() })
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|error| PrepareError::BadManifest {
+                path,
+                reason: error.to_string(),
+            })
     }
 }
 
@@ -206,11 +230,23 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
     let mut checks = Vec::new();
     let mut shims = Vec::new();
     for spec in SHIMS {
-        let Some(real) = driver.library(spec.real_soname) else { continue };
-        let candidates = [options.shim_dir.join(spec.file_name), options.shim_dir.join(spec.real_soname)];
+        let Some(real) = driver.library(spec.real_soname) else {
+            continue;
+        };
+        let candidates = [
+            options.shim_dir.join(spec.file_name),
+            options.shim_dir.join(spec.real_soname),
+        ];
         let Some(shim_path) = candidates.iter().find(|path| path.is_file()) else {
-            let looked_for = candidates.iter().map(|path| path.display().to_string()).collect::<Vec<_>>().join(", ");
-            return Err(PrepareError::MissingShim { real_soname: spec.real_soname.to_string(), looked_for });
+            let looked_for = candidates
+                .iter()
+                .map(|path| path.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(PrepareError::MissingShim {
+                real_soname: spec.real_soname.to_string(),
+                looked_for,
+            });
         };
         let report = CheckReport::compare(
             real.real_path.display().to_string(),
@@ -221,7 +257,11 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
         checks.push(report);
         shims.push((spec, shim_path.clone()));
     }
-    let failed: Vec<CheckReport> = checks.iter().filter(|report| !report.is_complete()).cloned().collect();
+    let failed: Vec<CheckReport> = checks
+        .iter()
+        .filter(|report| !report.is_complete())
+        .cloned()
+        .collect();
     if !failed.is_empty() {
         return Err(PrepareError::ShimLacksExports(failed));
     }
@@ -236,21 +276,34 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
         && previous.version != version
         && !options.force
     {
-        return Err(PrepareError::DifferentVersion { dest: dest.clone(), existing: previous.version.clone(), wanted: version });
+        return Err(PrepareError::DifferentVersion {
+            dest: dest.clone(),
+            existing: previous.version.clone(),
+            wanted: version,
+        });
     }
 
     // Plan: (relative destination, source) for files; (relative link, target) for links.
     let mut file_plan: Vec<(String, PathBuf)> = Vec::new();
     let mut link_plan: Vec<ManifestLink> = Vec::new();
     for library in &driver.libraries {
-        file_plan.push((format!("{LIB_SUBDIR}/{}", library.file_name), library.real_path.clone()));
+        file_plan.push((
+            format!("{LIB_SUBDIR}/{}", library.file_name),
+            library.real_path.clone(),
+        ));
         if library.soname != library.file_name {
-            link_plan.push(ManifestLink { path: format!("{LIB_SUBDIR}/{}", library.soname), target: library.file_name.clone() });
+            link_plan.push(ManifestLink {
+                path: format!("{LIB_SUBDIR}/{}", library.soname),
+                target: library.file_name.clone(),
+            });
         }
         if let Some(at) = library.soname.find(".so") {
             let dev_name = &library.soname[..at + 3];
             if dev_name != library.soname && dev_name != library.file_name {
-                link_plan.push(ManifestLink { path: format!("{LIB_SUBDIR}/{dev_name}"), target: library.soname.clone() });
+                link_plan.push(ManifestLink {
+                    path: format!("{LIB_SUBDIR}/{dev_name}"),
+                    target: library.soname.clone(),
+                });
             }
         }
     }
@@ -263,37 +316,58 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
 
     for subdir in [LIB_SUBDIR, BIN_SUBDIR, SHIM_SUBDIR] {
         let path = dest.join(subdir);
-        std::fs::create_dir_all(&path).map_err(|source| PrepareError::Io { action: "cannot create", path, source })?;
+        std::fs::create_dir_all(&path).map_err(|source| PrepareError::Io {
+            action: "cannot create",
+            path,
+            source,
+        })?;
     }
 
     let mut changed = Vec::new();
     let mut files = Vec::new();
     for (relative, source) in file_plan {
         let target = dest.join(&relative);
-        let source_meta = std::fs::metadata(&source).map_err(|error| io("cannot stat", &source, error))?;
+        let source_meta =
+            std::fs::metadata(&source).map_err(|error| io("cannot stat", &source, error))?;
         let (size, source_mtime_ns) = (source_meta.len(), mtime_ns(&source_meta));
-        let target_meta = std::fs::symlink_metadata(&target).ok().filter(|meta| meta.is_file());
+        let target_meta = std::fs::symlink_metadata(&target)
+            .ok()
+            .filter(|meta| meta.is_file());
         // Fast path: the previous run recorded this very source and copy, and neither
         // changed size or modification time since.
-        let recorded = previous.as_ref().and_then(|manifest| manifest.files.iter().find(|file| file.path == relative)).filter(|file| {
-            !options.verify
-                && file.source == source
-                && file.size == size
-                && file.source_mtime_ns == source_mtime_ns
-                && target_meta.as_ref().is_some_and(|meta| meta.len() == size && mtime_ns(meta) == file.mtime_ns)
-        });
+        let recorded = previous
+            .as_ref()
+            .and_then(|manifest| manifest.files.iter().find(|file| file.path == relative))
+            .filter(|file| {
+                !options.verify
+                    && file.source == source
+                    && file.size == size
+                    && file.source_mtime_ns == source_mtime_ns
+                    && target_meta
+                        .as_ref()
+                        .is_some_and(|meta| meta.len() == size && mtime_ns(meta) == file.mtime_ns)
+            });
         if let Some(file) = recorded {
             files.push(file.clone());
             continue;
         }
         let sha256 = digest(&source)?;
-        let same = target_meta.as_ref().is_some_and(|meta| meta.len() == size) && digest(&target).is_ok_and(|existing| existing == sha256);
+        let same = target_meta.as_ref().is_some_and(|meta| meta.len() == size)
+            && digest(&target).is_ok_and(|existing| existing == sha256);
         if !same {
             copy_atomically(&source, &target)?;
             changed.push(relative.clone());
         }
-        let copy_meta = std::fs::metadata(&target).map_err(|error| io("cannot stat", &target, error))?;
-        files.push(ManifestFile { path: relative, source, size, sha256, source_mtime_ns, mtime_ns: mtime_ns(&copy_meta) });
+        let copy_meta =
+            std::fs::metadata(&target).map_err(|error| io("cannot stat", &target, error))?;
+        files.push(ManifestFile {
+            path: relative,
+            source,
+            size,
+            sha256,
+            source_mtime_ns,
+            mtime_ns: mtime_ns(&copy_meta),
+        });
     }
     for link in &link_plan {
         let path = dest.join(&link.path);
@@ -304,11 +378,23 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
         }
     }
 
-    let manifest = Manifest { schema: MANIFEST_SCHEMA, version, files, links: link_plan };
+    let manifest = Manifest {
+        schema: MANIFEST_SCHEMA,
+        version,
+        files,
+        links: link_plan,
+    };
     let mut removed = Vec::new();
     if let Some(previous) = &previous {
-        let kept = |relative: &str| manifest.files.iter().any(|file| file.path == relative) || manifest.links.iter().any(|link| link.path == relative);
-        let stale = previous.files.iter().map(|file| &file.path).chain(previous.links.iter().map(|link| &link.path));
+        let kept = |relative: &str| {
+            manifest.files.iter().any(|file| file.path == relative)
+                || manifest.links.iter().any(|link| link.path == relative)
+        };
+        let stale = previous
+            .files
+            .iter()
+            .map(|file| &file.path)
+            .chain(previous.links.iter().map(|link| &link.path));
         for relative in stale.filter(|relative| !kept(relative)) {
             if !is_inside(relative) {
                 continue;
@@ -322,25 +408,46 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
         }
     }
     if previous.as_ref() != Some(&manifest) {
-        let text = serde_json::to_string_pretty(&manifest).map_err(|error| io("cannot encode", &dest.join(MANIFEST_FILE), std::io::Error::other(error)))?;
+        let text = serde_json::to_string_pretty(&manifest).map_err(|error| {
+            io(
+                "cannot encode",
+                &dest.join(MANIFEST_FILE),
+                std::io::Error::other(error),
+            )
+        })?;
         write_atomically(&dest.join(MANIFEST_FILE), format!("{text}\n").as_bytes())?;
         changed.push(MANIFEST_FILE.to_string());
     }
-    Ok(PrepareOutcome { manifest, changed, removed, checks })
+    Ok(PrepareOutcome {
+        manifest,
+        changed,
+        removed,
+        checks,
+    })
 }
 
 /// A manifest path is only acted on when it is a plain relative path below the folder.
 fn is_inside(relative: &str) -> bool {
     let path = Path::new(relative);
-    path.is_relative() && path.components().all(|component| matches!(component, std::path::Component::Normal(_)))
+    path.is_relative()
+        && path
+            .components()
+            .all(|component| matches!(component, std::path::Component::Normal(_)))
 }
 
 fn io(action: &'static str, path: &Path, source: std::io::Error) -> PrepareError {
-    PrepareError::Io { action, path: path.to_path_buf(), source }
+    PrepareError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn mtime_ns(meta: &std::fs::Metadata) -> u128 {
-    meta.modified().ok().and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |since| since.as_nanos())
+    meta.modified()
+        .ok()
+        .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |since| since.as_nanos())
 }
 
 fn digest(path: &Path) -> Result<String, PrepareError> {
@@ -348,7 +455,10 @@ fn digest(path: &Path) -> Result<String, PrepareError> {
 }
 
 fn temporary_sibling(target: &Path) -> PathBuf {
-    let name = target.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = target
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
     target.with_file_name(format!(".{name}.vgpu-tmp-{}", std::process::id()))
 }
 
@@ -362,7 +472,8 @@ fn copy_atomically(source: &Path, target: &Path) -> Result<(), PrepareError> {
 fn link_atomically(link_target: &str, path: &Path) -> Result<(), PrepareError> {
     let temporary = temporary_sibling(path);
     let _ = std::fs::remove_file(&temporary);
-    std::os::unix::fs::symlink(link_target, &temporary).map_err(|error| io("cannot create link", &temporary, error))?;
+    std::os::unix::fs::symlink(link_target, &temporary)
+        .map_err(|error| io("cannot create link", &temporary, error))?;
     std::fs::rename(&temporary, path).map_err(|error| io("cannot rename into", path, error))
 }
 

@@ -28,7 +28,11 @@ struct Sha256 {
 
 impl Sha256 {
     fn new() -> Self {
-        Sha256 { state: INITIAL_STATE, pending: Vec::with_capacity(64), total_len: 0 }
+        Sha256 {
+            state: INITIAL_STATE,
+            pending: Vec::with_capacity(64),
+            total_len: 0,
+        }
     }
 
     fn update(&mut self, mut data: &[u8]) {
@@ -73,15 +77,26 @@ impl Sha256 {
             *word = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         }
         for i in 16..64 {
-            let s0 = schedule[i - 15].rotate_right(7) ^ schedule[i - 15].rotate_right(18) ^ (schedule[i - 15] >> 3);
-            let s1 = schedule[i - 2].rotate_right(17) ^ schedule[i - 2].rotate_right(19) ^ (schedule[i - 2] >> 10);
-            schedule[i] = schedule[i - 16].wrapping_add(s0).wrapping_add(schedule[i - 7]).wrapping_add(s1);
+            let s0 = schedule[i - 15].rotate_right(7)
+                ^ schedule[i - 15].rotate_right(18)
+                ^ (schedule[i - 15] >> 3);
+            let s1 = schedule[i - 2].rotate_right(17)
+                ^ schedule[i - 2].rotate_right(19)
+                ^ (schedule[i - 2] >> 10);
+            schedule[i] = schedule[i - 16]
+                .wrapping_add(s0)
+                .wrapping_add(schedule[i - 7])
+                .wrapping_add(s1);
         }
         let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut h] = self.state;
         for i in 0..64 {
             let sum1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
             let choose = (e & f) ^ (!e & g);
-            let temp1 = h.wrapping_add(sum1).wrapping_add(choose).wrapping_add(ROUND_CONSTANTS[i]).wrapping_add(schedule[i]);
+            let temp1 = h
+                .wrapping_add(sum1)
+                .wrapping_add(choose)
+                .wrapping_add(ROUND_CONSTANTS[i])
+                .wrapping_add(schedule[i]);
             let sum0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
             let majority = (a & b) ^ (a & c) ^ (b & c);
             let temp2 = sum0.wrapping_add(majority);
@@ -133,13 +148,22 @@ mod tests {
 
     #[test]
     fn standard_vectors() {
-        assert_eq!(digest_hex(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-        assert_eq!(digest_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            digest_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            digest_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert_eq!(
             digest_hex(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
         );
-        assert_eq!(digest_hex(&vec![b'a'; 1_000_000]), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+        assert_eq!(
+            digest_hex(&vec![b'a'; 1_000_000]),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"
+        );
     }
 
     #[test]
@@ -150,7 +174,10 @@ mod tests {
         std::fs::write(&path, &data).unwrap();
         let ours = file_digest_hex(&path).unwrap();
         assert_eq!(ours, digest_hex(&data));
-        let tool = std::process::Command::new("sha256sum").arg(&path).output().unwrap();
+        let tool = std::process::Command::new("sha256sum")
+            .arg(&path)
+            .output()
+            .unwrap();
         let expected = String::from_utf8(tool.stdout).unwrap();
         assert_eq!(expected.split_whitespace().next(), Some(ours.as_str()));
     }

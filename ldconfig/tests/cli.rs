@@ -10,7 +10,11 @@ use common::{DEBIAN_VERSION, build_shim, symbol_list, symbols_file, unpack_debia
 use vgpu_ldconfig::cache::build::{X86_64_LIBC6, new_format};
 
 fn vgpu_ldconfig(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vgpu-ldconfig")).args(args).env_remove("LD_LIBRARY_PATH").output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_vgpu-ldconfig"))
+        .args(args)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -30,7 +34,9 @@ fn check_against_a_list_exits_1_and_prints_missing_names_sorted() {
     let output = vgpu_ldconfig(&["check", "--real-list", path(&list), "--shim", path(&shim)]);
     assert_eq!(output.status.code(), Some(1));
     let printed: Vec<String> = text(&output.stdout).lines().map(str::to_string).collect();
-    let mut expected: Vec<String> = symbol_list(&format!("libcuda.so.{DEBIAN_VERSION}.txt")).into_iter().collect();
+    let mut expected: Vec<String> = symbol_list(&format!("libcuda.so.{DEBIAN_VERSION}.txt"))
+        .into_iter()
+        .collect();
     expected.retain(|name| name != "cuInit" && name != "cuDriverGetVersion");
     assert_eq!(printed, expected);
     let mut sorted = printed.clone();
@@ -46,12 +52,17 @@ fn check_of_a_complete_shim_exits_0_with_one_summary_line() {
     let shim = work.path().join("libnvml_shim.so");
     let names = symbol_list(&format!("libnvidia-ml.so.{DEBIAN_VERSION}.txt"));
     build_shim(&shim, names.iter().map(String::as_str));
-    let real = driver.lib_dir.join(format!("libnvidia-ml.so.{DEBIAN_VERSION}"));
+    let real = driver
+        .lib_dir
+        .join(format!("libnvidia-ml.so.{DEBIAN_VERSION}"));
     let output = vgpu_ldconfig(&["check", "--real", path(&real), "--shim", path(&shim)]);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     let stdout = text(&output.stdout);
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
-    assert!(stdout.contains(&format!("exports all {} names", names.len())), "{stdout}");
+    assert!(
+        stdout.contains(&format!("exports all {} names", names.len())),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -61,8 +72,20 @@ fn bad_input_is_one_error_line_and_exit_2() {
     std::fs::write(&not_elf, "text").unwrap();
     let list = symbols_file(&format!("libcuda.so.{DEBIAN_VERSION}.txt"));
     for args in [
-        vec!["check", "--real-list", path(&list), "--shim", path(&not_elf)],
-        vec!["check", "--real-list", "/nonexistent/list.txt", "--shim", path(&not_elf)],
+        vec![
+            "check",
+            "--real-list",
+            path(&list),
+            "--shim",
+            path(&not_elf),
+        ],
+        vec![
+            "check",
+            "--real-list",
+            "/nonexistent/list.txt",
+            "--shim",
+            path(&not_elf),
+        ],
         vec!["scan", "--cache", path(&not_elf)],
     ] {
         let output = vgpu_ldconfig(&args);
@@ -70,7 +93,10 @@ fn bad_input_is_one_error_line_and_exit_2() {
         let stderr = text(&output.stderr);
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.starts_with("vgpu-ldconfig: "), "{stderr}");
-        assert!(stderr.matches("os error").count() <= 1, "cause printed twice: {stderr}");
+        assert!(
+            stderr.matches("os error").count() <= 1,
+            "cause printed twice: {stderr}"
+        );
         assert!(output.stdout.is_empty());
     }
 }
@@ -81,46 +107,93 @@ fn scan_prepare_and_layout_from_the_command_line() {
     let work = tempfile::tempdir().unwrap();
     let cache = work.path().join("ld.so.cache");
     let cuda = driver.lib_dir.join("libcuda.so.1");
-    std::fs::write(&cache, new_format(&[("libcuda.so.1", path(&cuda), X86_64_LIBC6)])).unwrap();
+    std::fs::write(
+        &cache,
+        new_format(&[("libcuda.so.1", path(&cuda), X86_64_LIBC6)]),
+    )
+    .unwrap();
 
-    let output = vgpu_ldconfig(&["scan", "--cache", path(&cache), "--extra-dir", path(&driver.lib_dir), "--json"]);
+    let output = vgpu_ldconfig(&[
+        "scan",
+        "--cache",
+        path(&cache),
+        "--extra-dir",
+        path(&driver.lib_dir),
+        "--json",
+    ]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let scan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     // The host may have a loaded kernel module of another version; otherwise the name tells.
     if !Path::new("/proc/driver/nvidia/version").exists() {
         assert_eq!(scan["version"], DEBIAN_VERSION);
     }
-    let sonames: Vec<&str> = scan["libraries"].as_array().unwrap().iter().map(|library| library["soname"].as_str().unwrap()).collect();
+    let sonames: Vec<&str> = scan["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|library| library["soname"].as_str().unwrap())
+        .collect();
     assert_eq!(sonames, ["libcuda.so.1", "libnvidia-ml.so.1"]);
 
     let shims = work.path().join("shims");
     std::fs::create_dir(&shims).unwrap();
     let cuda_names = symbol_list(&format!("libcuda.so.{DEBIAN_VERSION}.txt"));
-    build_shim(&shims.join("libcuda_shim.so"), cuda_names.iter().map(String::as_str));
+    build_shim(
+        &shims.join("libcuda_shim.so"),
+        cuda_names.iter().map(String::as_str),
+    );
     build_shim(&shims.join("libnvml_shim.so"), ["nvmlInit_v2"]);
     let dest = work.path().join("driver");
-    let prepare_args = ["prepare", "--dest", path(&dest), "--shim-dir", path(&shims), "--cache", path(&cache), "--extra-dir", path(&driver.lib_dir)];
+    let prepare_args = [
+        "prepare",
+        "--dest",
+        path(&dest),
+        "--shim-dir",
+        path(&shims),
+        "--cache",
+        path(&cache),
+        "--extra-dir",
+        path(&driver.lib_dir),
+    ];
     let refused = vgpu_ldconfig(&prepare_args);
     assert_eq!(refused.status.code(), Some(2));
     let stderr = text(&refused.stderr);
-    assert!(stderr.contains("refusing to deploy") && stderr.contains("nvmlDeviceGetMemoryInfo"), "{stderr}");
+    assert!(
+        stderr.contains("refusing to deploy") && stderr.contains("nvmlDeviceGetMemoryInfo"),
+        "{stderr}"
+    );
 
     let nvml_names = symbol_list(&format!("libnvidia-ml.so.{DEBIAN_VERSION}.txt"));
-    build_shim(&shims.join("libnvml_shim.so"), nvml_names.iter().map(String::as_str));
+    build_shim(
+        &shims.join("libnvml_shim.so"),
+        nvml_names.iter().map(String::as_str),
+    );
     let done = vgpu_ldconfig(&prepare_args);
     assert!(done.status.success(), "{}", text(&done.stderr));
     assert!(text(&done.stdout).contains("prepared"));
     assert!(dest.join("lib64/libnvidia-ml.so.1").exists());
     let again = vgpu_ldconfig(&prepare_args);
-    assert!(text(&again.stdout).contains("already up to date"), "{}", text(&again.stdout));
+    assert!(
+        text(&again.stdout).contains("already up to date"),
+        "{}",
+        text(&again.stdout)
+    );
 
     let layout = vgpu_ldconfig(&["layout", "--json", "--host-driver-dir", path(&dest)]);
     assert!(layout.status.success());
     let layout: serde_json::Value = serde_json::from_slice(&layout.stdout).unwrap();
-    assert_eq!(layout["env"]["VGPU_DRIVER_DIR"], "/usr/local/vgpu/driver/lib64");
+    assert_eq!(
+        layout["env"]["VGPU_DRIVER_DIR"],
+        "/usr/local/vgpu/driver/lib64"
+    );
     assert_eq!(layout["mounts"][0]["host_path"], path(&dest));
     let plain = text(&vgpu_ldconfig(&["layout"]).stdout);
-    assert!(plain.contains("mount /var/lib/vgpu/driver/shim/libcuda_shim.so => /usr/lib64/libcuda.so.1 (ro)"), "{plain}");
+    assert!(
+        plain.contains(
+            "mount /var/lib/vgpu/driver/shim/libcuda_shim.so => /usr/lib64/libcuda.so.1 (ro)"
+        ),
+        "{plain}"
+    );
 }
 
 #[test]
@@ -129,7 +202,8 @@ fn exports_prints_the_symbols_list_format() {
     let cuda = driver.lib_dir.join("libcuda.so.1");
     let output = vgpu_ldconfig(&["exports", path(&cuda)]);
     assert!(output.status.success());
-    let checked_in = std::fs::read_to_string(symbols_file(&format!("libcuda.so.{DEBIAN_VERSION}.txt"))).unwrap();
+    let checked_in =
+        std::fs::read_to_string(symbols_file(&format!("libcuda.so.{DEBIAN_VERSION}.txt"))).unwrap();
     assert_eq!(text(&output.stdout), checked_in);
     let output = vgpu_ldconfig(&["exports", "--soname", path(&cuda)]);
     assert_eq!(text(&output.stdout), "libcuda.so.1\n");

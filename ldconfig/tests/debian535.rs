@@ -18,10 +18,18 @@ use vgpu_ldconfig::{loader_paths, parse_cache, read_cache};
 fn real_535_exports_equal_the_checked_in_lists() {
     let driver = unpack_debian_driver();
     let cuda = driver.lib_dir.join(format!("libcuda.so.{DEBIAN_VERSION}"));
-    let nvml = driver.lib_dir.join(format!("libnvidia-ml.so.{DEBIAN_VERSION}"));
+    let nvml = driver
+        .lib_dir
+        .join(format!("libnvidia-ml.so.{DEBIAN_VERSION}"));
     let cuda_exports = defined_functions(&cuda).unwrap();
-    assert_eq!(cuda_exports, symbol_list(&format!("libcuda.so.{DEBIAN_VERSION}.txt")));
-    assert_eq!(defined_functions(&nvml).unwrap(), symbol_list(&format!("libnvidia-ml.so.{DEBIAN_VERSION}.txt")));
+    assert_eq!(
+        cuda_exports,
+        symbol_list(&format!("libcuda.so.{DEBIAN_VERSION}.txt"))
+    );
+    assert_eq!(
+        defined_functions(&nvml).unwrap(),
+        symbol_list(&format!("libnvidia-ml.so.{DEBIAN_VERSION}.txt"))
+    );
     assert!(cuda_exports.contains("cuGetProcAddress_v2"));
     assert_eq!(soname(&cuda).unwrap().as_deref(), Some("libcuda.so.1"));
     assert_eq!(soname(&nvml).unwrap().as_deref(), Some("libnvidia-ml.so.1"));
@@ -30,7 +38,10 @@ fn real_535_exports_equal_the_checked_in_lists() {
 /// A loader cache file naming the unpacked libraries, written into `dir`.
 fn write_cache(dir: &Path, lib_dir: &Path) -> PathBuf {
     let cuda = lib_dir.join("libcuda.so.1").to_string_lossy().into_owned();
-    let nvml = lib_dir.join("libnvidia-ml.so.1").to_string_lossy().into_owned();
+    let nvml = lib_dir
+        .join("libnvidia-ml.so.1")
+        .to_string_lossy()
+        .into_owned();
     let bytes = new_format(&[
         ("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", X86_64_LIBC6),
         ("libnvidia-ml.so.1", &nvml, X86_64_LIBC6),
@@ -42,12 +53,24 @@ fn write_cache(dir: &Path, lib_dir: &Path) -> PathBuf {
 }
 
 fn options_for(cache: &Path, tool_dir: &Path) -> DiscoverOptions {
-    DiscoverOptions { cache: read_cache(cache).unwrap(), tool_dirs: vec![tool_dir.to_path_buf()], ..DiscoverOptions::default() }
+    DiscoverOptions {
+        cache: read_cache(cache).unwrap(),
+        tool_dirs: vec![tool_dir.to_path_buf()],
+        ..DiscoverOptions::default()
+    }
 }
 
 fn sha256sum(path: &Path) -> String {
-    let output = std::process::Command::new("sha256sum").arg(path).output().unwrap();
-    String::from_utf8(output.stdout).unwrap().split_whitespace().next().unwrap().to_string()
+    let output = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -61,7 +84,11 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
     assert_eq!(driver.libraries.len(), 2, "{:?}", driver.libraries);
     assert!(driver.tools.contains_key("nvidia-smi"));
     assert_eq!(
-        loader_paths("libcuda.so.1", &parse_cache(&std::fs::read(&cache).unwrap()).unwrap(), None),
+        loader_paths(
+            "libcuda.so.1",
+            &parse_cache(&std::fs::read(&cache).unwrap()).unwrap(),
+            None
+        ),
         [driver_files.lib_dir.join("libcuda.so.1")]
     );
 
@@ -70,66 +97,147 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
     let dest = work.path().join("driver");
     let shims = work.path().join("shims");
     std::fs::create_dir(&shims).unwrap();
-    let options = |driver| PrepareOptions { dest: dest.clone(), shim_dir: shims.clone(), driver, force: false, verify: false };
+    let options = |driver| PrepareOptions {
+        dest: dest.clone(),
+        shim_dir: shims.clone(),
+        driver,
+        force: false,
+        verify: false,
+    };
 
     // 1. No shims at all.
     let error = prepare(&options(driver.clone())).unwrap_err();
     assert!(matches!(error, PrepareError::MissingShim { .. }), "{error}");
 
     // 2. A CUDA shim with only a few exports is refused, naming what it lacks.
-    build_shim(&shims.join("libcuda_shim.so"), ["cuInit", "cuDriverGetVersion", "cuGetProcAddress"]);
-    build_shim(&shims.join("libnvml_shim.so"), nvml_names.iter().map(String::as_str));
+    build_shim(
+        &shims.join("libcuda_shim.so"),
+        ["cuInit", "cuDriverGetVersion", "cuGetProcAddress"],
+    );
+    build_shim(
+        &shims.join("libnvml_shim.so"),
+        nvml_names.iter().map(String::as_str),
+    );
     let error = prepare(&options(driver.clone())).unwrap_err();
-    let PrepareError::ShimLacksExports(reports) = &error else { panic!("unexpected {error}") };
+    let PrepareError::ShimLacksExports(reports) = &error else {
+        panic!("unexpected {error}")
+    };
     assert_eq!(reports.len(), 1);
     assert_eq!(reports[0].missing.len(), cuda_names.len() - 3);
-    assert!(reports[0].missing.iter().any(|name| name == "cuMemAlloc_v2"));
+    assert!(
+        reports[0]
+            .missing
+            .iter()
+            .any(|name| name == "cuMemAlloc_v2")
+    );
     assert!(!reports[0].missing.iter().any(|name| name == "cuInit"));
     let message = error.to_string();
-    assert!(message.contains("cuMemAlloc_v2") && message.contains("cuArray3DCreate"), "{message}");
-    assert!(!dest.exists(), "nothing may be written when the check fails");
+    assert!(
+        message.contains("cuMemAlloc_v2") && message.contains("cuArray3DCreate"),
+        "{message}"
+    );
+    assert!(
+        !dest.exists(),
+        "nothing may be written when the check fails"
+    );
 
     // 3. A shim with every name (plus an extra) passes, and the folder is laid out.
-    build_shim(&shims.join("libcuda_shim.so"), cuda_names.iter().map(String::as_str).chain(["vgpuExtraExport"]));
+    build_shim(
+        &shims.join("libcuda_shim.so"),
+        cuda_names
+            .iter()
+            .map(String::as_str)
+            .chain(["vgpuExtraExport"]),
+    );
     let outcome = prepare(&options(driver.clone())).unwrap();
     assert!(outcome.checks.iter().all(|report| report.is_complete()));
     assert_eq!(outcome.checks.len(), 2);
     let lib64 = dest.join("lib64");
     let cuda_file = format!("libcuda.so.{DEBIAN_VERSION}");
     let nvml_file = format!("libnvidia-ml.so.{DEBIAN_VERSION}");
-    assert!(std::fs::symlink_metadata(lib64.join(&cuda_file)).unwrap().is_file());
-    assert_eq!(std::fs::read_link(lib64.join("libcuda.so.1")).unwrap(), Path::new(&cuda_file));
-    assert_eq!(std::fs::read_link(lib64.join("libcuda.so")).unwrap(), Path::new("libcuda.so.1"));
-    assert_eq!(std::fs::read_link(lib64.join("libnvidia-ml.so.1")).unwrap(), Path::new(&nvml_file));
-    assert_eq!(std::fs::read_link(lib64.join("libnvidia-ml.so")).unwrap(), Path::new("libnvidia-ml.so.1"));
-    assert_eq!(sha256sum(&lib64.join(&cuda_file)), sha256sum(&driver_files.lib_dir.join(&cuda_file)));
+    assert!(
+        std::fs::symlink_metadata(lib64.join(&cuda_file))
+            .unwrap()
+            .is_file()
+    );
+    assert_eq!(
+        std::fs::read_link(lib64.join("libcuda.so.1")).unwrap(),
+        Path::new(&cuda_file)
+    );
+    assert_eq!(
+        std::fs::read_link(lib64.join("libcuda.so")).unwrap(),
+        Path::new("libcuda.so.1")
+    );
+    assert_eq!(
+        std::fs::read_link(lib64.join("libnvidia-ml.so.1")).unwrap(),
+        Path::new(&nvml_file)
+    );
+    assert_eq!(
+        std::fs::read_link(lib64.join("libnvidia-ml.so")).unwrap(),
+        Path::new("libnvidia-ml.so.1")
+    );
+    assert_eq!(
+        sha256sum(&lib64.join(&cuda_file)),
+        sha256sum(&driver_files.lib_dir.join(&cuda_file))
+    );
     assert!(dest.join("bin/nvidia-smi").is_file());
     assert!(dest.join("shim/libcuda_shim.so").is_file());
     assert!(dest.join("shim/libnvml_shim.so").is_file());
     // The prepared folder is itself a valid driver: its exports are the real ones.
-    assert_eq!(defined_functions(&lib64.join("libcuda.so.1")).unwrap(), cuda_names);
+    assert_eq!(
+        defined_functions(&lib64.join("libcuda.so.1")).unwrap(),
+        cuda_names
+    );
 
     let manifest = Manifest::read(&dest).unwrap().unwrap();
     assert_eq!(manifest.version, DEBIAN_VERSION);
-    let entry = manifest.files.iter().find(|file| file.path == format!("lib64/{cuda_file}")).unwrap();
-    assert_eq!(entry.sha256, sha256sum(&driver_files.lib_dir.join(&cuda_file)));
-    assert_eq!(entry.size, std::fs::metadata(driver_files.lib_dir.join(&cuda_file)).unwrap().len());
+    let entry = manifest
+        .files
+        .iter()
+        .find(|file| file.path == format!("lib64/{cuda_file}"))
+        .unwrap();
+    assert_eq!(
+        entry.sha256,
+        sha256sum(&driver_files.lib_dir.join(&cuda_file))
+    );
+    assert_eq!(
+        entry.size,
+        std::fs::metadata(driver_files.lib_dir.join(&cuda_file))
+            .unwrap()
+            .len()
+    );
     assert_eq!(manifest.files.len(), 2 + 1 + 2);
     assert_eq!(manifest.links.len(), 4);
-    let raw: serde_json::Value = serde_json::from_slice(&std::fs::read(dest.join("driver.json")).unwrap()).unwrap();
+    let raw: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dest.join("driver.json")).unwrap()).unwrap();
     assert_eq!(raw["version"], DEBIAN_VERSION);
 
     // 4. Idempotent: a second run changes nothing and rewrites nothing.
-    let mtime = std::fs::metadata(lib64.join(&cuda_file)).unwrap().modified().unwrap();
+    let mtime = std::fs::metadata(lib64.join(&cuda_file))
+        .unwrap()
+        .modified()
+        .unwrap();
     let again = prepare(&options(driver.clone())).unwrap();
     assert!(again.changed.is_empty(), "{:?}", again.changed);
     assert!(again.removed.is_empty());
-    assert_eq!(std::fs::metadata(lib64.join(&cuda_file)).unwrap().modified().unwrap(), mtime);
+    assert_eq!(
+        std::fs::metadata(lib64.join(&cuda_file))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        mtime
+    );
     // A damaged copy (other size) is repaired.
     std::fs::write(lib64.join(&nvml_file), b"damaged").unwrap();
     let repaired = prepare(&options(driver.clone())).unwrap();
-    assert_eq!(repaired.changed, [format!("lib64/{nvml_file}"), "driver.json".to_string()]);
-    assert_eq!(sha256sum(&lib64.join(&nvml_file)), sha256sum(&driver_files.lib_dir.join(&nvml_file)));
+    assert_eq!(
+        repaired.changed,
+        [format!("lib64/{nvml_file}"), "driver.json".to_string()]
+    );
+    assert_eq!(
+        sha256sum(&lib64.join(&nvml_file)),
+        sha256sum(&driver_files.lib_dir.join(&nvml_file))
+    );
     // Same-size damage with the old modification time restored passes the fast check,
     // and is caught by `verify`.
     let nvml_copy = lib64.join(&nvml_file);
@@ -137,28 +245,75 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
     let mut bytes = std::fs::read(&nvml_copy).unwrap();
     bytes[100] ^= 0xff;
     std::fs::write(&nvml_copy, &bytes).unwrap();
-    std::fs::File::options().write(true).open(&nvml_copy).unwrap().set_modified(recorded_mtime).unwrap();
-    assert!(prepare(&options(driver.clone())).unwrap().changed.is_empty());
-    let verified = prepare(&PrepareOptions { verify: true, ..options(driver.clone()) }).unwrap();
-    assert!(verified.changed.contains(&format!("lib64/{nvml_file}")), "{:?}", verified.changed);
-    assert_eq!(sha256sum(&nvml_copy), sha256sum(&driver_files.lib_dir.join(&nvml_file)));
+    std::fs::File::options()
+        .write(true)
+        .open(&nvml_copy)
+        .unwrap()
+        .set_modified(recorded_mtime)
+        .unwrap();
+    assert!(
+        prepare(&options(driver.clone()))
+            .unwrap()
+            .changed
+            .is_empty()
+    );
+    let verified = prepare(&PrepareOptions {
+        verify: true,
+        ..options(driver.clone())
+    })
+    .unwrap();
+    assert!(
+        verified.changed.contains(&format!("lib64/{nvml_file}")),
+        "{:?}",
+        verified.changed
+    );
+    assert_eq!(
+        sha256sum(&nvml_copy),
+        sha256sum(&driver_files.lib_dir.join(&nvml_file))
+    );
 
     // 5. Another driver version is refused unless forced; forcing removes the old files.
     let other = work.path().join("other");
     std::fs::create_dir(&other).unwrap();
-    std::fs::copy(driver_files.lib_dir.join(&cuda_file), other.join("libcuda.so.999.1.2")).unwrap();
-    std::fs::copy(driver_files.lib_dir.join(&nvml_file), other.join("libnvidia-ml.so.999.1.2")).unwrap();
+    std::fs::copy(
+        driver_files.lib_dir.join(&cuda_file),
+        other.join("libcuda.so.999.1.2"),
+    )
+    .unwrap();
+    std::fs::copy(
+        driver_files.lib_dir.join(&nvml_file),
+        other.join("libnvidia-ml.so.999.1.2"),
+    )
+    .unwrap();
     symlink("libcuda.so.999.1.2", other.join("libcuda.so.1")).unwrap();
     symlink("libnvidia-ml.so.999.1.2", other.join("libnvidia-ml.so.1")).unwrap();
-    let other_driver = discover(&DiscoverOptions { extra_dirs: vec![other.clone()], ..DiscoverOptions::default() }).unwrap();
+    let other_driver = discover(&DiscoverOptions {
+        extra_dirs: vec![other.clone()],
+        ..DiscoverOptions::default()
+    })
+    .unwrap();
     assert_eq!(other_driver.version.as_deref(), Some("999.1.2"));
     let error = prepare(&options(other_driver.clone())).unwrap_err();
-    assert!(matches!(&error, PrepareError::DifferentVersion { existing, wanted, .. } if existing == DEBIAN_VERSION && wanted == "999.1.2"), "{error}");
+    assert!(
+        matches!(&error, PrepareError::DifferentVersion { existing, wanted, .. } if existing == DEBIAN_VERSION && wanted == "999.1.2"),
+        "{error}"
+    );
     assert!(error.to_string().contains("--force"));
-    let forced = prepare(&PrepareOptions { force: true, ..options(other_driver) }).unwrap();
+    let forced = prepare(&PrepareOptions {
+        force: true,
+        ..options(other_driver)
+    })
+    .unwrap();
     assert_eq!(forced.manifest.version, "999.1.2");
-    assert!(forced.removed.contains(&format!("lib64/{cuda_file}")), "{:?}", forced.removed);
+    assert!(
+        forced.removed.contains(&format!("lib64/{cuda_file}")),
+        "{:?}",
+        forced.removed
+    );
     assert!(forced.removed.contains(&"bin/nvidia-smi".to_string()));
     assert!(!lib64.join(&cuda_file).exists());
-    assert_eq!(std::fs::read_link(lib64.join("libcuda.so.1")).unwrap(), Path::new("libcuda.so.999.1.2"));
+    assert_eq!(
+        std::fs::read_link(lib64.join("libcuda.so.1")).unwrap(),
+        Path::new("libcuda.so.999.1.2")
+    );
 }
