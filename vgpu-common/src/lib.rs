@@ -5,6 +5,7 @@
 //! well as from host daemons, so nothing here panics on bad input, spawns threads or
 //! writes to stdout.
 
+pub mod cardstate;
 pub mod config;
 pub mod process;
 pub mod region;
