@@ -1,1 +1,107 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests: where the built artifacts are, a sim
+//! "host" (state file and GPU count) per test, and running commands under `vgpu run`.
+//!
+//! The tests drive the real built shims and the real simulated driver, never a mock:
+//! `tests/run.sh` (the CI command) builds the whole workspace before `cargo test`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// `target/<profile>`, found from the test executable (`target/<profile>/deps/…`).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps folder");
+    deps.parent().expect("profile folder").to_path_buf()
+}
+
+/// A built artifact in the target folder; panics with the build command if missing.
+pub fn artifact(name: &str) -> PathBuf {
+    let path = target_dir().join(name);
+    assert!(path.exists(), "{} is not built: run `cargo build --workspace` first (tests/run.sh does)", path.display());
+    path
+}
+
+pub fn vgpu() -> PathBuf {
+    artifact("vgpu")
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
+}
+
+/// A simulated host: its own sim state file and GPU count, so tests never share a card.
+pub struct SimHost {
+    pub dir: tempfile::TempDir,
+    pub gpus: u32,
+    pub memory: &'static str,
+}
+
+impl SimHost {
+    pub fn new(gpus: u32) -> SimHost {
+        SimHost { dir: tempfile::tempdir().expect("tempdir"), gpus, memory: "80GiB" }
+    }
+
+    /// Applies the sim's env to a command.
+    pub fn apply<'a>(&self, command: &'a mut Command) -> &'a mut Command {
+        command
+            .env("VGPU_SIM_GPUS", self.gpus.to_string())
+            .env("VGPU_SIM_MEMORY", self.memory)
+            .env("VGPU_SIM_STATE", self.dir.path().join("sim.state"))
+            // Small enough that a 1 GiB quota still holds 768 MiB next to the context.
+            .env("VGPU_SIM_CONTEXT_OVERHEAD", "64MiB")
+            .env_remove("VGPU_CONFIG")
+            .env_remove("VGPU_DRIVER_DIR")
+    }
+
+    /// `vgpu run --simulate ARGS... -- CMD...`
+    pub fn run(&self, vgpu_args: &[&str], command: &[&str]) -> Output {
+        let mut cmd = Command::new(vgpu());
+        cmd.arg("run").arg("--simulate").args(vgpu_args).arg("--").args(command);
+        self.apply(&mut cmd).output().expect("spawn vgpu run")
+    }
+
+    /// A sim driver folder outside any container (for a "neighbour" process).
+    pub fn bare_driver_dir(&self) -> PathBuf {
+        let dir = self.dir.path().join("bare-driver");
+        std::fs::create_dir_all(&dir).expect("create");
+        for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+            let link = dir.join(name);
+            if !link.exists() {
+                std::os::unix::fs::symlink(artifact("libvgpu_sim.so"), link).expect("link");
+            }
+        }
+        dir
+    }
+}
+
+/// Whether `python3` can import every module named.
+pub fn python_has(modules: &[&str]) -> bool {
+    let code = modules.iter().map(|m| format!("import {m}")).collect::<Vec<_>>().join("; ");
+    Command::new("python3").args(["-c", &code]).output().is_ok_and(|o| o.status.success())
+}
+
+/// Python modules a test needs; CI installs them (tests/run.sh), so a missing one fails.
+pub fn require_python(modules: &[&str]) {
+    assert!(
+        python_has(modules),
+        "python3 cannot import {modules:?}: `python3 -m pip install cuda-bindings nvidia-ml-py` (tests/run.sh does)"
+    );
+}
+
+/// The JSON object printed on the last line starting with `RESULT `.
+pub fn result_json(output: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().rev().find_map(|line| line.strip_prefix("RESULT ")).unwrap_or_else(|| {
+        panic!("no RESULT line; status {:?}\nstdout:\n{stdout}\nstderr:\n{}", output.status, String::from_utf8_lossy(&output.stderr))
+    });
+    serde_json::from_str(line).unwrap_or_else(|err| panic!("bad RESULT json {line}: {err}"))
+}
+
+/// A script under tests/clients/.
+pub fn client(name: &str) -> String {
+    repo_root().join("tests/clients").join(name).display().to_string()
+}
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;

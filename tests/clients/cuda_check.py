@@ -1,0 +1,125 @@
+"""A CUDA client nobody here wrote (NVIDIA's cuda-bindings), driving libcuda.so.1,
+which is the shim under `vgpu run`. Usage: cuda_check.py MODE [ARGS...]; prints one
+`RESULT {json}` line.
+
+  basic                 cuInit, cuDeviceGet, cuCtxCreate, cuMemAlloc, cuMemGetInfo, cuMemFree
+  sequence SIZE...      allocate each size in MiB in turn (kept), report each result
+  procaddress SIZE...   the same through pointers from cuGetProcAddress_v2, called by ctypes
+  hold MiB SECONDS MARK allocate, write MARK, hold, free
+  stress SECONDS SEED   16 threads allocating and freeing at random
+  missing               call an export the simulated driver lacks
+"""
+import ctypes, json, os, random, sys, threading, time
+from cuda.bindings import driver as cuda
+
+OK = cuda.CUresult.CUDA_SUCCESS
+MIB = 1 << 20
+
+
+def check(result, what):
+    err = result[0] if isinstance(result, tuple) else result
+    if err != OK:
+        raise SystemExit(f"{what} failed: {err.name}")
+    return result[1:] if isinstance(result, tuple) else ()
+
+
+def context():
+    check(cuda.cuInit(0), "cuInit")
+    (count,) = check(cuda.cuDeviceGetCount(), "cuDeviceGetCount")
+    (dev,) = check(cuda.cuDeviceGet(0), "cuDeviceGet")
+    (ctx,) = check(cuda.cuCtxCreate(None, 0, dev), "cuCtxCreate")
+    return count, dev, ctx
+
+
+def mem_info():
+    free, total = check(cuda.cuMemGetInfo(), "cuMemGetInfo")
+    return int(free), int(total)
+
+
+mode, args = sys.argv[1], sys.argv[2:]
+res = {"mode": mode, "pid": os.getpid()}
+if mode == "basic":
+    count, dev, ctx = context()
+    (ptr,) = check(cuda.cuMemAlloc(64 * MIB), "cuMemAlloc")
+    res.update(count=count, pointer=int(ptr), mem_info=mem_info())
+    check(cuda.cuMemFree(ptr), "cuMemFree")
+    res["mem_info_after_free"] = mem_info()
+elif mode == "sequence":
+    res["count"], _, _ = context()
+    res["total"] = mem_info()[1]
+    res["results"], kept = [], []
+    for mib in args:
+        err, ptr = cuda.cuMemAlloc(int(mib) * MIB)
+        res["results"].append(err.name)
+        if err == OK:
+            kept.append(ptr)
+    res["mem_info"] = mem_info()
+elif mode == "procaddress":
+    context()
+    get_info_ptr, alloc_ptr = [], []
+    flags = cuda.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+    _, pfn_alloc, _ = check(cuda.cuGetProcAddress(b"cuMemAlloc", 12000, flags), "cuGetProcAddress(cuMemAlloc)")
+    _, pfn_info, _ = check(cuda.cuGetProcAddress(b"cuMemGetInfo", 12000, flags), "cuGetProcAddress(cuMemGetInfo)")
+    alloc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)(int(pfn_alloc))
+    info = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t))(int(pfn_info))
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    res["info_rc"] = info(ctypes.byref(free), ctypes.byref(total))
+    res["total"] = total.value
+    res["results"] = []
+    for mib in args:
+        p = ctypes.c_uint64()
+        res["results"].append(int(alloc(ctypes.byref(p), int(mib) * MIB)))
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    res["exported_alloc"] = ctypes.cast(libcuda.cuMemAlloc_v2, ctypes.c_void_p).value
+    res["procaddress_alloc"] = int(pfn_alloc)
+elif mode == "hold":
+    mib, seconds, marker = int(args[0]), float(args[1]), args[2]
+    context()
+    err, ptr = cuda.cuMemAlloc(mib * MIB)
+    res["alloc"] = err.name
+    res["mem_info"] = mem_info()
+    print("RESULT " + json.dumps(res), flush=True)
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(seconds)
+    if err == OK:
+        cuda.cuMemFree(ptr)
+    sys.exit(0)
+elif mode == "stress":
+    seconds, seed = float(args[0]), int(args[1])
+    _, _, ctx = context()
+    deadline = time.monotonic() + seconds
+    counts = {"ok": 0, "oom": 0, "free": 0}
+    lock = threading.Lock()
+
+    def worker(k):
+        rng = random.Random(seed * 100 + k)
+        check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        held = []
+        while time.monotonic() < deadline:
+            if held and rng.random() < 0.5:
+                check(cuda.cuMemFree(held.pop(rng.randrange(len(held)))), "cuMemFree")
+                with lock:
+                    counts["free"] += 1
+            else:
+                err, ptr = cuda.cuMemAlloc(rng.choice([1, 3, 17, 64, 100]) * MIB + rng.randrange(4096))
+                with lock:
+                    counts["ok" if err == OK else "oom"] += 1
+                if err == OK:
+                    held.append(ptr)
+        for ptr in held:
+            check(cuda.cuMemFree(ptr), "cuMemFree")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    res.update(counts)
+elif mode == "missing":
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    # A real 580 export that the simulated driver does not implement.
+    res["rc"] = libcuda.cuGraphicsResourceGetMappedPointer_v2(None, None, None)
+else:
+    raise SystemExit(f"unknown mode {mode}")
+print("RESULT " + json.dumps(res))
