@@ -4,4 +4,5 @@
 pub mod context;
 pub mod device;
 pub mod memory;
+pub mod launch;
 pub mod procaddress;

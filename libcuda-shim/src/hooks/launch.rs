@@ -1,0 +1,139 @@
+//! The kernel launch family, hooked for the compute limiter: cuLaunchKernel(_ptsz),
+//! cuLaunchKernelEx(_ptsz), cuLaunchCooperativeKernel(_ptsz),
+//! cuLaunchCooperativeKernelMultiDevice, the legacy cuLaunch, cuLaunchGrid and
+//! cuLaunchGridAsync, and cuGraphLaunch(_ptsz) (a graph is costed as one unit, so graphs
+//! are no escape from the limit). Signatures are the driver API's (`cuda.h`). With no
+//! compute limit each hook is one atomic load and a branch in front of the real call.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use crate::cuda::*;
+use crate::hook;
+use crate::limiter::{self, Target, Work};
+
+pub type CUfunction = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+
+/// `CUlaunchConfig` (CUDA 12.0+).
+#[repr(C)]
+pub struct CUlaunchConfig {
+    pub grid_dim: [c_uint; 3],
+    pub block_dim: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub stream: CUstream,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
+
+/// `CUDA_LAUNCH_PARAMS`.
+#[repr(C)]
+pub struct CudaLaunchParams {
+    pub function: CUfunction,
+    pub grid_dim: [c_uint; 3],
+    pub block_dim: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub stream: CUstream,
+    pub kernel_params: *mut *mut c_void,
+}
+
+const _: () = assert!(std::mem::size_of::<CUlaunchConfig>() == 56);
+const _: () = assert!(std::mem::size_of::<CudaLaunchParams>() == 56);
+
+fn on(stream: CUstream) -> Target {
+    Target { stream, per_thread: false }
+}
+
+fn on_per_thread(stream: CUstream) -> Target {
+    Target { stream, per_thread: true }
+}
+
+/// The stream of a `CUlaunchConfig`, null (the caller's default) when there is none.
+fn config_stream(config: *const CUlaunchConfig) -> CUstream {
+    // SAFETY: the caller passes a valid config or null (which the real call rejects).
+    unsafe { config.as_ref() }.map(|config| config.stream).unwrap_or(std::ptr::null_mut())
+}
+
+hook! {
+    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Kernel(f as usize), on(stream), || unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) })
+    }
+}
+
+hook! {
+    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Kernel(f as usize), on_per_thread(stream), || unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) })
+    }
+}
+
+hook! {
+    fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Kernel(f as usize), on(config_stream(config)), || unsafe { real(config, f, params, extra) })
+    }
+}
+
+hook! {
+    fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Kernel(f as usize), on_per_thread(config_stream(config)), || unsafe { real(config, f, params, extra) })
+    }
+}
+
+hook! {
+    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Kernel(f as usize), on(stream), || unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) })
+    }
+}
+
+hook! {
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Kernel(f as usize), on_per_thread(stream), || unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) })
+    }
+}
+
+hook! {
+    fn cuLaunchCooperativeKernelMultiDevice(list: *mut CudaLaunchParams, devices: c_uint, flags: c_uint) -> CUresult |real| {
+        // One launch over several devices and streams: throttled, not bracketed.
+        // SAFETY: forwarding the caller's arguments.
+        limiter::throttle_only(|| unsafe { real(list, devices, flags) })
+    }
+}
+
+hook! {
+    fn cuLaunch(f: CUfunction) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Kernel(f as usize), on(std::ptr::null_mut()), || unsafe { real(f) })
+    }
+}
+
+hook! {
+    fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Kernel(f as usize), on(std::ptr::null_mut()), || unsafe { real(f, width, height) })
+    }
+}
+
+hook! {
+    fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Kernel(f as usize), on(stream), || unsafe { real(f, width, height, stream) })
+    }
+}
+
+hook! {
+    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Graph(exec as usize), on(stream), || unsafe { real(exec, stream) })
+    }
+}
+
+hook! {
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        limiter::launch(Work::Graph(exec as usize), on_per_thread(stream), || unsafe { real(exec, stream) })
+    }
+}
