@@ -167,7 +167,9 @@ fn plan(args: &RunArgs, artifacts: &Artifacts, work: &Path) -> Result<Plan> {
         let dir = work.join("lib");
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         for (name, shim) in uncovered {
-            std::os::unix::fs::symlink(shim, dir.join(name)).with_context(|| format!("link {name}"))?;
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(shim, &link).with_context(|| format!("link {}", link.display()))?;
         }
         Some(dir)
     };

@@ -7,6 +7,7 @@ which is the shim under `vgpu run`. Usage: cuda_check.py MODE [ARGS...]; prints 
   procaddress SIZE...   the same through pointers from cuGetProcAddress_v2, called by ctypes
   hold MiB SECONDS MARK allocate, write MARK, hold, free
   stress SECONDS SEED   16 threads allocating and freeing at random
+  init-raw              cuInit and cuDeviceGetCount through ctypes, return codes only
   missing               call an export the simulated driver lacks
 """
 import ctypes, json, os, random, sys, threading, time
@@ -58,8 +59,9 @@ elif mode == "procaddress":
     context()
     get_info_ptr, alloc_ptr = [], []
     flags = cuda.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
-    _, pfn_alloc, _ = check(cuda.cuGetProcAddress(b"cuMemAlloc", 12000, flags), "cuGetProcAddress(cuMemAlloc)")
-    _, pfn_info, _ = check(cuda.cuGetProcAddress(b"cuMemGetInfo", 12000, flags), "cuGetProcAddress(cuMemGetInfo)")
+    # cuda-bindings returns (err, pfn) or (err, pfn, symbolStatus) depending on version.
+    pfn_alloc = check(cuda.cuGetProcAddress(b"cuMemAlloc", 12000, flags), "cuGetProcAddress(cuMemAlloc)")[0]
+    pfn_info = check(cuda.cuGetProcAddress(b"cuMemGetInfo", 12000, flags), "cuGetProcAddress(cuMemGetInfo)")[0]
     alloc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)(int(pfn_alloc))
     info = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t))(int(pfn_info))
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
@@ -116,6 +118,12 @@ elif mode == "stress":
     for t in threads:
         t.join()
     res.update(counts)
+elif mode == "init-raw":
+    # Straight through ctypes: cuda-bindings itself refuses to run without a driver.
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    res["cuInit"] = libcuda.cuInit(0)
+    count = ctypes.c_int(-1)
+    res["cuDeviceGetCount"] = libcuda.cuDeviceGetCount(ctypes.byref(count))
 elif mode == "missing":
     libcuda = ctypes.CDLL("libcuda.so.1")
     # A real 580 export that the simulated driver does not implement.

@@ -131,14 +131,16 @@ fn a_missing_real_driver_is_one_line_and_not_initialized() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::os::unix::fs::symlink(artifact("libcuda_shim.so"), dir.path().join("libcuda.so.1")).expect("link");
     let output = Command::new("python3")
-        .args([&client("cuda_check.py"), "basic"])
+        .args([&client("cuda_check.py"), "init-raw"])
         .env("LD_LIBRARY_PATH", dir.path())
         .env("VGPU_DRIVER_DIR", "/nonexistent/driver")
         .env_remove("VGPU_CONFIG")
         .output()
         .expect("run");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("cuInit failed: CUDA_ERROR_NOT_INITIALIZED"), "{stderr}");
+    let result = result_json(&output);
+    assert_eq!(result["cuInit"], 3, "CUDA_ERROR_NOT_INITIALIZED: {result}");
+    assert_eq!(result["cuDeviceGetCount"], 3, "{result}");
     let notices: Vec<_> = stderr.lines().filter(|l| l.starts_with("vgpu-shim[cuda]")).collect();
     assert_eq!(notices.len(), 1, "exactly one line: {stderr}");
     assert!(notices[0].contains("/nonexistent/driver/libcuda.so.1"), "{}", notices[0]);
