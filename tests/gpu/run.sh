@@ -88,9 +88,9 @@ section_quota() {
     quota_case torch-async "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync" "$HERE/torch_quota.py" async
     quota_case cupy "VGPU_CASE=cupy" "$HERE/cupy_quota.py"
     quota_case jax "XLA_PYTHON_CLIENT_PREALLOCATE=true" "$HERE/jax_quota.py"
-    timeout 60 "$VGPU" run --memory 1GiB -- "$VGPU" probe --alloc 768MiB --alloc 512MiB --json > "$OUT/probe.txt" 2>&1
+    timeout 60 "$VGPU" run --memory 4GiB -- "$VGPU" probe --alloc 3GiB --alloc 2GiB --json > "$OUT/probe.txt" 2>&1
     record quota probe-driver-api "\"rc\": $?, \"result\": $(tail -1 "$OUT/probe.txt" | grep '^{' || echo '{}')"
-    timeout 60 "$VGPU" run --memory 1GiB -- "$VGPU" probe --proc-address --alloc 768MiB --alloc 512MiB --json > "$OUT/probe-procaddress.txt" 2>&1
+    timeout 60 "$VGPU" run --memory 4GiB -- "$VGPU" probe --proc-address --alloc 3GiB --alloc 2GiB --json > "$OUT/probe-procaddress.txt" 2>&1
     record quota probe-proc-address "\"rc\": $?, \"result\": $(tail -1 "$OUT/probe-procaddress.txt" | grep '^{' || echo '{}')"
 }
 

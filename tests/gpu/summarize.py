@@ -50,8 +50,8 @@ for line in open(sys.argv[1]):
     elif s == "quota" and n.startswith("probe"):
         allocs = [a["result"] for a in res.get("allocations", [])]
         info = res.get("mem_get_info") or [0, 0]
-        ok = r["rc"] == 0 and allocs == ["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"] and info[1] == GIB
-        rows.append((s, n, f"768MiB,512MiB -> {allocs}; total={info[1] / GIB:.2f}GiB", verdict(ok)))
+        ok = r["rc"] == 0 and allocs == ["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"] and info[1] == 4 * GIB
+        rows.append((s, n, f"3GiB,2GiB -> {allocs}; total={info[1] / GIB:.2f}GiB free={info[0] / GIB:.2f}GiB", verdict(ok)))
     elif s == "nvml":
         p = r.get("pynvml", {})
         used = p.get("used", 0) / GIB
