@@ -92,6 +92,8 @@ section_quota() {
     record quota probe-driver-api "\"rc\": $?, \"result\": $(tail -1 "$OUT/probe.txt" | grep '^{' || echo '{}')"
     timeout 60 "$VGPU" run --memory 4GiB -- "$VGPU" probe --proc-address --alloc 3GiB --alloc 2GiB --json > "$OUT/probe-procaddress.txt" 2>&1
     record quota probe-proc-address "\"rc\": $?, \"result\": $(tail -1 "$OUT/probe-procaddress.txt" | grep '^{' || echo '{}')"
+    timeout 60 "$VGPU" run --memory 4GiB -- python3 "$HERE/procaddress_diag.py" "$ROOT" > "$OUT/procaddress.txt" 2>&1
+    record quota procaddress-map "\"rc\": $?, \"result\": $(result_of "$OUT/procaddress.txt")"
 }
 
 section_nvml() {
