@@ -248,7 +248,7 @@ impl CardState {
             // Best effort: processes of every container user must be able to join.
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
         }
-        let file = OpenOptions::new().read(true).write(true).create(true).mode(0o666).open(&path).map_err(io_err)?;
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o666).open(&path).map_err(io_err)?;
         let lock = InitLock::acquire(&file, Duration::from_secs(2));
         let len = file.metadata().map_err(io_err)?.len();
         if len != CARD_LEN as u64 {
