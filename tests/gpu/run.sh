@@ -44,7 +44,7 @@ section_forward() {
     timeout 30 "$SMI" -q > "$OUT/smi-q-bare.txt" 2>&1
     timeout 30 "$VGPU" run -- "$SMI" -q > "$OUT/smi-q-shim.txt" 2>&1; local rcq=$?
     local fnf; fnf=$(cat "$OUT"/smi-shim.txt "$OUT"/smi-q-shim.txt | grep -c "Function Not Found")
-    local qdiff; qdiff=$(diff <(grep -v -E 'Timestamp|Power Draw|Temp|Clocks Event|SM  |Graphics  |Memory  |Video  |Fan' "$OUT/smi-q-bare.txt") <(grep -v -E 'Timestamp|Power Draw|Temp|Clocks Event|SM  |Graphics  |Memory  |Video  |Fan' "$OUT/smi-q-shim.txt") | grep -c '^[<>]')
+    local qdiff; qdiff=$(diff <(grep -v -E 'Timestamp|Power Draw|Temp|Clocks Event|SM  |Graphics  |Memory  |Video  |Fan|Throughput' "$OUT/smi-q-bare.txt") <(grep -v -E 'Timestamp|Power Draw|Temp|Clocks Event|SM  |Graphics  |Memory  |Video  |Fan|Throughput' "$OUT/smi-q-shim.txt") | grep -c '^[<>]')
     record forward nvidia-smi "\"rc\": $rc, \"rc_q\": $rcq, \"function_not_found\": $fnf, \"q_lines_differing\": $qdiff"
 
     log "forward: benchmarks (interleaved bare / shim)"
@@ -115,7 +115,7 @@ section_nvml() {
     "$SMI" -q > "$OUT/nvml-smi-q-bare.txt" 2>&1
     diff "$OUT/nvml-smi-q-bare.txt" "$OUT/nvml-smi-q.txt" > "$OUT/nvml-smi-q.diff"
     local fnf; fnf=$(cat "$OUT"/nvml-*.txt | grep -c "Function Not Found")
-    local total; total=$(grep -c '/  4096MiB' "$OUT/nvml-smi.txt")
+    local total; total=$(grep -c -E '/ +4096MiB' "$OUT/nvml-smi.txt")
     record nvml view "\"rc\": $rc, \"function_not_found\": $fnf, \"smi_shows_4096\": $total, \"csv\": \"$(tail -1 "$OUT/nvml-smi-csv.txt")\", \"vgpu_smi_csv\": \"$(tail -1 "$OUT/nvml-vgpu-smi-csv.txt")\", \"pynvml\": $(result_of "$OUT/nvml-pynvml.txt")"
 }
 
