@@ -94,7 +94,8 @@ impl SimMachine {
         let mut lines = BufReader::new(stdout).lines();
         loop {
             match lines.next() {
-                Some(Ok(line)) if line == HOLDING_LINE => break,
+                // libtest prints "test NAME ... " before the test's own output, on one line.
+                Some(Ok(line)) if line.ends_with(HOLDING_LINE) => break,
                 Some(Ok(_)) => continue,
                 other => {
                     let _ = child.kill();

@@ -588,6 +588,15 @@ struct ProcessInfoV1 {
 }
 
 fn open_nvml(path: &Path, uuid: &str) -> Option<Nvml> {
+    // The real NVML's SONAME is `libnvidia-ml.so.1`, and glibc's dlopen matches a
+    // requested name against the SONAMEs of loaded objects: once we load the real NVML
+    // by path, the application's own dlopen("libnvidia-ml.so.1") would get it instead of
+    // the NVML shim. Loading the shim (whatever the loader finds under that name) first
+    // puts it ahead in the link map, so name lookups keep finding it.
+    // SAFETY: loading the library the application itself would get under this name.
+    if let Ok(by_name) = unsafe { libloading::os::unix::Library::open(Some("libnvidia-ml.so.1"), libc::RTLD_NOW | libc::RTLD_LOCAL) } {
+        std::mem::forget(by_name);
+    }
     // SAFETY: loading NVIDIA's NVML from the real driver folder; it stays loaded.
     let library = unsafe { libloading::os::unix::Library::open(Some(path), libc::RTLD_NOW | libc::RTLD_LOCAL) }.ok()?;
     // SAFETY: symbol types match NVML's C declarations.

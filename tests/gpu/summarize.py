@@ -50,8 +50,9 @@ for line in open(sys.argv[1]):
     elif s == "quota" and n.startswith("probe"):
         allocs = [a["result"] for a in res.get("allocations", [])]
         info = res.get("mem_get_info") or [0, 0]
-        ok = r["rc"] == 0 and allocs == ["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"] and info[1] == 4 * GIB
-        rows.append((s, n, f"3GiB,2GiB -> {allocs}; total={info[1] / GIB:.2f}GiB free={info[0] / GIB:.2f}GiB", verdict(ok)))
+        nvml_total = ((res.get("nvml") or {}).get("memory") or [[0]])[0][0]
+        ok = r["rc"] == 0 and allocs == ["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"] and info[1] == 4 * GIB and nvml_total == 4 * GIB
+        rows.append((s, n, f"3GiB,2GiB -> {allocs}; total={info[1] / GIB:.2f}GiB free={info[0] / GIB:.2f}GiB; NVML after CUDA total={nvml_total / GIB:.2f}GiB", verdict(ok)))
     elif s == "quota" and n == "procaddress-map":
         ok = r["rc"] == 0 and res.get("checked", 0) > 0 and not res.get("escapes")
         rows.append((s, n, f"{res.get('checked')} lookups of {res.get('hooked')} hooks' names; escapes={res.get('escapes')}", verdict(ok)))
