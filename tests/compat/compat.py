@@ -42,7 +42,9 @@ SIM_ROWS = ["cuda-bindings", "nvidia-ml-py"]
 ROW_ENV = {
     # No preallocation, and the BFC limit at the whole reported total, so the quota (not
     # XLA's 75 % default) is what refuses; memory_stats' bytes_limit / 1.0 is the total.
-    "jax": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "1.0", "TF_CPP_MIN_LOG_LEVEL": "1"},
+    # (Newer JAX reads XLA_CLIENT_MEM_FRACTION, older XLA_PYTHON_CLIENT_MEM_FRACTION.)
+    "jax": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "1.0", "XLA_CLIENT_MEM_FRACTION": "1.0",
+            "TF_CPP_MIN_LOG_LEVEL": "1"},
 }
 
 
@@ -409,7 +411,7 @@ def main():
     parser.add_argument("--row-timeout", type=float, default=40)
     parser.add_argument("--bare-timeout", type=float, default=25)
     parser.add_argument("--warm", type=float, default=0.5)
-    parser.add_argument("--measure", type=float, default=2.5)
+    parser.add_argument("--measure", type=float, default=2.0)
     args = parser.parse_args()
     if not os.access(os.path.join(args.prefix, "bin", "vgpu"), os.X_OK):
         parser.error(f"{args.prefix}/bin/vgpu is missing: run `vgpu install --prefix {args.prefix}`")

@@ -397,7 +397,7 @@ class JaxClient:
         stats = self.device.memory_stats() or {}
         if "bytes_limit" not in stats:
             raise Unavailable(f"memory_stats() has no bytes_limit: {sorted(stats)}")
-        fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
+        fraction = float(os.environ.get("XLA_CLIENT_MEM_FRACTION") or os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or "0.75")
         total = round(stats["bytes_limit"] / fraction)
         return total - int(stats.get("bytes_in_use", 0)), total, f"memory_stats bytes_limit / {fraction}"
 
@@ -675,7 +675,7 @@ def main():
     parser.add_argument("client")
     parser.add_argument("--phase", choices=["all", "launch"], default="all")
     parser.add_argument("--warm", type=float, default=0.5)
-    parser.add_argument("--measure", type=float, default=2.5)
+    parser.add_argument("--measure", type=float, default=2.0)
     parser.add_argument("--hold-marker")
     parser.add_argument("--release")
     args = parser.parse_args()
