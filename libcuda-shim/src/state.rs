@@ -15,6 +15,7 @@ use std::sync::{Mutex, OnceLock};
 
 use vgpu_common::config::{Config, Loaded};
 use vgpu_common::region::{OpenOutcome, Region, SlotId};
+use vgpu_common::config::MAX_DEVICES;
 use vgpu_common::{CoreMode, DeviceSelector, process};
 use vgpu_shimgen::runtime::{self, RealLibrary};
 
@@ -54,7 +55,6 @@ pub struct Shim {
 /// The live quota machinery.
 pub struct Enforcer {
     pub config: Config,
-    pub config_path: PathBuf,
     pub region: Region,
     pub driver_dir: PathBuf,
     devices: OnceLock<Vec<Visible>>,
@@ -68,8 +68,6 @@ pub struct Visible {
     pub uuid: String,
     /// Index of this device in the config and in the usage region.
     pub region_index: usize,
-    /// The card's own memory.
-    pub card_total: u64,
     /// The quota (the card's memory when the config sets none).
     pub memory_limit: u64,
     pub core_limit: Option<u32>,
@@ -162,7 +160,7 @@ impl Enforcer {
                 }
             }
         };
-        Some(Enforcer { config, config_path, region, driver_dir, devices: OnceLock::new() })
+        Some(Enforcer { config, region, driver_dir, devices: OnceLock::new() })
     }
 
     /// The visible devices, in container order; `None` until the real driver answers
@@ -220,7 +218,6 @@ impl Enforcer {
                 real: card.handle,
                 uuid: card.uuid.clone(),
                 region_index,
-                card_total: card.total,
                 memory_limit: quota.memory_limit.map(|limit| limit.bytes()).unwrap_or(card.total),
                 core_limit: quota.effective_core_limit(),
                 core_mode: quota.core_mode,
@@ -250,13 +247,65 @@ impl Enforcer {
 
     /// Bytes the container holds on a device.
     pub fn used(&self, device: &Visible) -> u64 {
+        let process = process_state(self);
+        if let Some(slot) = process.slot {
+            self.sync_with_driver(process, slot, device);
+        }
         self.region.device_used(device.region_index)
+    }
+
+    /// At most every `SYNC_INTERVAL_NS`, counts what the driver holds for this process
+    /// beyond its counted allocations and contexts (module code the driver loads after
+    /// the context exists, for one), from NVML's own figure for the process. Best
+    /// effort: skipped when NVML cannot see our PID (a PID namespace), when another
+    /// thread is at it, or when NVML is unavailable.
+    fn sync_with_driver(&self, process: &ProcessState, slot: SlotId, device: &Visible) {
+        if !process.pid_is_host_pid {
+            return;
+        }
+        let now = monotonic_ns();
+        let last = process.last_sync_ns.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < SYNC_INTERVAL_NS
+            || process.last_sync_ns.compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed).is_err()
+        {
+            return;
+        }
+        // try_lock: never wait (and never deadlock in a forked child) for a best-effort figure.
+        let Ok(mut cache) = NVML_BY_UUID.try_lock() else { return };
+        let position = match cache.iter().position(|(uuid, _)| *uuid == device.uuid) {
+            Some(position) => position,
+            None => {
+                cache.push((device.uuid.clone(), open_nvml(&self.real_nvml_path(), &device.uuid)));
+                cache.len() - 1
+            }
+        };
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u64;
+        let Some(own) = cache[position].1.as_ref().and_then(|nvml| nvml.process_used(pid)) else { return };
+        drop(cache);
+        let index = device.region_index;
+        let extra = &process.driver_extra[index];
+        let before = extra.load(Ordering::Acquire);
+        let counted_without_extra = self.region.slot_used(slot, index).saturating_sub(before);
+        let after = own.saturating_sub(counted_without_extra);
+        if after > before {
+            self.region.add_used(slot, index, after - before);
+        } else {
+            self.region.release(slot, index, before - after);
+        }
+        extra.store(after, Ordering::Release);
+        let contexts: u64 = process.contexts.lock().map(|c| c.iter().filter(|c| c.region_index == index).map(|c| c.bytes).sum()).unwrap_or(0);
+        self.region.set_context(slot, index, contexts + after);
+        if after != before {
+            debug!("driver holds {after} bytes beyond our counts on {} (was {before})", device.uuid);
+        }
     }
 
     /// Reserves `bytes` on `device` for this process, or says why not.
     pub fn reserve(&self, device: &Visible, bytes: u64) -> Result<Ticket, CUresult> {
         let process = process_state(self);
         let Some(slot) = process.slot else { return Err(CUDA_ERROR_OUT_OF_MEMORY) };
+        self.sync_with_driver(process, slot, device);
         let limit = if self.config.memory_oversubscribe { u64::MAX } else { device.memory_limit };
         if self.region.try_reserve(slot, device.region_index, bytes, limit) {
             return Ok(Ticket { slot, region_index: device.region_index, bytes });
@@ -401,7 +450,27 @@ struct ProcessState {
     slot: Option<SlotId>,
     allocations: Mutex<HashMap<AllocKey, Allocation>>,
     contexts: Mutex<Vec<ContextCharge>>,
+    /// Whether NVML (which reports host PIDs) can see this process under its own PID.
+    pid_is_host_pid: bool,
+    /// Monotonic ns of the last reconciliation with NVML.
+    last_sync_ns: AtomicU64,
+    /// Per device: device memory the driver holds for this process beyond its counted
+    /// allocations and context overhead (module code loaded later, and the like).
+    driver_extra: [AtomicU64; MAX_DEVICES],
 }
+
+/// How often a process reconciles its counted usage with NVML's figure for it.
+const SYNC_INTERVAL_NS: u64 = 250_000_000;
+
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// Real NVML handles by device UUID, opened once per process.
+static NVML_BY_UUID: Mutex<Vec<(String, Option<Nvml>)>> = Mutex::new(Vec::new());
 
 static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 static PROCESS: AtomicPtr<ProcessState> = AtomicPtr::new(std::ptr::null_mut());
@@ -426,11 +495,15 @@ fn process_state(enforcer: &Enforcer) -> &'static ProcessState {
             None
         }
     };
+    let me = process::current();
     let fresh = Box::into_raw(Box::new(ProcessState {
         generation,
         slot,
         allocations: Mutex::new(HashMap::new()),
         contexts: Mutex::new(Vec::new()),
+        pid_is_host_pid: me.pid_ns == process::INIT_PID_NS,
+        last_sync_ns: AtomicU64::new(0),
+        driver_extra: [const { AtomicU64::new(0) }; MAX_DEVICES],
     }));
     match PROCESS.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
         // SAFETY: `fresh` was just leaked above and is never freed.
@@ -528,6 +601,7 @@ pub struct ContextMeter {
 }
 
 struct Nvml {
+    /// An NVML device handle: a pointer into NVML's own static device table.
     device: *mut c_void,
     memory_info: unsafe extern "C" fn(*mut c_void, *mut [u64; 3]) -> u32,
     processes: Option<unsafe extern "C" fn(*mut c_void, *mut u32, *mut ProcessInfoV1) -> u32>,
@@ -555,6 +629,10 @@ impl ContextMeter {
         }
     }
 }
+
+// SAFETY: the handle points into NVML's process-wide device table, and NVML's calls
+// are thread-safe; the function pointers are plain code addresses.
+unsafe impl Send for Nvml {}
 
 impl Nvml {
     fn card_used(&self) -> Option<u64> {
