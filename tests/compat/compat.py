@@ -344,7 +344,7 @@ class Matrix:
 # ---- output -------------------------------------------------------------------------
 
 def versions_text(versions):
-    if not isinstance(versions, dict):
+    if not isinstance(versions, dict) or "error" in versions or "na" in versions:
         return ""
     return ", ".join(f"{k} {v}" for k, v in versions.items() if k != "library")
 

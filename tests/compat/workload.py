@@ -403,7 +403,8 @@ class JaxClient:
 
     def alloc(self, size):
         try:
-            array = self.jnp.zeros((size,), dtype=self.jnp.uint8)
+            # 32-bit words keep the element count under 2**31 for XLA's kernels.
+            array = self.jnp.zeros((size // 4,), dtype=self.jnp.uint32)
             array.block_until_ready()
             return array
         except Exception as error:  # JAX raises its runtime error type for RESOURCE_EXHAUSTED
