@@ -4,7 +4,10 @@
 
 /// Monotonic nanoseconds (CLOCK_MONOTONIC, shared by all processes of the host).
 pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -12,7 +15,10 @@ pub fn now_ns() -> u64 {
 
 /// Wall-clock microseconds since the epoch, for NVML sample timestamps.
 pub fn wall_us() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 /// Sleeps until the monotonic clock reaches `deadline_ns`.
@@ -35,15 +41,27 @@ pub fn duration_from_name(name: &str) -> Option<u64> {
         let len: usize = rest[..digits].parse().ok()?;
         return suffix_duration(rest.get(digits..digits + len)?);
     }
-    name.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).find_map(suffix_duration)
+    name.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .find_map(suffix_duration)
 }
 
 fn suffix_duration(identifier: &str) -> Option<u64> {
-    let (body, scale) = [("ns", 1u64), ("us", 1_000), ("ms", 1_000_000), ("s", 1_000_000_000)]
-        .iter()
-        .find_map(|(unit, scale)| identifier.strip_suffix(unit).map(|body| (body, *scale)))?;
-    let digits_start = body.rfind(|c: char| !c.is_ascii_digit()).map(|i| i + 1).unwrap_or(0);
-    if digits_start == 0 || body.as_bytes().get(digits_start - 1) != Some(&b'_') || digits_start == body.len() {
+    let (body, scale) = [
+        ("ns", 1u64),
+        ("us", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+    ]
+    .iter()
+    .find_map(|(unit, scale)| identifier.strip_suffix(unit).map(|body| (body, *scale)))?;
+    let digits_start = body
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map(|i| i + 1)
+        .unwrap_or(0);
+    if digits_start == 0
+        || body.as_bytes().get(digits_start - 1) != Some(&b'_')
+        || digits_start == body.len()
+    {
         return None;
     }
     body[digits_start..].parse::<u64>().ok()?.checked_mul(scale)

@@ -85,11 +85,18 @@ pub struct SimConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum SimConfigError {
     #[error("{path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("env {var}={value}: {reason}")]
-    Env { var: &'static str, value: String, reason: String },
+    Env {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -127,8 +134,16 @@ pub fn default_pci_bus_id(index: usize) -> String {
 
 /// Parses `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` into 16 bytes.
 pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
-    let hex: String = text.strip_prefix("GPU-")?.chars().filter(|c| *c != '-').collect();
-    let groups: Vec<usize> = text.strip_prefix("GPU-")?.split('-').map(str::len).collect();
+    let hex: String = text
+        .strip_prefix("GPU-")?
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    let groups: Vec<usize> = text
+        .strip_prefix("GPU-")?
+        .split('-')
+        .map(str::len)
+        .collect();
     if groups != [8, 4, 4, 4, 12] || hex.len() != 32 {
         return None;
     }
@@ -161,7 +176,9 @@ pub fn canonical_pci_bus_id(text: &str) -> Option<String> {
 }
 
 fn env_value(var: &'static str) -> Option<String> {
-    std::env::var(var).ok().filter(|value| !value.trim().is_empty())
+    std::env::var(var)
+        .ok()
+        .filter(|value| !value.trim().is_empty())
 }
 
 fn env_parse<T: std::str::FromStr>(var: &'static str) -> Result<Option<T>, SimConfigError>
@@ -174,7 +191,11 @@ where
             .trim()
             .parse()
             .map(Some)
-            .map_err(|err: T::Err| SimConfigError::Env { var, value: value.clone(), reason: err.to_string() }),
+            .map_err(|err: T::Err| SimConfigError::Env {
+                var,
+                value: value.clone(),
+                reason: err.to_string(),
+            }),
     }
 }
 
@@ -200,78 +221,170 @@ impl SimConfig {
         let kernel_ns = env_parse::<u64>(KERNEL_NS_ENV)?;
         let overhead = env_parse::<ByteSize>(CONTEXT_OVERHEAD_ENV)?;
         let state = env_value(STATE_ENV).map(PathBuf::from);
-        let overrides = Overrides { count, memory, sms, name, cuda_version, kernel_ns, overhead, state };
+        let overrides = Overrides {
+            count,
+            memory,
+            sms,
+            name,
+            cuda_version,
+            kernel_ns,
+            overhead,
+            state,
+        };
         Self::build(file.unwrap_or_default(), overrides)
     }
 
     /// Parses a YAML sim config (env shortcuts not applied).
     pub fn from_yaml(text: &str, origin: &Path) -> Result<SimConfig, SimConfigError> {
-        let file: FileConfig = serde_norway::from_str(text)
-            .map_err(|err| SimConfigError::Parse { path: origin.to_path_buf(), message: err.to_string() })?;
+        let file: FileConfig =
+            serde_norway::from_str(text).map_err(|err| SimConfigError::Parse {
+                path: origin.to_path_buf(),
+                message: err.to_string(),
+            })?;
         Self::build(file, Overrides::default())
     }
 
     fn read_file(path: &Path) -> Result<FileConfig, SimConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SimConfigError::Read { path: path.to_path_buf(), source })?;
-        serde_norway::from_str(&text).map_err(|err| SimConfigError::Parse { path: path.to_path_buf(), message: err.to_string() })
+        let text = std::fs::read_to_string(path).map_err(|source| SimConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_norway::from_str(&text).map_err(|err| SimConfigError::Parse {
+            path: path.to_path_buf(),
+            message: err.to_string(),
+        })
     }
 
     fn build(file: FileConfig, env: Overrides) -> Result<SimConfig, SimConfigError> {
         let listed = file.gpus.unwrap_or_default();
-        let count = env.count.or(file.count).unwrap_or(if listed.is_empty() { DEFAULT_GPU_COUNT } else { listed.len() });
+        let count = env.count.or(file.count).unwrap_or(if listed.is_empty() {
+            DEFAULT_GPU_COUNT
+        } else {
+            listed.len()
+        });
         if count == 0 || count > MAX_GPUS {
-            return Err(SimConfigError::Invalid(format!("{count} GPUs: the sim has 1 to {MAX_GPUS}")));
+            return Err(SimConfigError::Invalid(format!(
+                "{count} GPUs: the sim has 1 to {MAX_GPUS}"
+            )));
         }
         if !listed.is_empty() && listed.len() != count {
-            return Err(SimConfigError::Invalid(format!("`count: {count}` but {} GPUs are listed under `gpus`", listed.len())));
+            return Err(SimConfigError::Invalid(format!(
+                "`count: {count}` but {} GPUs are listed under `gpus`",
+                listed.len()
+            )));
         }
         let mut gpus = Vec::with_capacity(count);
         let mut seen_uuids = HashSet::new();
         let mut seen_bus_ids = HashSet::new();
         for index in 0..count {
             let entry = listed.get(index);
-            let uuid = entry.and_then(|gpu| gpu.uuid.clone()).unwrap_or_else(|| default_uuid(index));
+            let uuid = entry
+                .and_then(|gpu| gpu.uuid.clone())
+                .unwrap_or_else(|| default_uuid(index));
             let uuid_bytes = parse_uuid(&uuid).ok_or_else(|| {
-                SimConfigError::Invalid(format!("gpus[{index}].uuid `{uuid}` is not GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"))
+                SimConfigError::Invalid(format!(
+                    "gpus[{index}].uuid `{uuid}` is not GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+                ))
             })?;
-            let pci_bus_id = entry.and_then(|gpu| gpu.pci_bus_id.clone()).unwrap_or_else(|| default_pci_bus_id(index));
-            let (pci_domain, pci_bus, pci_device) = parse_pci_bus_id(&pci_bus_id)
-                .ok_or_else(|| SimConfigError::Invalid(format!("gpus[{index}].pci_bus_id `{pci_bus_id}` is not DDDDDDDD:BB:DD.F")))?;
-            let name = env.name.clone().or_else(|| entry.and_then(|gpu| gpu.name.clone())).unwrap_or_else(|| DEFAULT_NAME.to_string());
+            let pci_bus_id = entry
+                .and_then(|gpu| gpu.pci_bus_id.clone())
+                .unwrap_or_else(|| default_pci_bus_id(index));
+            let (pci_domain, pci_bus, pci_device) =
+                parse_pci_bus_id(&pci_bus_id).ok_or_else(|| {
+                    SimConfigError::Invalid(format!(
+                        "gpus[{index}].pci_bus_id `{pci_bus_id}` is not DDDDDDDD:BB:DD.F"
+                    ))
+                })?;
+            let name = env
+                .name
+                .clone()
+                .or_else(|| entry.and_then(|gpu| gpu.name.clone()))
+                .unwrap_or_else(|| DEFAULT_NAME.to_string());
             if name.is_empty() || name.len() > 95 {
-                return Err(SimConfigError::Invalid(format!("gpus[{index}].name must be 1 to 95 bytes")));
+                return Err(SimConfigError::Invalid(format!(
+                    "gpus[{index}].name must be 1 to 95 bytes"
+                )));
             }
-            let memory = env.memory.or_else(|| entry.and_then(|gpu| gpu.memory)).unwrap_or(DEFAULT_MEMORY).bytes();
+            let memory = env
+                .memory
+                .or_else(|| entry.and_then(|gpu| gpu.memory))
+                .unwrap_or(DEFAULT_MEMORY)
+                .bytes();
             if memory < (64 << 20) {
-                return Err(SimConfigError::Invalid(format!("gpus[{index}].memory {} is below the 64MiB minimum", ByteSize(memory))));
+                return Err(SimConfigError::Invalid(format!(
+                    "gpus[{index}].memory {} is below the 64MiB minimum",
+                    ByteSize(memory)
+                )));
             }
-            let sms = env.sms.or_else(|| entry.and_then(|gpu| gpu.sms)).unwrap_or(DEFAULT_SMS);
+            let sms = env
+                .sms
+                .or_else(|| entry.and_then(|gpu| gpu.sms))
+                .unwrap_or(DEFAULT_SMS);
             if sms == 0 || sms > 1024 {
-                return Err(SimConfigError::Invalid(format!("gpus[{index}].sms {sms}: expected 1 to 1024")));
+                return Err(SimConfigError::Invalid(format!(
+                    "gpus[{index}].sms {sms}: expected 1 to 1024"
+                )));
             }
             if !seen_uuids.insert(uuid.to_ascii_lowercase()) {
-                return Err(SimConfigError::Invalid(format!("gpus[{index}].uuid `{uuid}` is used twice")));
+                return Err(SimConfigError::Invalid(format!(
+                    "gpus[{index}].uuid `{uuid}` is used twice"
+                )));
             }
             let canonical = format!("{pci_domain:08x}:{pci_bus:02x}:{pci_device:02x}.0");
             if !seen_bus_ids.insert(canonical.clone()) {
-                return Err(SimConfigError::Invalid(format!("gpus[{index}].pci_bus_id `{pci_bus_id}` is used twice")));
+                return Err(SimConfigError::Invalid(format!(
+                    "gpus[{index}].pci_bus_id `{pci_bus_id}` is used twice"
+                )));
             }
-            gpus.push(GpuSpec { name, uuid, uuid_bytes, memory, sms, pci_bus_id: canonical.to_ascii_uppercase(), pci_domain, pci_bus, pci_device });
+            gpus.push(GpuSpec {
+                name,
+                uuid,
+                uuid_bytes,
+                memory,
+                sms,
+                pci_bus_id: canonical.to_ascii_uppercase(),
+                pci_domain,
+                pci_bus,
+                pci_device,
+            });
         }
-        let cuda_version = env.cuda_version.or(file.cuda_version).unwrap_or(DEFAULT_CUDA_VERSION);
+        let cuda_version = env
+            .cuda_version
+            .or(file.cuda_version)
+            .unwrap_or(DEFAULT_CUDA_VERSION);
         if !(2000..=99_990).contains(&cuda_version) {
-            return Err(SimConfigError::Invalid(format!("cuda_version {cuda_version}: expected e.g. 12080 or 13000")));
+            return Err(SimConfigError::Invalid(format!(
+                "cuda_version {cuda_version}: expected e.g. 12080 or 13000"
+            )));
         }
-        let kernel_ns = env.kernel_ns.or(file.kernel_ns).unwrap_or(DEFAULT_KERNEL_NS);
+        let kernel_ns = env
+            .kernel_ns
+            .or(file.kernel_ns)
+            .unwrap_or(DEFAULT_KERNEL_NS);
         if kernel_ns > 60_000_000_000 {
-            return Err(SimConfigError::Invalid(format!("kernel_ns {kernel_ns}: at most 60 s")));
+            return Err(SimConfigError::Invalid(format!(
+                "kernel_ns {kernel_ns}: at most 60 s"
+            )));
         }
-        let context_overhead = env.overhead.or(file.context_overhead).unwrap_or(DEFAULT_CONTEXT_OVERHEAD).bytes();
+        let context_overhead = env
+            .overhead
+            .or(file.context_overhead)
+            .unwrap_or(DEFAULT_CONTEXT_OVERHEAD)
+            .bytes();
         if gpus.iter().any(|gpu| context_overhead >= gpu.memory) {
-            return Err(SimConfigError::Invalid(format!("context_overhead {} does not fit in a GPU", ByteSize(context_overhead))));
+            return Err(SimConfigError::Invalid(format!(
+                "context_overhead {} does not fit in a GPU",
+                ByteSize(context_overhead)
+            )));
         }
         let state_path = env.state.or(file.state).unwrap_or_else(default_state_path);
-        Ok(SimConfig { gpus, cuda_version, kernel_ns, context_overhead, state_path })
+        Ok(SimConfig {
+            gpus,
+            cuda_version,
+            kernel_ns,
+            context_overhead,
+            state_path,
+        })
     }
 }
 
@@ -295,8 +408,14 @@ mod tests {
     fn defaults_are_four_h200s() {
         let config = SimConfig::from_yaml("{}", Path::new("t.yaml")).unwrap();
         assert_eq!(config.gpus.len(), 4);
-        assert_eq!(config.gpus[0].uuid, "GPU-51d00000-0000-4000-8000-000000000001");
-        assert_eq!(config.gpus[3].uuid, "GPU-51d00000-0000-4000-8000-000000000004");
+        assert_eq!(
+            config.gpus[0].uuid,
+            "GPU-51d00000-0000-4000-8000-000000000001"
+        );
+        assert_eq!(
+            config.gpus[3].uuid,
+            "GPU-51d00000-0000-4000-8000-000000000004"
+        );
         assert_eq!(config.gpus[0].pci_bus_id, "00000000:11:00.0");
         assert_eq!(config.gpus[2].pci_bus, 0x13);
         assert_eq!(config.gpus[0].memory, 143_771 << 20);
@@ -314,7 +433,8 @@ mod tests {
         assert_eq!(config.gpus[0].name, "A100");
         assert_eq!(config.gpus[0].memory, 40 << 30);
         assert_eq!(config.gpus[1].pci_bus_id, "00000000:3B:00.0");
-        let counted = SimConfig::from_yaml("count: 2\ncontext_overhead: 0", Path::new("t.yaml")).unwrap();
+        let counted =
+            SimConfig::from_yaml("count: 2\ncontext_overhead: 0", Path::new("t.yaml")).unwrap();
         assert_eq!(counted.gpus.len(), 2);
         assert_eq!(counted.context_overhead, 0);
     }
@@ -328,10 +448,15 @@ mod tests {
             ("gpus: [{uuid: nope}]", "not GPU-"),
             ("gpus: [{memory: 12 parsecs}]", "unit"),
             ("gpus: [{pci_bus_id: zz}]", "pci_bus_id"),
-            ("gpus: [{}, {uuid: GPU-51d00000-0000-4000-8000-000000000001}]", "used twice"),
+            (
+                "gpus: [{}, {uuid: GPU-51d00000-0000-4000-8000-000000000001}]",
+                "used twice",
+            ),
             ("cuda_version: 7", "cuda_version"),
         ] {
-            let err = SimConfig::from_yaml(yaml, Path::new("t.yaml")).unwrap_err().to_string();
+            let err = SimConfig::from_yaml(yaml, Path::new("t.yaml"))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(needle), "{yaml}: {err}");
         }
     }
@@ -342,6 +467,9 @@ mod tests {
         assert_eq!(parse_pci_bus_id("0001:3b:1f.0"), Some((1, 0x3b, 0x1f)));
         assert_eq!(parse_pci_bus_id("3b:00.0"), Some((0, 0x3b, 0)));
         assert_eq!(parse_pci_bus_id("3b:00"), None);
-        assert_eq!(canonical_pci_bus_id("0000:3B:00.0").as_deref(), Some("00000000:3b:00.0"));
+        assert_eq!(
+            canonical_pci_bus_id("0000:3B:00.0").as_deref(),
+            Some("00000000:3b:00.0")
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::ffi::{CStr, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// Writes `value` through the caller's out-pointer; false when it is NULL.
-pub fn write_out<T>(ptr: *mut T, value: T) -> bool {
+pub(crate) fn write_out<T>(ptr: *mut T, value: T) -> bool {
     if ptr.is_null() {
         return false;
     }
@@ -19,7 +19,7 @@ pub fn write_out<T>(ptr: *mut T, value: T) -> bool {
 }
 
 /// Reads the caller's in-pointer; None when it is NULL.
-pub fn read_in<T: Copy>(ptr: *const T) -> Option<T> {
+pub(crate) fn read_in<T: Copy>(ptr: *const T) -> Option<T> {
     if ptr.is_null() {
         return None;
     }
@@ -28,7 +28,7 @@ pub fn read_in<T: Copy>(ptr: *const T) -> Option<T> {
 }
 
 /// Reads element `index` of a caller's array.
-pub fn read_at<T: Copy>(ptr: *const T, index: usize) -> Option<T> {
+pub(crate) fn read_at<T: Copy>(ptr: *const T, index: usize) -> Option<T> {
     if ptr.is_null() {
         return None;
     }
@@ -37,7 +37,7 @@ pub fn read_at<T: Copy>(ptr: *const T, index: usize) -> Option<T> {
 }
 
 /// Writes element `index` of a caller's array.
-pub fn write_at<T>(ptr: *mut T, index: usize, value: T) -> bool {
+pub(crate) fn write_at<T>(ptr: *mut T, index: usize, value: T) -> bool {
     if ptr.is_null() {
         return false;
     }
@@ -47,16 +47,20 @@ pub fn write_at<T>(ptr: *mut T, index: usize, value: T) -> bool {
 }
 
 /// A caller's NUL-terminated string, as UTF-8 (lossy); None when NULL.
-pub fn c_str(ptr: *const c_char) -> Option<String> {
+pub(crate) fn c_str(ptr: *const c_char) -> Option<String> {
     if ptr.is_null() {
         return None;
     }
     // SAFETY: non-NULL, and the C API contract says it is NUL-terminated.
-    Some(unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned())
+    Some(
+        unsafe { CStr::from_ptr(ptr) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 /// Copies `text` and a NUL into a caller's buffer of `len` bytes; false when it does not fit.
-pub fn copy_c_string(buffer: *mut c_char, len: usize, text: &str) -> bool {
+pub(crate) fn copy_c_string(buffer: *mut c_char, len: usize, text: &str) -> bool {
     if buffer.is_null() || text.len() + 1 > len {
         return false;
     }
@@ -69,7 +73,7 @@ pub fn copy_c_string(buffer: *mut c_char, len: usize, text: &str) -> bool {
 }
 
 /// Copies as much of `text` as fits (always NUL-terminated), as cuDeviceGetName does.
-pub fn copy_c_string_truncated(buffer: *mut c_char, len: usize, text: &str) -> bool {
+pub(crate) fn copy_c_string_truncated(buffer: *mut c_char, len: usize, text: &str) -> bool {
     if buffer.is_null() || len == 0 {
         return false;
     }
@@ -83,7 +87,7 @@ pub fn copy_c_string_truncated(buffer: *mut c_char, len: usize, text: &str) -> b
 }
 
 /// Bytes `[ptr, ptr+len)` of a caller's buffer, for images whose length the format gives.
-pub fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
+pub(crate) fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
     if ptr.is_null() {
         return None;
     }
@@ -92,7 +96,7 @@ pub fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
 }
 
 /// Runs an API body, turning a panic into the API's "unknown error" code.
-pub fn guard<R: Copy>(unknown: R, body: impl FnOnce() -> R) -> R {
+pub(crate) fn guard<R: Copy>(unknown: R, body: impl FnOnce() -> R) -> R {
     crate::install_panic_hook();
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(unknown)
 }

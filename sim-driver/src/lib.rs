@@ -11,7 +11,7 @@
 pub mod clock;
 pub mod config;
 pub mod cuda;
-pub mod ffi;
+pub(crate) mod ffi;
 pub mod nvml;
 pub mod state;
 pub mod sync;
@@ -35,7 +35,9 @@ static SLOT: AtomicUsize = AtomicUsize::new(0);
 /// Whether `VGPU_LOG` asks for logs.
 pub fn log_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var_os("VGPU_LOG").is_some_and(|value| !value.is_empty() && value != "0"))
+    *ENABLED.get_or_init(|| {
+        std::env::var_os("VGPU_LOG").is_some_and(|value| !value.is_empty() && value != "0")
+    })
 }
 
 /// One line on stderr, only when `VGPU_LOG` is set.
@@ -55,21 +57,24 @@ pub fn install_panic_hook() {
 }
 
 /// The machine, loading config and state on first use. A bad config or an unusable state
-/// file gives one clear stderr line (always: it is why every call will fail) and Err.
-pub fn sim() -> Result<&'static Sim, ()> {
+/// file gives one clear stderr line (always: it is why every call will fail) and None.
+pub fn sim() -> Option<&'static Sim> {
     let loaded = SIM.get_or_init(|| {
-        let result = SimConfig::from_env().map_err(|err| format!("bad simulated GPU config: {err}")).and_then(|config| {
-            match SharedState::open(&config.state_path) {
+        let result = SimConfig::from_env()
+            .map_err(|err| format!("bad simulated GPU config: {err}"))
+            .and_then(|config| match SharedState::open(&config.state_path) {
                 Ok(state) => Ok(Sim { config, state }),
-                Err(err) => Err(format!("simulated GPU state file {}: {err}", config.state_path.display())),
-            }
-        });
+                Err(err) => Err(format!(
+                    "simulated GPU state file {}: {err}",
+                    config.state_path.display()
+                )),
+            });
         if let Err(message) = &result {
             eprintln!("vgpu-sim: {message}");
         }
         result
     });
-    loaded.as_ref().map_err(|_| ())
+    loaded.as_ref().ok()
 }
 
 /// This process's slot, claimed on first use. None when the state file is full of live processes.

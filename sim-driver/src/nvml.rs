@@ -51,7 +51,10 @@ const ERROR_STRINGS: &[(NvmlReturn, &str)] = &[
     (19, "In use by another client\0"),
     (20, "Insufficient Memory\0"),
     (21, "No data\0"),
-    (22, "The requested vgpu operation is not available on target device, because ECC is enabled\0"),
+    (
+        22,
+        "The requested vgpu operation is not available on target device, because ECC is enabled\0",
+    ),
     (23, "Ran out of critical resources, other than memory\0"),
     (24, "The requested frequency is not supported\0"),
     (25, "The provided version is invalid/unsupported\0"),
@@ -72,7 +75,12 @@ pub struct DeviceSlot {
 
 const DEVICE_MAGIC: u32 = 0x5649_4d4c;
 static DEVICES: [DeviceSlot; MAX_GPUS] = {
-    let mut table = [const { DeviceSlot { magic: DEVICE_MAGIC, index: 0 } }; MAX_GPUS];
+    let mut table = [const {
+        DeviceSlot {
+            magic: DEVICE_MAGIC,
+            index: 0,
+        }
+    }; MAX_GPUS];
     let mut i = 0;
     while i < MAX_GPUS {
         table[i].index = i as u32;
@@ -99,34 +107,46 @@ macro_rules! nvml {
             $(#[$meta])*
             #[unsafe(no_mangle)]
             pub extern "C" fn $name($($arg: $ty),*) -> NvmlReturn {
-                ffi::guard(NVML_ERROR_UNKNOWN, || finish((|| -> Res { $body })()))
+                fn body($($arg: $ty),*) -> Res { $body }
+                ffi::guard(NVML_ERROR_UNKNOWN, || finish(body($($arg),*)))
             }
         )*
     };
 }
 
 fn out<T>(ptr: *mut T, value: T) -> Res {
-    if write_out(ptr, value) { Ok(()) } else { Err(NVML_ERROR_INVALID_ARGUMENT) }
+    if write_out(ptr, value) {
+        Ok(())
+    } else {
+        Err(NVML_ERROR_INVALID_ARGUMENT)
+    }
 }
 
 fn initialized() -> Result<&'static Sim, NvmlReturn> {
     if INIT_COUNT.load(Ordering::Acquire) == 0 {
         return Err(NVML_ERROR_UNINITIALIZED);
     }
-    sim().map_err(|_| NVML_ERROR_UNINITIALIZED)
+    sim().ok_or(NVML_ERROR_UNINITIALIZED)
 }
 
 /// The device a handle points at.
-fn device(handle: *const DeviceSlot) -> Result<(&'static Sim, usize, &'static GpuSpec), NvmlReturn> {
+fn device(
+    handle: *const DeviceSlot,
+) -> Result<(&'static Sim, usize, &'static GpuSpec), NvmlReturn> {
     let sim = initialized()?;
     let base = DEVICES.as_ptr() as usize;
     let address = handle as usize;
     let size = std::mem::size_of::<DeviceSlot>();
-    if address < base || address >= base + MAX_GPUS * size || (address - base) % size != 0 {
+    if address < base || address >= base + MAX_GPUS * size || !(address - base).is_multiple_of(size)
+    {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
     let index = (address - base) / size;
-    let spec = sim.config.gpus.get(index).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    let spec = sim
+        .config
+        .gpus
+        .get(index)
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
     if DEVICES[index].magic != DEVICE_MAGIC {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
@@ -141,7 +161,11 @@ fn string_out(buffer: *mut c_char, length: u32, text: &str) -> Res {
     if buffer.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    if copy_c_string(buffer, length as usize, text) { Ok(()) } else { Err(NVML_ERROR_INSUFFICIENT_SIZE) }
+    if copy_c_string(buffer, length as usize, text) {
+        Ok(())
+    } else {
+        Err(NVML_ERROR_INSUFFICIENT_SIZE)
+    }
 }
 
 fn serial(index: usize) -> String {
@@ -160,7 +184,12 @@ fn processes(sim: &Sim, index: usize) -> Vec<ProcessRecord> {
 
 /// NVML's two-call protocol for process lists: `infos` NULL or too small gives the count
 /// and INSUFFICIENT_SIZE (SUCCESS when there are none).
-fn write_processes<T>(count: *mut u32, infos: *mut T, list: &[ProcessRecord], make: impl Fn(&ProcessRecord) -> T) -> Res {
+fn write_processes<T>(
+    count: *mut u32,
+    infos: *mut T,
+    list: &[ProcessRecord],
+    make: impl Fn(&ProcessRecord) -> T,
+) -> Res {
     let capacity = ffi::read_in(count).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
     out(count, list.len() as u32)?;
     if list.is_empty() {
@@ -273,7 +302,10 @@ fn fixed<const N: usize>(text: &str) -> [u8; N] {
 
 fn pci_info(spec: &GpuSpec) -> NvmlPciInfo {
     NvmlPciInfo {
-        bus_id_legacy: fixed(&format!("{:04X}:{:02X}:{:02X}.0", spec.pci_domain, spec.pci_bus, spec.pci_device)),
+        bus_id_legacy: fixed(&format!(
+            "{:04X}:{:02X}:{:02X}.0",
+            spec.pci_domain, spec.pci_bus, spec.pci_device
+        )),
         domain: spec.pci_domain,
         bus: spec.pci_bus,
         device: spec.pci_device,
@@ -285,13 +317,24 @@ fn pci_info(spec: &GpuSpec) -> NvmlPciInfo {
 
 fn find_device(matches: impl Fn(&GpuSpec) -> bool, handle: *mut *const DeviceSlot) -> Res {
     let sim = initialized()?;
-    let index = sim.config.gpus.iter().position(matches).ok_or(NVML_ERROR_NOT_FOUND)?;
+    let index = sim
+        .config
+        .gpus
+        .iter()
+        .position(matches)
+        .ok_or(NVML_ERROR_NOT_FOUND)?;
     out(handle, handle_of(index))
 }
 
 fn process_name(pid: u32) -> Option<String> {
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok().map(|path| path.to_string_lossy().into_owned());
-    exe.or_else(|| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|comm| comm.trim().to_string()))
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .map(|path| path.to_string_lossy().into_owned());
+    exe.or_else(|| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .map(|comm| comm.trim().to_string())
+    })
 }
 
 nvml! {
@@ -614,7 +657,7 @@ fn init(flags: u32) -> Res {
     if flags & !0x3 != 0 {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    sim().map_err(|_| NVML_ERROR_UNINITIALIZED)?;
+    sim().ok_or(NVML_ERROR_UNINITIALIZED)?;
     INIT_COUNT.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
@@ -628,14 +671,19 @@ fn by_index(index: u32, handle: *mut *const DeviceSlot) -> Res {
 }
 
 fn by_bus_id(bus_id: *const c_char, handle: *mut *const DeviceSlot) -> Res {
-    let wanted = c_str(bus_id).and_then(|text| canonical_pci_bus_id(&text)).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    let wanted = c_str(bus_id)
+        .and_then(|text| canonical_pci_bus_id(&text))
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
     find_device(|spec| spec.pci_bus_id.eq_ignore_ascii_case(&wanted), handle)
 }
 
 /// `nvmlErrorString`: a static string for every code ("Unknown Error" for unknown ones).
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
-    let text = ERROR_STRINGS.iter().find(|(code, _)| *code == result).map(|(_, text)| *text).unwrap_or("Unknown Error\0");
+    let text = ERROR_STRINGS
+        .iter()
+        .find(|(code, _)| *code == result)
+        .map(|(_, text)| *text)
+        .unwrap_or("Unknown Error\0");
     text.as_ptr().cast()
 }
-

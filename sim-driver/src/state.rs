@@ -79,7 +79,14 @@ const SLOTS_OFFSET_ALIGNED: usize = SLOTS_OFFSET.div_ceil(64) * 64;
 pub const STATE_LEN: usize = SLOTS_OFFSET_ALIGNED + MAX_SLOTS * std::mem::size_of::<Slot>();
 
 const fn layout_fingerprint() -> u64 {
-    let parts = [VERSION, MAX_SLOTS as u64, MAX_GPUS as u64, BUCKETS as u64, BUCKET_NS, STATE_LEN as u64];
+    let parts = [
+        VERSION,
+        MAX_SLOTS as u64,
+        MAX_GPUS as u64,
+        BUCKETS as u64,
+        BUCKET_NS,
+        STATE_LEN as u64,
+    ];
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
     let mut i = 0;
     while i < parts.len() {
@@ -150,7 +157,11 @@ fn ring_add(ring: &[AtomicU64; BUCKETS], bucket: u64, ns: u64) {
 /// Busy ns a ring holds for bucket `bucket`.
 fn ring_get(ring: &[AtomicU64; BUCKETS], bucket: u64) -> u64 {
     let (held, value) = unpack(ring[(bucket % BUCKETS as u64) as usize].load(Ordering::Acquire));
-    if held == bucket & 0xffff_ffff { value } else { 0 }
+    if held == bucket & 0xffff_ffff {
+        value
+    } else {
+        0
+    }
 }
 
 /// Spreads `[start, end)` over the ring's buckets; work more than the ring's reach ahead
@@ -208,10 +219,22 @@ fn union_add(until: &AtomicU64, start: u64, end: u64) -> Option<(u64, u64)> {
 impl SharedState {
     /// Maps the state file at `path`, creating or rebuilding it when absent, short or foreign.
     pub fn open(path: &Path) -> io::Result<SharedState> {
-        if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent)?;
+        if let Some(parent) = path
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+        {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)?;
         }
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?;
         let fd = file.as_raw_fd();
         // SAFETY: fd is an open file; flock blocks only while another process initialises.
         if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
@@ -233,7 +256,14 @@ impl SharedState {
         }
         // SAFETY: mapping STATE_LEN bytes of a file we just sized to STATE_LEN, shared.
         let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), STATE_LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                STATE_LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -267,13 +297,23 @@ impl SharedState {
     fn gpu(&self, gpu: usize) -> &GpuRecord {
         let index = gpu.min(MAX_GPUS - 1);
         // SAFETY: GPUS_OFFSET + index * size lies inside the mapping; records are atomics.
-        unsafe { &*(self.base.add(GPUS_OFFSET + index * std::mem::size_of::<GpuRecord>()) as *const GpuRecord) }
+        unsafe {
+            &*(self
+                .base
+                .add(GPUS_OFFSET + index * std::mem::size_of::<GpuRecord>())
+                as *const GpuRecord)
+        }
     }
 
     fn slot(&self, slot: usize) -> &Slot {
         let index = slot.min(MAX_SLOTS - 1);
         // SAFETY: the slot array lies inside the mapping, 64-byte aligned; slots are atomics.
-        unsafe { &*(self.base.add(SLOTS_OFFSET_ALIGNED + index * std::mem::size_of::<Slot>()) as *const Slot) }
+        unsafe {
+            &*(self
+                .base
+                .add(SLOTS_OFFSET_ALIGNED + index * std::mem::size_of::<Slot>())
+                as *const Slot)
+        }
     }
 
     fn high_water(&self) -> usize {
@@ -287,7 +327,11 @@ impl SharedState {
             for index in 0..MAX_SLOTS {
                 let slot = self.slot(index);
                 let claiming = ((pid as u32 as u64) << 32) | STATE_CLAIMING;
-                if slot.owner.compare_exchange(STATE_FREE, claiming, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                if slot
+                    .owner
+                    .compare_exchange(STATE_FREE, claiming, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
                     slot.start_time.store(start_time, Ordering::Release);
                     slot.pid_ns.store(pid_ns, Ordering::Release);
                     for gpu in 0..MAX_GPUS {
@@ -300,8 +344,11 @@ impl SharedState {
                             bucket.store(0, Ordering::Release);
                         }
                     }
-                    slot.owner.store(((pid as u32 as u64) << 32) | STATE_LIVE, Ordering::Release);
-                    self.header().high_water.fetch_max(index as u64 + 1, Ordering::AcqRel);
+                    slot.owner
+                        .store(((pid as u32 as u64) << 32) | STATE_LIVE, Ordering::Release);
+                    self.header()
+                        .high_water
+                        .fetch_max(index as u64 + 1, Ordering::AcqRel);
                     return Some(SlotIndex(index));
                 }
             }
@@ -348,7 +395,11 @@ impl SharedState {
                 continue;
             }
             let reclaiming = ((pid as u32 as u64) << 32) | STATE_RECLAIMING;
-            if slot.owner.compare_exchange(owner, reclaiming, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if slot
+                .owner
+                .compare_exchange(owner, reclaiming, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 for gpu in 0..MAX_GPUS {
                     slot.used[gpu].store(0, Ordering::Release);
                     slot.contexts[gpu].store(0, Ordering::Release);
@@ -368,7 +419,10 @@ impl SharedState {
 
     /// Device bytes held on `gpu` by all live processes.
     pub fn gpu_used(&self, gpu: usize) -> u64 {
-        (0..self.high_water()).filter_map(|index| self.live(index)).map(|(slot, _)| slot.used[gpu].load(Ordering::SeqCst)).sum()
+        (0..self.high_water())
+            .filter_map(|index| self.live(index))
+            .map(|(slot, _)| slot.used[gpu].load(Ordering::SeqCst))
+            .sum()
     }
 
     /// Reserves `bytes` on `gpu` for `slot` when the card has room, so that two racing
@@ -418,7 +472,9 @@ impl SharedState {
         if opened {
             counter.fetch_add(1, Ordering::AcqRel);
         } else {
-            let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |value| Some(value.saturating_sub(1)));
+            let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |value| {
+                Some(value.saturating_sub(1))
+            });
         }
     }
 
@@ -507,7 +563,9 @@ mod tests {
         let (_dir, state) = open_temp();
         let me = process::current();
         // A slot owned by our PID with a start time that is not ours: a dead process.
-        let ghost = state.claim(me.pid, me.start_time + 12345, me.pid_ns).unwrap();
+        let ghost = state
+            .claim(me.pid, me.start_time + 12345, me.pid_ns)
+            .unwrap();
         assert!(state.try_reserve(ghost, 0, 500, 1000));
         assert_eq!(state.gpu_used(0), 500);
         assert_eq!(state.reclaim_dead(), 1);
@@ -527,6 +585,10 @@ mod tests {
         assert_eq!(state.gpu_busy_recent_ns(0, now), 400_000_000);
         assert_eq!(state.gpu_busy_recent_ns(0, base + 3_000_000_000), 0);
         assert_eq!(state.gpu_launches(0), 2);
-        assert_eq!(state.processes(0, now).len(), 0, "no memory or context: not listed");
+        assert_eq!(
+            state.processes(0, now).len(),
+            0,
+            "no memory or context: not listed"
+        );
     }
 }

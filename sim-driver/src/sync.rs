@@ -22,13 +22,20 @@ pub struct SpinGuard<'a, T> {
 
 impl<T> SpinLock<T> {
     pub const fn new(value: T) -> SpinLock<T> {
-        SpinLock { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
+        SpinLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
     }
 
     /// Takes the lock by hand (fork's prepare handler).
     pub fn raw_lock(&self) {
         let mut spins = 0u32;
-        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();

@@ -14,7 +14,7 @@ use std::time::Instant;
 use common::Sim;
 
 macro_rules! call {
-    ($sim:expr, $name:literal, fn($($t:ty),*) $(, $a:expr)* $(,)?) => {
+    ($sim:expr, $name:literal, fn($($t:ty),* $(,)?) $(, $a:expr)* $(,)?) => {
         unsafe { ($sim.sym::<unsafe extern "C" fn($($t),*) -> i32>($name))($($a),*) }
     };
 }
@@ -36,20 +36,45 @@ fn init(sim: &Sim) {
 
 fn create_context(sim: &Sim, dev: i32) -> u64 {
     let mut ctx = 0u64;
-    assert_eq!(call!(sim, "cuCtxCreate_v2", fn(*mut u64, u32, i32), &mut ctx, 0, dev), SUCCESS);
+    assert_eq!(
+        call!(
+            sim,
+            "cuCtxCreate_v2",
+            fn(*mut u64, u32, i32),
+            &mut ctx,
+            0,
+            dev
+        ),
+        SUCCESS
+    );
     assert_ne!(ctx, 0);
     ctx
 }
 
 fn mem_info(sim: &Sim) -> (u64, u64) {
     let (mut free, mut total) = (0usize, 0usize);
-    assert_eq!(call!(sim, "cuMemGetInfo_v2", fn(*mut usize, *mut usize), &mut free, &mut total), SUCCESS);
+    assert_eq!(
+        call!(
+            sim,
+            "cuMemGetInfo_v2",
+            fn(*mut usize, *mut usize),
+            &mut free,
+            &mut total
+        ),
+        SUCCESS
+    );
     (free as u64, total as u64)
 }
 
 fn alloc(sim: &Sim, size: u64) -> Result<u64, i32> {
     let mut ptr = 0u64;
-    match call!(sim, "cuMemAlloc_v2", fn(*mut u64, usize), &mut ptr, size as usize) {
+    match call!(
+        sim,
+        "cuMemAlloc_v2",
+        fn(*mut u64, usize),
+        &mut ptr,
+        size as usize
+    ) {
         SUCCESS => Ok(ptr),
         code => Err(code),
     }
@@ -59,204 +84,554 @@ fn free(sim: &Sim, ptr: u64) {
     assert_eq!(call!(sim, "cuMemFree_v2", fn(u64), ptr), SUCCESS);
 }
 
-isolated!(devices_and_contexts, devices_and_contexts_inner, [("VGPU_SIM_GPUS", "2"), ("VGPU_SIM_MEMORY", "8GiB"), ("VGPU_SIM_CONTEXT_OVERHEAD", "300MiB")], {
-    let sim = Sim::load();
-    let mut count = -1;
-    assert_eq!(call!(sim, "cuDeviceGetCount", fn(*mut i32), &mut count), NOT_INITIALIZED, "before cuInit");
-    assert_eq!(call!(sim, "cuInit", fn(u32), 7), INVALID_VALUE);
-    init(&sim);
-    let mut version = 0;
-    assert_eq!(call!(sim, "cuDriverGetVersion", fn(*mut i32), &mut version), SUCCESS);
-    assert_eq!(version, 13000);
-    assert_eq!(call!(sim, "cuDeviceGetCount", fn(*mut i32), &mut count), SUCCESS);
-    assert_eq!(count, 2);
-    let mut dev = -1;
-    assert_eq!(call!(sim, "cuDeviceGet", fn(*mut i32, i32), &mut dev, 1), SUCCESS);
-    assert_eq!(dev, 1);
-    assert_eq!(call!(sim, "cuDeviceGet", fn(*mut i32, i32), &mut dev, 2), INVALID_DEVICE);
-    let mut name = [0 as c_char; 64];
-    assert_eq!(call!(sim, "cuDeviceGetName", fn(*mut c_char, i32, i32), name.as_mut_ptr(), 64, 0), SUCCESS);
-    assert_eq!(unsafe { CStr::from_ptr(name.as_ptr()) }.to_str().unwrap(), "NVIDIA H200 (simulated)");
-    let mut uuid = [0u8; 16];
-    assert_eq!(call!(sim, "cuDeviceGetUuid_v2", fn(*mut [u8; 16], i32), &mut uuid, 1), SUCCESS);
-    assert_eq!(uuid, [0x51, 0xd0, 0, 0, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 2]);
-    let mut total = 0usize;
-    assert_eq!(call!(sim, "cuDeviceTotalMem_v2", fn(*mut usize, i32), &mut total, 0), SUCCESS);
-    assert_eq!(total as u64, 8 << 30);
-    let mut value = 0;
-    for (attribute, expected) in [(16, 132), (75, 9), (76, 0), (10, 32), (1, 1024), (33, 0x11), (41, 1), (90, 1), (115, 1), (102, 1)] {
-        assert_eq!(call!(sim, "cuDeviceGetAttribute", fn(*mut i32, i32, i32), &mut value, attribute, 0), SUCCESS);
-        assert_eq!(value, expected, "attribute {attribute}");
-    }
-    assert_eq!(call!(sim, "cuDeviceGetAttribute", fn(*mut i32, i32, i32), &mut value, 9999, 0), INVALID_VALUE);
-    let mut bus = [0 as c_char; 32];
-    assert_eq!(call!(sim, "cuDeviceGetPCIBusId", fn(*mut c_char, i32, i32), bus.as_mut_ptr(), 32, 1), SUCCESS);
-    assert_eq!(unsafe { CStr::from_ptr(bus.as_ptr()) }.to_str().unwrap(), "0000:12:00.0");
-    assert_eq!(call!(sim, "cuDeviceGetByPCIBusId", fn(*mut i32, *const c_char), &mut dev, c"00000000:12:00.0".as_ptr()), SUCCESS);
-    assert_eq!(dev, 1);
+isolated!(
+    devices_and_contexts,
+    devices_and_contexts_inner,
+    [
+        ("VGPU_SIM_GPUS", "2"),
+        ("VGPU_SIM_MEMORY", "8GiB"),
+        ("VGPU_SIM_CONTEXT_OVERHEAD", "300MiB")
+    ],
+    {
+        let sim = Sim::load();
+        let mut count = -1;
+        assert_eq!(
+            call!(sim, "cuDeviceGetCount", fn(*mut i32), &mut count),
+            NOT_INITIALIZED,
+            "before cuInit"
+        );
+        assert_eq!(call!(sim, "cuInit", fn(u32), 7), INVALID_VALUE);
+        init(&sim);
+        let mut version = 0;
+        assert_eq!(
+            call!(sim, "cuDriverGetVersion", fn(*mut i32), &mut version),
+            SUCCESS
+        );
+        assert_eq!(version, 13000);
+        assert_eq!(
+            call!(sim, "cuDeviceGetCount", fn(*mut i32), &mut count),
+            SUCCESS
+        );
+        assert_eq!(count, 2);
+        let mut dev = -1;
+        assert_eq!(
+            call!(sim, "cuDeviceGet", fn(*mut i32, i32), &mut dev, 1),
+            SUCCESS
+        );
+        assert_eq!(dev, 1);
+        assert_eq!(
+            call!(sim, "cuDeviceGet", fn(*mut i32, i32), &mut dev, 2),
+            INVALID_DEVICE
+        );
+        let mut name = [0 as c_char; 64];
+        assert_eq!(
+            call!(
+                sim,
+                "cuDeviceGetName",
+                fn(*mut c_char, i32, i32),
+                name.as_mut_ptr(),
+                64,
+                0
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            unsafe { CStr::from_ptr(name.as_ptr()) }.to_str().unwrap(),
+            "NVIDIA H200 (simulated)"
+        );
+        let mut uuid = [0u8; 16];
+        assert_eq!(
+            call!(
+                sim,
+                "cuDeviceGetUuid_v2",
+                fn(*mut [u8; 16], i32),
+                &mut uuid,
+                1
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            uuid,
+            [0x51, 0xd0, 0, 0, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 2]
+        );
+        let mut total = 0usize;
+        assert_eq!(
+            call!(
+                sim,
+                "cuDeviceTotalMem_v2",
+                fn(*mut usize, i32),
+                &mut total,
+                0
+            ),
+            SUCCESS
+        );
+        assert_eq!(total as u64, 8 << 30);
+        let mut value = 0;
+        for (attribute, expected) in [
+            (16, 132),
+            (75, 9),
+            (76, 0),
+            (10, 32),
+            (1, 1024),
+            (33, 0x11),
+            (41, 1),
+            (90, 1),
+            (115, 1),
+            (102, 1),
+        ] {
+            assert_eq!(
+                call!(
+                    sim,
+                    "cuDeviceGetAttribute",
+                    fn(*mut i32, i32, i32),
+                    &mut value,
+                    attribute,
+                    0
+                ),
+                SUCCESS
+            );
+            assert_eq!(value, expected, "attribute {attribute}");
+        }
+        assert_eq!(
+            call!(
+                sim,
+                "cuDeviceGetAttribute",
+                fn(*mut i32, i32, i32),
+                &mut value,
+                9999,
+                0
+            ),
+            INVALID_VALUE
+        );
+        let mut bus = [0 as c_char; 32];
+        assert_eq!(
+            call!(
+                sim,
+                "cuDeviceGetPCIBusId",
+                fn(*mut c_char, i32, i32),
+                bus.as_mut_ptr(),
+                32,
+                1
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            unsafe { CStr::from_ptr(bus.as_ptr()) }.to_str().unwrap(),
+            "0000:12:00.0"
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuDeviceGetByPCIBusId",
+                fn(*mut i32, *const c_char),
+                &mut dev,
+                c"00000000:12:00.0".as_ptr()
+            ),
+            SUCCESS
+        );
+        assert_eq!(dev, 1);
 
-    // No context yet: memory calls refuse.
-    let (mut f, mut t) = (0usize, 0usize);
-    assert_eq!(call!(sim, "cuMemGetInfo_v2", fn(*mut usize, *mut usize), &mut f, &mut t), INVALID_CONTEXT);
-    let ctx = create_context(&sim, 0);
-    let mut current = 0u64;
-    assert_eq!(call!(sim, "cuCtxGetCurrent", fn(*mut u64), &mut current), SUCCESS);
-    assert_eq!(current, ctx);
-    let (free_now, total_now) = mem_info(&sim);
-    assert_eq!(total_now, 8 << 30);
-    assert_eq!(free_now, (8 << 30) - 300 * MIB, "context overhead is charged");
-    // A second context on device 1, pushed and popped.
-    let other = create_context(&sim, 1);
-    assert_eq!(call!(sim, "cuCtxGetDevice", fn(*mut i32), &mut dev), SUCCESS);
-    assert_eq!(dev, 1);
-    let mut popped = 0u64;
-    assert_eq!(call!(sim, "cuCtxPopCurrent_v2", fn(*mut u64), &mut popped), SUCCESS);
-    assert_eq!(popped, other);
-    assert_eq!(call!(sim, "cuCtxGetDevice", fn(*mut i32), &mut dev), SUCCESS);
-    assert_eq!(dev, 0);
-    assert_eq!(call!(sim, "cuCtxPushCurrent_v2", fn(u64), 0xdead_beef), INVALID_CONTEXT);
-    assert_eq!(call!(sim, "cuCtxDestroy_v2", fn(u64), other), SUCCESS);
-    assert_eq!(call!(sim, "cuCtxDestroy_v2", fn(u64), other), INVALID_CONTEXT);
-    // Primary contexts: retain activates (and charges), release deactivates.
-    let (mut flags, mut active) = (0u32, 0i32);
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxGetState", fn(i32, *mut u32, *mut i32), 1, &mut flags, &mut active), SUCCESS);
-    assert_eq!(active, 0);
-    let mut primary = 0u64;
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxRetain", fn(*mut u64, i32), &mut primary, 1), SUCCESS);
-    let mut again = 0u64;
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxRetain", fn(*mut u64, i32), &mut again, 1), SUCCESS);
-    assert_eq!(primary, again, "one primary context per device");
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxGetState", fn(i32, *mut u32, *mut i32), 1, &mut flags, &mut active), SUCCESS);
-    assert_eq!(active, 1);
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxSetFlags", fn(i32, u32), 1, 4), 708, "v1 refuses while active");
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxSetFlags_v2", fn(i32, u32), 1, 4), SUCCESS);
-    assert_eq!(call!(sim, "cuCtxSetCurrent", fn(u64), primary), SUCCESS);
-    let (free_primary, _) = mem_info(&sim);
-    assert_eq!(free_primary, (8 << 30) - 300 * MIB);
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxRelease_v2", fn(i32), 1), SUCCESS);
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxRelease_v2", fn(i32), 1), SUCCESS);
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxRelease_v2", fn(i32), 1), INVALID_CONTEXT);
-    assert_eq!(call!(sim, "cuCtxSetCurrent", fn(u64), ctx), SUCCESS);
-    let mut api = 0u32;
-    assert_eq!(call!(sim, "cuCtxGetApiVersion", fn(u64, *mut u32), ctx, &mut api), SUCCESS);
-    assert_eq!(api, 3020);
-    assert_eq!(call!(sim, "cuCtxDestroy_v2", fn(u64), ctx), SUCCESS);
-    assert_eq!(call!(sim, "cuCtxGetCurrent", fn(*mut u64), &mut current), SUCCESS);
-    assert_eq!(current, 0, "destroying the current context unbinds it");
-});
+        // No context yet: memory calls refuse.
+        let (mut f, mut t) = (0usize, 0usize);
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemGetInfo_v2",
+                fn(*mut usize, *mut usize),
+                &mut f,
+                &mut t
+            ),
+            INVALID_CONTEXT
+        );
+        let ctx = create_context(&sim, 0);
+        let mut current = 0u64;
+        assert_eq!(
+            call!(sim, "cuCtxGetCurrent", fn(*mut u64), &mut current),
+            SUCCESS
+        );
+        assert_eq!(current, ctx);
+        let (free_now, total_now) = mem_info(&sim);
+        assert_eq!(total_now, 8 << 30);
+        assert_eq!(
+            free_now,
+            (8 << 30) - 300 * MIB,
+            "context overhead is charged"
+        );
+        // A second context on device 1, pushed and popped.
+        let other = create_context(&sim, 1);
+        assert_eq!(
+            call!(sim, "cuCtxGetDevice", fn(*mut i32), &mut dev),
+            SUCCESS
+        );
+        assert_eq!(dev, 1);
+        let mut popped = 0u64;
+        assert_eq!(
+            call!(sim, "cuCtxPopCurrent_v2", fn(*mut u64), &mut popped),
+            SUCCESS
+        );
+        assert_eq!(popped, other);
+        assert_eq!(
+            call!(sim, "cuCtxGetDevice", fn(*mut i32), &mut dev),
+            SUCCESS
+        );
+        assert_eq!(dev, 0);
+        assert_eq!(
+            call!(sim, "cuCtxPushCurrent_v2", fn(u64), 0xdead_beef),
+            INVALID_CONTEXT
+        );
+        assert_eq!(call!(sim, "cuCtxDestroy_v2", fn(u64), other), SUCCESS);
+        assert_eq!(
+            call!(sim, "cuCtxDestroy_v2", fn(u64), other),
+            INVALID_CONTEXT
+        );
+        // Primary contexts: retain activates (and charges), release deactivates.
+        let (mut flags, mut active) = (0u32, 0i32);
+        assert_eq!(
+            call!(
+                sim,
+                "cuDevicePrimaryCtxGetState",
+                fn(i32, *mut u32, *mut i32),
+                1,
+                &mut flags,
+                &mut active
+            ),
+            SUCCESS
+        );
+        assert_eq!(active, 0);
+        let mut primary = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuDevicePrimaryCtxRetain",
+                fn(*mut u64, i32),
+                &mut primary,
+                1
+            ),
+            SUCCESS
+        );
+        let mut again = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuDevicePrimaryCtxRetain",
+                fn(*mut u64, i32),
+                &mut again,
+                1
+            ),
+            SUCCESS
+        );
+        assert_eq!(primary, again, "one primary context per device");
+        assert_eq!(
+            call!(
+                sim,
+                "cuDevicePrimaryCtxGetState",
+                fn(i32, *mut u32, *mut i32),
+                1,
+                &mut flags,
+                &mut active
+            ),
+            SUCCESS
+        );
+        assert_eq!(active, 1);
+        assert_eq!(
+            call!(sim, "cuDevicePrimaryCtxSetFlags", fn(i32, u32), 1, 4),
+            708,
+            "v1 refuses while active"
+        );
+        assert_eq!(
+            call!(sim, "cuDevicePrimaryCtxSetFlags_v2", fn(i32, u32), 1, 4),
+            SUCCESS
+        );
+        assert_eq!(call!(sim, "cuCtxSetCurrent", fn(u64), primary), SUCCESS);
+        let (free_primary, _) = mem_info(&sim);
+        assert_eq!(free_primary, (8 << 30) - 300 * MIB);
+        assert_eq!(
+            call!(sim, "cuDevicePrimaryCtxRelease_v2", fn(i32), 1),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuDevicePrimaryCtxRelease_v2", fn(i32), 1),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuDevicePrimaryCtxRelease_v2", fn(i32), 1),
+            INVALID_CONTEXT
+        );
+        assert_eq!(call!(sim, "cuCtxSetCurrent", fn(u64), ctx), SUCCESS);
+        let mut api = 0u32;
+        assert_eq!(
+            call!(sim, "cuCtxGetApiVersion", fn(u64, *mut u32), ctx, &mut api),
+            SUCCESS
+        );
+        assert_eq!(api, 3020);
+        assert_eq!(call!(sim, "cuCtxDestroy_v2", fn(u64), ctx), SUCCESS);
+        assert_eq!(
+            call!(sim, "cuCtxGetCurrent", fn(*mut u64), &mut current),
+            SUCCESS
+        );
+        assert_eq!(current, 0, "destroying the current context unbinds it");
+    }
+);
 
-isolated!(allocations_and_oom, allocations_and_oom_inner, [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_MEMORY", "1GiB"), ("VGPU_SIM_CONTEXT_OVERHEAD", "100MiB")], {
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
-    let (free0, total) = mem_info(&sim);
-    assert_eq!(total, 1 << 30);
-    assert_eq!(free0, (1 << 30) - 100 * MIB);
-    // Distinct, non-overlapping pointers.
-    let mut ranges = Vec::new();
-    for i in 1..=64u64 {
-        let size = i * 1000 + 1;
-        let ptr = alloc(&sim, size).unwrap();
-        assert_eq!(ptr % 512, 0, "aligned");
-        let (mut base, mut len) = (0u64, 0usize);
-        assert_eq!(call!(sim, "cuMemGetAddressRange_v2", fn(*mut u64, *mut usize, u64), &mut base, &mut len, ptr + size - 1), SUCCESS);
-        assert_eq!((base, len as u64), (ptr, size));
-        ranges.push((ptr, size));
+isolated!(
+    allocations_and_oom,
+    allocations_and_oom_inner,
+    [
+        ("VGPU_SIM_GPUS", "1"),
+        ("VGPU_SIM_MEMORY", "1GiB"),
+        ("VGPU_SIM_CONTEXT_OVERHEAD", "100MiB")
+    ],
+    {
+        let sim = Sim::load();
+        init(&sim);
+        create_context(&sim, 0);
+        let (free0, total) = mem_info(&sim);
+        assert_eq!(total, 1 << 30);
+        assert_eq!(free0, (1 << 30) - 100 * MIB);
+        // Distinct, non-overlapping pointers.
+        let mut ranges = Vec::new();
+        for i in 1..=64u64 {
+            let size = i * 1000 + 1;
+            let ptr = alloc(&sim, size).unwrap();
+            assert_eq!(ptr % 512, 0, "aligned");
+            let (mut base, mut len) = (0u64, 0usize);
+            assert_eq!(
+                call!(
+                    sim,
+                    "cuMemGetAddressRange_v2",
+                    fn(*mut u64, *mut usize, u64),
+                    &mut base,
+                    &mut len,
+                    ptr + size - 1
+                ),
+                SUCCESS
+            );
+            assert_eq!((base, len as u64), (ptr, size));
+            ranges.push((ptr, size));
+        }
+        let mut sorted = ranges.clone();
+        sorted.sort();
+        for pair in sorted.windows(2) {
+            assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap: {pair:?}");
+        }
+        let charged: u64 = ranges.iter().map(|(_, s)| s.div_ceil(512) * 512).sum();
+        assert_eq!(
+            mem_info(&sim).0,
+            free0 - charged,
+            "cuMemGetInfo is truthful"
+        );
+        // Pointer attributes.
+        let (ptr, _) = ranges[3];
+        let mut ordinal = -1i32;
+        assert_eq!(
+            call!(
+                sim,
+                "cuPointerGetAttribute",
+                fn(*mut c_void, i32, u64),
+                (&mut ordinal as *mut i32).cast(),
+                9,
+                ptr + 5
+            ),
+            SUCCESS
+        );
+        assert_eq!(ordinal, 0);
+        let mut range_size = 0usize;
+        assert_eq!(
+            call!(
+                sim,
+                "cuPointerGetAttribute",
+                fn(*mut c_void, i32, u64),
+                (&mut range_size as *mut usize).cast(),
+                12,
+                ptr
+            ),
+            SUCCESS
+        );
+        assert_eq!(range_size as u64, ranges[3].1);
+        let mut ctx_attr = 0u64;
+        let mut current = 0u64;
+        call!(sim, "cuCtxGetCurrent", fn(*mut u64), &mut current);
+        assert_eq!(
+            call!(
+                sim,
+                "cuPointerGetAttribute",
+                fn(*mut c_void, i32, u64),
+                (&mut ctx_attr as *mut u64).cast(),
+                1,
+                ptr
+            ),
+            SUCCESS
+        );
+        assert_eq!(ctx_attr, current);
+        let host = 0u8;
+        assert_eq!(
+            call!(
+                sim,
+                "cuPointerGetAttribute",
+                fn(*mut c_void, i32, u64),
+                (&mut ordinal as *mut i32).cast(),
+                9,
+                &host as *const u8 as u64
+            ),
+            INVALID_VALUE
+        );
+        // Copies and sets are validated against live allocations.
+        let data = [7u8; 4096];
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemcpyHtoD_v2",
+                fn(u64, *const c_void, usize),
+                ptr,
+                data.as_ptr().cast(),
+                100
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemcpyHtoD_v2",
+                fn(u64, *const c_void, usize),
+                ptr,
+                data.as_ptr().cast(),
+                4096
+            ),
+            INVALID_VALUE
+        );
+        assert_eq!(
+            call!(sim, "cuMemsetD32_v2", fn(u64, u32, usize), ptr, 1, 1000),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuMemsetD32_v2", fn(u64, u32, usize), ptr + 1, 1, 4),
+            INVALID_VALUE,
+            "misaligned"
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemcpyDtoD_v2",
+                fn(u64, u64, usize),
+                ranges[10].0,
+                ranges[11].0,
+                5000
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuMemFree_v2", fn(u64), ptr + 8),
+            INVALID_VALUE,
+            "not a base address"
+        );
+        for (ptr, _) in &ranges {
+            free(&sim, *ptr);
+        }
+        assert_eq!(
+            call!(sim, "cuMemFree_v2", fn(u64), ranges[0].0),
+            INVALID_VALUE,
+            "double free"
+        );
+        assert_eq!(mem_info(&sim).0, free0);
+        // OOM at capacity: exactly the free bytes fit, one more byte does not.
+        let whole = alloc(&sim, free0).unwrap();
+        assert_eq!(mem_info(&sim).0, 0);
+        assert_eq!(alloc(&sim, 1), Err(OUT_OF_MEMORY));
+        let mut managed = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemAllocManaged",
+                fn(*mut u64, usize, u32),
+                &mut managed,
+                4096,
+                1
+            ),
+            OUT_OF_MEMORY
+        );
+        free(&sim, whole);
+        assert_eq!(alloc(&sim, 2 << 30), Err(OUT_OF_MEMORY));
+        assert_eq!(alloc(&sim, 0), Err(INVALID_VALUE));
+        // Pitch and legacy 32-bit entry points.
+        let (mut pitched, mut pitch) = (0u64, 0usize);
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemAllocPitch_v2",
+                fn(*mut u64, *mut usize, usize, usize, u32),
+                &mut pitched,
+                &mut pitch,
+                1000,
+                10,
+                4
+            ),
+            SUCCESS
+        );
+        assert_eq!(pitch, 1024);
+        assert_eq!(mem_info(&sim).0, free0 - 10240);
+        free(&sim, pitched);
+        let mut low = 0u32;
+        assert_eq!(
+            call!(sim, "cuMemAlloc", fn(*mut u32, u32), &mut low, 4096),
+            SUCCESS
+        );
+        assert_ne!(low, 0);
+        assert_eq!(call!(sim, "cuMemFree", fn(u32), low), SUCCESS);
+        assert_eq!(mem_info(&sim).0, free0);
     }
-    let mut sorted = ranges.clone();
-    sorted.sort();
-    for pair in sorted.windows(2) {
-        assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap: {pair:?}");
-    }
-    let charged: u64 = ranges.iter().map(|(_, s)| s.div_ceil(512) * 512).sum();
-    assert_eq!(mem_info(&sim).0, free0 - charged, "cuMemGetInfo is truthful");
-    // Pointer attributes.
-    let (ptr, _) = ranges[3];
-    let mut ordinal = -1i32;
-    assert_eq!(call!(sim, "cuPointerGetAttribute", fn(*mut c_void, i32, u64), (&mut ordinal as *mut i32).cast(), 9, ptr + 5), SUCCESS);
-    assert_eq!(ordinal, 0);
-    let mut range_size = 0usize;
-    assert_eq!(call!(sim, "cuPointerGetAttribute", fn(*mut c_void, i32, u64), (&mut range_size as *mut usize).cast(), 12, ptr), SUCCESS);
-    assert_eq!(range_size as u64, ranges[3].1);
-    let mut ctx_attr = 0u64;
-    let mut current = 0u64;
-    call!(sim, "cuCtxGetCurrent", fn(*mut u64), &mut current);
-    assert_eq!(call!(sim, "cuPointerGetAttribute", fn(*mut c_void, i32, u64), (&mut ctx_attr as *mut u64).cast(), 1, ptr), SUCCESS);
-    assert_eq!(ctx_attr, current);
-    let host = 0u8;
-    assert_eq!(call!(sim, "cuPointerGetAttribute", fn(*mut c_void, i32, u64), (&mut ordinal as *mut i32).cast(), 9, &host as *const u8 as u64), INVALID_VALUE);
-    // Copies and sets are validated against live allocations.
-    let data = [7u8; 4096];
-    assert_eq!(call!(sim, "cuMemcpyHtoD_v2", fn(u64, *const c_void, usize), ptr, data.as_ptr().cast(), 100), SUCCESS);
-    assert_eq!(call!(sim, "cuMemcpyHtoD_v2", fn(u64, *const c_void, usize), ptr, data.as_ptr().cast(), 4096), INVALID_VALUE);
-    assert_eq!(call!(sim, "cuMemsetD32_v2", fn(u64, u32, usize), ptr, 1, 1000), SUCCESS);
-    assert_eq!(call!(sim, "cuMemsetD32_v2", fn(u64, u32, usize), ptr + 1, 1, 4), INVALID_VALUE, "misaligned");
-    assert_eq!(call!(sim, "cuMemcpyDtoD_v2", fn(u64, u64, usize), ranges[10].0, ranges[11].0, 5000), SUCCESS);
-    assert_eq!(call!(sim, "cuMemFree_v2", fn(u64), ptr + 8), INVALID_VALUE, "not a base address");
-    for (ptr, _) in &ranges {
-        free(&sim, *ptr);
-    }
-    assert_eq!(call!(sim, "cuMemFree_v2", fn(u64), ranges[0].0), INVALID_VALUE, "double free");
-    assert_eq!(mem_info(&sim).0, free0);
-    // OOM at capacity: exactly the free bytes fit, one more byte does not.
-    let whole = alloc(&sim, free0).unwrap();
-    assert_eq!(mem_info(&sim).0, 0);
-    assert_eq!(alloc(&sim, 1), Err(OUT_OF_MEMORY));
-    let mut managed = 0u64;
-    assert_eq!(call!(sim, "cuMemAllocManaged", fn(*mut u64, usize, u32), &mut managed, 4096, 1), OUT_OF_MEMORY);
-    free(&sim, whole);
-    assert_eq!(alloc(&sim, 2 << 30), Err(OUT_OF_MEMORY));
-    assert_eq!(alloc(&sim, 0), Err(INVALID_VALUE));
-    // Pitch and legacy 32-bit entry points.
-    let (mut pitched, mut pitch) = (0u64, 0usize);
-    assert_eq!(call!(sim, "cuMemAllocPitch_v2", fn(*mut u64, *mut usize, usize, usize, u32), &mut pitched, &mut pitch, 1000, 10, 4), SUCCESS);
-    assert_eq!(pitch, 1024);
-    assert_eq!(mem_info(&sim).0, free0 - 10240);
-    free(&sim, pitched);
-    let mut low = 0u32;
-    assert_eq!(call!(sim, "cuMemAlloc", fn(*mut u32, u32), &mut low, 4096), SUCCESS);
-    assert_ne!(low, 0);
-    assert_eq!(call!(sim, "cuMemFree", fn(u32), low), SUCCESS);
-    assert_eq!(mem_info(&sim).0, free0);
-});
+);
 
-isolated!(sixteen_threads, sixteen_threads_inner, [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_MEMORY", "16GiB")], {
-    let sim = Sim::load();
-    init(&sim);
-    let mut primary = 0u64;
-    assert_eq!(call!(sim, "cuDevicePrimaryCtxRetain", fn(*mut u64, i32), &mut primary, 0), SUCCESS);
-    assert_eq!(call!(sim, "cuCtxSetCurrent", fn(u64), primary), SUCCESS);
-    let (free0, _) = mem_info(&sim);
-    let sim = std::sync::Arc::new(sim);
-    let live = std::sync::Arc::new(std::sync::Mutex::new(HashSet::new()));
-    let workers: Vec<_> = (0..16)
-        .map(|worker| {
-            let (sim, live) = (sim.clone(), live.clone());
-            std::thread::spawn(move || {
-                assert_eq!(call!(sim, "cuCtxSetCurrent", fn(u64), primary), SUCCESS);
-                let mut held = Vec::new();
-                for round in 0..200u64 {
-                    let ptr = alloc(&sim, 4096 + worker * 512 + round).expect("alloc");
-                    assert!(live.lock().unwrap().insert(ptr), "pointer handed out twice");
-                    held.push(ptr);
-                    if held.len() > 8 {
-                        let old = held.remove(0);
-                        live.lock().unwrap().remove(&old);
-                        free(&sim, old);
+isolated!(
+    sixteen_threads,
+    sixteen_threads_inner,
+    [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_MEMORY", "16GiB")],
+    {
+        let sim = Sim::load();
+        init(&sim);
+        let mut primary = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuDevicePrimaryCtxRetain",
+                fn(*mut u64, i32),
+                &mut primary,
+                0
+            ),
+            SUCCESS
+        );
+        assert_eq!(call!(sim, "cuCtxSetCurrent", fn(u64), primary), SUCCESS);
+        let (free0, _) = mem_info(&sim);
+        let sim = std::sync::Arc::new(sim);
+        let live = std::sync::Arc::new(std::sync::Mutex::new(HashSet::new()));
+        let workers: Vec<_> = (0..16)
+            .map(|worker| {
+                let (sim, live) = (sim.clone(), live.clone());
+                std::thread::spawn(move || {
+                    assert_eq!(call!(sim, "cuCtxSetCurrent", fn(u64), primary), SUCCESS);
+                    let mut held = Vec::new();
+                    for round in 0..200u64 {
+                        let ptr = alloc(&sim, 4096 + worker * 512 + round).expect("alloc");
+                        assert!(live.lock().unwrap().insert(ptr), "pointer handed out twice");
+                        held.push(ptr);
+                        if held.len() > 8 {
+                            let old = held.remove(0);
+                            live.lock().unwrap().remove(&old);
+                            free(&sim, old);
+                        }
                     }
-                }
-                for ptr in held {
-                    live.lock().unwrap().remove(&ptr);
-                    free(&sim, ptr);
-                }
+                    for ptr in held {
+                        live.lock().unwrap().remove(&ptr);
+                        free(&sim, ptr);
+                    }
+                })
             })
-        })
-        .collect();
-    for worker in workers {
-        worker.join().expect("worker");
+            .collect();
+        for worker in workers {
+            worker.join().expect("worker");
+        }
+        assert_eq!(mem_info(&sim).0, free0, "every byte came back");
     }
-    assert_eq!(mem_info(&sim).0, free0, "every byte came back");
-});
+);
 
 /// The child of `two_processes`: allocates the bytes it is told, says "ready", waits for stdin to close.
 #[test]
@@ -277,8 +652,19 @@ fn holder_child() {
 }
 
 fn spawn_holder(dir: &std::path::Path, bytes: u64) -> (std::process::Child, u32) {
-    let mut command = common::isolated_command("holder_child", &[("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_MEMORY", "8GiB"), ("VGPU_SIM_CONTEXT_OVERHEAD", "200MiB")], dir);
-    command.env("HOLD_BYTES", bytes.to_string()).stdin(Stdio::piped()).stdout(Stdio::piped());
+    let mut command = common::isolated_command(
+        "holder_child",
+        &[
+            ("VGPU_SIM_GPUS", "1"),
+            ("VGPU_SIM_MEMORY", "8GiB"),
+            ("VGPU_SIM_CONTEXT_OVERHEAD", "200MiB"),
+        ],
+        dir,
+    );
+    command
+        .env("HOLD_BYTES", bytes.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
     let mut child = command.spawn().expect("spawn holder");
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
@@ -296,12 +682,24 @@ fn spawn_holder(dir: &std::path::Path, bytes: u64) -> (std::process::Child, u32)
 fn two_processes_see_each_other_and_dead_ones_are_reclaimed() {
     // The parent side runs in its own child too, so that its state file is the holder's.
     let dir = tempfile::tempdir().unwrap();
-    let output = common::isolated_command("two_processes_parent", &[("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_MEMORY", "8GiB"), ("VGPU_SIM_CONTEXT_OVERHEAD", "200MiB")], dir.path())
-        .env("SIM_DIR", dir.path())
-        .output()
-        .unwrap();
+    let output = common::isolated_command(
+        "two_processes_parent",
+        &[
+            ("VGPU_SIM_GPUS", "1"),
+            ("VGPU_SIM_MEMORY", "8GiB"),
+            ("VGPU_SIM_CONTEXT_OVERHEAD", "200MiB"),
+        ],
+        dir.path(),
+    )
+    .env("SIM_DIR", dir.path())
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success() && stdout.contains("1 passed"), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 #[test]
@@ -318,11 +716,24 @@ fn two_processes_parent() {
     assert_eq!(free_alone, (8 << 30) - 200 * MIB);
     let (mut child, pid) = spawn_holder(&dir, 1 << 30);
     let (free_shared, _) = mem_info(&sim);
-    assert_eq!(free_shared, free_alone - (1 << 30) - 200 * MIB, "the other process's allocation and context are visible");
+    assert_eq!(
+        free_shared,
+        free_alone - (1 << 30) - 200 * MIB,
+        "the other process's allocation and context are visible"
+    );
     // NVML sees both processes with their bytes.
     assert_eq!(call!(sim, "nvmlInit_v2", fn()), 0);
     let mut handle: *const c_void = std::ptr::null();
-    assert_eq!(call!(sim, "nvmlDeviceGetHandleByIndex_v2", fn(u32, *mut *const c_void), 0, &mut handle), 0);
+    assert_eq!(
+        call!(
+            sim,
+            "nvmlDeviceGetHandleByIndex_v2",
+            fn(u32, *mut *const c_void),
+            0,
+            &mut handle
+        ),
+        0
+    );
     #[repr(C)]
     #[derive(Clone, Copy, Default)]
     struct Info {
@@ -333,439 +744,1352 @@ fn two_processes_parent() {
     }
     let mut infos = [Info::default(); 8];
     let mut count = 8u32;
-    assert_eq!(call!(sim, "nvmlDeviceGetComputeRunningProcesses_v3", fn(*const c_void, *mut u32, *mut Info), handle, &mut count, infos.as_mut_ptr()), 0);
+    assert_eq!(
+        call!(
+            sim,
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            fn(*const c_void, *mut u32, *mut Info),
+            handle,
+            &mut count,
+            infos.as_mut_ptr()
+        ),
+        0
+    );
     assert_eq!(count, 2);
-    let theirs = infos[..2].iter().find(|info| info.pid == pid).expect("child listed");
+    let theirs = infos[..2]
+        .iter()
+        .find(|info| info.pid == pid)
+        .expect("child listed");
     assert_eq!(theirs.used, (1 << 30) + 200 * MIB);
-    let mine = infos[..2].iter().find(|info| info.pid == std::process::id()).expect("parent listed");
+    let mine = infos[..2]
+        .iter()
+        .find(|info| info.pid == std::process::id())
+        .expect("parent listed");
     assert_eq!(mine.used, 200 * MIB);
     // Killed without any cleanup: its memory comes back.
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(mem_info(&sim).0, free_alone, "dead process reclaimed");
     count = 8;
-    assert_eq!(call!(sim, "nvmlDeviceGetComputeRunningProcesses_v3", fn(*const c_void, *mut u32, *mut Info), handle, &mut count, infos.as_mut_ptr()), 0);
+    assert_eq!(
+        call!(
+            sim,
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            fn(*const c_void, *mut u32, *mut Info),
+            handle,
+            &mut count,
+            infos.as_mut_ptr()
+        ),
+        0
+    );
     assert_eq!(count, 1);
 }
 
-isolated!(virtual_memory_management, virtual_memory_management_inner, [("VGPU_SIM_GPUS", "2"), ("VGPU_SIM_MEMORY", "4GiB"), ("VGPU_SIM_CONTEXT_OVERHEAD", "0")], {
-    #[repr(C)]
-    struct Prop {
-        kind: i32,
-        handle_types: i32,
-        location_type: i32,
-        location_id: i32,
-        win32: *mut c_void,
-        flags: [u8; 8],
+isolated!(
+    virtual_memory_management,
+    virtual_memory_management_inner,
+    [
+        ("VGPU_SIM_GPUS", "2"),
+        ("VGPU_SIM_MEMORY", "4GiB"),
+        ("VGPU_SIM_CONTEXT_OVERHEAD", "0")
+    ],
+    {
+        #[repr(C)]
+        struct Prop {
+            kind: i32,
+            handle_types: i32,
+            location_type: i32,
+            location_id: i32,
+            win32: *mut c_void,
+            flags: [u8; 8],
+        }
+        #[repr(C)]
+        struct Access {
+            location_type: i32,
+            location_id: i32,
+            flags: i32,
+        }
+        let sim = Sim::load();
+        init(&sim);
+        create_context(&sim, 0);
+        let prop = Prop {
+            kind: 1,
+            handle_types: 0,
+            location_type: 1,
+            location_id: 1,
+            win32: std::ptr::null_mut(),
+            flags: [0; 8],
+        };
+        let mut granularity = 0usize;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemGetAllocationGranularity",
+                fn(*mut usize, *const Prop, i32),
+                &mut granularity,
+                &prop,
+                0
+            ),
+            SUCCESS
+        );
+        assert_eq!(granularity, 2 << 20);
+        let bad = Prop {
+            location_id: 7,
+            ..prop
+        };
+        assert_ne!(
+            call!(
+                sim,
+                "cuMemGetAllocationGranularity",
+                fn(*mut usize, *const Prop, i32),
+                &mut granularity,
+                &bad,
+                0
+            ),
+            SUCCESS
+        );
+        let mut handle = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemCreate",
+                fn(*mut u64, usize, *const Prop, u64),
+                &mut handle,
+                4096,
+                &prop,
+                0
+            ),
+            INVALID_VALUE,
+            "unaligned size"
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemCreate",
+                fn(*mut u64, usize, *const Prop, u64),
+                &mut handle,
+                8 << 20,
+                &prop,
+                0
+            ),
+            SUCCESS
+        );
+        // Charged on device 1 (the prop's location), seen from a context there.
+        create_context(&sim, 1);
+        assert_eq!(mem_info(&sim).0, (4 << 30) - (8 << 20));
+        let mut va = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemAddressReserve",
+                fn(*mut u64, usize, usize, u64, u64),
+                &mut va,
+                16 << 20,
+                0,
+                0,
+                0
+            ),
+            SUCCESS
+        );
+        assert_eq!(va % (2 << 20), 0);
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemMap",
+                fn(u64, usize, usize, u64, u64),
+                va,
+                8 << 20,
+                0,
+                handle,
+                0
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemMap",
+                fn(u64, usize, usize, u64, u64),
+                va + (2 << 20),
+                2 << 20,
+                0,
+                handle,
+                0
+            ),
+            INVALID_VALUE,
+            "overlapping map"
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemMap",
+                fn(u64, usize, usize, u64, u64),
+                va + (8 << 20),
+                4 << 20,
+                6 << 20,
+                handle,
+                0
+            ),
+            INVALID_VALUE,
+            "past the handle's end"
+        );
+        let access = Access {
+            location_type: 1,
+            location_id: 1,
+            flags: 3,
+        };
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemSetAccess",
+                fn(u64, usize, *const Access, usize),
+                va,
+                8 << 20,
+                &access,
+                1
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemSetAccess",
+                fn(u64, usize, *const Access, usize),
+                va,
+                16 << 20,
+                &access,
+                1
+            ),
+            INVALID_VALUE,
+            "unmapped tail"
+        );
+        let data = [1u8; 64];
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemcpyHtoD_v2",
+                fn(u64, *const c_void, usize),
+                va + 100,
+                data.as_ptr().cast(),
+                64
+            ),
+            SUCCESS
+        );
+        let mut retained = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemRetainAllocationHandle",
+                fn(*mut u64, *mut c_void),
+                &mut retained,
+                (va + 4096) as *mut c_void
+            ),
+            SUCCESS
+        );
+        assert_eq!(retained, handle);
+        assert_eq!(
+            call!(sim, "cuMemAddressFree", fn(u64, usize), va, 16 << 20),
+            INVALID_VALUE,
+            "still mapped"
+        );
+        assert_eq!(
+            call!(sim, "cuMemUnmap", fn(u64, usize), va, 8 << 20),
+            SUCCESS
+        );
+        assert_eq!(call!(sim, "cuMemRelease", fn(u64), handle), SUCCESS);
+        assert_eq!(
+            mem_info(&sim).0,
+            (4 << 30) - (8 << 20),
+            "the retained reference keeps it"
+        );
+        assert_eq!(call!(sim, "cuMemRelease", fn(u64), retained), SUCCESS);
+        assert_eq!(mem_info(&sim).0, 4 << 30, "released and unmapped: freed");
+        assert_eq!(call!(sim, "cuMemRelease", fn(u64), handle), INVALID_VALUE);
+        assert_eq!(
+            call!(sim, "cuMemAddressFree", fn(u64, usize), va, 16 << 20),
+            SUCCESS
+        );
     }
-    #[repr(C)]
-    struct Access {
-        location_type: i32,
-        location_id: i32,
-        flags: i32,
-    }
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
-    let prop = Prop { kind: 1, handle_types: 0, location_type: 1, location_id: 1, win32: std::ptr::null_mut(), flags: [0; 8] };
-    let mut granularity = 0usize;
-    assert_eq!(call!(sim, "cuMemGetAllocationGranularity", fn(*mut usize, *const Prop, i32), &mut granularity, &prop, 0), SUCCESS);
-    assert_eq!(granularity, 2 << 20);
-    let bad = Prop { location_id: 7, ..prop };
-    assert_ne!(call!(sim, "cuMemGetAllocationGranularity", fn(*mut usize, *const Prop, i32), &mut granularity, &bad, 0), SUCCESS);
-    let mut handle = 0u64;
-    assert_eq!(call!(sim, "cuMemCreate", fn(*mut u64, usize, *const Prop, u64), &mut handle, 4096, &prop, 0), INVALID_VALUE, "unaligned size");
-    assert_eq!(call!(sim, "cuMemCreate", fn(*mut u64, usize, *const Prop, u64), &mut handle, 8 << 20, &prop, 0), SUCCESS);
-    // Charged on device 1 (the prop's location), seen from a context there.
-    create_context(&sim, 1);
-    assert_eq!(mem_info(&sim).0, (4 << 30) - (8 << 20));
-    let mut va = 0u64;
-    assert_eq!(call!(sim, "cuMemAddressReserve", fn(*mut u64, usize, usize, u64, u64), &mut va, 16 << 20, 0, 0, 0), SUCCESS);
-    assert_eq!(va % (2 << 20), 0);
-    assert_eq!(call!(sim, "cuMemMap", fn(u64, usize, usize, u64, u64), va, 8 << 20, 0, handle, 0), SUCCESS);
-    assert_eq!(call!(sim, "cuMemMap", fn(u64, usize, usize, u64, u64), va + (2 << 20), 2 << 20, 0, handle, 0), INVALID_VALUE, "overlapping map");
-    assert_eq!(call!(sim, "cuMemMap", fn(u64, usize, usize, u64, u64), va + (8 << 20), 4 << 20, 6 << 20, handle, 0), INVALID_VALUE, "past the handle's end");
-    let access = Access { location_type: 1, location_id: 1, flags: 3 };
-    assert_eq!(call!(sim, "cuMemSetAccess", fn(u64, usize, *const Access, usize), va, 8 << 20, &access, 1), SUCCESS);
-    assert_eq!(call!(sim, "cuMemSetAccess", fn(u64, usize, *const Access, usize), va, 16 << 20, &access, 1), INVALID_VALUE, "unmapped tail");
-    let data = [1u8; 64];
-    assert_eq!(call!(sim, "cuMemcpyHtoD_v2", fn(u64, *const c_void, usize), va + 100, data.as_ptr().cast(), 64), SUCCESS);
-    let mut retained = 0u64;
-    assert_eq!(call!(sim, "cuMemRetainAllocationHandle", fn(*mut u64, *mut c_void), &mut retained, (va + 4096) as *mut c_void), SUCCESS);
-    assert_eq!(retained, handle);
-    assert_eq!(call!(sim, "cuMemAddressFree", fn(u64, usize), va, 16 << 20), INVALID_VALUE, "still mapped");
-    assert_eq!(call!(sim, "cuMemUnmap", fn(u64, usize), va, 8 << 20), SUCCESS);
-    assert_eq!(call!(sim, "cuMemRelease", fn(u64), handle), SUCCESS);
-    assert_eq!(mem_info(&sim).0, (4 << 30) - (8 << 20), "the retained reference keeps it");
-    assert_eq!(call!(sim, "cuMemRelease", fn(u64), retained), SUCCESS);
-    assert_eq!(mem_info(&sim).0, 4 << 30, "released and unmapped: freed");
-    assert_eq!(call!(sim, "cuMemRelease", fn(u64), handle), INVALID_VALUE);
-    assert_eq!(call!(sim, "cuMemAddressFree", fn(u64, usize), va, 16 << 20), SUCCESS);
-});
+);
 
-isolated!(memory_pools, memory_pools_inner, [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_MEMORY", "4GiB"), ("VGPU_SIM_CONTEXT_OVERHEAD", "0")], {
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
-    let attr = |pool: u64, attribute: i32| -> u64 {
-        let mut value = 0u64;
-        assert_eq!(call!(sim, "cuMemPoolGetAttribute", fn(u64, i32, *mut c_void), pool, attribute, (&mut value as *mut u64).cast()), SUCCESS);
-        value
-    };
-    let mut pool = 0u64;
-    assert_eq!(call!(sim, "cuDeviceGetDefaultMemPool", fn(*mut u64, i32), &mut pool, 0), SUCCESS);
-    let mut current_pool = 0u64;
-    assert_eq!(call!(sim, "cuDeviceGetMemPool", fn(*mut u64, i32), &mut current_pool, 0), SUCCESS);
-    assert_eq!(pool, current_pool);
-    assert_eq!(attr(pool, 4), 0, "default release threshold");
-    let mut ptr = 0u64;
-    assert_eq!(call!(sim, "cuMemAllocAsync", fn(*mut u64, usize, u64), &mut ptr, 5 << 20, 0), SUCCESS);
-    assert_eq!((attr(pool, 5), attr(pool, 7)), (6 << 20, 5 << 20), "reserved in 2 MiB steps");
-    assert_eq!(mem_info(&sim).0, (4 << 30) - (6 << 20));
-    assert_eq!(call!(sim, "cuMemFreeAsync", fn(u64, u64), ptr, 0), SUCCESS);
-    assert_eq!((attr(pool, 5), attr(pool, 7)), (6 << 20, 0), "freed memory stays reserved");
-    assert_eq!(mem_info(&sim).0, (4 << 30) - (6 << 20), "and is still used on the card");
-    // With a high threshold a synchronize keeps it; trimming gives it back.
-    let mut keep = u64::MAX;
-    assert_eq!(call!(sim, "cuMemPoolSetAttribute", fn(u64, i32, *mut c_void), pool, 4, (&mut keep as *mut u64).cast()), SUCCESS);
-    assert_eq!(call!(sim, "cuStreamSynchronize", fn(u64), 0), SUCCESS);
-    assert_eq!(attr(pool, 5), 6 << 20);
-    assert_eq!(call!(sim, "cuMemPoolTrimTo", fn(u64, usize), pool, 0), SUCCESS);
-    assert_eq!(attr(pool, 5), 0);
-    assert_eq!(mem_info(&sim).0, 4 << 30);
-    // Threshold 0: the next synchronize releases idle memory.
-    let mut zero = 0u64;
-    assert_eq!(call!(sim, "cuMemPoolSetAttribute", fn(u64, i32, *mut c_void), pool, 4, (&mut zero as *mut u64).cast()), SUCCESS);
-    assert_eq!(call!(sim, "cuMemAllocAsync", fn(*mut u64, usize, u64), &mut ptr, 3 << 20, 0), SUCCESS);
-    assert_eq!(call!(sim, "cuMemFreeAsync", fn(u64, u64), ptr, 0), SUCCESS);
-    assert_eq!(attr(pool, 5), 4 << 20);
-    assert_eq!(call!(sim, "cuCtxSynchronize", fn()), SUCCESS);
-    assert_eq!(attr(pool, 5), 0);
-    assert_eq!(attr(pool, 6), 6 << 20, "high-water mark");
-    assert_eq!(call!(sim, "cuMemPoolSetAttribute", fn(u64, i32, *mut c_void), pool, 6, (&mut zero as *mut u64).cast()), SUCCESS);
-    assert_eq!(attr(pool, 6), 0);
-    // An explicit pool.
-    #[repr(C)]
-    struct Props {
-        alloc_type: i32,
-        handle_types: i32,
-        location_type: i32,
-        location_id: i32,
-        win32: *mut c_void,
-        max_size: usize,
-        usage: u16,
-        reserved: [u8; 54],
+isolated!(
+    memory_pools,
+    memory_pools_inner,
+    [
+        ("VGPU_SIM_GPUS", "1"),
+        ("VGPU_SIM_MEMORY", "4GiB"),
+        ("VGPU_SIM_CONTEXT_OVERHEAD", "0")
+    ],
+    {
+        let sim = Sim::load();
+        init(&sim);
+        create_context(&sim, 0);
+        let attr = |pool: u64, attribute: i32| -> u64 {
+            let mut value = 0u64;
+            assert_eq!(
+                call!(
+                    sim,
+                    "cuMemPoolGetAttribute",
+                    fn(u64, i32, *mut c_void),
+                    pool,
+                    attribute,
+                    (&mut value as *mut u64).cast()
+                ),
+                SUCCESS
+            );
+            value
+        };
+        let mut pool = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuDeviceGetDefaultMemPool",
+                fn(*mut u64, i32),
+                &mut pool,
+                0
+            ),
+            SUCCESS
+        );
+        let mut current_pool = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuDeviceGetMemPool",
+                fn(*mut u64, i32),
+                &mut current_pool,
+                0
+            ),
+            SUCCESS
+        );
+        assert_eq!(pool, current_pool);
+        assert_eq!(attr(pool, 4), 0, "default release threshold");
+        let mut ptr = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemAllocAsync",
+                fn(*mut u64, usize, u64),
+                &mut ptr,
+                5 << 20,
+                0
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            (attr(pool, 5), attr(pool, 7)),
+            (6 << 20, 5 << 20),
+            "reserved in 2 MiB steps"
+        );
+        assert_eq!(mem_info(&sim).0, (4 << 30) - (6 << 20));
+        assert_eq!(call!(sim, "cuMemFreeAsync", fn(u64, u64), ptr, 0), SUCCESS);
+        assert_eq!(
+            (attr(pool, 5), attr(pool, 7)),
+            (6 << 20, 0),
+            "freed memory stays reserved"
+        );
+        assert_eq!(
+            mem_info(&sim).0,
+            (4 << 30) - (6 << 20),
+            "and is still used on the card"
+        );
+        // With a high threshold a synchronize keeps it; trimming gives it back.
+        let mut keep = u64::MAX;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemPoolSetAttribute",
+                fn(u64, i32, *mut c_void),
+                pool,
+                4,
+                (&mut keep as *mut u64).cast()
+            ),
+            SUCCESS
+        );
+        assert_eq!(call!(sim, "cuStreamSynchronize", fn(u64), 0), SUCCESS);
+        assert_eq!(attr(pool, 5), 6 << 20);
+        assert_eq!(
+            call!(sim, "cuMemPoolTrimTo", fn(u64, usize), pool, 0),
+            SUCCESS
+        );
+        assert_eq!(attr(pool, 5), 0);
+        assert_eq!(mem_info(&sim).0, 4 << 30);
+        // Threshold 0: the next synchronize releases idle memory.
+        let mut zero = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemPoolSetAttribute",
+                fn(u64, i32, *mut c_void),
+                pool,
+                4,
+                (&mut zero as *mut u64).cast()
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemAllocAsync",
+                fn(*mut u64, usize, u64),
+                &mut ptr,
+                3 << 20,
+                0
+            ),
+            SUCCESS
+        );
+        assert_eq!(call!(sim, "cuMemFreeAsync", fn(u64, u64), ptr, 0), SUCCESS);
+        assert_eq!(attr(pool, 5), 4 << 20);
+        assert_eq!(call!(sim, "cuCtxSynchronize", fn()), SUCCESS);
+        assert_eq!(attr(pool, 5), 0);
+        assert_eq!(attr(pool, 6), 6 << 20, "high-water mark");
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemPoolSetAttribute",
+                fn(u64, i32, *mut c_void),
+                pool,
+                6,
+                (&mut zero as *mut u64).cast()
+            ),
+            SUCCESS
+        );
+        assert_eq!(attr(pool, 6), 0);
+        // An explicit pool.
+        #[repr(C)]
+        struct Props {
+            alloc_type: i32,
+            handle_types: i32,
+            location_type: i32,
+            location_id: i32,
+            win32: *mut c_void,
+            max_size: usize,
+            usage: u16,
+            reserved: [u8; 54],
+        }
+        let props = Props {
+            alloc_type: 1,
+            handle_types: 0,
+            location_type: 1,
+            location_id: 0,
+            win32: std::ptr::null_mut(),
+            max_size: 0,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        let mut mine = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemPoolCreate",
+                fn(*mut u64, *const Props),
+                &mut mine,
+                &props
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemAllocFromPoolAsync",
+                fn(*mut u64, usize, u64, u64),
+                &mut ptr,
+                1 << 20,
+                mine,
+                0
+            ),
+            SUCCESS
+        );
+        let mut owner = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuPointerGetAttribute",
+                fn(*mut c_void, i32, u64),
+                (&mut owner as *mut u64).cast(),
+                17,
+                ptr
+            ),
+            SUCCESS
+        );
+        assert_eq!(owner, mine);
+        assert_eq!(mem_info(&sim).0, (4 << 30) - (2 << 20));
+        assert_eq!(call!(sim, "cuMemPoolDestroy", fn(u64), mine), SUCCESS);
+        assert_eq!(
+            mem_info(&sim).0,
+            4 << 30,
+            "destroying a pool returns its memory"
+        );
+        assert_eq!(
+            call!(sim, "cuMemPoolDestroy", fn(u64), pool),
+            INVALID_VALUE,
+            "the default pool stays"
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuMemAllocAsync",
+                fn(*mut u64, usize, u64),
+                &mut ptr,
+                8 << 30,
+                0
+            ),
+            OUT_OF_MEMORY
+        );
     }
-    let props = Props { alloc_type: 1, handle_types: 0, location_type: 1, location_id: 0, win32: std::ptr::null_mut(), max_size: 0, usage: 0, reserved: [0; 54] };
-    let mut mine = 0u64;
-    assert_eq!(call!(sim, "cuMemPoolCreate", fn(*mut u64, *const Props), &mut mine, &props), SUCCESS);
-    assert_eq!(call!(sim, "cuMemAllocFromPoolAsync", fn(*mut u64, usize, u64, u64), &mut ptr, 1 << 20, mine, 0), SUCCESS);
-    let mut owner = 0u64;
-    assert_eq!(call!(sim, "cuPointerGetAttribute", fn(*mut c_void, i32, u64), (&mut owner as *mut u64).cast(), 17, ptr), SUCCESS);
-    assert_eq!(owner, mine);
-    assert_eq!(mem_info(&sim).0, (4 << 30) - (2 << 20));
-    assert_eq!(call!(sim, "cuMemPoolDestroy", fn(u64), mine), SUCCESS);
-    assert_eq!(mem_info(&sim).0, 4 << 30, "destroying a pool returns its memory");
-    assert_eq!(call!(sim, "cuMemPoolDestroy", fn(u64), pool), INVALID_VALUE, "the default pool stays");
-    assert_eq!(call!(sim, "cuMemAllocAsync", fn(*mut u64, usize, u64), &mut ptr, 8 << 30, 0), OUT_OF_MEMORY);
-});
+);
 
-isolated!(arrays_are_charged, arrays_are_charged_inner, [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_MEMORY", "1GiB"), ("VGPU_SIM_CONTEXT_OVERHEAD", "0")], {
-    #[repr(C)]
-    struct Desc {
-        width: usize,
-        height: usize,
-        format: u32,
-        channels: u32,
+isolated!(
+    arrays_are_charged,
+    arrays_are_charged_inner,
+    [
+        ("VGPU_SIM_GPUS", "1"),
+        ("VGPU_SIM_MEMORY", "1GiB"),
+        ("VGPU_SIM_CONTEXT_OVERHEAD", "0")
+    ],
+    {
+        #[repr(C)]
+        struct Desc {
+            width: usize,
+            height: usize,
+            format: u32,
+            channels: u32,
+        }
+        #[repr(C)]
+        struct Desc3 {
+            width: usize,
+            height: usize,
+            depth: usize,
+            format: u32,
+            channels: u32,
+            flags: u32,
+        }
+        let sim = Sim::load();
+        init(&sim);
+        create_context(&sim, 0);
+        let total = 1u64 << 30;
+        let mut array = 0u64;
+        // 64 x 64 float4: 64 KiB.
+        assert_eq!(
+            call!(
+                sim,
+                "cuArrayCreate_v2",
+                fn(*mut u64, *const Desc),
+                &mut array,
+                &Desc {
+                    width: 64,
+                    height: 64,
+                    format: 0x20,
+                    channels: 4
+                }
+            ),
+            SUCCESS
+        );
+        assert_eq!(mem_info(&sim).0, total - 65536);
+        assert_eq!(
+            call!(
+                sim,
+                "cuArrayCreate_v2",
+                fn(*mut u64, *const Desc),
+                &mut array,
+                &Desc {
+                    width: 64,
+                    height: 64,
+                    format: 0x77,
+                    channels: 4
+                }
+            ),
+            INVALID_VALUE,
+            "unknown format"
+        );
+        let mut cube = 0u64;
+        // 100 x 10 x 10 of uint16 x2: 40000 bytes, charged rounded to 512.
+        assert_eq!(
+            call!(
+                sim,
+                "cuArray3DCreate_v2",
+                fn(*mut u64, *const Desc3),
+                &mut cube,
+                &Desc3 {
+                    width: 100,
+                    height: 10,
+                    depth: 10,
+                    format: 0x02,
+                    channels: 2,
+                    flags: 0
+                }
+            ),
+            SUCCESS
+        );
+        assert_eq!(mem_info(&sim).0, total - 65536 - 40448);
+        let mut mip = 0u64;
+        // 256 x 256 uint8 x1 with 3 levels: 65536 + 16384 + 4096.
+        assert_eq!(
+            call!(
+                sim,
+                "cuMipmappedArrayCreate",
+                fn(*mut u64, *const Desc3, u32),
+                &mut mip,
+                &Desc3 {
+                    width: 256,
+                    height: 256,
+                    depth: 0,
+                    format: 0x01,
+                    channels: 1,
+                    flags: 0
+                },
+                3
+            ),
+            SUCCESS
+        );
+        assert_eq!(mem_info(&sim).0, total - 65536 - 40448 - 86016);
+        assert_eq!(
+            call!(sim, "cuArrayDestroy", fn(u64), mip),
+            INVALID_HANDLE,
+            "a mipmap is not an array"
+        );
+        assert_eq!(call!(sim, "cuMipmappedArrayDestroy", fn(u64), mip), SUCCESS);
+        assert_eq!(call!(sim, "cuArrayDestroy", fn(u64), cube), SUCCESS);
+        assert_eq!(call!(sim, "cuArrayDestroy", fn(u64), array), SUCCESS);
+        assert_eq!(call!(sim, "cuArrayDestroy", fn(u64), array), INVALID_HANDLE);
+        assert_eq!(mem_info(&sim).0, total);
     }
-    #[repr(C)]
-    struct Desc3 {
-        width: usize,
-        height: usize,
-        depth: usize,
-        format: u32,
-        channels: u32,
-        flags: u32,
-    }
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
-    let total = 1u64 << 30;
-    let mut array = 0u64;
-    // 64 x 64 float4: 64 KiB.
-    assert_eq!(call!(sim, "cuArrayCreate_v2", fn(*mut u64, *const Desc), &mut array, &Desc { width: 64, height: 64, format: 0x20, channels: 4 }), SUCCESS);
-    assert_eq!(mem_info(&sim).0, total - 65536);
-    assert_eq!(call!(sim, "cuArrayCreate_v2", fn(*mut u64, *const Desc), &mut array, &Desc { width: 64, height: 64, format: 0x77, channels: 4 }), INVALID_VALUE, "unknown format");
-    let mut cube = 0u64;
-    // 100 x 10 x 10 of uint16 x2: 40000 bytes, charged rounded to 512.
-    assert_eq!(call!(sim, "cuArray3DCreate_v2", fn(*mut u64, *const Desc3), &mut cube, &Desc3 { width: 100, height: 10, depth: 10, format: 0x02, channels: 2, flags: 0 }), SUCCESS);
-    assert_eq!(mem_info(&sim).0, total - 65536 - 40448);
-    let mut mip = 0u64;
-    // 256 x 256 uint8 x1 with 3 levels: 65536 + 16384 + 4096.
-    assert_eq!(call!(sim, "cuMipmappedArrayCreate", fn(*mut u64, *const Desc3, u32), &mut mip, &Desc3 { width: 256, height: 256, depth: 0, format: 0x01, channels: 1, flags: 0 }, 3), SUCCESS);
-    assert_eq!(mem_info(&sim).0, total - 65536 - 40448 - 86016);
-    assert_eq!(call!(sim, "cuArrayDestroy", fn(u64), mip), INVALID_HANDLE, "a mipmap is not an array");
-    assert_eq!(call!(sim, "cuMipmappedArrayDestroy", fn(u64), mip), SUCCESS);
-    assert_eq!(call!(sim, "cuArrayDestroy", fn(u64), cube), SUCCESS);
-    assert_eq!(call!(sim, "cuArrayDestroy", fn(u64), array), SUCCESS);
-    assert_eq!(call!(sim, "cuArrayDestroy", fn(u64), array), INVALID_HANDLE);
-    assert_eq!(mem_info(&sim).0, total);
-});
+);
 
 const PTX: &[u8] = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k_100us()\n{\n ret;\n}\n.visible .entry k_20ms()\n{\n ret;\n}\n.visible .entry plain()\n{\n ret;\n}\n\0";
 
 fn load_functions(sim: &Sim) -> (u64, u64, u64) {
     let mut module = 0u64;
-    assert_eq!(call!(sim, "cuModuleLoadData", fn(*mut u64, *const c_void), &mut module, PTX.as_ptr().cast()), SUCCESS);
+    assert_eq!(
+        call!(
+            sim,
+            "cuModuleLoadData",
+            fn(*mut u64, *const c_void),
+            &mut module,
+            PTX.as_ptr().cast()
+        ),
+        SUCCESS
+    );
     let get = |name: &CStr| {
         let mut function = 0u64;
-        assert_eq!(call!(sim, "cuModuleGetFunction", fn(*mut u64, u64, *const c_char), &mut function, module, name.as_ptr()), SUCCESS);
+        assert_eq!(
+            call!(
+                sim,
+                "cuModuleGetFunction",
+                fn(*mut u64, u64, *const c_char),
+                &mut function,
+                module,
+                name.as_ptr()
+            ),
+            SUCCESS
+        );
         function
     };
     let mut missing = 0u64;
-    assert_eq!(call!(sim, "cuModuleGetFunction", fn(*mut u64, u64, *const c_char), &mut missing, module, c"nope".as_ptr()), NOT_FOUND);
+    assert_eq!(
+        call!(
+            sim,
+            "cuModuleGetFunction",
+            fn(*mut u64, u64, *const c_char),
+            &mut missing,
+            module,
+            c"nope".as_ptr()
+        ),
+        NOT_FOUND
+    );
     (get(c"k_100us"), get(c"k_20ms"), get(c"plain"))
 }
 
 fn launch(sim: &Sim, function: u64, stream: u64) -> i32 {
-    call!(sim, "cuLaunchKernel", fn(u64, u32, u32, u32, u32, u32, u32, u32, u64, *mut *mut c_void, *mut *mut c_void), function, 8, 1, 1, 128, 1, 1, 0, stream, std::ptr::null_mut(), std::ptr::null_mut())
+    call!(
+        sim,
+        "cuLaunchKernel",
+        fn(u64, u32, u32, u32, u32, u32, u32, u32, u64, *mut *mut c_void, *mut *mut c_void),
+        function,
+        8,
+        1,
+        1,
+        128,
+        1,
+        1,
+        0,
+        stream,
+        std::ptr::null_mut(),
+        std::ptr::null_mut()
+    )
 }
 
-isolated!(simulated_kernel_time, simulated_kernel_time_inner, [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_KERNEL_NS", "50000")], {
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
-    let (k100us, k20ms, plain) = load_functions(&sim);
-    let mut stream = 0u64;
-    assert_eq!(call!(sim, "cuStreamCreate", fn(*mut u64, u32), &mut stream, 1), SUCCESS);
-    let (mut start, mut end) = (0u64, 0u64);
-    assert_eq!(call!(sim, "cuEventCreate", fn(*mut u64, u32), &mut start, 0), SUCCESS);
-    assert_eq!(call!(sim, "cuEventCreate", fn(*mut u64, u32), &mut end, 0), SUCCESS);
-    let mut ms = 0f32;
-    assert_eq!(call!(sim, "cuEventElapsedTime", fn(*mut f32, u64, u64), &mut ms, start, end), INVALID_HANDLE, "not recorded");
-    assert_eq!(call!(sim, "cuEventQuery", fn(u64), end), SUCCESS, "an unrecorded event is complete");
-    // 100 launches of a 100 us kernel: 10 ms of simulated time.
-    let wall = Instant::now();
-    assert_eq!(call!(sim, "cuEventRecord", fn(u64, u64), start, stream), SUCCESS);
-    for _ in 0..100 {
-        assert_eq!(launch(&sim, k100us, stream), SUCCESS);
+isolated!(
+    simulated_kernel_time,
+    simulated_kernel_time_inner,
+    [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_KERNEL_NS", "50000")],
+    {
+        let sim = Sim::load();
+        init(&sim);
+        create_context(&sim, 0);
+        let (k100us, k20ms, plain) = load_functions(&sim);
+        let mut stream = 0u64;
+        assert_eq!(
+            call!(sim, "cuStreamCreate", fn(*mut u64, u32), &mut stream, 1),
+            SUCCESS
+        );
+        let (mut start, mut end) = (0u64, 0u64);
+        assert_eq!(
+            call!(sim, "cuEventCreate", fn(*mut u64, u32), &mut start, 0),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuEventCreate", fn(*mut u64, u32), &mut end, 0),
+            SUCCESS
+        );
+        let mut ms = 0f32;
+        assert_eq!(
+            call!(
+                sim,
+                "cuEventElapsedTime",
+                fn(*mut f32, u64, u64),
+                &mut ms,
+                start,
+                end
+            ),
+            INVALID_HANDLE,
+            "not recorded"
+        );
+        assert_eq!(
+            call!(sim, "cuEventQuery", fn(u64), end),
+            SUCCESS,
+            "an unrecorded event is complete"
+        );
+        // 100 launches of a 100 us kernel: 10 ms of simulated time.
+        let wall = Instant::now();
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), start, stream),
+            SUCCESS
+        );
+        for _ in 0..100 {
+            assert_eq!(launch(&sim, k100us, stream), SUCCESS);
+        }
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), end, stream),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuEventElapsedTime",
+                fn(*mut f32, u64, u64),
+                &mut ms,
+                start,
+                end
+            ),
+            NOT_READY
+        );
+        assert_eq!(call!(sim, "cuEventQuery", fn(u64), end), NOT_READY);
+        assert_eq!(call!(sim, "cuStreamQuery", fn(u64), stream), NOT_READY);
+        assert_eq!(call!(sim, "cuEventSynchronize", fn(u64), end), SUCCESS);
+        assert!(
+            wall.elapsed().as_secs_f64() >= 0.010,
+            "synchronize waits for the simulated work"
+        );
+        assert_eq!(call!(sim, "cuEventQuery", fn(u64), end), SUCCESS);
+        assert_eq!(
+            call!(
+                sim,
+                "cuEventElapsedTime",
+                fn(*mut f32, u64, u64),
+                &mut ms,
+                start,
+                end
+            ),
+            SUCCESS
+        );
+        assert!(
+            (ms - 10.0).abs() < 1.0,
+            "elapsed {ms} ms, expected 10 ms within 10%"
+        );
+        // The env default for unsuffixed names, and a 20 ms kernel on the legacy stream.
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), start, stream),
+            SUCCESS
+        );
+        for _ in 0..20 {
+            assert_eq!(launch(&sim, plain, stream), SUCCESS);
+        }
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), end, stream),
+            SUCCESS
+        );
+        assert_eq!(call!(sim, "cuStreamSynchronize", fn(u64), stream), SUCCESS);
+        assert_eq!(
+            call!(
+                sim,
+                "cuEventElapsedTime",
+                fn(*mut f32, u64, u64),
+                &mut ms,
+                start,
+                end
+            ),
+            SUCCESS
+        );
+        assert!((ms - 1.0).abs() < 0.1, "20 x 50 us = 1 ms, got {ms}");
+        let wall = Instant::now();
+        assert_eq!(launch(&sim, k20ms, 0), SUCCESS);
+        assert_eq!(call!(sim, "cuCtxSynchronize", fn()), SUCCESS);
+        assert!(wall.elapsed().as_secs_f64() >= 0.019);
+        // Cross-stream ordering: a stream waiting on an event starts after it.
+        let mut other = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuStreamCreateWithPriority",
+                fn(*mut u64, u32, i32),
+                &mut other,
+                1,
+                -1
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), start, stream),
+            SUCCESS
+        );
+        assert_eq!(launch(&sim, k20ms, stream), SUCCESS);
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), end, stream),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuStreamWaitEvent", fn(u64, u64, u32), other, end, 0),
+            SUCCESS
+        );
+        assert_eq!(launch(&sim, k100us, other), SUCCESS);
+        let mut after = 0u64;
+        assert_eq!(
+            call!(sim, "cuEventCreate", fn(*mut u64, u32), &mut after, 0),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), after, other),
+            SUCCESS
+        );
+        assert_eq!(call!(sim, "cuEventSynchronize", fn(u64), after), SUCCESS);
+        assert_eq!(
+            call!(
+                sim,
+                "cuEventElapsedTime",
+                fn(*mut f32, u64, u64),
+                &mut ms,
+                start,
+                after
+            ),
+            SUCCESS
+        );
+        assert!((ms - 20.1).abs() < 1.0, "waited then ran: {ms}");
+        // Launch validation.
+        let bad_block = call!(
+            sim,
+            "cuLaunchKernel",
+            fn(u64, u32, u32, u32, u32, u32, u32, u32, u64, *mut *mut c_void, *mut *mut c_void),
+            k100us,
+            1,
+            1,
+            1,
+            2048,
+            1,
+            1,
+            0,
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut()
+        );
+        assert_eq!(bad_block, INVALID_VALUE);
+        assert_eq!(launch(&sim, 0x1234, 0), INVALID_HANDLE);
+        let mut threads = 0;
+        assert_eq!(
+            call!(
+                sim,
+                "cuFuncGetAttribute",
+                fn(*mut i32, i32, u64),
+                &mut threads,
+                0,
+                k100us
+            ),
+            SUCCESS
+        );
+        assert_eq!(threads, 1024);
+        // NVML utilization sees the busy card.
+        assert_eq!(call!(sim, "nvmlInit_v2", fn()), 0);
+        let mut handle: *const c_void = std::ptr::null();
+        assert_eq!(
+            call!(
+                sim,
+                "nvmlDeviceGetHandleByIndex_v2",
+                fn(u32, *mut *const c_void),
+                0,
+                &mut handle
+            ),
+            0
+        );
+        let mut rates = [0u32; 2];
+        assert_eq!(
+            call!(
+                sim,
+                "nvmlDeviceGetUtilizationRates",
+                fn(*const c_void, *mut [u32; 2]),
+                handle,
+                &mut rates
+            ),
+            0
+        );
+        assert!(
+            rates[0] >= 3 && rates[0] <= 100,
+            "about 52 ms busy in the last second: {}%",
+            rates[0]
+        );
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Sample {
+            pid: u32,
+            ts: u64,
+            sm: u32,
+            mem: u32,
+            enc: u32,
+            dec: u32,
+        }
+        let mut samples = [Sample::default(); 4];
+        let mut count = 4u32;
+        assert_eq!(
+            call!(
+                sim,
+                "nvmlDeviceGetProcessUtilization",
+                fn(*const c_void, *mut Sample, *mut u32, u64),
+                handle,
+                samples.as_mut_ptr(),
+                &mut count,
+                0
+            ),
+            0
+        );
+        assert_eq!(count, 1);
+        assert_eq!(samples[0].pid, std::process::id());
+        assert!(samples[0].sm > 0);
     }
-    assert_eq!(call!(sim, "cuEventRecord", fn(u64, u64), end, stream), SUCCESS);
-    assert_eq!(call!(sim, "cuEventElapsedTime", fn(*mut f32, u64, u64), &mut ms, start, end), NOT_READY);
-    assert_eq!(call!(sim, "cuEventQuery", fn(u64), end), NOT_READY);
-    assert_eq!(call!(sim, "cuStreamQuery", fn(u64), stream), NOT_READY);
-    assert_eq!(call!(sim, "cuEventSynchronize", fn(u64), end), SUCCESS);
-    assert!(wall.elapsed().as_secs_f64() >= 0.010, "synchronize waits for the simulated work");
-    assert_eq!(call!(sim, "cuEventQuery", fn(u64), end), SUCCESS);
-    assert_eq!(call!(sim, "cuEventElapsedTime", fn(*mut f32, u64, u64), &mut ms, start, end), SUCCESS);
-    assert!((ms - 10.0).abs() < 1.0, "elapsed {ms} ms, expected 10 ms within 10%");
-    // The env default for unsuffixed names, and a 20 ms kernel on the legacy stream.
-    assert_eq!(call!(sim, "cuEventRecord", fn(u64, u64), start, stream), SUCCESS);
-    for _ in 0..20 {
-        assert_eq!(launch(&sim, plain, stream), SUCCESS);
-    }
-    assert_eq!(call!(sim, "cuEventRecord", fn(u64, u64), end, stream), SUCCESS);
-    assert_eq!(call!(sim, "cuStreamSynchronize", fn(u64), stream), SUCCESS);
-    assert_eq!(call!(sim, "cuEventElapsedTime", fn(*mut f32, u64, u64), &mut ms, start, end), SUCCESS);
-    assert!((ms - 1.0).abs() < 0.1, "20 x 50 us = 1 ms, got {ms}");
-    let wall = Instant::now();
-    assert_eq!(launch(&sim, k20ms, 0), SUCCESS);
-    assert_eq!(call!(sim, "cuCtxSynchronize", fn()), SUCCESS);
-    assert!(wall.elapsed().as_secs_f64() >= 0.019);
-    // Cross-stream ordering: a stream waiting on an event starts after it.
-    let mut other = 0u64;
-    assert_eq!(call!(sim, "cuStreamCreateWithPriority", fn(*mut u64, u32, i32), &mut other, 1, -1), SUCCESS);
-    assert_eq!(call!(sim, "cuEventRecord", fn(u64, u64), start, stream), SUCCESS);
-    assert_eq!(launch(&sim, k20ms, stream), SUCCESS);
-    assert_eq!(call!(sim, "cuEventRecord", fn(u64, u64), end, stream), SUCCESS);
-    assert_eq!(call!(sim, "cuStreamWaitEvent", fn(u64, u64, u32), other, end, 0), SUCCESS);
-    assert_eq!(launch(&sim, k100us, other), SUCCESS);
-    let mut after = 0u64;
-    assert_eq!(call!(sim, "cuEventCreate", fn(*mut u64, u32), &mut after, 0), SUCCESS);
-    assert_eq!(call!(sim, "cuEventRecord", fn(u64, u64), after, other), SUCCESS);
-    assert_eq!(call!(sim, "cuEventSynchronize", fn(u64), after), SUCCESS);
-    assert_eq!(call!(sim, "cuEventElapsedTime", fn(*mut f32, u64, u64), &mut ms, start, after), SUCCESS);
-    assert!((ms - 20.1).abs() < 1.0, "waited then ran: {ms}");
-    // Launch validation.
-    let bad_block = call!(sim, "cuLaunchKernel", fn(u64, u32, u32, u32, u32, u32, u32, u32, u64, *mut *mut c_void, *mut *mut c_void), k100us, 1, 1, 1, 2048, 1, 1, 0, 0, std::ptr::null_mut(), std::ptr::null_mut());
-    assert_eq!(bad_block, INVALID_VALUE);
-    assert_eq!(launch(&sim, 0x1234, 0), INVALID_HANDLE);
-    let mut threads = 0;
-    assert_eq!(call!(sim, "cuFuncGetAttribute", fn(*mut i32, i32, u64), &mut threads, 0, k100us), SUCCESS);
-    assert_eq!(threads, 1024);
-    // NVML utilization sees the busy card.
-    assert_eq!(call!(sim, "nvmlInit_v2", fn()), 0);
-    let mut handle: *const c_void = std::ptr::null();
-    assert_eq!(call!(sim, "nvmlDeviceGetHandleByIndex_v2", fn(u32, *mut *const c_void), 0, &mut handle), 0);
-    let mut rates = [0u32; 2];
-    assert_eq!(call!(sim, "nvmlDeviceGetUtilizationRates", fn(*const c_void, *mut [u32; 2]), handle, &mut rates), 0);
-    assert!(rates[0] >= 3 && rates[0] <= 100, "about 52 ms busy in the last second: {}%", rates[0]);
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Sample {
-        pid: u32,
-        ts: u64,
-        sm: u32,
-        mem: u32,
-        enc: u32,
-        dec: u32,
-    }
-    let mut samples = [Sample::default(); 4];
-    let mut count = 4u32;
-    assert_eq!(call!(sim, "nvmlDeviceGetProcessUtilization", fn(*const c_void, *mut Sample, *mut u32, u64), handle, samples.as_mut_ptr(), &mut count, 0), 0);
-    assert_eq!(count, 1);
-    assert_eq!(samples[0].pid, std::process::id());
-    assert!(samples[0].sm > 0);
-});
+);
 
-isolated!(kernels_from_libraries, kernels_from_libraries_inner, [("VGPU_SIM_GPUS", "1")], {
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
-    let mut library = 0u64;
-    let rc = call!(sim, "cuLibraryLoadData", fn(*mut u64, *const c_void, *mut i32, *mut *mut c_void, u32, *mut i32, *mut *mut c_void, u32), &mut library, PTX.as_ptr().cast(), std::ptr::null_mut(), std::ptr::null_mut(), 0, std::ptr::null_mut(), std::ptr::null_mut(), 0);
-    assert_eq!(rc, SUCCESS);
-    let mut kernel = 0u64;
-    assert_eq!(call!(sim, "cuLibraryGetKernel", fn(*mut u64, u64, *const c_char), &mut kernel, library, c"k_20ms".as_ptr()), SUCCESS);
-    let mut function = 0u64;
-    assert_eq!(call!(sim, "cuKernelGetFunction", fn(*mut u64, u64), &mut function, kernel), SUCCESS);
-    let mut name: *const c_char = std::ptr::null();
-    assert_eq!(call!(sim, "cuFuncGetName", fn(*mut *const c_char, u64), &mut name, function), SUCCESS);
-    assert_eq!(unsafe { CStr::from_ptr(name) }.to_str().unwrap(), "k_20ms");
-    // cuLaunchKernelEx with a CUlaunchConfig, and a CUkernel passed as the function.
-    #[repr(C)]
-    struct Config {
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
-        stream: u64,
-        attrs: *mut c_void,
-        num_attrs: u32,
+isolated!(
+    kernels_from_libraries,
+    kernels_from_libraries_inner,
+    [("VGPU_SIM_GPUS", "1")],
+    {
+        let sim = Sim::load();
+        init(&sim);
+        create_context(&sim, 0);
+        let mut library = 0u64;
+        let rc = call!(
+            sim,
+            "cuLibraryLoadData",
+            fn(
+                *mut u64,
+                *const c_void,
+                *mut i32,
+                *mut *mut c_void,
+                u32,
+                *mut i32,
+                *mut *mut c_void,
+                u32,
+            ),
+            &mut library,
+            PTX.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0
+        );
+        assert_eq!(rc, SUCCESS);
+        let mut kernel = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuLibraryGetKernel",
+                fn(*mut u64, u64, *const c_char),
+                &mut kernel,
+                library,
+                c"k_20ms".as_ptr()
+            ),
+            SUCCESS
+        );
+        let mut function = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuKernelGetFunction",
+                fn(*mut u64, u64),
+                &mut function,
+                kernel
+            ),
+            SUCCESS
+        );
+        let mut name: *const c_char = std::ptr::null();
+        assert_eq!(
+            call!(
+                sim,
+                "cuFuncGetName",
+                fn(*mut *const c_char, u64),
+                &mut name,
+                function
+            ),
+            SUCCESS
+        );
+        assert_eq!(unsafe { CStr::from_ptr(name) }.to_str().unwrap(), "k_20ms");
+        // cuLaunchKernelEx with a CUlaunchConfig, and a CUkernel passed as the function.
+        #[repr(C)]
+        struct Config {
+            grid: [u32; 3],
+            block: [u32; 3],
+            shared: u32,
+            stream: u64,
+            attrs: *mut c_void,
+            num_attrs: u32,
+        }
+        let config = Config {
+            grid: [4, 1, 1],
+            block: [256, 1, 1],
+            shared: 0,
+            stream: 0,
+            attrs: std::ptr::null_mut(),
+            num_attrs: 0,
+        };
+        let wall = Instant::now();
+        assert_eq!(
+            call!(
+                sim,
+                "cuLaunchKernelEx",
+                fn(*const Config, u64, *mut *mut c_void, *mut *mut c_void),
+                &config,
+                function,
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuLaunchKernelEx",
+                fn(*const Config, u64, *mut *mut c_void, *mut *mut c_void),
+                &config,
+                kernel,
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            SUCCESS
+        );
+        assert_eq!(call!(sim, "cuCtxSynchronize", fn()), SUCCESS);
+        assert!(
+            wall.elapsed().as_secs_f64() >= 0.039,
+            "two 20 ms kernels in order"
+        );
+        let coop = call!(
+            sim,
+            "cuLaunchCooperativeKernel",
+            fn(u64, u32, u32, u32, u32, u32, u32, u32, u64, *mut *mut c_void),
+            function,
+            100_000,
+            1,
+            1,
+            1024,
+            1,
+            1,
+            0,
+            0,
+            std::ptr::null_mut()
+        );
+        assert_eq!(coop, 720, "too many blocks to be co-resident");
+        assert_eq!(call!(sim, "cuLibraryUnload", fn(u64), library), SUCCESS);
+        assert_eq!(launch(&sim, function, 0), INVALID_HANDLE);
+        let mut module = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuModuleLoad",
+                fn(*mut u64, *const c_char),
+                &mut module,
+                c"/nonexistent/k.cubin".as_ptr()
+            ),
+            301
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuModuleLoadData",
+                fn(*mut u64, *const c_void),
+                &mut module,
+                c"garbage".as_ptr().cast()
+            ),
+            200
+        );
     }
-    let config = Config { grid: [4, 1, 1], block: [256, 1, 1], shared: 0, stream: 0, attrs: std::ptr::null_mut(), num_attrs: 0 };
-    let wall = Instant::now();
-    assert_eq!(call!(sim, "cuLaunchKernelEx", fn(*const Config, u64, *mut *mut c_void, *mut *mut c_void), &config, function, std::ptr::null_mut(), std::ptr::null_mut()), SUCCESS);
-    assert_eq!(call!(sim, "cuLaunchKernelEx", fn(*const Config, u64, *mut *mut c_void, *mut *mut c_void), &config, kernel, std::ptr::null_mut(), std::ptr::null_mut()), SUCCESS);
-    assert_eq!(call!(sim, "cuCtxSynchronize", fn()), SUCCESS);
-    assert!(wall.elapsed().as_secs_f64() >= 0.039, "two 20 ms kernels in order");
-    let coop = call!(sim, "cuLaunchCooperativeKernel", fn(u64, u32, u32, u32, u32, u32, u32, u32, u64, *mut *mut c_void), function, 100_000, 1, 1, 1024, 1, 1, 0, 0, std::ptr::null_mut());
-    assert_eq!(coop, 720, "too many blocks to be co-resident");
-    assert_eq!(call!(sim, "cuLibraryUnload", fn(u64), library), SUCCESS);
-    assert_eq!(launch(&sim, function, 0), INVALID_HANDLE);
-    let mut module = 0u64;
-    assert_eq!(call!(sim, "cuModuleLoad", fn(*mut u64, *const c_char), &mut module, c"/nonexistent/k.cubin".as_ptr()), 301);
-    assert_eq!(call!(sim, "cuModuleLoadData", fn(*mut u64, *const c_void), &mut module, c"garbage".as_ptr().cast()), 200);
-});
+);
 
-isolated!(proc_address_rules, proc_address_rules_inner, [("VGPU_SIM_GPUS", "1")], {
-    let sim = Sim::load();
-    let lookup = |name: &CStr, version: i32, flags: u64| -> (i32, usize, i32) {
-        let mut pfn: *mut c_void = 1 as *mut c_void;
-        let mut status = -1i32;
-        let rc = call!(sim, "cuGetProcAddress_v2", fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32), name.as_ptr(), &mut pfn, version, flags, &mut status);
-        (rc, pfn as usize, status)
-    };
-    for (name, version, flags, expected) in [
-        (c"cuMemAlloc", 3000, 0, "cuMemAlloc"),
-        (c"cuMemAlloc", 3020, 0, "cuMemAlloc_v2"),
-        (c"cuMemGetInfo", 13000, 0, "cuMemGetInfo_v2"),
-        (c"cuCtxCreate", 3020, 0, "cuCtxCreate_v2"),
-        (c"cuCtxCreate", 11040, 0, "cuCtxCreate_v3"),
-        (c"cuCtxCreate", 13000, 0, "cuCtxCreate_v4"),
-        (c"cuGetProcAddress", 11030, 0, "cuGetProcAddress"),
-        (c"cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"),
-        (c"cuDeviceGetUuid", 11040, 0, "cuDeviceGetUuid_v2"),
-        (c"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"),
-        (c"cuEventDestroy", 3020, 0, "cuEventDestroy"),
-        (c"cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2"),
-        (c"cuDevicePrimaryCtxRelease", 10020, 0, "cuDevicePrimaryCtxRelease"),
-        (c"cuLaunchKernel", 13000, 0, "cuLaunchKernel"),
-        (c"cuLaunchKernel", 13000, 1, "cuLaunchKernel"),
-        (c"cuLaunchKernel", 13000, 2, "cuLaunchKernel_ptsz"),
-        (c"cuMemcpyHtoD", 12000, 2, "cuMemcpyHtoD_v2_ptds"),
-        (c"cuMemcpyHtoD", 6050, 2, "cuMemcpyHtoD_v2"),
-        (c"cuStreamSynchronize", 13000, 2, "cuStreamSynchronize_ptsz"),
-        (c"cuMemAllocAsync", 11020, 2, "cuMemAllocAsync_ptsz"),
-        (c"cuMemsetD32", 13000, 2, "cuMemsetD32_v2_ptds"),
-    ] {
-        let (rc, address, status) = lookup(name, version, flags);
-        assert_eq!((rc, status), (SUCCESS, 0), "{name:?} {version} {flags}");
-        assert_eq!(address, sim.address(expected), "{name:?} {version} {flags} should be {expected}");
+isolated!(
+    proc_address_rules,
+    proc_address_rules_inner,
+    [("VGPU_SIM_GPUS", "1")],
+    {
+        let sim = Sim::load();
+        let lookup = |name: &CStr, version: i32, flags: u64| -> (i32, usize, i32) {
+            let mut pfn: *mut c_void = std::ptr::dangling_mut::<c_void>();
+            let mut status = -1i32;
+            let rc = call!(
+                sim,
+                "cuGetProcAddress_v2",
+                fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32),
+                name.as_ptr(),
+                &mut pfn,
+                version,
+                flags,
+                &mut status
+            );
+            (rc, pfn as usize, status)
+        };
+        for (name, version, flags, expected) in [
+            (c"cuMemAlloc", 3000, 0, "cuMemAlloc"),
+            (c"cuMemAlloc", 3020, 0, "cuMemAlloc_v2"),
+            (c"cuMemGetInfo", 13000, 0, "cuMemGetInfo_v2"),
+            (c"cuCtxCreate", 3020, 0, "cuCtxCreate_v2"),
+            (c"cuCtxCreate", 11040, 0, "cuCtxCreate_v3"),
+            (c"cuCtxCreate", 13000, 0, "cuCtxCreate_v4"),
+            (c"cuGetProcAddress", 11030, 0, "cuGetProcAddress"),
+            (c"cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"),
+            (c"cuDeviceGetUuid", 11040, 0, "cuDeviceGetUuid_v2"),
+            (c"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"),
+            (c"cuEventDestroy", 3020, 0, "cuEventDestroy"),
+            (
+                c"cuDevicePrimaryCtxRelease",
+                11000,
+                0,
+                "cuDevicePrimaryCtxRelease_v2",
+            ),
+            (
+                c"cuDevicePrimaryCtxRelease",
+                10020,
+                0,
+                "cuDevicePrimaryCtxRelease",
+            ),
+            (c"cuLaunchKernel", 13000, 0, "cuLaunchKernel"),
+            (c"cuLaunchKernel", 13000, 1, "cuLaunchKernel"),
+            (c"cuLaunchKernel", 13000, 2, "cuLaunchKernel_ptsz"),
+            (c"cuMemcpyHtoD", 12000, 2, "cuMemcpyHtoD_v2_ptds"),
+            (c"cuMemcpyHtoD", 6050, 2, "cuMemcpyHtoD_v2"),
+            (c"cuStreamSynchronize", 13000, 2, "cuStreamSynchronize_ptsz"),
+            (c"cuMemAllocAsync", 11020, 2, "cuMemAllocAsync_ptsz"),
+            (c"cuMemsetD32", 13000, 2, "cuMemsetD32_v2_ptds"),
+        ] {
+            let (rc, address, status) = lookup(name, version, flags);
+            assert_eq!((rc, status), (SUCCESS, 0), "{name:?} {version} {flags}");
+            assert_eq!(
+                address,
+                sim.address(expected),
+                "{name:?} {version} {flags} should be {expected}"
+            );
+        }
+        let (rc, address, status) = lookup(c"cuNoSuchFunction", 13000, 0);
+        assert_eq!((rc, address, status), (NOT_FOUND, 0, 1));
+        let (rc, address, status) = lookup(c"cuMemAllocAsync", 11000, 0);
+        assert_eq!(
+            (rc, address, status),
+            (NOT_FOUND, 0, 2),
+            "introduced in 11.2"
+        );
+        let (rc, _, _) = lookup(c"cuMemAlloc", 13000, 8);
+        assert_eq!(rc, INVALID_VALUE, "unknown flags");
+        // The v1 entry point works too, and what it returns is callable.
+        let mut pfn: *mut c_void = std::ptr::null_mut();
+        assert_eq!(
+            call!(
+                sim,
+                "cuGetProcAddress",
+                fn(*const c_char, *mut *mut c_void, i32, u64),
+                c"cuInit".as_ptr(),
+                &mut pfn,
+                13000,
+                0
+            ),
+            SUCCESS
+        );
+        let cu_init: unsafe extern "C" fn(u32) -> i32 = unsafe { std::mem::transmute(pfn) };
+        assert_eq!(unsafe { cu_init(0) }, SUCCESS);
+        // Error names and strings.
+        let mut text: *const c_char = std::ptr::null();
+        assert_eq!(
+            call!(
+                sim,
+                "cuGetErrorName",
+                fn(i32, *mut *const c_char),
+                2,
+                &mut text
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            unsafe { CStr::from_ptr(text) }.to_str().unwrap(),
+            "CUDA_ERROR_OUT_OF_MEMORY"
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuGetErrorString",
+                fn(i32, *mut *const c_char),
+                600,
+                &mut text
+            ),
+            SUCCESS
+        );
+        assert_eq!(
+            unsafe { CStr::from_ptr(text) }.to_str().unwrap(),
+            "device not ready"
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuGetErrorName",
+                fn(i32, *mut *const c_char),
+                12345,
+                &mut text
+            ),
+            INVALID_VALUE
+        );
+        assert!(text.is_null());
+        let mut table: *const c_void = std::ptr::dangling::<c_void>();
+        assert_eq!(
+            call!(
+                sim,
+                "cuGetExportTable",
+                fn(*mut *const c_void, *const c_void),
+                &mut table,
+                [0u8; 16].as_ptr().cast()
+            ),
+            801
+        );
     }
-    let (rc, address, status) = lookup(c"cuNoSuchFunction", 13000, 0);
-    assert_eq!((rc, address, status), (NOT_FOUND, 0, 1));
-    let (rc, address, status) = lookup(c"cuMemAllocAsync", 11000, 0);
-    assert_eq!((rc, address, status), (NOT_FOUND, 0, 2), "introduced in 11.2");
-    let (rc, _, _) = lookup(c"cuMemAlloc", 13000, 8);
-    assert_eq!(rc, INVALID_VALUE, "unknown flags");
-    // The v1 entry point works too, and what it returns is callable.
-    let mut pfn: *mut c_void = std::ptr::null_mut();
-    assert_eq!(call!(sim, "cuGetProcAddress", fn(*const c_char, *mut *mut c_void, i32, u64), c"cuInit".as_ptr(), &mut pfn, 13000, 0), SUCCESS);
-    let cu_init: unsafe extern "C" fn(u32) -> i32 = unsafe { std::mem::transmute(pfn) };
-    assert_eq!(unsafe { cu_init(0) }, SUCCESS);
-    // Error names and strings.
-    let mut text: *const c_char = std::ptr::null();
-    assert_eq!(call!(sim, "cuGetErrorName", fn(i32, *mut *const c_char), 2, &mut text), SUCCESS);
-    assert_eq!(unsafe { CStr::from_ptr(text) }.to_str().unwrap(), "CUDA_ERROR_OUT_OF_MEMORY");
-    assert_eq!(call!(sim, "cuGetErrorString", fn(i32, *mut *const c_char), 600, &mut text), SUCCESS);
-    assert_eq!(unsafe { CStr::from_ptr(text) }.to_str().unwrap(), "device not ready");
-    assert_eq!(call!(sim, "cuGetErrorName", fn(i32, *mut *const c_char), 12345, &mut text), INVALID_VALUE);
-    assert!(text.is_null());
-    let mut table: *const c_void = 1 as *const c_void;
-    assert_eq!(call!(sim, "cuGetExportTable", fn(*mut *const c_void, *const c_void), &mut table, [0u8; 16].as_ptr().cast()), 801);
-});
+);
 
-isolated!(bad_config_fails_cleanly, bad_config_fails_cleanly_inner, [("VGPU_SIM_GPUS", "0")], {
-    let sim = Sim::load();
-    assert_eq!(call!(sim, "cuInit", fn(u32), 0), NOT_INITIALIZED);
-    assert_eq!(call!(sim, "cuInit", fn(u32), 0), NOT_INITIALIZED, "and again, without a panic");
-    assert_eq!(call!(sim, "nvmlInit_v2", fn()), 1);
-    let mut count = 0;
-    assert_eq!(call!(sim, "cuDeviceGetCount", fn(*mut i32), &mut count), NOT_INITIALIZED);
-});
+isolated!(
+    bad_config_fails_cleanly,
+    bad_config_fails_cleanly_inner,
+    [("VGPU_SIM_GPUS", "0")],
+    {
+        let sim = Sim::load();
+        assert_eq!(call!(sim, "cuInit", fn(u32), 0), NOT_INITIALIZED);
+        assert_eq!(
+            call!(sim, "cuInit", fn(u32), 0),
+            NOT_INITIALIZED,
+            "and again, without a panic"
+        );
+        assert_eq!(call!(sim, "nvmlInit_v2", fn()), 1);
+        let mut count = 0;
+        assert_eq!(
+            call!(sim, "cuDeviceGetCount", fn(*mut i32), &mut count),
+            NOT_INITIALIZED
+        );
+    }
+);
 
 #[test]
 fn bad_config_prints_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("sim.yaml");
     std::fs::write(&config, "gpus:\n  - memory: 12 parsecs\n").unwrap();
-    let output = common::isolated_command("bad_config_fails_cleanly_inner", &[("VGPU_SIM_CONFIG", config.to_str().unwrap())], dir.path()).output().unwrap();
+    let output = common::isolated_command(
+        "bad_config_fails_cleanly_inner",
+        &[("VGPU_SIM_CONFIG", config.to_str().unwrap())],
+        dir.path(),
+    )
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success() && stdout.contains("1 passed"), "{stdout}\n{stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|line| line.starts_with("vgpu-sim:")).collect();
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{stderr}"
+    );
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.starts_with("vgpu-sim:"))
+        .collect();
     assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(lines[0].contains("sim.yaml") && lines[0].contains("parsecs"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("sim.yaml") && lines[0].contains("parsecs"),
+        "{}",
+        lines[0]
+    );
 }
 
-isolated!(forked_child_starts_fresh, forked_child_starts_fresh_inner, [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_MEMORY", "4GiB"), ("VGPU_SIM_CONTEXT_OVERHEAD", "0")], {
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
-    let held = alloc(&sim, 64 << 20).unwrap();
-    // SAFETY: the child only calls async-signal-tolerant code paths of the sim and _exits.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        let mut count = 0;
-        let mut code = 10;
-        if call!(sim, "cuDeviceGetCount", fn(*mut i32), &mut count) == NOT_INITIALIZED {
-            code = 11;
-            if call!(sim, "cuInit", fn(u32), 0) == SUCCESS {
-                code = 12;
-                let mut ctx = 0u64;
-                if call!(sim, "cuCtxCreate_v2", fn(*mut u64, u32, i32), &mut ctx, 0, 0) == SUCCESS && alloc(&sim, 32 << 20).is_ok() {
-                    let (mut f, mut t) = (0usize, 0usize);
-                    call!(sim, "cuMemGetInfo_v2", fn(*mut usize, *mut usize), &mut f, &mut t);
-                    code = if f as u64 == (4 << 30) - (96 << 20) { 0 } else { 13 };
+isolated!(
+    forked_child_starts_fresh,
+    forked_child_starts_fresh_inner,
+    [
+        ("VGPU_SIM_GPUS", "1"),
+        ("VGPU_SIM_MEMORY", "4GiB"),
+        ("VGPU_SIM_CONTEXT_OVERHEAD", "0")
+    ],
+    {
+        let sim = Sim::load();
+        init(&sim);
+        create_context(&sim, 0);
+        let held = alloc(&sim, 64 << 20).unwrap();
+        // SAFETY: the child only calls async-signal-tolerant code paths of the sim and _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let mut count = 0;
+            let mut code = 10;
+            if call!(sim, "cuDeviceGetCount", fn(*mut i32), &mut count) == NOT_INITIALIZED {
+                code = 11;
+                if call!(sim, "cuInit", fn(u32), 0) == SUCCESS {
+                    code = 12;
+                    let mut ctx = 0u64;
+                    if call!(
+                        sim,
+                        "cuCtxCreate_v2",
+                        fn(*mut u64, u32, i32),
+                        &mut ctx,
+                        0,
+                        0
+                    ) == SUCCESS
+                        && alloc(&sim, 32 << 20).is_ok()
+                    {
+                        let (mut f, mut t) = (0usize, 0usize);
+                        call!(
+                            sim,
+                            "cuMemGetInfo_v2",
+                            fn(*mut usize, *mut usize),
+                            &mut f,
+                            &mut t
+                        );
+                        code = if f as u64 == (4 << 30) - (96 << 20) {
+                            0
+                        } else {
+                            13
+                        };
+                    }
                 }
             }
+            unsafe { libc::_exit(code) };
         }
-        unsafe { libc::_exit(code) };
+        let mut status = 0;
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status));
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "child saw the parent's 64 MiB plus its own 32 MiB"
+        );
+        assert_eq!(
+            mem_info(&sim).0,
+            (4 << 30) - (64 << 20),
+            "the child's memory was reclaimed"
+        );
+        free(&sim, held);
     }
-    let mut status = 0;
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status));
-    assert_eq!(libc::WEXITSTATUS(status), 0, "child saw the parent's 64 MiB plus its own 32 MiB");
-    assert_eq!(mem_info(&sim).0, (4 << 30) - (64 << 20), "the child's memory was reclaimed");
-    free(&sim, held);
-});
+);

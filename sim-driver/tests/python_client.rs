@@ -8,7 +8,9 @@ use std::process::Command;
 
 #[test]
 fn cuda_bindings_and_pynvml_against_the_sim() {
-    let probe = Command::new("python3").args(["-c", "import cuda.bindings.driver, pynvml"]).output();
+    let probe = Command::new("python3")
+        .args(["-c", "import cuda.bindings.driver, pynvml"])
+        .output();
     if !probe.is_ok_and(|output| output.status.success()) {
         println!("SKIP: python3 cannot import cuda.bindings and pynvml");
         return;
@@ -18,7 +20,8 @@ fn cuda_bindings_and_pynvml_against_the_sim() {
     for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
         std::os::unix::fs::symlink(&library, folder.path().join(name)).unwrap();
     }
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/check_sim.py");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/check_sim.py");
     let output = Command::new("python3")
         .arg(&script)
         .env("LD_LIBRARY_PATH", folder.path())
@@ -31,7 +34,10 @@ fn cuda_bindings_and_pynvml_against_the_sim() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "check_sim.py failed:\n{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "check_sim.py failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("check_sim: all checks passed"), "{stdout}");
     assert!(stdout.contains("nvml: used 1342177280"), "{stdout}");
 }

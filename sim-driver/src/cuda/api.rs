@@ -33,7 +33,8 @@ macro_rules! cuda {
             $(#[$meta])*
             #[unsafe(no_mangle)]
             pub extern "C" fn $name($($arg: $ty),*) -> CUresult {
-                ffi::guard(CUDA_ERROR_UNKNOWN, || finish((|| -> Res { $body })()))
+                fn body($($arg: $ty),*) -> Res { $body }
+                ffi::guard(CUDA_ERROR_UNKNOWN, || finish(body($($arg),*)))
             }
         )*
     };
@@ -43,12 +44,19 @@ macro_rules! cuda {
 fn device(dev: i32) -> Result<(usize, &'static GpuSpec), CUresult> {
     with_registry(|registry| {
         let sim = registry.sim;
-        usize::try_from(dev).ok().and_then(|index| sim.config.gpus.get(index).map(|spec| (index, spec))).ok_or(CUDA_ERROR_INVALID_DEVICE)
+        usize::try_from(dev)
+            .ok()
+            .and_then(|index| sim.config.gpus.get(index).map(|spec| (index, spec)))
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
     })
 }
 
 fn out<T>(ptr: *mut T, value: T) -> Res {
-    if write_out(ptr, value) { Ok(()) } else { Err(CUDA_ERROR_INVALID_VALUE) }
+    if write_out(ptr, value) {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
 }
 
 fn require_current() -> Result<u64, CUresult> {
@@ -112,7 +120,7 @@ pub fn device_attribute(spec: &GpuSpec, attribute: i32, cc: (i32, i32)) -> Optio
         55 => 32768,
         56 | 57 => 131_072,
         58 => 65536,
-        59 | 60 | 61 => 16384,
+        59..=61 => 16384,
         62 => 32768,
         63 => 2048,
         64 | 65 => 32768,
@@ -208,11 +216,20 @@ const _: () = assert!(std::mem::size_of::<CUdevprop>() == 56);
 
 /// The `CUresult` names and strings as NUL-terminated statics.
 fn error_strings() -> &'static HashMap<CUresult, (std::ffi::CString, std::ffi::CString)> {
-    static TABLE: OnceLock<HashMap<CUresult, (std::ffi::CString, std::ffi::CString)>> = OnceLock::new();
+    static TABLE: OnceLock<HashMap<CUresult, (std::ffi::CString, std::ffi::CString)>> =
+        OnceLock::new();
     TABLE.get_or_init(|| {
         ERRORS
             .iter()
-            .filter_map(|(code, name, text)| Some((*code, (std::ffi::CString::new(*name).ok()?, std::ffi::CString::new(*text).ok()?))))
+            .filter_map(|(code, name, text)| {
+                Some((
+                    *code,
+                    (
+                        std::ffi::CString::new(*name).ok()?,
+                        std::ffi::CString::new(*text).ok()?,
+                    ),
+                ))
+            })
             .collect()
     })
 }
@@ -227,7 +244,7 @@ cuda! {
 
     fn cuDriverGetVersion(version: *mut i32) {
         // Works before cuInit, as on a real driver.
-        let sim = crate::sim().map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
+        let sim = crate::sim().ok_or(CUDA_ERROR_NOT_INITIALIZED)?;
         out(version, sim.config.cuda_version)
     }
 
@@ -365,7 +382,9 @@ fn create_context(pctx: *mut u64, flags: u32, dev: i32) -> Res {
     let (index, _) = device(dev)?;
     let ctx = with_registry(|registry| {
         let ctx = registry.handle(TAG_CONTEXT);
-        registry.contexts.insert(ctx, Context::new(index, flags, false));
+        registry
+            .contexts
+            .insert(ctx, Context::new(index, flags, false));
         if let Err(code) = registry.activate(ctx) {
             registry.contexts.remove(&ctx);
             return Err(code);
@@ -456,7 +475,8 @@ fn ctx_pop(pctx: *mut u64) -> Res {
 
 /// Sleeps until `ctx` is idle, then lets its device's pools release memory.
 fn synchronize_context(ctx: u64) -> Res {
-    let deadline = with_registry(|registry| registry.context(ctx).map(|_| registry.ctx_idle_at(ctx)))?;
+    let deadline =
+        with_registry(|registry| registry.context(ctx).map(|_| registry.ctx_idle_at(ctx)))?;
     sleep_until(deadline);
     with_registry(|registry| {
         let device = registry.context(ctx)?.device;
@@ -606,12 +626,20 @@ fn mem_info() -> Result<(u64, u64), CUresult> {
         let device = registry.context(ctx)?.device;
         registry.sim.state.reclaim_dead();
         let total = registry.capacity(device);
-        Ok((total.saturating_sub(registry.sim.state.gpu_used(device)), total))
+        Ok((
+            total.saturating_sub(registry.sim.state.gpu_used(device)),
+            total,
+        ))
     })
 }
 
 fn address_range(ptr: u64) -> Result<(u64, u64), CUresult> {
-    with_registry(|registry| registry.find(ptr).map(|(base, a)| (base, a.size)).ok_or(CUDA_ERROR_NOT_FOUND))
+    with_registry(|registry| {
+        registry
+            .find(ptr)
+            .map(|(base, a)| (base, a.size))
+            .ok_or(CUDA_ERROR_NOT_FOUND)
+    })
 }
 
 /// A synchronous copy or set: validates the ranges and waits for the default stream.
@@ -634,7 +662,12 @@ fn sync_transfer(ranges: &[(u64, u64)], host: &[*const c_void], per_thread: bool
 }
 
 /// An asynchronous copy or set: validates and orders it on the stream (it takes no simulated time).
-fn async_transfer(ranges: &[(u64, u64)], host: &[*const c_void], stream: u64, per_thread: bool) -> Res {
+fn async_transfer(
+    ranges: &[(u64, u64)],
+    host: &[*const c_void],
+    stream: u64,
+    per_thread: bool,
+) -> Res {
     if host.iter().any(|ptr| ptr.is_null()) && ranges.iter().any(|(_, len)| *len > 0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -652,10 +685,13 @@ fn async_transfer(ranges: &[(u64, u64)], host: &[*const c_void], stream: u64, pe
 }
 
 fn memset_ranges(ptr: u64, count: u64, element: u64) -> Result<[(u64, u64); 1], CUresult> {
-    if element > 1 && ptr % element != 0 {
+    if element > 1 && !ptr.is_multiple_of(element) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    Ok([(ptr, count.checked_mul(element).ok_or(CUDA_ERROR_INVALID_VALUE)?)])
+    Ok([(
+        ptr,
+        count.checked_mul(element).ok_or(CUDA_ERROR_INVALID_VALUE)?,
+    )])
 }
 
 const CU_MEMORYTYPE_DEVICE: u32 = 2;
@@ -683,16 +719,31 @@ fn pointer_attribute(data: *mut c_void, attribute: i32, ptr: u64) -> Res {
         4 => Err(CUDA_ERROR_INVALID_VALUE),
         6 => out(data.cast::<u8>(), 0),
         7 => out(data.cast::<u64>(), allocation.buffer_id),
-        8 => out(data.cast::<u8>(), u8::from(allocation.kind == AllocKind::Managed)),
+        8 => out(
+            data.cast::<u8>(),
+            u8::from(allocation.kind == AllocKind::Managed),
+        ),
         9 => out(data.cast::<i32>(), allocation.device as i32),
-        10 => out(data.cast::<u8>(), u8::from(matches!(allocation.kind, AllocKind::Device | AllocKind::Low))),
+        10 => out(
+            data.cast::<u8>(),
+            u8::from(matches!(
+                allocation.kind,
+                AllocKind::Device | AllocKind::Low
+            )),
+        ),
         11 => out(data.cast::<u64>(), base),
         12 => out(data.cast::<usize>(), allocation.size as usize),
         13 => out(data.cast::<u8>(), 1),
         14 => out(data.cast::<u64>(), 0),
         15 => out(data.cast::<u8>(), 1),
         16 => out(data.cast::<u32>(), access),
-        17 => out(data.cast::<u64>(), match allocation.kind { AllocKind::Pool(pool) => pool, _ => 0 }),
+        17 => out(
+            data.cast::<u64>(),
+            match allocation.kind {
+                AllocKind::Pool(pool) => pool,
+                _ => 0,
+            },
+        ),
         18 => out(data.cast::<usize>(), allocation.size as usize),
         19 => out(data.cast::<u64>(), base),
         20 => out(data.cast::<u64>(), allocation.buffer_id),
@@ -879,9 +930,9 @@ const _: () = assert!(std::mem::size_of::<CudaArray3dDescriptorV1>() == 24);
 /// Bytes per channel of a `CUarray_format`.
 pub fn format_bytes(format: u32) -> Option<u64> {
     Some(match format {
-        0x01 | 0x08 => 1,         // UNSIGNED_INT8, SIGNED_INT8
-        0x02 | 0x09 | 0x10 => 2,  // UNSIGNED_INT16, SIGNED_INT16, HALF
-        0x03 | 0x0a | 0x20 => 4,  // UNSIGNED_INT32, SIGNED_INT32, FLOAT
+        0x01 | 0x08 => 1,               // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2,        // UNSIGNED_INT16, SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4,        // UNSIGNED_INT32, SIGNED_INT32, FLOAT
         0xc0..=0xc2 | 0xc9..=0xcb => 1, // UNORM_INT8X1..4, SNORM_INT8X1..4 (channels set by format)
         0xc3..=0xc5 | 0xcc..=0xce => 2, // UNORM_INT16X*, SNORM_INT16X*
         _ => return None,
@@ -889,23 +940,44 @@ pub fn format_bytes(format: u32) -> Option<u64> {
 }
 
 /// Width, height, depth (each at least 1), format, channels, flags -> bytes.
-fn array_bytes(width: u64, height: u64, depth: u64, format: u32, channels: u32) -> Result<u64, CUresult> {
+fn array_bytes(
+    width: u64,
+    height: u64,
+    depth: u64,
+    format: u32,
+    channels: u32,
+) -> Result<u64, CUresult> {
     let per_channel = format_bytes(format).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if width == 0 || !matches!(channels, 1 | 2 | 4) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let elements = width.checked_mul(height.max(1)).and_then(|v| v.checked_mul(depth.max(1))).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    elements.checked_mul(per_channel * channels as u64).ok_or(CUDA_ERROR_INVALID_VALUE)
+    let elements = width
+        .checked_mul(height.max(1))
+        .and_then(|v| v.checked_mul(depth.max(1)))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    elements
+        .checked_mul(per_channel * channels as u64)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
-fn create_array(handle_out: *mut u64, dims: [u64; 3], format: u32, channels: u32, flags: u32, levels: u32, tag: u64) -> Res {
+fn create_array(
+    handle_out: *mut u64,
+    dims: [u64; 3],
+    format: u32,
+    channels: u32,
+    flags: u32,
+    levels: u32,
+    tag: u64,
+) -> Res {
     if handle_out.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut bytes = 0u64;
     let [mut w, mut h, mut d] = dims;
     for _ in 0..levels.max(1) {
-        bytes = bytes.checked_add(array_bytes(w, h, d, format, channels)?).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        bytes = bytes
+            .checked_add(array_bytes(w, h, d, format, channels)?)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         w = (w / 2).max(1);
         h = if h == 0 { 0 } else { (h / 2).max(1) };
         d = if d == 0 { 0 } else { (d / 2).max(1) };
@@ -919,8 +991,24 @@ fn create_array(handle_out: *mut u64, dims: [u64; 3], format: u32, channels: u32
         }
         registry.charge(device, charged)?;
         let handle = registry.handle(tag);
-        let descriptor = [dims[0], dims[1], dims[2], format as u64, channels as u64, flags as u64];
-        registry.arrays.insert(handle, Array { device, charged, ctx, descriptor, levels: levels.max(1) });
+        let descriptor = [
+            dims[0],
+            dims[1],
+            dims[2],
+            format as u64,
+            channels as u64,
+            flags as u64,
+        ];
+        registry.arrays.insert(
+            handle,
+            Array {
+                device,
+                charged,
+                ctx,
+                descriptor,
+                levels: levels.max(1),
+            },
+        );
         Ok(handle)
     })?;
     out(handle_out, handle)
@@ -931,7 +1019,10 @@ fn destroy_array(handle: u64, tag: u64) -> Res {
         if tag_of(handle) != tag {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
-        let array = registry.arrays.remove(&handle).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let array = registry
+            .arrays
+            .remove(&handle)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         registry.uncharge(array.device, array.charged);
         Ok(())
     })
@@ -1017,7 +1108,13 @@ fn check_prop(prop: *const MemAllocationProp) -> Result<(MemAllocationProp, usiz
     if p.kind != CU_MEM_ALLOCATION_TYPE_PINNED || p.location_type != CU_MEM_LOCATION_TYPE_DEVICE {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let (index, _) = device(p.location_id).map_err(|code| if code == CUDA_ERROR_INVALID_DEVICE { CUDA_ERROR_INVALID_DEVICE } else { code })?;
+    let (index, _) = device(p.location_id).map_err(|code| {
+        if code == CUDA_ERROR_INVALID_DEVICE {
+            CUDA_ERROR_INVALID_DEVICE
+        } else {
+            code
+        }
+    })?;
     Ok((p, index))
 }
 
@@ -1033,12 +1130,13 @@ fn prop_bytes(p: &MemAllocationProp) -> [u8; 32] {
 
 /// Drops a VMM handle's memory once it is released and unmapped everywhere.
 fn maybe_free_vmm(registry: &mut Registry, handle: u64) {
-    if let Some(entry) = registry.vmm.get(&handle) {
-        if entry.refs == 0 && entry.mappings == 0 {
-            let (device, size) = (entry.device, entry.size);
-            registry.vmm.remove(&handle);
-            registry.uncharge(device, size);
-        }
+    if let Some(entry) = registry.vmm.get(&handle)
+        && entry.refs == 0
+        && entry.mappings == 0
+    {
+        let (device, size) = (entry.device, entry.size);
+        registry.vmm.remove(&handle);
+        registry.uncharge(device, size);
     }
 }
 
@@ -1054,7 +1152,7 @@ cuda! {
     fn cuMemCreate(handle_out: *mut u64, size: usize, prop: *const MemAllocationProp, flags: u64) {
         let (p, index) = check_prop(prop)?;
         let size = size as u64;
-        if handle_out.is_null() || flags != 0 || size == 0 || size % GRANULARITY != 0 {
+        if handle_out.is_null() || flags != 0 || size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let handle = with_registry(|registry| {
@@ -1120,7 +1218,7 @@ cuda! {
 
     fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) {
         let (size, offset) = (size as u64, offset as u64);
-        if flags != 0 || size == 0 || ptr % GRANULARITY != 0 || size % GRANULARITY != 0 || offset % GRANULARITY != 0 {
+        if flags != 0 || size == 0 || !ptr.is_multiple_of(GRANULARITY) || size % GRANULARITY != 0 || offset % GRANULARITY != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         with_registry(|registry| {
@@ -1226,7 +1324,13 @@ pub struct MemPoolProps {
 }
 const _: () = assert!(std::mem::size_of::<MemPoolProps>() == 88);
 
-fn alloc_async(dptr: *mut u64, size: usize, pool: Option<u64>, stream: u64, per_thread: bool) -> Res {
+fn alloc_async(
+    dptr: *mut u64,
+    size: usize,
+    pool: Option<u64>,
+    stream: u64,
+    per_thread: bool,
+) -> Res {
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -1326,11 +1430,10 @@ cuda! {
                 let _ = registry.free(ptr);
             }
             registry.pool_trim(pool, 0);
-            if let Some(removed) = registry.pools.remove(&pool) {
-                if registry.current_pools[removed.device] == pool {
+            if let Some(removed) = registry.pools.remove(&pool)
+                && registry.current_pools[removed.device] == pool {
                     registry.current_pools[removed.device] = registry.default_pools[removed.device];
                 }
-            }
             Ok(())
         })
     }
@@ -1412,14 +1515,28 @@ fn create_stream(out_stream: *mut u64, flags: u32, priority: i32) -> Res {
     let ctx = require_current()?;
     let handle = with_registry(|registry| {
         let handle = registry.handle(TAG_STREAM);
-        registry.streams.insert(handle, Stream { ctx, flags, priority: priority.clamp(-5, 0), busy: 0 });
+        registry.streams.insert(
+            handle,
+            Stream {
+                ctx,
+                flags,
+                priority: priority.clamp(-5, 0),
+                busy: 0,
+            },
+        );
         Ok(handle)
     })?;
     out(out_stream, handle)
 }
 
 fn destroy_stream(stream: u64) -> Res {
-    with_registry(|registry| registry.streams.remove(&stream).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE))
+    with_registry(|registry| {
+        registry
+            .streams
+            .remove(&stream)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    })
 }
 
 fn stream_synchronize(stream: u64, per_thread: bool) -> Res {
@@ -1439,7 +1556,11 @@ fn stream_query(stream: u64, per_thread: bool) -> Res {
     let current = current_context();
     with_registry(|registry| {
         let (key, _) = registry.stream_key(stream, per_thread, current)?;
-        if registry.ready_at(key) > now_ns() { Err(CUDA_ERROR_NOT_READY) } else { Ok(()) }
+        if registry.ready_at(key) > now_ns() {
+            Err(CUDA_ERROR_NOT_READY)
+        } else {
+            Ok(())
+        }
     })
 }
 
@@ -1450,7 +1571,11 @@ fn stream_wait_event(stream: u64, event: u64, flags: u32, per_thread: bool) -> R
     let current = current_context();
     with_registry(|registry| {
         let (key, _) = registry.stream_key(stream, per_thread, current)?;
-        let at = registry.events.get(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)?.at;
+        let at = registry
+            .events
+            .get(&event)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+            .at;
         if let Some(at) = at {
             registry.wait_until(key, at);
         }
@@ -1478,7 +1603,10 @@ fn elapsed(ms: *mut f32, start: u64, end: u64) -> Res {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (a, b) = with_registry(|registry| {
-        let first = registry.events.get(&start).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let first = registry
+            .events
+            .get(&start)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let second = registry.events.get(&end).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         if (first.flags | second.flags) & CU_EVENT_DISABLE_TIMING != 0 {
             return Err(CUDA_ERROR_INVALID_HANDLE);
@@ -1495,7 +1623,13 @@ fn elapsed(ms: *mut f32, start: u64, end: u64) -> Res {
 }
 
 fn destroy_event(event: u64) -> Res {
-    with_registry(|registry| registry.events.remove(&event).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE))
+    with_registry(|registry| {
+        registry
+            .events
+            .remove(&event)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    })
 }
 
 cuda! {
@@ -1588,7 +1722,11 @@ fn ptx_entries(text: &str) -> HashSet<String> {
     let mut rest = text;
     while let Some(at) = rest.find(".entry") {
         let after = &rest[at + ".entry".len()..];
-        let name: String = after.trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.')).collect();
+        let name: String = after
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.'))
+            .collect();
         if !name.is_empty() {
             entries.insert(name);
         }
@@ -1599,9 +1737,21 @@ fn ptx_entries(text: &str) -> HashSet<String> {
 
 /// Kernel names of a cubin: its `.text.<name>` sections.
 fn elf_entries(image: &[u8]) -> Result<HashSet<String>, CUresult> {
-    let u16_at = |at: usize| image.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u64);
-    let u32_at = |at: usize| image.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64);
-    let u64_at = |at: usize| image.get(at..at + 8).map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
+    let u16_at = |at: usize| {
+        image
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64)
+    };
+    let u32_at = |at: usize| {
+        image
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64)
+    };
+    let u64_at = |at: usize| {
+        image
+            .get(at..at + 8)
+            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+    };
     if image.get(4) != Some(&2) {
         return Err(CUDA_ERROR_INVALID_IMAGE); // only ELF64 cubins
     }
@@ -1614,13 +1764,21 @@ fn elf_entries(image: &[u8]) -> Result<HashSet<String>, CUresult> {
         Some((u32_at(at)?, u64_at(at + 0x18)?, u64_at(at + 0x20)?))
     };
     let (_, strtab_offset, strtab_size) = section(shstrndx).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
-    let strtab = image.get(strtab_offset as usize..(strtab_offset + strtab_size) as usize).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+    let strtab = image
+        .get(strtab_offset as usize..(strtab_offset + strtab_size) as usize)
+        .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
     let mut entries = HashSet::new();
     for index in 0..shnum {
         let (name_offset, _, _) = section(index).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
         let name_bytes = strtab.get(name_offset as usize..).unwrap_or(&[]);
-        let end = name_bytes.iter().position(|b| *b == 0).unwrap_or(name_bytes.len());
-        if let Some(kernel) = std::str::from_utf8(&name_bytes[..end]).ok().and_then(|name| name.strip_prefix(".text.")) {
+        let end = name_bytes
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(name_bytes.len());
+        if let Some(kernel) = std::str::from_utf8(&name_bytes[..end])
+            .ok()
+            .and_then(|name| name.strip_prefix(".text."))
+        {
             entries.insert(kernel.to_string());
         }
     }
@@ -1634,10 +1792,17 @@ fn image_entries(image: *const c_void) -> Result<Option<HashSet<String>>, CUresu
     let magic = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
     if head == b"\x7fELF" {
         let header = ffi::bytes(image.cast::<u8>(), 64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let shoff = u64::from_le_bytes(header[0x28..0x30].try_into().map_err(|_| CUDA_ERROR_INVALID_IMAGE)?);
+        let shoff = u64::from_le_bytes(
+            header[0x28..0x30]
+                .try_into()
+                .map_err(|_| CUDA_ERROR_INVALID_IMAGE)?,
+        );
         let shentsize = u16::from_le_bytes([header[0x3a], header[0x3b]]) as u64;
         let shnum = u16::from_le_bytes([header[0x3c], header[0x3d]]) as u64;
-        let len = shoff.checked_add(shentsize * shnum).filter(|len| *len <= MAX_IMAGE && *len >= 64).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        let len = shoff
+            .checked_add(shentsize * shnum)
+            .filter(|len| *len <= MAX_IMAGE && *len >= 64)
+            .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
         let whole = ffi::bytes(image.cast::<u8>(), len as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         return elf_entries(whole).map(Some);
     }
@@ -1677,7 +1842,14 @@ fn load_module(module_out: *mut u64, entries: Option<HashSet<String>>) -> Res {
     let ctx = require_current()?;
     let handle = with_registry(|registry| {
         let handle = registry.handle(TAG_MODULE);
-        registry.modules.insert(handle, Module { ctx, entries, functions: HashMap::new() });
+        registry.modules.insert(
+            handle,
+            Module {
+                ctx,
+                entries,
+                functions: HashMap::new(),
+            },
+        );
         Ok(handle)
     })?;
     out(module_out, handle)
@@ -1689,7 +1861,13 @@ fn load_library(library_out: *mut u64, entries: Option<HashSet<String>>) -> Res 
     }
     let handle = with_registry(|registry| {
         let handle = registry.handle(TAG_LIBRARY);
-        registry.libraries.insert(handle, Library { entries, kernels: HashMap::new() });
+        registry.libraries.insert(
+            handle,
+            Library {
+                entries,
+                kernels: HashMap::new(),
+            },
+        );
         Ok(handle)
     })?;
     out(library_out, handle)
@@ -1700,14 +1878,24 @@ fn kernel_duration(registry: &Registry, name: &str) -> u64 {
 }
 
 /// The function a launch names: a CUfunction, or a CUkernel (resolved in the current context).
-fn launch_function(registry: &mut Registry, handle: u64, ctx: u64) -> Result<(String, u64), CUresult> {
+fn launch_function(
+    registry: &mut Registry,
+    handle: u64,
+    ctx: u64,
+) -> Result<(String, u64), CUresult> {
     match tag_of(handle) {
         TAG_FUNCTION => {
-            let function = registry.functions.get(&handle).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            let function = registry
+                .functions
+                .get(&handle)
+                .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             Ok((function.name.clone(), function.duration_ns))
         }
         TAG_KERNEL => {
-            let kernel = registry.kernels.get(&handle).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            let kernel = registry
+                .kernels
+                .get(&handle)
+                .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
             let _ = ctx;
             Ok((kernel.name.clone(), kernel.duration_ns))
         }
@@ -1716,7 +1904,15 @@ fn launch_function(registry: &mut Registry, handle: u64, ctx: u64) -> Result<(St
 }
 
 /// Validates and queues one launch; the kernel occupies its stream for its duration.
-fn launch(function: u64, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u64, per_thread: bool, cooperative: bool) -> Res {
+fn launch(
+    function: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: u64,
+    per_thread: bool,
+    cooperative: bool,
+) -> Res {
     let current = current_context();
     with_registry(|registry| {
         let (key, ctx) = registry.stream_key(stream, per_thread, current)?;
@@ -1724,7 +1920,13 @@ fn launch(function: u64, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u
         if grid.contains(&0) || block.contains(&0) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if block[0] > 1024 || block[1] > 1024 || block[2] > 64 || grid[1] > 65535 || grid[2] > 65535 || grid[0] > i32::MAX as u32 {
+        if block[0] > 1024
+            || block[1] > 1024
+            || block[2] > 64
+            || grid[1] > 65535
+            || grid[2] > 65535
+            || grid[0] > i32::MAX as u32
+        {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let threads = block.iter().map(|d| *d as u64).product::<u64>();
@@ -1741,7 +1943,10 @@ fn launch(function: u64, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u
         }
         let now = now_ns();
         let (start, end) = registry.enqueue(key, duration);
-        registry.sim.state.record_busy(registry.slot, device, start, end, now);
+        registry
+            .sim
+            .state
+            .record_busy(registry.slot, device, start, end, now);
         Ok(())
     })
 }
@@ -1764,26 +1969,34 @@ fn launch_ex(config: *const LaunchConfig, function: u64, per_thread: bool) -> Re
     if c.num_attrs > 0 && c.attrs.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    launch(function, c.grid, c.block, c.shared_mem_bytes, c.stream, per_thread, false)
+    launch(
+        function,
+        c.grid,
+        c.block,
+        c.shared_mem_bytes,
+        c.stream,
+        per_thread,
+        false,
+    )
 }
 
 /// Function attributes of every simulated kernel.
 fn function_attribute(attribute: i32) -> Option<i32> {
     Some(match attribute {
-        0 => 1024,   // MAX_THREADS_PER_BLOCK
-        1 => 0,      // SHARED_SIZE_BYTES
-        2 => 0,      // CONST_SIZE_BYTES
-        3 => 0,      // LOCAL_SIZE_BYTES
-        4 => 32,     // NUM_REGS
-        5 => 90,     // PTX_VERSION
-        6 => 90,     // BINARY_VERSION
-        7 => 0,      // CACHE_MODE_CA
-        8 => 49152,  // MAX_DYNAMIC_SHARED_SIZE_BYTES
-        9 => -1,     // PREFERRED_SHARED_MEMORY_CARVEOUT
-        10 => 0,     // CLUSTER_SIZE_MUST_BE_SET
+        0 => 1024,    // MAX_THREADS_PER_BLOCK
+        1 => 0,       // SHARED_SIZE_BYTES
+        2 => 0,       // CONST_SIZE_BYTES
+        3 => 0,       // LOCAL_SIZE_BYTES
+        4 => 32,      // NUM_REGS
+        5 => 90,      // PTX_VERSION
+        6 => 90,      // BINARY_VERSION
+        7 => 0,       // CACHE_MODE_CA
+        8 => 49152,   // MAX_DYNAMIC_SHARED_SIZE_BYTES
+        9 => -1,      // PREFERRED_SHARED_MEMORY_CARVEOUT
+        10 => 0,      // CLUSTER_SIZE_MUST_BE_SET
         11..=13 => 0, // REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH
-        14 => 1,     // NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        15 => 0,     // CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        14 => 1,      // NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        15 => 0,      // CLUSTER_SCHEDULING_POLICY_PREFERENCE
         _ => return None,
     })
 }
@@ -1998,7 +2211,13 @@ pub const CU_GET_PROC_ADDRESS_SUCCESS: i32 = 0;
 pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: i32 = 1;
 pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: i32 = 2;
 
-fn get_proc_address(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64, status: *mut i32) -> Res {
+fn get_proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: i32,
+    flags: u64,
+    status: *mut i32,
+) -> Res {
     let set_status = |value: i32| {
         if !status.is_null() {
             let _ = write_out(status, value);

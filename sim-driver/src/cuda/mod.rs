@@ -40,7 +40,9 @@ pub fn with_stack<R>(body: impl FnOnce(&mut Vec<u64>) -> R) -> R {
 }
 
 /// Runs `body` with the registry locked; NOT_INITIALIZED before `cuInit`.
-pub fn with_registry<R>(body: impl FnOnce(&mut Registry) -> Result<R, CUresult>) -> Result<R, CUresult> {
+pub fn with_registry<R>(
+    body: impl FnOnce(&mut Registry) -> Result<R, CUresult>,
+) -> Result<R, CUresult> {
     let mut guard = REGISTRY.lock();
     match guard.as_mut() {
         Some(registry) => body(registry),
@@ -51,7 +53,7 @@ pub fn with_registry<R>(body: impl FnOnce(&mut Registry) -> Result<R, CUresult>)
 /// `cuInit`: loads the machine, claims the state slot and builds the registry once.
 pub fn initialize() -> Result<(), CUresult> {
     register_fork_handlers();
-    let sim = crate::sim().map_err(|_| CUDA_ERROR_NOT_INITIALIZED)?;
+    let sim = crate::sim().ok_or(CUDA_ERROR_NOT_INITIALIZED)?;
     let mut guard = REGISTRY.lock();
     if guard.is_some() {
         return Ok(());
@@ -89,6 +91,12 @@ fn register_fork_handlers() {
     ONCE.call_once(|| {
         // SAFETY: the handlers are plain extern "C" fns that live as long as the library
         // (linked with -z nodelete, so it is never unmapped).
-        unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_in_parent),
+                Some(after_fork_in_child),
+            )
+        };
     });
 }

@@ -135,36 +135,166 @@ macro_rules! exports {
 }
 
 exports!(
-    cuInit, cuDriverGetVersion, cuDeviceGet, cuDeviceGetCount, cuDeviceGetName, cuDeviceGetUuid, cuDeviceGetUuid_v2,
-    cuDeviceGetLuid, cuDeviceTotalMem, cuDeviceTotalMem_v2, cuDeviceGetAttribute, cuDeviceComputeCapability,
-    cuDeviceGetProperties, cuDeviceGetPCIBusId, cuDeviceGetByPCIBusId, cuDeviceGetDefaultMemPool, cuDeviceGetMemPool,
-    cuDeviceSetMemPool, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
-    cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v2,
-    cuDevicePrimaryCtxGetState, cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
-    cuCtxPushCurrent, cuCtxPushCurrent_v2, cuCtxPopCurrent, cuCtxPopCurrent_v2, cuCtxSetCurrent, cuCtxGetCurrent,
-    cuCtxGetDevice, cuCtxGetDevice_v2, cuCtxGetFlags, cuCtxSynchronize, cuCtxSynchronize_v2, cuCtxGetApiVersion,
-    cuCtxGetStreamPriorityRange, cuMemGetInfo, cuMemGetInfo_v2, cuMemAlloc, cuMemAlloc_v2, cuMemAllocPitch,
-    cuMemAllocPitch_v2, cuMemFree, cuMemFree_v2, cuMemGetAddressRange, cuMemGetAddressRange_v2, cuMemAllocManaged,
-    cuPointerGetAttribute, cuMemcpyHtoD, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, cuMemcpyDtoH, cuMemcpyDtoH_v2,
-    cuMemcpyDtoH_v2_ptds, cuMemcpyDtoD, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds, cuMemcpyHtoDAsync_v2,
-    cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoDAsync_v2,
-    cuMemcpyDtoDAsync_v2_ptsz, cuMemsetD8, cuMemsetD8_v2, cuMemsetD8_v2_ptds, cuMemsetD32, cuMemsetD32_v2,
-    cuMemsetD32_v2_ptds, cuMemsetD8Async, cuMemsetD8Async_ptsz, cuMemsetD32Async, cuMemsetD32Async_ptsz, cuArrayCreate,
-    cuArrayCreate_v2, cuArrayGetDescriptor_v2, cuArray3DCreate, cuArray3DCreate_v2, cuArray3DGetDescriptor_v2,
-    cuArrayDestroy, cuMipmappedArrayCreate, cuMipmappedArrayDestroy, cuMemAddressReserve, cuMemAddressFree, cuMemCreate,
-    cuMemRelease, cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemGetAllocationGranularity,
-    cuMemGetAllocationPropertiesFromHandle, cuMemRetainAllocationHandle, cuMemAllocAsync, cuMemAllocAsync_ptsz,
-    cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, cuMemFreeAsync, cuMemFreeAsync_ptsz, cuMemPoolTrimTo,
-    cuMemPoolSetAttribute, cuMemPoolGetAttribute, cuMemPoolCreate, cuMemPoolDestroy, cuStreamCreate,
-    cuStreamCreateWithPriority, cuStreamGetPriority, cuStreamGetFlags, cuStreamWaitEvent, cuStreamWaitEvent_ptsz,
-    cuStreamQuery, cuStreamQuery_ptsz, cuStreamSynchronize, cuStreamSynchronize_ptsz, cuStreamDestroy, cuStreamDestroy_v2,
-    cuEventCreate, cuEventRecord, cuEventRecord_ptsz, cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz, cuEventQuery,
-    cuEventSynchronize, cuEventDestroy, cuEventDestroy_v2, cuEventElapsedTime, cuEventElapsedTime_v2, cuModuleLoad,
-    cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary, cuModuleUnload, cuModuleGetFunction, cuLibraryLoadData,
-    cuLibraryLoadFromFile, cuLibraryUnload, cuLibraryGetKernel, cuKernelGetFunction, cuFuncGetAttribute,
-    cuFuncSetAttribute, cuFuncGetName, cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
-    cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGetErrorString, cuGetErrorName, cuGetExportTable,
-    cuGetProcAddress, cuGetProcAddress_v2,
+    cuInit,
+    cuDriverGetVersion,
+    cuDeviceGet,
+    cuDeviceGetCount,
+    cuDeviceGetName,
+    cuDeviceGetUuid,
+    cuDeviceGetUuid_v2,
+    cuDeviceGetLuid,
+    cuDeviceTotalMem,
+    cuDeviceTotalMem_v2,
+    cuDeviceGetAttribute,
+    cuDeviceComputeCapability,
+    cuDeviceGetProperties,
+    cuDeviceGetPCIBusId,
+    cuDeviceGetByPCIBusId,
+    cuDeviceGetDefaultMemPool,
+    cuDeviceGetMemPool,
+    cuDeviceSetMemPool,
+    cuDevicePrimaryCtxRetain,
+    cuDevicePrimaryCtxRelease,
+    cuDevicePrimaryCtxRelease_v2,
+    cuDevicePrimaryCtxReset,
+    cuDevicePrimaryCtxReset_v2,
+    cuDevicePrimaryCtxSetFlags,
+    cuDevicePrimaryCtxSetFlags_v2,
+    cuDevicePrimaryCtxGetState,
+    cuCtxCreate,
+    cuCtxCreate_v2,
+    cuCtxCreate_v3,
+    cuCtxCreate_v4,
+    cuCtxDestroy,
+    cuCtxDestroy_v2,
+    cuCtxPushCurrent,
+    cuCtxPushCurrent_v2,
+    cuCtxPopCurrent,
+    cuCtxPopCurrent_v2,
+    cuCtxSetCurrent,
+    cuCtxGetCurrent,
+    cuCtxGetDevice,
+    cuCtxGetDevice_v2,
+    cuCtxGetFlags,
+    cuCtxSynchronize,
+    cuCtxSynchronize_v2,
+    cuCtxGetApiVersion,
+    cuCtxGetStreamPriorityRange,
+    cuMemGetInfo,
+    cuMemGetInfo_v2,
+    cuMemAlloc,
+    cuMemAlloc_v2,
+    cuMemAllocPitch,
+    cuMemAllocPitch_v2,
+    cuMemFree,
+    cuMemFree_v2,
+    cuMemGetAddressRange,
+    cuMemGetAddressRange_v2,
+    cuMemAllocManaged,
+    cuPointerGetAttribute,
+    cuMemcpyHtoD,
+    cuMemcpyHtoD_v2,
+    cuMemcpyHtoD_v2_ptds,
+    cuMemcpyDtoH,
+    cuMemcpyDtoH_v2,
+    cuMemcpyDtoH_v2_ptds,
+    cuMemcpyDtoD,
+    cuMemcpyDtoD_v2,
+    cuMemcpyDtoD_v2_ptds,
+    cuMemcpyHtoDAsync_v2,
+    cuMemcpyHtoDAsync_v2_ptsz,
+    cuMemcpyDtoHAsync_v2,
+    cuMemcpyDtoHAsync_v2_ptsz,
+    cuMemcpyDtoDAsync_v2,
+    cuMemcpyDtoDAsync_v2_ptsz,
+    cuMemsetD8,
+    cuMemsetD8_v2,
+    cuMemsetD8_v2_ptds,
+    cuMemsetD32,
+    cuMemsetD32_v2,
+    cuMemsetD32_v2_ptds,
+    cuMemsetD8Async,
+    cuMemsetD8Async_ptsz,
+    cuMemsetD32Async,
+    cuMemsetD32Async_ptsz,
+    cuArrayCreate,
+    cuArrayCreate_v2,
+    cuArrayGetDescriptor_v2,
+    cuArray3DCreate,
+    cuArray3DCreate_v2,
+    cuArray3DGetDescriptor_v2,
+    cuArrayDestroy,
+    cuMipmappedArrayCreate,
+    cuMipmappedArrayDestroy,
+    cuMemAddressReserve,
+    cuMemAddressFree,
+    cuMemCreate,
+    cuMemRelease,
+    cuMemMap,
+    cuMemUnmap,
+    cuMemSetAccess,
+    cuMemGetAllocationGranularity,
+    cuMemGetAllocationPropertiesFromHandle,
+    cuMemRetainAllocationHandle,
+    cuMemAllocAsync,
+    cuMemAllocAsync_ptsz,
+    cuMemAllocFromPoolAsync,
+    cuMemAllocFromPoolAsync_ptsz,
+    cuMemFreeAsync,
+    cuMemFreeAsync_ptsz,
+    cuMemPoolTrimTo,
+    cuMemPoolSetAttribute,
+    cuMemPoolGetAttribute,
+    cuMemPoolCreate,
+    cuMemPoolDestroy,
+    cuStreamCreate,
+    cuStreamCreateWithPriority,
+    cuStreamGetPriority,
+    cuStreamGetFlags,
+    cuStreamWaitEvent,
+    cuStreamWaitEvent_ptsz,
+    cuStreamQuery,
+    cuStreamQuery_ptsz,
+    cuStreamSynchronize,
+    cuStreamSynchronize_ptsz,
+    cuStreamDestroy,
+    cuStreamDestroy_v2,
+    cuEventCreate,
+    cuEventRecord,
+    cuEventRecord_ptsz,
+    cuEventRecordWithFlags,
+    cuEventRecordWithFlags_ptsz,
+    cuEventQuery,
+    cuEventSynchronize,
+    cuEventDestroy,
+    cuEventDestroy_v2,
+    cuEventElapsedTime,
+    cuEventElapsedTime_v2,
+    cuModuleLoad,
+    cuModuleLoadData,
+    cuModuleLoadDataEx,
+    cuModuleLoadFatBinary,
+    cuModuleUnload,
+    cuModuleGetFunction,
+    cuLibraryLoadData,
+    cuLibraryLoadFromFile,
+    cuLibraryUnload,
+    cuLibraryGetKernel,
+    cuKernelGetFunction,
+    cuFuncGetAttribute,
+    cuFuncSetAttribute,
+    cuFuncGetName,
+    cuLaunchKernel,
+    cuLaunchKernel_ptsz,
+    cuLaunchKernelEx,
+    cuLaunchKernelEx_ptsz,
+    cuLaunchCooperativeKernel,
+    cuLaunchCooperativeKernel_ptsz,
+    cuGetErrorString,
+    cuGetErrorName,
+    cuGetExportTable,
+    cuGetProcAddress,
+    cuGetProcAddress_v2,
 );
 
 /// One base name's variants.
@@ -194,7 +324,13 @@ pub fn rules() -> &'static HashMap<&'static str, Rule> {
                 let mut words = main.split_whitespace();
                 let base = words.next()?;
                 let variants = words.filter_map(parse).collect();
-                Some((base, Rule { variants, per_thread: per_thread.and_then(parse) }))
+                Some((
+                    base,
+                    Rule {
+                        variants,
+                        per_thread: per_thread.and_then(parse),
+                    },
+                ))
             })
             .collect()
     })
@@ -216,17 +352,23 @@ pub fn resolve(symbol: &str, version: i32, flags: u64) -> Lookup {
     let Some(rule) = rules().get(symbol) else {
         return Lookup::NotFound;
     };
-    let Some(&(_, mut chosen)) = rule.variants.iter().rev().find(|(since, _)| *since <= version) else {
+    let Some(&(_, mut chosen)) = rule
+        .variants
+        .iter()
+        .rev()
+        .find(|(since, _)| *since <= version)
+    else {
         return Lookup::VersionTooLow;
     };
-    if flags & PER_THREAD_DEFAULT_STREAM != 0 {
-        if let Some((since, name)) = rule.per_thread {
-            if since <= version {
-                chosen = name;
-            }
-        }
+    if flags & PER_THREAD_DEFAULT_STREAM != 0
+        && let Some((since, name)) = rule.per_thread
+        && since <= version
+    {
+        chosen = name;
     }
-    exported().get(chosen).map_or(Lookup::NotFound, |address| Lookup::Found(*address))
+    exported()
+        .get(chosen)
+        .map_or(Lookup::NotFound, |address| Lookup::Found(*address))
 }
 
 #[cfg(test)]
@@ -235,7 +377,10 @@ mod tests {
 
     fn name_of(lookup: Lookup) -> Option<&'static str> {
         match lookup {
-            Lookup::Found(address) => exported().iter().find(|(_, a)| **a == address).map(|(n, _)| *n),
+            Lookup::Found(address) => exported()
+                .iter()
+                .find(|(_, a)| **a == address)
+                .map(|(n, _)| *n),
             _ => None,
         }
     }
@@ -244,7 +389,10 @@ mod tests {
     fn every_rule_names_exported_functions() {
         for (base, rule) in rules() {
             for (_, name) in rule.variants.iter().chain(rule.per_thread.iter()) {
-                assert!(exported().contains_key(name), "{base}: {name} is not exported");
+                assert!(
+                    exported().contains_key(name),
+                    "{base}: {name} is not exported"
+                );
             }
         }
     }
@@ -252,13 +400,35 @@ mod tests {
     #[test]
     fn versions_pick_the_right_variant() {
         assert_eq!(name_of(resolve("cuMemAlloc", 2000, 0)), Some("cuMemAlloc"));
-        assert_eq!(name_of(resolve("cuMemAlloc", 3020, 0)), Some("cuMemAlloc_v2"));
-        assert_eq!(name_of(resolve("cuCtxCreate", 11040, 0)), Some("cuCtxCreate_v3"));
-        assert_eq!(name_of(resolve("cuCtxCreate", 13000, 0)), Some("cuCtxCreate_v4"));
-        assert_eq!(name_of(resolve("cuGetProcAddress", 12000, 0)), Some("cuGetProcAddress_v2"));
-        assert_eq!(name_of(resolve("cuLaunchKernel", 13000, 2)), Some("cuLaunchKernel_ptsz"));
-        assert_eq!(name_of(resolve("cuLaunchKernel", 13000, 1)), Some("cuLaunchKernel"));
-        assert_eq!(name_of(resolve("cuMemcpyHtoD", 6000, 2)), Some("cuMemcpyHtoD_v2"), "ptds only from 7000");
+        assert_eq!(
+            name_of(resolve("cuMemAlloc", 3020, 0)),
+            Some("cuMemAlloc_v2")
+        );
+        assert_eq!(
+            name_of(resolve("cuCtxCreate", 11040, 0)),
+            Some("cuCtxCreate_v3")
+        );
+        assert_eq!(
+            name_of(resolve("cuCtxCreate", 13000, 0)),
+            Some("cuCtxCreate_v4")
+        );
+        assert_eq!(
+            name_of(resolve("cuGetProcAddress", 12000, 0)),
+            Some("cuGetProcAddress_v2")
+        );
+        assert_eq!(
+            name_of(resolve("cuLaunchKernel", 13000, 2)),
+            Some("cuLaunchKernel_ptsz")
+        );
+        assert_eq!(
+            name_of(resolve("cuLaunchKernel", 13000, 1)),
+            Some("cuLaunchKernel")
+        );
+        assert_eq!(
+            name_of(resolve("cuMemcpyHtoD", 6000, 2)),
+            Some("cuMemcpyHtoD_v2"),
+            "ptds only from 7000"
+        );
         assert_eq!(resolve("cuMemAllocAsync", 11000, 0), Lookup::VersionTooLow);
         assert_eq!(resolve("cuNoSuchThing", 13000, 0), Lookup::NotFound);
     }

@@ -110,7 +110,10 @@ pub enum AllocKind {
     /// From a memory pool (handle).
     Pool(u64),
     /// A VMM mapping of handle at offset.
-    Mapped { handle: u64, offset: u64 },
+    Mapped {
+        handle: u64,
+        offset: u64,
+    },
     /// A 32-bit-pointer allocation of the legacy entry points.
     Low,
 }
@@ -195,7 +198,15 @@ pub struct Registry {
 
 /// Finds `size` free bytes aligned to `align` in `[start, end)` of `taken` (start -> len),
 /// first fit from `cursor`, wrapping once.
-fn find_free<V>(taken: &BTreeMap<u64, V>, len_of: impl Fn(&V) -> u64, start: u64, end: u64, cursor: u64, size: u64, align: u64) -> Option<u64> {
+fn find_free<V>(
+    taken: &BTreeMap<u64, V>,
+    len_of: impl Fn(&V) -> u64,
+    start: u64,
+    end: u64,
+    cursor: u64,
+    size: u64,
+    align: u64,
+) -> Option<u64> {
     let mut position = cursor.clamp(start, end);
     let mut wrapped = false;
     loop {
@@ -210,7 +221,9 @@ fn find_free<V>(taken: &BTreeMap<u64, V>, len_of: impl Fn(&V) -> u64, start: u64
             continue;
         }
         match taken.range(..candidate_end).next_back() {
-            Some((&base, value)) if base + len_of(value) > candidate => position = base + len_of(value),
+            Some((&base, value)) if base + len_of(value) > candidate => {
+                position = base + len_of(value)
+            }
             _ => return Some(candidate),
         }
     }
@@ -243,7 +256,11 @@ impl Registry {
         for device in 0..sim.config.gpus.len() {
             let ctx = registry.handle(TAG_CONTEXT);
             registry.contexts.insert(ctx, Context::new(device, 0, true));
-            registry.primaries.push(Primary { ctx, refs: 0, flags: 0 });
+            registry.primaries.push(Primary {
+                ctx,
+                refs: 0,
+                flags: 0,
+            });
             let pool = registry.handle(TAG_POOL);
             registry.pools.insert(pool, Pool::new(device, true));
             registry.default_pools.push(pool);
@@ -268,7 +285,11 @@ impl Registry {
 
     /// Reserves `bytes` of `device` in the shared state: OUT_OF_MEMORY when the card is full.
     pub fn charge(&self, device: usize, bytes: u64) -> Result<(), CUresult> {
-        if self.sim.state.try_reserve(self.slot, device, bytes, self.capacity(device)) {
+        if self
+            .sim
+            .state
+            .try_reserve(self.slot, device, bytes, self.capacity(device))
+        {
             Ok(())
         } else {
             Err(CUDA_ERROR_OUT_OF_MEMORY)
@@ -290,7 +311,11 @@ impl Registry {
     /// Activates a context: charges its overhead and counts it in the shared state.
     pub fn activate(&mut self, ctx: u64) -> Result<(), CUresult> {
         let overhead = self.sim.config.context_overhead;
-        let device = self.contexts.get(&ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.device;
+        let device = self
+            .contexts
+            .get(&ctx)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?
+            .device;
         self.charge(device, overhead)?;
         self.sim.state.count_context(self.slot, device, true);
         if let Some(context) = self.contexts.get_mut(&ctx) {
@@ -305,7 +330,9 @@ impl Registry {
     /// Deactivates a context: frees what it allocated, destroys its streams, events and
     /// modules, and returns its overhead.
     pub fn deactivate(&mut self, ctx: u64) {
-        let Some(context) = self.contexts.get_mut(&ctx) else { return };
+        let Some(context) = self.contexts.get_mut(&ctx) else {
+            return;
+        };
         if !context.active {
             return;
         }
@@ -313,11 +340,21 @@ impl Registry {
         let (device, overhead) = (context.device, std::mem::take(&mut context.overhead));
         self.uncharge(device, overhead);
         self.sim.state.count_context(self.slot, device, false);
-        let owned: Vec<u64> = self.allocations.iter().filter(|(_, a)| a.ctx == ctx && !matches!(a.kind, AllocKind::Mapped { .. })).map(|(p, _)| *p).collect();
+        let owned: Vec<u64> = self
+            .allocations
+            .iter()
+            .filter(|(_, a)| a.ctx == ctx && !matches!(a.kind, AllocKind::Mapped { .. }))
+            .map(|(p, _)| *p)
+            .collect();
         for ptr in owned {
             let _ = self.free(ptr);
         }
-        let arrays: Vec<u64> = self.arrays.iter().filter(|(_, a)| a.ctx == ctx).map(|(h, _)| *h).collect();
+        let arrays: Vec<u64> = self
+            .arrays
+            .iter()
+            .filter(|(_, a)| a.ctx == ctx)
+            .map(|(h, _)| *h)
+            .collect();
         for array in arrays {
             if let Some(array) = self.arrays.remove(&array) {
                 self.uncharge(array.device, array.charged);
@@ -325,7 +362,12 @@ impl Registry {
         }
         self.streams.retain(|_, stream| stream.ctx != ctx);
         self.events.retain(|_, event| event.ctx != ctx);
-        let modules: Vec<u64> = self.modules.iter().filter(|(_, m)| m.ctx == ctx).map(|(h, _)| *h).collect();
+        let modules: Vec<u64> = self
+            .modules
+            .iter()
+            .filter(|(_, m)| m.ctx == ctx)
+            .map(|(h, _)| *h)
+            .collect();
         for module in modules {
             self.unload_module(module);
         }
@@ -360,22 +402,49 @@ impl Registry {
         };
         let key = Self::cursor_key(start);
         let cursor = self.cursors.get(&key).copied().unwrap_or(start);
-        let placed = find_free(&self.allocations, |a: &Allocation| a.size.max(1), start, end, cursor, size.max(1), align)?;
+        let placed = find_free(
+            &self.allocations,
+            |a: &Allocation| a.size.max(1),
+            start,
+            end,
+            cursor,
+            size.max(1),
+            align,
+        )?;
         self.cursors.insert(key, placed + size.max(1));
         Some(placed)
     }
 
     /// A fresh VMM reservation range.
     pub fn place_reservation(&mut self, size: u64, align: u64, hint: u64) -> Option<u64> {
-        if hint != 0 && hint % align == 0 {
-            let fits = hint >= RESERVE_VA_BASE && hint.checked_add(size).is_some_and(|end| end <= RESERVE_VA_END);
-            let clear = self.reservations.range(..hint + size).next_back().is_none_or(|(&base, &len)| base + len <= hint);
+        if hint != 0 && hint.is_multiple_of(align) {
+            let fits = hint >= RESERVE_VA_BASE
+                && hint
+                    .checked_add(size)
+                    .is_some_and(|end| end <= RESERVE_VA_END);
+            let clear = self
+                .reservations
+                .range(..hint + size)
+                .next_back()
+                .is_none_or(|(&base, &len)| base + len <= hint);
             if fits && clear {
                 return Some(hint);
             }
         }
-        let cursor = self.cursors.get(&RESERVE_VA_BASE).copied().unwrap_or(RESERVE_VA_BASE);
-        let placed = find_free(&self.reservations, |len: &u64| *len, RESERVE_VA_BASE, RESERVE_VA_END, cursor, size, align)?;
+        let cursor = self
+            .cursors
+            .get(&RESERVE_VA_BASE)
+            .copied()
+            .unwrap_or(RESERVE_VA_BASE);
+        let placed = find_free(
+            &self.reservations,
+            |len: &u64| *len,
+            RESERVE_VA_BASE,
+            RESERVE_VA_END,
+            cursor,
+            size,
+            align,
+        )?;
         self.cursors.insert(RESERVE_VA_BASE, placed + size);
         Some(placed)
     }
@@ -397,10 +466,22 @@ impl Registry {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         let low = kind == AllocKind::Low;
-        let ptr = self.place(device, charged, ALLOC_ALIGN, low).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let ptr = self
+            .place(device, charged, ALLOC_ALIGN, low)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         self.charge(device, charged)?;
         let buffer_id = self.next_buffer_id();
-        self.allocations.insert(ptr, Allocation { size, charged, device, ctx, kind, buffer_id });
+        self.allocations.insert(
+            ptr,
+            Allocation {
+                size,
+                charged,
+                device,
+                ctx,
+                kind,
+                buffer_id,
+            },
+        );
         Ok(ptr)
     }
 
@@ -432,25 +513,44 @@ impl Registry {
     /// Whether `[ptr, ptr+len)` lies inside one live allocation.
     pub fn covers(&self, ptr: u64, len: u64) -> bool {
         match self.find(ptr) {
-            Some((base, allocation)) => ptr.checked_add(len).is_some_and(|end| end <= base + allocation.size),
+            Some((base, allocation)) => ptr
+                .checked_add(len)
+                .is_some_and(|end| end <= base + allocation.size),
             None => false,
         }
     }
 
     /// Allocates from a pool: grows its reservation (charging the card) in 2 MiB steps.
-    pub fn pool_allocate(&mut self, pool_handle: u64, ctx: u64, size: u64) -> Result<u64, CUresult> {
+    pub fn pool_allocate(
+        &mut self,
+        pool_handle: u64,
+        ctx: u64,
+        size: u64,
+    ) -> Result<u64, CUresult> {
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let charged = round_up(size, ALLOC_ALIGN).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-        let pool = self.pools.get(&pool_handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let pool = self
+            .pools
+            .get(&pool_handle)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let device = pool.device;
-        let needed = pool.used.checked_add(charged).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let needed = pool
+            .used
+            .checked_add(charged)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         if pool.max_size != 0 && needed > pool.max_size {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
-        let grow = if needed > pool.reserved { round_up(needed - pool.reserved, GRANULARITY).ok_or(CUDA_ERROR_OUT_OF_MEMORY)? } else { 0 };
-        let ptr = self.place(device, charged, ALLOC_ALIGN, false).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let grow = if needed > pool.reserved {
+            round_up(needed - pool.reserved, GRANULARITY).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?
+        } else {
+            0
+        };
+        let ptr = self
+            .place(device, charged, ALLOC_ALIGN, false)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         self.charge(device, grow)?;
         let buffer_id = self.next_buffer_id();
         if let Some(pool) = self.pools.get_mut(&pool_handle) {
@@ -459,14 +559,28 @@ impl Registry {
             pool.reserved_high = pool.reserved_high.max(pool.reserved);
             pool.used_high = pool.used_high.max(pool.used);
         }
-        self.allocations.insert(ptr, Allocation { size, charged, device, ctx, kind: AllocKind::Pool(pool_handle), buffer_id });
+        self.allocations.insert(
+            ptr,
+            Allocation {
+                size,
+                charged,
+                device,
+                ctx,
+                kind: AllocKind::Pool(pool_handle),
+                buffer_id,
+            },
+        );
         Ok(ptr)
     }
 
     /// Gives back reserved-but-unused pool memory down to `keep` bytes (never below what is in use).
     pub fn pool_trim(&mut self, pool_handle: u64, keep: u64) {
-        let Some(pool) = self.pools.get_mut(&pool_handle) else { return };
-        let floor = round_up(pool.used, GRANULARITY).unwrap_or(pool.used).max(round_up(keep, GRANULARITY).unwrap_or(keep));
+        let Some(pool) = self.pools.get_mut(&pool_handle) else {
+            return;
+        };
+        let floor = round_up(pool.used, GRANULARITY)
+            .unwrap_or(pool.used)
+            .max(round_up(keep, GRANULARITY).unwrap_or(keep));
         if pool.reserved > floor {
             let released = pool.reserved - floor;
             pool.reserved = floor;
@@ -478,7 +592,12 @@ impl Registry {
     /// What the driver does at a synchronisation point: pools of `device` holding more
     /// than their release threshold give the excess back.
     pub fn release_pools_at_sync(&mut self, device: usize) {
-        let pools: Vec<(u64, u64)> = self.pools.iter().filter(|(_, p)| p.device == device).map(|(h, p)| (*h, p.release_threshold)).collect();
+        let pools: Vec<(u64, u64)> = self
+            .pools
+            .iter()
+            .filter(|(_, p)| p.device == device)
+            .map(|(h, p)| (*h, p.release_threshold))
+            .collect();
         for (pool, threshold) in pools {
             self.pool_trim(pool, threshold);
         }
@@ -486,16 +605,27 @@ impl Registry {
 
     /// Resolves a stream argument (0 is the legacy or, for per-thread entry points, the
     /// per-thread default stream of the current context).
-    pub fn stream_key(&self, stream: u64, per_thread: bool, current: Option<u64>) -> Result<(StreamKey, u64), CUresult> {
+    pub fn stream_key(
+        &self,
+        stream: u64,
+        per_thread: bool,
+        current: Option<u64>,
+    ) -> Result<(StreamKey, u64), CUresult> {
         let current_ctx = || -> Result<u64, CUresult> {
             let ctx = current.ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
             self.context(ctx)?;
             Ok(ctx)
         };
         match stream {
-            0 if per_thread => Ok((StreamKey::PerThread(current_ctx()?, super::thread_id()), current_ctx()?)),
+            0 if per_thread => Ok((
+                StreamKey::PerThread(current_ctx()?, super::thread_id()),
+                current_ctx()?,
+            )),
             0 | CU_STREAM_LEGACY => Ok((StreamKey::Legacy(current_ctx()?), current_ctx()?)),
-            CU_STREAM_PER_THREAD => Ok((StreamKey::PerThread(current_ctx()?, super::thread_id()), current_ctx()?)),
+            CU_STREAM_PER_THREAD => Ok((
+                StreamKey::PerThread(current_ctx()?, super::thread_id()),
+                current_ctx()?,
+            )),
             handle => {
                 let owned = self.streams.get(&handle).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
                 self.context(owned.ctx)?;
@@ -507,7 +637,11 @@ impl Registry {
     fn busy_of(&self, key: StreamKey) -> u64 {
         match key {
             StreamKey::Legacy(ctx) => self.contexts.get(&ctx).map(|c| c.legacy_busy).unwrap_or(0),
-            StreamKey::PerThread(ctx, tid) => self.contexts.get(&ctx).and_then(|c| c.per_thread_busy.get(&tid).copied()).unwrap_or(0),
+            StreamKey::PerThread(ctx, tid) => self
+                .contexts
+                .get(&ctx)
+                .and_then(|c| c.per_thread_busy.get(&tid).copied())
+                .unwrap_or(0),
             StreamKey::Owned(handle) => self.streams.get(&handle).map(|s| s.busy).unwrap_or(0),
         }
     }
@@ -538,11 +672,19 @@ impl Registry {
         let own = self.busy_of(key);
         match key {
             StreamKey::Legacy(ctx) => {
-                let blocking = self.streams.values().filter(|s| s.ctx == ctx && s.flags & CU_STREAM_NON_BLOCKING == 0).map(|s| s.busy).max().unwrap_or(0);
+                let blocking = self
+                    .streams
+                    .values()
+                    .filter(|s| s.ctx == ctx && s.flags & CU_STREAM_NON_BLOCKING == 0)
+                    .map(|s| s.busy)
+                    .max()
+                    .unwrap_or(0);
                 own.max(blocking)
             }
             StreamKey::Owned(handle) => match self.streams.get(&handle) {
-                Some(stream) if stream.flags & CU_STREAM_NON_BLOCKING == 0 => own.max(self.busy_of(StreamKey::Legacy(stream.ctx))),
+                Some(stream) if stream.flags & CU_STREAM_NON_BLOCKING == 0 => {
+                    own.max(self.busy_of(StreamKey::Legacy(stream.ctx)))
+                }
                 _ => own,
             },
             StreamKey::PerThread(..) => own,
@@ -565,8 +707,16 @@ impl Registry {
 
     /// When every stream of `ctx` is idle.
     pub fn ctx_idle_at(&self, ctx: u64) -> u64 {
-        let Some(context) = self.contexts.get(&ctx) else { return 0 };
-        let streams = self.streams.values().filter(|s| s.ctx == ctx).map(|s| s.busy).max().unwrap_or(0);
+        let Some(context) = self.contexts.get(&ctx) else {
+            return 0;
+        };
+        let streams = self
+            .streams
+            .values()
+            .filter(|s| s.ctx == ctx)
+            .map(|s| s.busy)
+            .max()
+            .unwrap_or(0);
         let per_thread = context.per_thread_busy.values().copied().max().unwrap_or(0);
         context.legacy_busy.max(streams).max(per_thread)
     }
@@ -574,13 +724,31 @@ impl Registry {
 
 impl Context {
     pub fn new(device: usize, flags: u32, primary: bool) -> Context {
-        Context { device, flags, primary, active: false, overhead: 0, legacy_busy: 0, per_thread_busy: HashMap::new() }
+        Context {
+            device,
+            flags,
+            primary,
+            active: false,
+            overhead: 0,
+            legacy_busy: 0,
+            per_thread_busy: HashMap::new(),
+        }
     }
 }
 
 impl Pool {
     pub fn new(device: usize, is_default: bool) -> Pool {
-        Pool { device, reserved: 0, used: 0, release_threshold: 0, reserved_high: 0, used_high: 0, is_default, reuse: [1, 1, 1], max_size: 0 }
+        Pool {
+            device,
+            reserved: 0,
+            used: 0,
+            release_threshold: 0,
+            reserved_high: 0,
+            used_high: 0,
+            is_default,
+            reuse: [1, 1, 1],
+            max_size: 0,
+        }
     }
 }
 
@@ -596,7 +764,11 @@ mod tests {
         let len = |l: &u64| *l;
         assert_eq!(find_free(&taken, len, 0, 1000, 0, 50, 10), Some(100));
         assert_eq!(find_free(&taken, len, 0, 1000, 0, 150, 10), Some(300));
-        assert_eq!(find_free(&taken, len, 0, 1000, 900, 150, 10), Some(300), "wraps to the start");
+        assert_eq!(
+            find_free(&taken, len, 0, 1000, 900, 150, 10),
+            Some(300),
+            "wraps to the start"
+        );
         assert_eq!(find_free(&taken, len, 0, 400, 0, 150, 10), None);
     }
 }

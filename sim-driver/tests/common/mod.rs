@@ -11,9 +11,16 @@ use std::process::Command;
 /// `target/<profile>/libvgpu_sim.so`, beside the test binary's `deps/` folder.
 pub fn library_path() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let path = profile_dir.join("libvgpu_sim.so");
-    assert!(path.exists(), "{} missing: run `cargo build -p vgpu-sim-driver` first", path.display());
+    assert!(
+        path.exists(),
+        "{} missing: run `cargo build -p vgpu-sim-driver` first",
+        path.display()
+    );
     path
 }
 
@@ -25,14 +32,22 @@ pub struct Sim {
 impl Sim {
     pub fn load() -> Sim {
         // SAFETY: loading our own cdylib; its initialisers are Rust statics only.
-        let lib = unsafe { libloading::Library::new(library_path()) }.expect("dlopen libvgpu_sim.so");
-        Sim { lib: Box::leak(Box::new(lib)) }
+        let lib =
+            unsafe { libloading::Library::new(library_path()) }.expect("dlopen libvgpu_sim.so");
+        Sim {
+            lib: Box::leak(Box::new(lib)),
+        }
     }
 
     /// A raw symbol as a function pointer of type `T` (the caller names the C signature).
     pub fn sym<T: Copy>(&self, name: &str) -> T {
         // SAFETY: the test names the real C signature of the symbol.
-        unsafe { *self.lib.get::<T>(name.as_bytes()).unwrap_or_else(|err| panic!("dlsym {name}: {err}")) }
+        unsafe {
+            *self
+                .lib
+                .get::<T>(name.as_bytes())
+                .unwrap_or_else(|err| panic!("dlsym {name}: {err}"))
+        }
     }
 
     /// The address of a symbol.
@@ -48,18 +63,41 @@ pub type Fn0 = unsafe extern "C" fn() -> i32;
 /// fresh state file, and asserts that it passed.
 pub fn run_isolated(inner: &str, env: &[(&str, &str)]) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let output = isolated_command(inner, env, dir.path()).output().expect("spawn test child");
+    let output = isolated_command(inner, env, dir.path())
+        .output()
+        .expect("spawn test child");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success() && stdout.contains("1 passed"), "isolated {inner} failed:\n{stdout}\n{stderr}");
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "isolated {inner} failed:\n{stdout}\n{stderr}"
+    );
 }
 
 /// The command that runs `inner` in a child with a state file under `dir`.
 pub fn isolated_command(inner: &str, env: &[(&str, &str)], dir: &Path) -> Command {
     let mut command = Command::new(std::env::current_exe().expect("test exe"));
-    command.args(["--exact", inner, "--ignored", "--nocapture", "--test-threads", "1"]);
-    command.env("VGPU_SIM_STATE", dir.join("state")).env("VGPU_SIM_INNER", "1");
-    for var in ["VGPU_SIM_CONFIG", "VGPU_SIM_GPUS", "VGPU_SIM_MEMORY", "VGPU_SIM_NAME", "VGPU_SIM_SMS", "VGPU_SIM_KERNEL_NS", "VGPU_SIM_CONTEXT_OVERHEAD", "VGPU_SIM_CUDA_VERSION"] {
+    command.args([
+        "--exact",
+        inner,
+        "--ignored",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ]);
+    command
+        .env("VGPU_SIM_STATE", dir.join("state"))
+        .env("VGPU_SIM_INNER", "1");
+    for var in [
+        "VGPU_SIM_CONFIG",
+        "VGPU_SIM_GPUS",
+        "VGPU_SIM_MEMORY",
+        "VGPU_SIM_NAME",
+        "VGPU_SIM_SMS",
+        "VGPU_SIM_KERNEL_NS",
+        "VGPU_SIM_CONTEXT_OVERHEAD",
+        "VGPU_SIM_CUDA_VERSION",
+    ] {
         command.env_remove(var);
     }
     for (key, value) in env {
