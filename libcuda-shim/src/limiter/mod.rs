@@ -206,11 +206,35 @@ struct Sample {
     charged_ns: u64,
     /// Whether it was charged from an estimate (else it is paid when it settles).
     known: bool,
+    /// When the stream was idle as the start event went in, the start event fires at
+    /// once and the kernel only after the launch call submitted it: the host time from
+    /// the start event's record to the launch's return, which the GPU spent idle (as
+    /// NVML sees it) and must not be charged. Zero when the stream had work queued, so
+    /// the start event fired only when that work finished.
+    idle_gap_ns: u64,
+    /// Monotonic ns just after the start event was recorded on an idle stream; 0 else.
+    idle_since_ns: u64,
 }
 
 impl Sample {
     fn unmeasured(key: u64, charged_ns: u64) -> Sample {
-        Sample { key, context: 0, start: std::ptr::null_mut(), end: std::ptr::null_mut(), charged_ns, known: true }
+        Sample {
+            key,
+            context: 0,
+            start: std::ptr::null_mut(),
+            end: std::ptr::null_mut(),
+            charged_ns,
+            known: true,
+            idle_gap_ns: 0,
+            idle_since_ns: 0,
+        }
+    }
+
+    /// The kernel's own GPU time from the events' elapsed time.
+    fn kernel_ns(&self, elapsed_ns: u64) -> u64 {
+        // Never below a quarter of what the events saw: an over-long host gap (the
+        // thread descheduled, say) must not make a kernel look free.
+        elapsed_ns.saturating_sub(self.idle_gap_ns).max(elapsed_ns / 4)
     }
 }
 
@@ -391,18 +415,25 @@ impl DeviceLimiter {
             return unmeasured;
         };
         drop(inner);
+        let query = real!(cuStreamQuery as fn(CUstream) -> CUresult);
         let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
+        // SAFETY: a stream handle the caller is launching on.
+        let idle = unsafe { query(target.stream()) } == CUDA_SUCCESS;
         // SAFETY: events of the current context, recorded on the caller's stream.
         if unsafe { record(start, target.stream()) } != CUDA_SUCCESS {
             destroy_events(&[start, end]);
             return unmeasured;
         }
-        Sample { key, context, start, end, charged_ns: estimate, known: !unknown }
+        let idle_since_ns = if idle { cardstate::monotonic_ns() } else { 0 };
+        Sample { key, context, start, end, charged_ns: estimate, known: !unknown, idle_gap_ns: 0, idle_since_ns }
     }
 
     /// After the real launch: charges the launch, and queues its measurement.
-    fn finish_launch(&self, target: Target, sample: Sample, launched: bool) {
+    fn finish_launch(&self, target: Target, mut sample: Sample, launched: bool) {
         let now = cardstate::monotonic_ns();
+        if sample.idle_since_ns != 0 {
+            sample.idle_gap_ns = now.saturating_sub(sample.idle_since_ns);
+        }
         let measured = !sample.start.is_null();
         let ended = measured && launched && {
             let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
@@ -458,7 +489,7 @@ impl DeviceLimiter {
             let mut ms = 0f32;
             // SAFETY: valid out-pointer; both events recorded on one stream.
             let measured = (state == CUDA_SUCCESS && unsafe { elapsed(&mut ms, sample.start, sample.end) } == CUDA_SUCCESS)
-                .then(|| (ms.max(0.0) as f64 * 1e6) as u64);
+                .then(|| sample.kernel_ns((ms.max(0.0) as f64 * 1e6) as u64));
             match measured {
                 Some(ns) => {
                     inner.estimates.record(sample.key, ns);
@@ -574,5 +605,20 @@ impl Drop for RelaxedCapture {
             // SAFETY: valid in/out pointer; restores the thread's own mode.
             unsafe { exchange(&mut previous) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_gap_is_not_charged_but_never_makes_a_kernel_free() {
+        let mut sample = Sample::unmeasured(1, 0);
+        assert_eq!(sample.kernel_ns(20_000), 20_000, "a backlogged stream: the events bracket the kernel alone");
+        sample.idle_gap_ns = 6_000;
+        assert_eq!(sample.kernel_ns(20_000), 14_000, "an idle stream: the host gap before submission is not GPU time");
+        sample.idle_gap_ns = 1_000_000;
+        assert_eq!(sample.kernel_ns(20_000), 5_000, "a descheduled thread's gap is capped");
     }
 }

@@ -20,6 +20,7 @@ with torch.inference_mode():
     for _ in range(20):
         model(x)
     torch.cuda.synchronize()
+    t0 = float(open("/proc/uptime").read().split()[0])
     start = time.monotonic()
     iterations = 0
     while time.monotonic() - start < seconds:
@@ -29,4 +30,4 @@ with torch.inference_mode():
             y.sum().item()
     torch.cuda.synchronize()
     wall = time.monotonic() - start
-print(json.dumps({"mode": "mlp", "iterations": iterations, "wall_s": round(wall, 3), "it_per_s": round(iterations / wall, 1)}))
+print(json.dumps({"mode": "mlp", "iterations": iterations, "t0": t0, "wall_s": round(wall, 3), "it_per_s": round(iterations / wall, 1)}))
