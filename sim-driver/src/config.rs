@@ -12,7 +12,7 @@
 //!     pci_bus_id: "00000000:11:00.0"
 //! cuda_version: 13000
 //! kernel_ns: 10000
-//! context_overhead: 500MiB
+//! context_overhead: 527MiB
 //! ```
 
 use std::collections::HashSet;
@@ -49,8 +49,8 @@ pub const DEFAULT_MEMORY: ByteSize = ByteSize::mib(143_771);
 pub const DEFAULT_SMS: u32 = 132;
 pub const DEFAULT_CUDA_VERSION: i32 = 13000;
 pub const DEFAULT_KERNEL_NS: u64 = 10_000;
-/// What a CUDA 12/13 context takes on an H100/H200 class card, roughly.
-pub const DEFAULT_CONTEXT_OVERHEAD: ByteSize = ByteSize::mib(500);
+/// What a primary context took on a real H200 with driver 580.159.04 (526.8 MiB), rounded.
+pub const DEFAULT_CONTEXT_OVERHEAD: ByteSize = ByteSize::mib(527);
 /// The driver version NVML reports.
 pub const DRIVER_VERSION: &str = "580.159.04";
 

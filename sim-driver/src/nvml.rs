@@ -27,7 +27,7 @@ pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
-/// `nvmlErrorString` texts, NUL-terminated.
+/// `nvmlErrorString` texts of the 580.159.04 library (measured), NUL-terminated.
 const ERROR_STRINGS: &[(NvmlReturn, &str)] = &[
     (0, "Success\0"),
     (1, "Uninitialized\0"),
@@ -40,29 +40,29 @@ const ERROR_STRINGS: &[(NvmlReturn, &str)] = &[
     (8, "Insufficient External Power\0"),
     (9, "Driver Not Loaded\0"),
     (10, "Timeout\0"),
-    (11, "Interrupt request issue\0"),
+    (11, "Interrupt Request Issue\0"),
     (12, "NVML Shared Library Not Found\0"),
     (13, "Function Not Found\0"),
     (14, "Corrupted infoROM\0"),
     (15, "GPU is lost\0"),
-    (16, "GPU requires restart\0"),
-    (17, "The operating system has blocked the request.\0"),
-    (18, "RM has detected an NVML/RM version mismatch.\0"),
+    (16, "GPU requires reset\0"),
+    (17, "GPU access blocked by the operating system\0"),
+    (18, "Driver/library version mismatch\0"),
     (19, "In use by another client\0"),
     (20, "Insufficient Memory\0"),
     (21, "No data\0"),
+    (22, "vGPU ECC not supported\0"),
+    (23, "Insufficient Resources\0"),
+    (24, "Invalid Frequency\0"),
+    (25, "Argument version mismatch\0"),
+    (26, "Requested functionality has been deprecated\0"),
+    (27, "System is not in ready state\0"),
+    (28, "No supported GPUs were found\0"),
     (
-        22,
-        "The requested vgpu operation is not available on target device, because ECC is enabled\0",
+        29,
+        "Resource not in correct state to perform requested operation\0",
     ),
-    (23, "Ran out of critical resources, other than memory\0"),
-    (24, "The requested frequency is not supported\0"),
-    (25, "The provided version is invalid/unsupported\0"),
-    (26, "Deprecated\0"),
-    (27, "Not Ready\0"),
-    (28, "GPU not found\0"),
-    (29, "Invalid state\0"),
-    (30, "Reset type not supported\0"),
+    (30, "Reset type is not supported for given device\0"),
     (999, "Unknown Error\0"),
 ];
 
@@ -290,7 +290,7 @@ const _: () = assert!(std::mem::size_of::<NvmlProcessUtilizationSample>() == 32)
 
 /// H200 SXM's PCI ids: device 0x2335, vendor 0x10de.
 const PCI_DEVICE_ID: u32 = 0x2335_10de;
-const PCI_SUBSYSTEM_ID: u32 = 0x18be_10de;
+const PCI_SUBSYSTEM_ID: u32 = 0x18bf_10de;
 const NOT_AVAILABLE: u32 = 0xffff_ffff;
 
 fn fixed<const N: usize>(text: &str) -> [u8; N] {
@@ -462,7 +462,7 @@ nvml! {
 
     fn nvmlDeviceGetBAR1MemoryInfo(handle: *const DeviceSlot, bar1: *mut NvmlMemory) {
         device(handle)?;
-        let total = 128u64 << 30;
+        let total = 256u64 << 30;
         let used = 2u64 << 20;
         out(bar1, NvmlMemory { total, free: total - used, used })
     }
@@ -581,9 +581,10 @@ nvml! {
         out(mode, 0)
     }
 
+    /// A real H200 reports display mode enabled and no display active.
     fn nvmlDeviceGetDisplayMode(handle: *const DeviceSlot, mode: *mut u32) {
         device(handle)?;
-        out(mode, 0)
+        out(mode, 1)
     }
 
     fn nvmlDeviceGetDisplayActive(handle: *const DeviceSlot, active: *mut u32) {
@@ -615,7 +616,7 @@ nvml! {
         out(mhz, match clock {
             0 | 1 => if busy { 1980 } else { 345 },
             2 => 3201,
-            3 => if busy { 1755 } else { 765 },
+            3 => if busy { 1545 } else { 765 },
             _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
         })
     }
@@ -625,7 +626,7 @@ nvml! {
         out(mhz, match clock {
             0 | 1 => 1980,
             2 => 3201,
-            3 => 1755,
+            3 => 1545,
             _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
         })
     }

@@ -1077,19 +1077,19 @@ isolated!(
         );
         assert_eq!(
             (attr(pool, 5), attr(pool, 7)),
-            (6 << 20, 5 << 20),
-            "reserved in 2 MiB steps"
+            (32 << 20, 5 << 20),
+            "reserved in 32 MiB chunks, as a real pool does"
         );
-        assert_eq!(mem_info(&sim).0, (4 << 30) - (6 << 20));
+        assert_eq!(mem_info(&sim).0, (4 << 30) - (32 << 20));
         assert_eq!(call!(sim, "cuMemFreeAsync", fn(u64, u64), ptr, 0), SUCCESS);
         assert_eq!(
             (attr(pool, 5), attr(pool, 7)),
-            (6 << 20, 0),
+            (32 << 20, 0),
             "freed memory stays reserved"
         );
         assert_eq!(
             mem_info(&sim).0,
-            (4 << 30) - (6 << 20),
+            (4 << 30) - (32 << 20),
             "and is still used on the card"
         );
         // With a high threshold a synchronize keeps it; trimming gives it back.
@@ -1106,7 +1106,7 @@ isolated!(
             SUCCESS
         );
         assert_eq!(call!(sim, "cuStreamSynchronize", fn(u64), 0), SUCCESS);
-        assert_eq!(attr(pool, 5), 6 << 20);
+        assert_eq!(attr(pool, 5), 32 << 20);
         assert_eq!(
             call!(sim, "cuMemPoolTrimTo", fn(u64, usize), pool, 0),
             SUCCESS
@@ -1138,10 +1138,10 @@ isolated!(
             SUCCESS
         );
         assert_eq!(call!(sim, "cuMemFreeAsync", fn(u64, u64), ptr, 0), SUCCESS);
-        assert_eq!(attr(pool, 5), 4 << 20);
+        assert_eq!(attr(pool, 5), 32 << 20);
         assert_eq!(call!(sim, "cuCtxSynchronize", fn()), SUCCESS);
         assert_eq!(attr(pool, 5), 0);
-        assert_eq!(attr(pool, 6), 6 << 20, "high-water mark");
+        assert_eq!(attr(pool, 6), 32 << 20, "high-water mark");
         assert_eq!(
             call!(
                 sim,
@@ -1212,7 +1212,7 @@ isolated!(
             SUCCESS
         );
         assert_eq!(owner, mine);
-        assert_eq!(mem_info(&sim).0, (4 << 30) - (2 << 20));
+        assert_eq!(mem_info(&sim).0, (4 << 30) - (32 << 20));
         assert_eq!(call!(sim, "cuMemPoolDestroy", fn(u64), mine), SUCCESS);
         assert_eq!(
             mem_info(&sim).0,

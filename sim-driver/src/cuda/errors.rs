@@ -21,7 +21,8 @@ pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
-/// (code, name, string) as the driver reports them.
+/// (code, name, string), as the 580.159.04 driver reports them (measured with
+/// tools/probe_real_driver.py on an H200).
 pub const ERRORS: &[(CUresult, &str, &str)] = &[
     (0, "CUDA_SUCCESS", "no error"),
     (1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"),
@@ -52,6 +53,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         34,
         "CUDA_ERROR_STUB_LIBRARY",
         "CUDA driver is a stub library",
+    ),
+    (
+        36,
+        "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER",
+        "API call is not supported in the installed CUDA driver",
     ),
     (
         46,
@@ -436,12 +442,7 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
     (
         916,
         "CUDA_ERROR_KEY_ROTATION",
-        "an error occurred during the key rotation sequence",
-    ),
-    (
-        917,
-        "CUDA_ERROR_STREAM_DETACHED",
-        "the stream has been detached and can no longer be used",
+        "an error happened during the key rotation sequence",
     ),
     (999, "CUDA_ERROR_UNKNOWN", "unknown error"),
 ];

@@ -13,6 +13,8 @@ use crate::state::SlotIndex;
 
 /// VMM and pool granularity, and the pool reservation step.
 pub const GRANULARITY: u64 = 2 << 20;
+/// The least a pool's reservation grows by.
+pub const POOL_CHUNK: u64 = 32 << 20;
 /// Alignment of `cuMemAlloc` results, and the rounding of what they are charged.
 pub const ALLOC_ALIGN: u64 = 512;
 pub const TAG_CONTEXT: u64 = 0x1;
@@ -520,7 +522,7 @@ impl Registry {
         }
     }
 
-    /// Allocates from a pool: grows its reservation (charging the card) in 2 MiB steps.
+    /// Allocates from a pool: grows its reservation (charging the card) by at least 32 MiB.
     pub fn pool_allocate(
         &mut self,
         pool_handle: u64,
@@ -543,8 +545,12 @@ impl Registry {
         if pool.max_size != 0 && needed > pool.max_size {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
+        // A real pool grows by at least 32 MiB at a time (measured: a 5 MiB cuMemAllocAsync
+        // reserves 32 MiB), in 2 MiB steps beyond that.
         let grow = if needed > pool.reserved {
-            round_up(needed - pool.reserved, GRANULARITY).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?
+            round_up(needed - pool.reserved, GRANULARITY)
+                .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?
+                .max(POOL_CHUNK)
         } else {
             0
         };

@@ -8,20 +8,29 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `target/<profile>/libvgpu_sim.so`, beside the test binary's `deps/` folder.
+/// The built cdylib: `target/<profile>/libvgpu_sim.so` (what `cargo build -p
+/// vgpu-sim-driver` leaves) or `target/<profile>/deps/libvgpu_sim.so` (what `cargo test`
+/// builds), whichever is newer.
 pub fn library_path() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
-    let path = profile_dir.join("libvgpu_sim.so");
-    assert!(
-        path.exists(),
-        "{} missing: run `cargo build -p vgpu-sim-driver` first",
-        path.display()
-    );
-    path
+    let deps_dir = exe.parent().expect("target/<profile>/deps");
+    let profile_dir = deps_dir.parent().expect("target/<profile>");
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let candidates = [
+        deps_dir.join("libvgpu_sim.so"),
+        profile_dir.join("libvgpu_sim.so"),
+    ];
+    let newest = candidates
+        .iter()
+        .filter(|path| path.exists())
+        .max_by_key(|path| modified(path));
+    match newest {
+        Some(path) => path.clone(),
+        None => panic!(
+            "libvgpu_sim.so missing beside {}: run `cargo build -p vgpu-sim-driver` first",
+            deps_dir.display()
+        ),
+    }
 }
 
 /// The loaded simulated driver.
