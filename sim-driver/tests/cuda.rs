@@ -1881,7 +1881,7 @@ isolated!(
             (c"cuLaunchKernel", 13000, 1, "cuLaunchKernel"),
             (c"cuLaunchKernel", 13000, 2, "cuLaunchKernel_ptsz"),
             (c"cuMemcpyHtoD", 12000, 2, "cuMemcpyHtoD_v2_ptds"),
-            (c"cuMemcpyHtoD", 6050, 2, "cuMemcpyHtoD_v2"),
+            (c"cuMemAlloc", 13000, 2, "cuMemAlloc_v2"),
             (c"cuStreamSynchronize", 13000, 2, "cuStreamSynchronize_ptsz"),
             (c"cuMemAllocAsync", 11020, 2, "cuMemAllocAsync_ptsz"),
             (c"cuMemsetD32", 13000, 2, "cuMemsetD32_v2_ptds"),
@@ -1895,12 +1895,33 @@ isolated!(
             );
         }
         let (rc, address, status) = lookup(c"cuNoSuchFunction", 13000, 0);
-        assert_eq!((rc, address, status), (NOT_FOUND, 0, 1));
-        let (rc, address, status) = lookup(c"cuMemAllocAsync", 11000, 0);
         assert_eq!(
             (rc, address, status),
-            (NOT_FOUND, 0, 2),
-            "introduced in 11.2"
+            (SUCCESS, 0, 1),
+            "580 answers a miss with success and the status"
+        );
+        let (rc, address, status) = lookup(c"cuMemAllocAsync", 11000, 0);
+        assert_eq!((rc, address, status), (SUCCESS, 0, 2), "introduced in 11.2");
+        let (rc, address, status) = lookup(c"cuLaunchKernel", 6000, 2);
+        assert_eq!(
+            (rc, address, status),
+            (SUCCESS, 0, 2),
+            "the per-thread variant is from 7.0"
+        );
+        let mut missing: *mut c_void = 1 as *mut c_void;
+        let rc = call!(
+            sim,
+            "cuGetProcAddress",
+            fn(*const c_char, *mut *mut c_void, i32, u64),
+            c"cuNoSuchFunction".as_ptr(),
+            &mut missing,
+            13000,
+            0
+        );
+        assert_eq!(
+            (rc, missing as usize),
+            (NOT_FOUND, 0),
+            "the original entry point says NOT_FOUND"
         );
         let (rc, _, _) = lookup(c"cuMemAlloc", 13000, 8);
         assert_eq!(rc, INVALID_VALUE, "unknown flags");

@@ -2241,6 +2241,9 @@ pub const CU_GET_PROC_ADDRESS_SUCCESS: i32 = 0;
 pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: i32 = 1;
 pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: i32 = 2;
 
+/// The lookup behind both entry points. `cuGetProcAddress_v2` (given `status`) answers a
+/// miss with CUDA_SUCCESS, a NULL function and the reason in `status`, as the 580 driver
+/// does (measured); the original entry point answers CUDA_ERROR_NOT_FOUND.
 fn get_proc_address(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -2248,6 +2251,11 @@ fn get_proc_address(
     flags: u64,
     status: *mut i32,
 ) -> Res {
+    let miss = if status.is_null() {
+        Err(CUDA_ERROR_NOT_FOUND)
+    } else {
+        Ok(())
+    };
     let set_status = |value: i32| {
         if !status.is_null() {
             let _ = write_out(status, value);
@@ -2265,11 +2273,11 @@ fn get_proc_address(
         }
         super::procaddr::Lookup::VersionTooLow => {
             set_status(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
-            Err(CUDA_ERROR_NOT_FOUND)
+            miss
         }
         super::procaddr::Lookup::NotFound => {
             set_status(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
-            Err(CUDA_ERROR_NOT_FOUND)
+            miss
         }
     }
 }

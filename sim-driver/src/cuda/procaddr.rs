@@ -2,7 +2,7 @@
 //! flags) request gets. A base name maps to the newest variant introduced at or before
 //! the requested version (`cuMemAlloc` -> `cuMemAlloc_v2` from 3020), and with
 //! CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM to its `_ptds`/`_ptsz` variant when
-//! one exists for that version. The versions are those of CUDA's `cudaTypedefs.h`
+//! one exists (nothing when the version predates that variant). The versions are those of CUDA's `cudaTypedefs.h`
 //! (`PFN_<name>_v<version>`).
 
 use std::collections::HashMap;
@@ -360,11 +360,15 @@ pub fn resolve(symbol: &str, version: i32, flags: u64) -> Lookup {
     else {
         return Lookup::VersionTooLow;
     };
-    if flags & PER_THREAD_DEFAULT_STREAM != 0
-        && let Some((since, name)) = rule.per_thread
-        && since <= version
-    {
-        chosen = name;
+    // With the per-thread flag, a name that has a per-thread variant gets it, and a
+    // version older than that variant gets nothing (as the 580 driver answers).
+    if flags & PER_THREAD_DEFAULT_STREAM != 0 {
+        if let Some((since, name)) = rule.per_thread {
+            if since > version {
+                return Lookup::VersionTooLow;
+            }
+            chosen = name;
+        }
     }
     exported()
         .get(chosen)
@@ -425,8 +429,18 @@ mod tests {
             Some("cuLaunchKernel")
         );
         assert_eq!(
-            name_of(resolve("cuMemcpyHtoD", 6000, 2)),
-            Some("cuMemcpyHtoD_v2"),
+            resolve("cuMemAlloc_v2", 13000, 0),
+            Lookup::NotFound,
+            "base names only"
+        );
+        assert_eq!(
+            name_of(resolve("cuMemAlloc", 13000, 2)),
+            Some("cuMemAlloc_v2"),
+            "no per-thread variant: the plain one"
+        );
+        assert_eq!(
+            resolve("cuMemcpyHtoD", 6000, 2),
+            Lookup::VersionTooLow,
             "ptds only from 7000"
         );
         assert_eq!(resolve("cuMemAllocAsync", 11000, 0), Lookup::VersionTooLow);
