@@ -16,14 +16,13 @@
 //! over. A file with a wrong magic, version, fingerprint, length, UUID or checksum is
 //! rebuilt, never trusted.
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
+pub use crate::mapped::fnv1a;
+use crate::mapped::{FNV_OFFSET, Found, MappedFile};
 use crate::process::{self, Identity};
 
 /// Entries per card (processes that limit compute on it at once).
@@ -86,7 +85,7 @@ const fn layout_fingerprint() -> u64 {
         std::mem::size_of::<Entry>() as u64,
         0x4341_5244, // "CARD"
     ];
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut hash = FNV_OFFSET;
     let mut i = 0;
     while i < parts.len() {
         hash ^= parts[i];
@@ -96,18 +95,9 @@ const fn layout_fingerprint() -> u64 {
     hash
 }
 
-/// FNV-1a, also used to derive container ids from region paths.
-pub fn fnv1a(bytes: &[u8], mut hash: u64) -> u64 {
-    for byte in bytes {
-        hash ^= *byte as u64;
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
-}
-
 /// A container id for a usage region path (every process of a container shares it).
 pub fn container_id(region_path: &Path) -> u64 {
-    fnv1a(region_path.as_os_str().as_encoded_bytes(), 0xcbf2_9ce4_8422_2325).max(1)
+    fnv1a(region_path.as_os_str().as_encoded_bytes(), FNV_OFFSET).max(1)
 }
 
 /// CLOCK_MONOTONIC nanoseconds: one clock for every process of the host, whatever its
@@ -179,48 +169,7 @@ pub struct CardEntry {
 
 /// An open card state file. The mapping lives as long as the value.
 pub struct CardState {
-    base: *mut u8,
-    path: PathBuf,
-    _file: File,
-}
-
-// SAFETY: all shared state behind `base` is atomics, or immutable after initialisation
-// under the file lock.
-unsafe impl Send for CardState {}
-// SAFETY: as above.
-unsafe impl Sync for CardState {}
-
-impl Drop for CardState {
-    fn drop(&mut self) {
-        // SAFETY: `base` came from a successful mmap of CARD_LEN bytes.
-        unsafe { libc::munmap(self.base.cast(), CARD_LEN) };
-    }
-}
-
-/// `flock(LOCK_EX)` held for the guard's lifetime (only around initialisation).
-struct InitLock(std::os::fd::RawFd);
-
-impl InitLock {
-    fn acquire(file: &File, patience: Duration) -> Option<InitLock> {
-        let deadline = Instant::now() + patience;
-        loop {
-            // SAFETY: flock on a valid descriptor.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Some(InitLock(file.as_raw_fd()));
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-}
-
-impl Drop for InitLock {
-    fn drop(&mut self) {
-        // SAFETY: unlocking a descriptor we locked and still hold open.
-        unsafe { libc::flock(self.0, libc::LOCK_UN) };
-    }
+    map: MappedFile,
 }
 
 fn valid_uuid(uuid: &str) -> bool {
@@ -248,30 +197,25 @@ impl CardState {
             // Best effort: processes of every container user must be able to join.
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
         }
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o666).open(&path).map_err(io_err)?;
-        let lock = InitLock::acquire(&file, Duration::from_secs(2));
-        let len = file.metadata().map_err(io_err)?.len();
-        if len != CARD_LEN as u64 {
-            file.set_len(0).map_err(io_err)?;
-            file.set_len(CARD_LEN as u64).map_err(io_err)?;
-            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
-        }
-        let state = CardState::map(file, &path)?;
-        let outcome = if len == 0 {
-            state.initialise(uuid);
-            OpenOutcome::Created
-        } else if len != CARD_LEN as u64 {
-            state.initialise(uuid);
-            OpenOutcome::Rebuilt(format!("length {len}, expected {CARD_LEN}"))
-        } else {
-            match state.check().and_then(|()| state.check_uuid(uuid)) {
+        let (map, found, lock) = MappedFile::open_or_create(&path, CARD_LEN).map_err(io_err)?;
+        let state = CardState { map };
+        let outcome = match found {
+            Found::Empty => {
+                state.initialise(uuid);
+                OpenOutcome::Created
+            }
+            Found::WrongLength(len) => {
+                state.initialise(uuid);
+                OpenOutcome::Rebuilt(format!("length {len}, expected {CARD_LEN}"))
+            }
+            Found::Sized => match state.check().and_then(|()| state.check_uuid(uuid)) {
                 Ok(()) => OpenOutcome::Attached,
                 Err(reason) => {
-                    state.zero_all();
+                    state.map.zero();
                     state.initialise(uuid);
                     OpenOutcome::Rebuilt(reason)
                 }
-            }
+            },
         };
         drop(lock);
         Ok((state, outcome))
@@ -279,46 +223,33 @@ impl CardState {
 
     /// Opens an existing file without changing it (readers).
     pub fn open_existing(path: &Path) -> Result<CardState, CardStateError> {
-        let io_err = |source| CardStateError::Io { path: path.to_path_buf(), source };
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
-        if len != CARD_LEN as u64 {
-            return Err(CardStateError::Invalid { path: path.to_path_buf(), reason: format!("length {len}, expected {CARD_LEN}") });
-        }
-        let state = CardState::map(file, path)?;
+        let map = MappedFile::open_existing(path, CARD_LEN).map_err(|error| match error {
+            Ok(len) => CardStateError::Invalid { path: path.to_path_buf(), reason: format!("length {len}, expected {CARD_LEN}") },
+            Err(source) => CardStateError::Io { path: path.to_path_buf(), source },
+        })?;
+        let state = CardState { map };
         state.check().map_err(|reason| CardStateError::Invalid { path: path.to_path_buf(), reason })?;
         Ok(state)
     }
 
-    fn map(file: File, path: &Path) -> Result<CardState, CardStateError> {
-        // SAFETY: mapping a file we hold open, of exactly CARD_LEN bytes, shared.
-        let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), CARD_LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
-        };
-        if base == libc::MAP_FAILED {
-            return Err(CardStateError::Io { path: path.to_path_buf(), source: io::Error::last_os_error() });
-        }
-        Ok(CardState { base: base.cast(), path: path.to_path_buf(), _file: file })
-    }
-
     pub fn path(&self) -> &Path {
-        &self.path
+        self.map.path()
     }
 
     fn header(&self) -> &Header {
         // SAFETY: the mapping is CARD_LEN bytes, page aligned; Header fits the first bytes.
-        unsafe { &*(self.base as *const Header) }
+        unsafe { &*(self.map.base() as *const Header) }
     }
 
     fn entry(&self, index: usize) -> &Entry {
         debug_assert!(index < MAX_ENTRIES);
         // SAFETY: entries follow the header; index < MAX_ENTRIES stays in the mapping;
         // Entry is made of atomics, valid for any bit pattern.
-        unsafe { &*(self.base.add(ENTRIES_OFFSET) as *const Entry).add(index) }
+        unsafe { &*(self.map.base().add(ENTRIES_OFFSET) as *const Entry).add(index) }
     }
 
     fn checksum(header: &Header) -> u64 {
-        let mut hash = fnv1a(&header.magic, 0xcbf2_9ce4_8422_2325);
+        let mut hash = fnv1a(&header.magic, FNV_OFFSET);
         hash = fnv1a(&header.version.to_le_bytes(), hash);
         hash = fnv1a(&header.entry_count.to_le_bytes(), hash);
         hash = fnv1a(&header.layout.to_le_bytes(), hash);
@@ -326,13 +257,8 @@ impl CardState {
         fnv1a(&header.uuid, hash)
     }
 
-    fn zero_all(&self) {
-        // SAFETY: under the init lock the whole mapping is ours to rewrite.
-        unsafe { std::ptr::write_bytes(self.base, 0, CARD_LEN) };
-    }
-
     fn initialise(&self, uuid: &str) {
-        let header = self.base as *mut Header;
+        let header = self.map.base() as *mut Header;
         // SAFETY: under the init lock nobody else writes the header; raw writes avoid a
         // &mut aliasing readers' shared references.
         unsafe {
@@ -418,7 +344,7 @@ impl CardState {
                 }
             }
         }
-        Err(CardStateError::Full(self.path.clone()))
+        Err(CardStateError::Full(self.map.path().to_path_buf()))
     }
 
     /// Publishes this process's recent figures and heartbeat.

@@ -7,6 +7,7 @@
 
 pub mod cardstate;
 pub mod config;
+pub mod mapped;
 pub mod process;
 pub mod region;
 pub mod size;

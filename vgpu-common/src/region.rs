@@ -16,15 +16,12 @@
 //! exactly. A region whose magic, version, fingerprint, length or checksum is wrong is
 //! rebuilt, never trusted.
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use crate::config::MAX_DEVICES;
+use crate::mapped::{FNV_OFFSET, Found, MappedFile, fnv1a};
 use crate::process::{self, Identity};
 
 /// Process slots per container.
@@ -109,20 +106,12 @@ const fn layout_fingerprint() -> u64 {
         std::mem::size_of::<Slot>() as u64,
         std::mem::size_of::<DeviceRecord>() as u64,
     ];
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut hash = FNV_OFFSET;
     let mut i = 0;
     while i < parts.len() {
         hash ^= parts[i];
         hash = hash.wrapping_mul(0x0100_0000_01b3);
         i += 1;
-    }
-    hash
-}
-
-fn fnv1a(bytes: &[u8], mut hash: u64) -> u64 {
-    for byte in bytes {
-        hash ^= *byte as u64;
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     hash
 }
@@ -177,51 +166,7 @@ impl SlotId {
 
 /// An open usage region. The mapping lives as long as the value.
 pub struct Region {
-    base: *mut u8,
-    path: PathBuf,
-    _file: File,
-}
-
-// SAFETY: all shared state behind `base` is accessed through atomics, or is immutable
-// after initialisation under the file lock.
-unsafe impl Send for Region {}
-// SAFETY: as above.
-unsafe impl Sync for Region {}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: `base` came from a successful mmap of REGION_LEN bytes.
-        unsafe { libc::munmap(self.base.cast(), REGION_LEN) };
-    }
-}
-
-/// Holds `flock(LOCK_EX)` for the lifetime of the guard.
-struct FileLock(std::os::fd::RawFd);
-
-impl FileLock {
-    /// Tries for up to `patience`; the lock is only ever held for microseconds, and the
-    /// kernel drops it when its holder dies, so waiting longer means something is badly off.
-    fn acquire(file: &File, patience: Duration) -> Option<FileLock> {
-        let deadline = Instant::now() + patience;
-        loop {
-            // SAFETY: flock on a valid descriptor.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Some(FileLock(file.as_raw_fd()));
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-}
-
-impl Drop for FileLock {
-    fn drop(&mut self) {
-        // SAFETY: unlocking a descriptor we locked; the region keeps the file open
-        // beyond the guard, and flock on a closed descriptor only fails with EBADF.
-        unsafe { libc::flock(self.0, libc::LOCK_UN) };
-    }
+    map: MappedFile,
 }
 
 impl Region {
@@ -230,33 +175,26 @@ impl Region {
         if devices.len() > MAX_DEVICES {
             return Err(RegionError::TooManyDevices(devices.len()));
         }
-        let io_err = |source| RegionError::Io { path: path.to_path_buf(), source };
-        let file = OpenOptions::new().read(true).write(true).create(true).mode(0o666).open(path).map_err(io_err)?;
-        let lock = FileLock::acquire(&file, Duration::from_secs(2));
-        let len = file.metadata().map_err(io_err)?.len();
-        let fresh = len == 0;
-        if len != REGION_LEN as u64 {
-            file.set_len(0).map_err(io_err)?;
-            file.set_len(REGION_LEN as u64).map_err(io_err)?;
-            // Best effort: every container user must be able to write the region.
-            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
-        }
-        let region = Region::map(file, path)?;
-        let outcome = if fresh {
-            region.initialise(devices);
-            OpenOutcome::Created
-        } else if len != REGION_LEN as u64 {
-            region.initialise(devices);
-            OpenOutcome::Rebuilt(format!("length {len}, expected {REGION_LEN}"))
-        } else {
-            match region.check().and_then(|()| region.check_devices(devices)) {
+        let (map, found, lock) =
+            MappedFile::open_or_create(path, REGION_LEN).map_err(|source| RegionError::Io { path: path.to_path_buf(), source })?;
+        let region = Region { map };
+        let outcome = match found {
+            Found::Empty => {
+                region.initialise(devices);
+                OpenOutcome::Created
+            }
+            Found::WrongLength(len) => {
+                region.initialise(devices);
+                OpenOutcome::Rebuilt(format!("length {len}, expected {REGION_LEN}"))
+            }
+            Found::Sized => match region.check().and_then(|()| region.check_devices(devices)) {
                 Ok(()) => OpenOutcome::Attached,
                 Err(reason) => {
-                    region.zero_all();
+                    region.map.zero();
                     region.initialise(devices);
                     OpenOutcome::Rebuilt(reason)
                 }
-            }
+            },
         };
         drop(lock);
         Ok((region, outcome))
@@ -264,57 +202,37 @@ impl Region {
 
     /// Opens an existing region without changing it (host daemon, NVML readers).
     pub fn open_existing(path: &Path) -> Result<Region, RegionError> {
-        let io_err = |source| RegionError::Io { path: path.to_path_buf(), source };
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
-        if len != REGION_LEN as u64 {
-            return Err(RegionError::Invalid { path: path.to_path_buf(), reason: format!("length {len}, expected {REGION_LEN}") });
-        }
-        let region = Region::map(file, path)?;
+        let map = MappedFile::open_existing(path, REGION_LEN).map_err(|error| match error {
+            Ok(len) => RegionError::Invalid { path: path.to_path_buf(), reason: format!("length {len}, expected {REGION_LEN}") },
+            Err(source) => RegionError::Io { path: path.to_path_buf(), source },
+        })?;
+        let region = Region { map };
         region.check().map_err(|reason| RegionError::Invalid { path: path.to_path_buf(), reason })?;
         Ok(region)
     }
 
-    fn map(file: File, path: &Path) -> Result<Region, RegionError> {
-        // SAFETY: mapping a file we hold open, of exactly REGION_LEN bytes, shared.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                REGION_LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(RegionError::Io { path: path.to_path_buf(), source: io::Error::last_os_error() });
-        }
-        Ok(Region { base: base.cast(), path: path.to_path_buf(), _file: file })
-    }
-
     pub fn path(&self) -> &Path {
-        &self.path
+        self.map.path()
     }
 
     fn header(&self) -> &Header {
         // SAFETY: the mapping is REGION_LEN bytes, page aligned, and Header fits the first page.
-        unsafe { &*(self.base as *const Header) }
+        unsafe { &*(self.map.base() as *const Header) }
     }
 
     fn header_mut(&self) -> *mut Header {
-        self.base as *mut Header
+        self.map.base() as *mut Header
     }
 
     fn slot(&self, index: usize) -> &Slot {
         debug_assert!(index < MAX_SLOTS);
         // SAFETY: slots follow the header; index < MAX_SLOTS keeps us inside the mapping;
         // Slot is made of atomics, valid for any bit pattern.
-        unsafe { &*(self.base.add(SLOTS_OFFSET) as *const Slot).add(index) }
+        unsafe { &*(self.map.base().add(SLOTS_OFFSET) as *const Slot).add(index) }
     }
 
     fn immutable_checksum(header: &Header) -> u64 {
-        let mut hash = fnv1a(&header.magic, 0xcbf2_9ce4_8422_2325);
+        let mut hash = fnv1a(&header.magic, FNV_OFFSET);
         hash = fnv1a(&header.version.to_le_bytes(), hash);
         hash = fnv1a(&header.device_count.to_le_bytes(), hash);
         hash = fnv1a(&header.layout.to_le_bytes(), hash);
@@ -326,11 +244,6 @@ impl Region {
             hash = fnv1a(&device.core_mode.to_le_bytes(), hash);
         }
         hash
-    }
-
-    fn zero_all(&self) {
-        // SAFETY: we hold the file lock; the whole mapping is ours to rewrite.
-        unsafe { std::ptr::write_bytes(self.base, 0, REGION_LEN) };
     }
 
     /// Writes a fresh header; called under the file lock on a zeroed mapping.
@@ -437,7 +350,7 @@ impl Region {
                 self.reclaim_dead();
             }
         }
-        Err(RegionError::Full(self.path.clone()))
+        Err(RegionError::Full(self.map.path().to_path_buf()))
     }
 
     fn claim_free(&self, me: &Identity) -> Option<SlotId> {
@@ -493,11 +406,22 @@ impl Region {
             return false;
         }
         let counter = &self.slot(slot.0).used[device];
-        counter.fetch_add(bytes, Ordering::SeqCst);
-        if self.device_used(device) <= limit {
-            return true;
+        // Two reservations racing at the edge of the quota can both see the other's
+        // add and both back off, though one would have fitted. After backing off, try
+        // again (a few times) while what the others hold leaves room.
+        for _ in 0..4 {
+            counter.fetch_add(bytes, Ordering::SeqCst);
+            let total = self.device_used(device);
+            if total <= limit {
+                return true;
+            }
+            Region::saturating_sub(counter, bytes);
+            if total.saturating_sub(bytes) > limit.saturating_sub(bytes) {
+                // Others alone hold more than leaves room: a true refusal.
+                return false;
+            }
+            std::hint::spin_loop();
         }
-        Region::saturating_sub(counter, bytes);
         false
     }
 
@@ -688,9 +612,14 @@ mod tests {
         let (region, _) = Region::open(&dir.path().join("r"), &devices()).expect("open");
         let region = std::sync::Arc::new(region);
         let limit = 1000u64;
+        // What the threads hold after a successful reservation: never above the limit.
+        // (The region's own sum may pass it for an instant while a racing reservation
+        // that is about to back off is counted; that is conservative, never a grant.)
+        let committed = std::sync::Arc::new(AtomicU64::new(0));
         let handles: Vec<_> = (0..8)
             .map(|t| {
                 let region = region.clone();
+                let committed = committed.clone();
                 std::thread::spawn(move || {
                     let me = Identity { start_time: 1_000_000 + t, ..process::current() };
                     let slot = region.attach(&me).expect("attach");
@@ -699,13 +628,16 @@ mod tests {
                         let size = 1 + (i * 7 + t) % 97;
                         if region.try_reserve(slot, 0, size, limit) {
                             held += size;
-                            assert!(region.device_used(0) <= limit);
+                            let now = committed.fetch_add(size, Ordering::SeqCst) + size;
+                            assert!(now <= limit, "{now} bytes held under a limit of {limit}");
                         }
                         if i % 3 == 0 && held > 0 {
+                            committed.fetch_sub(held, Ordering::SeqCst);
                             region.release(slot, 0, held);
                             held = 0;
                         }
                     }
+                    committed.fetch_sub(held, Ordering::SeqCst);
                     region.release(slot, 0, held);
                 })
             })
