@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use vgpu_common::config::{Config, Loaded};
+use vgpu_common::config::Config;
 use vgpu_common::region::{OpenOutcome, Region, SlotId};
 use vgpu_common::config::MAX_DEVICES;
 use vgpu_common::{CoreMode, DeviceSelector, process};
-use vgpu_shimgen::runtime::{self, RealLibrary};
+use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
 
 use crate::cuda::*;
 use crate::forward::{self, SLOTS, idx};
@@ -37,15 +37,8 @@ macro_rules! real {
 }
 pub(crate) use real;
 
-/// What the config says the shim should do.
-pub enum Policy {
-    /// No config at all: a transparent forwarder.
-    Passthrough,
-    /// The config exists but is unusable: every device is hidden.
-    FailClosed,
-    /// Quotas apply.
-    Enforce(Box<Enforcer>),
-}
+/// What the config says the shim should do; `Apply` enforces quotas.
+pub type Policy = runtime::Policy<Enforcer>;
 
 pub struct Shim {
     pub real: Option<RealLibrary>,
@@ -83,44 +76,19 @@ pub fn shim() -> &'static Shim {
 }
 
 fn load() -> Shim {
-    let (policy_config, notice) = match Config::load_from_env() {
-        Ok(Loaded::Found(config, path)) => (Some(Ok((config, path))), None),
-        Ok(Loaded::Absent) => (None, None),
-        Err(err) => (Some(Err(())), Some(format!("config {err}; hiding every GPU (fail-closed)"))),
+    let start = runtime::Start {
+        shim: "cuda",
+        library: "libcuda.so.1",
+        unloaded_effect: "every CUDA call returns CUDA_ERROR_NOT_INITIALIZED",
+        fail_closed_effect: "hiding every GPU (fail-closed)",
     };
-    if let Some(message) = notice {
-        runtime::notice("cuda", format_args!("{message}"));
-    }
-    let config_ref = match &policy_config {
-        Some(Ok((config, _))) => Some(config),
-        _ => None,
-    };
-    let driver_dir = Config::resolved_driver_dir(config_ref);
-    let real_path = driver_dir.join("libcuda.so.1");
-    let real = match runtime::load_real(
-        &real_path,
-        &forward::NAMES,
-        &SLOTS,
-        |index| forward::HOOKS[index].is_some(),
-        stubs::missing_in_driver as *mut c_void,
-    ) {
-        Ok(real) => {
-            debug!("loaded {} ({} of {} exports, {} missing)", real_path.display(), real.resolved(), forward::COUNT, real.missing.len());
-            Some(real)
-        }
-        Err(err) => {
-            runtime::notice(
-                "cuda",
-                format_args!("cannot load the real driver {}: {err}; every CUDA call returns CUDA_ERROR_NOT_INITIALIZED", real_path.display()),
-            );
-            None
-        }
-    };
-    let policy = match policy_config {
-        None => Policy::Passthrough,
-        Some(Err(())) => Policy::FailClosed,
-        Some(Ok((config, path))) => match Enforcer::new(config, path, driver_dir) {
-            Some(enforcer) => Policy::Enforce(Box::new(enforcer)),
+    let (real, config, driver_dir) =
+        start.run(&forward::NAMES, &SLOTS, |index| forward::HOOKS[index].is_some(), stubs::missing_in_driver as *mut c_void);
+    let policy = match config {
+        StartConfig::Absent => Policy::Passthrough,
+        StartConfig::Broken => Policy::FailClosed,
+        StartConfig::Found(config, path) => match Enforcer::new(config, path, driver_dir) {
+            Some(enforcer) => Policy::Apply(Box::new(enforcer)),
             None => Policy::FailClosed,
         },
     };
@@ -529,7 +497,7 @@ extern "C" fn at_exit() {
 
 /// Gives this process's slot back at exit.
 fn on_exit() {
-    let Policy::Enforce(enforcer) = &shim().policy else { return };
+    let Policy::Apply(enforcer) = &shim().policy else { return };
     // SAFETY: PROCESS only holds leaked states.
     if let Some(state) = unsafe { PROCESS.load(Ordering::Acquire).as_ref() }
         && state.generation == FORK_GENERATION.load(Ordering::Acquire)
@@ -587,7 +555,7 @@ pub fn enforcer() -> Result<Option<&'static Enforcer>, CUresult> {
     match &shim().policy {
         Policy::Passthrough => Ok(None),
         Policy::FailClosed => Err(CUDA_ERROR_NO_DEVICE),
-        Policy::Enforce(enforcer) => Ok(Some(enforcer)),
+        Policy::Apply(enforcer) => Ok(Some(enforcer)),
     }
 }
 

@@ -4,23 +4,17 @@
 use std::ffi::{CString, c_char, c_void};
 use std::sync::OnceLock;
 
-use vgpu_common::config::{Config, Loaded};
+use vgpu_common::config::Config;
 use vgpu_common::region::{ProcessUsage, Region};
 use vgpu_common::{DeviceSelector, UtilizationScale};
-use vgpu_shimgen::runtime::{self, RealLibrary};
+use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
 
 use crate::forward::{self, SLOTS};
 use crate::nvml::*;
 use crate::{debug, real, stubs};
 
-pub enum Policy {
-    /// No config: forward everything.
-    Passthrough,
-    /// Unusable config: no device is visible.
-    FailClosed,
-    /// The container's virtual view.
-    Virtual(Box<View>),
-}
+/// What the config says the shim should do; `Apply` shows the container's view.
+pub type Policy = runtime::Policy<View>;
 
 pub struct Shim {
     pub real: Option<RealLibrary>,
@@ -50,39 +44,18 @@ pub fn shim() -> &'static Shim {
 }
 
 fn load() -> Shim {
-    let loaded = Config::load_from_env();
-    let config = match &loaded {
-        Ok(Loaded::Found(config, _)) => Some(config),
-        _ => None,
+    let start = runtime::Start {
+        shim: "nvml",
+        library: "libnvidia-ml.so.1",
+        unloaded_effect: "every NVML call returns NVML_ERROR_DRIVER_NOT_LOADED",
+        fail_closed_effect: "no GPU is visible (fail-closed)",
     };
-    let driver_dir = Config::resolved_driver_dir(config);
-    let real_path = driver_dir.join("libnvidia-ml.so.1");
-    let real = match runtime::load_real(
-        &real_path,
-        &forward::NAMES,
-        &SLOTS,
-        |index| forward::HOOKS[index].is_some(),
-        stubs::missing_in_driver as *mut c_void,
-    ) {
-        Ok(real) => {
-            debug!("loaded {} ({} of {} exports)", real_path.display(), real.resolved(), forward::COUNT);
-            Some(real)
-        }
-        Err(err) => {
-            runtime::notice(
-                "nvml",
-                format_args!("cannot load the real NVML {}: {err}; every NVML call returns NVML_ERROR_DRIVER_NOT_LOADED", real_path.display()),
-            );
-            None
-        }
-    };
-    let policy = match loaded {
-        Ok(Loaded::Absent) => Policy::Passthrough,
-        Err(err) => {
-            runtime::notice("nvml", format_args!("config {err}; no GPU is visible (fail-closed)"));
-            Policy::FailClosed
-        }
-        Ok(Loaded::Found(config, path)) => {
+    let (real, config, _) =
+        start.run(&forward::NAMES, &SLOTS, |index| forward::HOOKS[index].is_some(), stubs::missing_in_driver as *mut c_void);
+    let policy = match config {
+        StartConfig::Absent => Policy::Passthrough,
+        StartConfig::Broken => Policy::FailClosed,
+        StartConfig::Found(config, path) => {
             let region_path = config.resolved_region_path(&path);
             let region = match Region::open(&region_path, &config.region_devices()) {
                 Ok((region, _)) => Some(region),
@@ -94,7 +67,7 @@ fn load() -> Shim {
                     }
                 },
             };
-            Policy::Virtual(Box::new(View { config, region, devices: OnceLock::new() }))
+            Policy::Apply(Box::new(View { config, region, devices: OnceLock::new() }))
         }
     };
     Shim { real, policy }
@@ -105,7 +78,7 @@ pub fn view() -> Result<Option<&'static View>, ()> {
     match &shim().policy {
         Policy::Passthrough => Ok(None),
         Policy::FailClosed => Err(()),
-        Policy::Virtual(view) => Ok(Some(view)),
+        Policy::Apply(view) => Ok(Some(view)),
     }
 }
 

@@ -104,6 +104,77 @@ pub fn load_real<const N: usize>(
     Ok(RealLibrary { by_address, missing, path: path.to_path_buf() })
 }
 
+/// What the config says a shim should do with the calls it hooks.
+pub enum Policy<T> {
+    /// No config at all: a transparent forwarder.
+    Passthrough,
+    /// The config exists but is unusable: every device is hidden.
+    FailClosed,
+    /// The quota applies, through `T` (the shim's own machinery).
+    Apply(Box<T>),
+}
+
+/// The config as a shim starts with it.
+pub enum StartConfig {
+    Absent,
+    /// Unusable; the notice has been printed.
+    Broken,
+    Found(vgpu_common::Config, std::path::PathBuf),
+}
+
+/// What every shim does when it loads: read the config (`VGPU_CONFIG`; one stderr line
+/// naming the file and the error, then fail closed, when it is unusable), find the real
+/// library in the driver folder and fill the slots from it (one stderr line, and every
+/// call returns `unloaded_effect`'s error, when it cannot be loaded).
+pub struct Start {
+    pub shim: &'static str,
+    /// File name of the real library in the driver folder (`libcuda.so.1`).
+    pub library: &'static str,
+    /// What the application then gets, for the notices.
+    pub unloaded_effect: &'static str,
+    pub fail_closed_effect: &'static str,
+}
+
+impl Start {
+    pub fn run<const N: usize>(
+        &self,
+        names: &'static [&'static CStr; N],
+        slots: &Slots<N>,
+        hooked: impl Fn(usize) -> bool,
+        missing_stub: *mut c_void,
+    ) -> (Option<RealLibrary>, StartConfig, std::path::PathBuf) {
+        use vgpu_common::config::{Config, Loaded};
+        let config = match Config::load_from_env() {
+            Ok(Loaded::Found(config, path)) => StartConfig::Found(config, path),
+            Ok(Loaded::Absent) => StartConfig::Absent,
+            Err(err) => {
+                notice(self.shim, format_args!("config {err}; {}", self.fail_closed_effect));
+                StartConfig::Broken
+            }
+        };
+        let driver_dir = Config::resolved_driver_dir(match &config {
+            StartConfig::Found(config, _) => Some(config),
+            _ => None,
+        });
+        let path = driver_dir.join(self.library);
+        let real = match load_real(&path, names, slots, hooked, missing_stub) {
+            Ok(real) => {
+                log(
+                    Level::Debug,
+                    self.shim,
+                    format_args!("loaded {} ({} of {N} exports, {} missing)", path.display(), real.resolved(), real.missing.len()),
+                );
+                Some(real)
+            }
+            Err(err) => {
+                notice(self.shim, format_args!("cannot load the real library {}: {err}; {}", path.display(), self.unloaded_effect));
+                None
+            }
+        };
+        (real, config, driver_dir)
+    }
+}
+
 /// Runs a hook body; a panic becomes `on_panic` instead of unwinding into C.
 #[inline(always)]
 pub fn guard<R>(on_panic: R, body: impl FnOnce() -> R) -> R {
