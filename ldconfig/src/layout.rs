@@ -21,6 +21,9 @@ use crate::prepare::{BIN_SUBDIR, LIB_SUBDIR, SHIM_SUBDIR, SHIMS};
 pub struct LayoutPaths {
     /// The prepared driver folder on the host (`vgpu-ldconfig prepare --dest`).
     pub host_driver_dir: PathBuf,
+    /// Where the shims are on the host; `None` is `host_driver_dir/shim`, where
+    /// `prepare` deploys them.
+    pub host_shim_dir: Option<PathBuf>,
     /// Where that folder appears in the container.
     pub container_driver_dir: PathBuf,
     /// Container folders in which each shim is mounted over its real SONAME.
@@ -35,6 +38,7 @@ impl Default for LayoutPaths {
     fn default() -> Self {
         LayoutPaths {
             host_driver_dir: PathBuf::from("/var/lib/vgpu/driver"),
+            host_shim_dir: None,
             container_driver_dir: PathBuf::from("/usr/local/vgpu/driver"),
             container_library_dirs: [
                 "/usr/lib/x86_64-linux-gnu",
@@ -83,7 +87,10 @@ impl LayoutPaths {
 
     /// The host path of a deployed shim.
     pub fn host_shim(&self, shim_file_name: &str) -> PathBuf {
-        self.host_driver_dir.join(SHIM_SUBDIR).join(shim_file_name)
+        match &self.host_shim_dir {
+            Some(dir) => dir.join(shim_file_name),
+            None => self.host_driver_dir.join(SHIM_SUBDIR).join(shim_file_name),
+        }
     }
 
     /// The whole layout.
@@ -196,6 +203,7 @@ mod tests {
         std::fs::write(host.path().join("shim/libcuda_shim.so"), "x").unwrap();
         let paths = LayoutPaths {
             host_driver_dir: host.path().to_path_buf(),
+            host_shim_dir: None,
             container_driver_dir: PathBuf::from("/opt/drv"),
             container_library_dirs: vec![PathBuf::from("/lib")],
             container_nvidia_smi: vec![PathBuf::from("/bin/nvidia-smi")],

@@ -36,7 +36,7 @@ pub fn create_allocation_dir(config: &PluginConfig, record: &AllocationRecord) -
     let dir = allocation_dir(config, &record.id);
     std::fs::create_dir_all(&dir).map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
     let provisional = Config {
-        driver_dir: Some(PathBuf::from(layout::CONTAINER_DRIVER_LIB_DIR)),
+        driver_dir: Some(vgpu_ldconfig::LayoutPaths::default().container_driver_lib_dir()),
         usage_region: Some(PathBuf::from(layout::CONTAINER_REGION)),
         devices: Vec::new(),
         ..Config::default()
@@ -75,17 +75,16 @@ pub fn allocate_response(
         return response;
     }
     let dir = allocation_dir(config, &record.id);
-    let cuda_shim = config.shim_dir.join(layout::CUDA_SHIM_FILE);
-    let nvml_shim = config.shim_dir.join(layout::NVML_SHIM_FILE);
-    for lib_dir in layout::CONTAINER_LIBRARY_DIRS {
-        response.mounts.push(mount(&format!("{lib_dir}/libcuda.so.1"), &cuda_shim, true));
-        response.mounts.push(mount(&format!("{lib_dir}/libnvidia-ml.so.1"), &nvml_shim, true));
+    // The driver folder, the shims over every library folder, nvidia-smi and their env:
+    // the layout vgpu-ldconfig describes. Only nvidia-smi is optional (the host may have
+    // none); a missing shim must fail the container's start, never let it run unshimmed.
+    let mut driver = layout::driver_layout(config).layout();
+    driver.mounts.retain(|m| !m.container_path.ends_with("nvidia-smi") || m.host_path.exists());
+    for driver_mount in &driver.mounts {
+        let container = driver_mount.container_path.to_string_lossy();
+        response.mounts.push(mount(&container, &driver_mount.host_path, driver_mount.read_only));
     }
-    response.mounts.push(mount(layout::CONTAINER_DRIVER_DIR, &config.host_driver_dir, true));
-    let smi = config.host_driver_dir.join(layout::HOST_DRIVER_BIN_SUBDIR).join("nvidia-smi");
-    if smi.exists() {
-        response.mounts.push(mount(layout::CONTAINER_NVIDIA_SMI, &smi, true));
-    }
+    response.envs.extend(driver.env);
     response.mounts.push(mount(layout::CONTAINER_CONFIG, &dir.join("vgpu.yaml"), true));
     response.mounts.push(mount(layout::CONTAINER_REGION, &dir.join("usage.region"), false));
     let mut nodes: Vec<String> = cards.iter().filter_map(|card| card.minor).map(|minor| format!("nvidia{minor}")).collect();
@@ -102,7 +101,6 @@ pub fn allocate_response(
     }
     response.envs.insert(vgpu_common::config::CONFIG_ENV.to_string(), layout::CONTAINER_CONFIG.to_string());
     response.envs.insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
-    response.envs.insert("LD_LIBRARY_PATH".into(), layout::CONTAINER_LD_LIBRARY_PATH.into());
     if config.cdi_devices {
         for card in cards {
             response.cdi_devices.push(CdiDevice { name: format!("{}={}", config.cdi_kind, card.uuid) });
@@ -114,7 +112,7 @@ pub fn allocate_response(
 /// The final container config of a PreStart plan.
 pub fn container_config(devices: &[DeviceQuota]) -> Config {
     Config {
-        driver_dir: Some(PathBuf::from(layout::CONTAINER_DRIVER_LIB_DIR)),
+        driver_dir: Some(vgpu_ldconfig::LayoutPaths::default().container_driver_lib_dir()),
         usage_region: Some(PathBuf::from(layout::CONTAINER_REGION)),
         devices: devices.to_vec(),
         ..Config::default()
