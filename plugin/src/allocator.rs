@@ -605,3 +605,63 @@ fn cards_of(ids: &[String]) -> Vec<String> {
     let cards: BTreeSet<String> = ids.iter().filter_map(|id| DeviceId::parse(id)).map(|id| id.uuid).collect();
     cards.into_iter().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cards(count: u32) -> Vec<CardInfo> {
+        (0..count)
+            .map(|index| CardInfo {
+                uuid: format!("GPU-card-{index}"),
+                index,
+                minor: Some(index),
+                memory_total: 4 << 30,
+                numa_node: None,
+            })
+            .collect()
+    }
+
+    fn ids(allocator: &Allocator, kind: Kind) -> Vec<String> {
+        allocator.devices(kind).into_iter().map(|device| device.id).collect()
+    }
+
+    /// One fractional container: cores then memory, as kubelet asks for them.
+    fn place(allocator: &mut Allocator, cores: usize, memory: usize, now: u64) -> String {
+        let core_ids = allocator.preferred(Kind::Core, &ids(allocator, Kind::Core), &[], cores, now);
+        allocator.allocate(Kind::Core, &core_ids, now).expect("cores");
+        let memory_ids = allocator.preferred(Kind::Memory, &ids(allocator, Kind::Memory), &[], memory, now);
+        allocator.allocate(Kind::Memory, &memory_ids, now).expect("memory");
+        let core_card = DeviceId::parse(&core_ids[0]).expect("id").uuid;
+        let memory_card = DeviceId::parse(&memory_ids[0]).expect("id").uuid;
+        assert_eq!(core_card, memory_card, "one container's cores and memory on one card");
+        core_card
+    }
+
+    fn allocator(policy: Policy, dir: &std::path::Path) -> Allocator {
+        let config = PluginConfig { policy, state_dir: dir.to_path_buf(), ..PluginConfig::default() };
+        Allocator::new(config, cards(2), PluginState::default())
+    }
+
+    #[test]
+    fn binpack_fills_one_card_before_the_next() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut allocator = allocator(Policy::Binpack, dir.path());
+        let first = place(&mut allocator, 30, 4, 1);
+        let second = place(&mut allocator, 30, 4, 2);
+        assert_eq!(first, second, "binpack puts the second container beside the first");
+        let third = place(&mut allocator, 50, 4, 3);
+        assert_ne!(third, first, "50 more cores do not fit the first card's 40");
+    }
+
+    #[test]
+    fn spread_puts_each_container_on_the_emptiest_card() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut allocator = allocator(Policy::Spread, dir.path());
+        let first = place(&mut allocator, 30, 4, 1);
+        let second = place(&mut allocator, 30, 4, 2);
+        assert_ne!(first, second, "spread uses the idle card");
+        let third = place(&mut allocator, 10, 2, 3);
+        assert!(third == first || third == second);
+    }
+}

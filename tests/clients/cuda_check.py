@@ -7,6 +7,7 @@ which is the shim under `vgpu run`. Usage: cuda_check.py MODE [ARGS...]; prints 
   procaddress SIZE...   the same through pointers from cuGetProcAddress_v2, called by ctypes
   hold MiB SECONDS MARK allocate, write MARK, hold, free
   stress SECONDS SEED   16 threads allocating and freeing at random
+  devices MiB           every visible device: UUID, total, an allocation of MiB
   init-raw              cuInit and cuDeviceGetCount through ctypes, return codes only
   missing               call an export the simulated driver lacks
 """
@@ -118,6 +119,25 @@ elif mode == "stress":
     for t in threads:
         t.join()
     res.update(counts)
+elif mode == "devices":
+    # Every visible device: its UUID, its quota as total, and an allocation of ARGS[0] MiB.
+    check(cuda.cuInit(0), "cuInit")
+    (count,) = check(cuda.cuDeviceGetCount(), "cuDeviceGetCount")
+    res["count"] = count
+    res["devices"] = []
+    for ordinal in range(count):
+        (dev,) = check(cuda.cuDeviceGet(ordinal), "cuDeviceGet")
+        (uuid,) = check(cuda.cuDeviceGetUuid(dev), "cuDeviceGetUuid")
+        (total_mem,) = check(cuda.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
+        (ctx,) = check(cuda.cuCtxCreate(None, 0, dev), "cuCtxCreate")
+        free, total = mem_info()
+        err, ptr = cuda.cuMemAlloc(int(args[0]) * MIB)
+        res["devices"].append({"uuid": bytes(uuid.bytes).hex(), "total_mem": int(total_mem), "mem_info_total": total, "alloc": err.name})
+        if err == OK:
+            cuda.cuMemFree(ptr)
+        check(cuda.cuCtxDestroy(ctx), "cuCtxDestroy")
+    err, _ = cuda.cuDeviceGet(count)
+    res["beyond"] = err.name
 elif mode == "init-raw":
     # Straight through ctypes: cuda-bindings itself refuses to run without a driver.
     libcuda = ctypes.CDLL("libcuda.so.1")
