@@ -22,6 +22,7 @@
 //! metrics_address: 127.0.0.1:9401         # omit or null to turn metrics off
 //! cdi_devices: false                      # also return CDI names `<kind>=<uuid>`
 //! cdi_kind: nvidia.com/gpu
+//! host_proc: /proc                        # the host's /proc (the DaemonSet runs with hostPID)
 //! ```
 
 use std::net::SocketAddr;
@@ -67,6 +68,8 @@ pub struct PluginConfig {
     pub gc_grace_secs: u64,
     pub health_interval_secs: u64,
     pub kubelet_watch_interval_ms: u64,
+    /// The host's `/proc`, to map containers' PIDs to host PIDs for NVML readers.
+    pub host_proc: PathBuf,
     pub metrics_address: Option<SocketAddr>,
     pub cdi_devices: bool,
     pub cdi_kind: String,
@@ -94,6 +97,7 @@ impl Default for PluginConfig {
             gc_grace_secs: 300,
             health_interval_secs: 5,
             kubelet_watch_interval_ms: 1000,
+            host_proc: PathBuf::from("/proc"),
             metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 9401))),
             cdi_devices: false,
             cdi_kind: "nvidia.com/gpu".into(),

@@ -196,6 +196,34 @@ async fn garbage_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// Every second, fills in the host PIDs of container processes in every usage region
+/// (their slots know only the PID inside the container's PID namespace), so that NVML
+/// inside the container, which reports host PIDs, can list the container's processes.
+async fn host_pid_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+        let dirs: Vec<std::path::PathBuf> = {
+            let allocator = shared.allocator();
+            allocator.state().allocations.keys().map(|id| container::allocation_dir(&shared.config, id)).collect()
+        };
+        let proc_root = shared.config.host_proc.clone();
+        let filled = tokio::task::spawn_blocking(move || {
+            dirs.iter()
+                .filter_map(|dir| vgpu_common::region::Region::open_existing(&dir.join("usage.region")).ok())
+                .map(|region| region.fill_host_pids(&proc_root))
+                .sum::<usize>()
+        })
+        .await
+        .unwrap_or(0);
+        if filled > 0 {
+            tracing::debug!(filled, "mapped container PIDs to host PIDs");
+        }
+    }
+}
+
 fn health_loop(shared: Arc<Shared>, source: Arc<dyn DeviceSource>, stop: Arc<AtomicBool>) {
     let interval = Duration::from_secs(shared.config.health_interval_secs);
     let slice = interval.min(Duration::from_millis(500));
@@ -261,6 +289,7 @@ pub async fn start(config: PluginConfig, source: Arc<dyn DeviceSource>) -> anyho
     // calls Register for it.
     tasks.push(tokio::spawn(supervise(shared.clone(), resources, stop_receiver.clone())));
     tasks.push(tokio::spawn(garbage_loop(shared.clone(), stop_receiver.clone())));
+    tasks.push(tokio::spawn(host_pid_loop(shared.clone(), stop_receiver.clone())));
     let health_stop = Arc::new(AtomicBool::new(false));
     let health_thread = {
         let shared = shared.clone();

@@ -514,6 +514,46 @@ impl Region {
         freed
     }
 
+    /// Fills the host PID of live slots whose owner runs in another PID namespace, for
+    /// readers that see host PIDs (NVML inside a container reports them): a process in
+    /// `proc_root` (the host's `/proc`) whose PID namespace is the slot's, whose innermost
+    /// `NSpid` is the slot's PID and whose start time is the slot's. Returns how many it
+    /// filled. Cheap when there is nothing to fill: no scan at all.
+    pub fn fill_host_pids(&self, proc_root: &Path) -> usize {
+        let wanted: Vec<(usize, i32, u64, u64)> = (0..self.scan_end())
+            .filter_map(|index| {
+                let slot = self.slot(index);
+                let owner = slot.owner.load(Ordering::SeqCst);
+                let pid_ns = slot.pid_ns.load(Ordering::SeqCst);
+                let unknown = owner & 0xff == STATE_LIVE && slot.host_pid.load(Ordering::SeqCst) == 0;
+                (unknown && pid_ns != 0 && pid_ns != process::INIT_PID_NS)
+                    .then(|| (index, (owner >> 32) as i32, pid_ns, slot.start_time.load(Ordering::SeqCst)))
+            })
+            .collect();
+        if wanted.is_empty() {
+            return 0;
+        }
+        let Ok(entries) = std::fs::read_dir(proc_root) else { return 0 };
+        let mut filled = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(host_pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            let Some(ns) = process::pid_namespace_in(proc_root, &host_pid.to_string()) else { continue };
+            if !wanted.iter().any(|&(_, _, slot_ns, _)| slot_ns == ns) {
+                continue;
+            }
+            let inner = process::ns_pids_in(proc_root, host_pid).and_then(|levels| levels.last().copied());
+            let started = process::start_time_in(proc_root, host_pid);
+            for &(slot_index, pid, slot_ns, slot_start) in &wanted {
+                if slot_ns == ns && inner == Some(pid) && started == Some(slot_start) {
+                    self.set_host_pid(slot_index, host_pid);
+                    filled += 1;
+                }
+            }
+        }
+        filled
+    }
+
     /// Every live process and its counters.
     pub fn processes(&self) -> Vec<ProcessUsage> {
         let device_count = self.header().device_count as usize;
@@ -604,6 +644,34 @@ mod tests {
         assert_eq!(region.reclaim_dead(), 1);
         assert_eq!(region.device_used(0), 7);
         assert_eq!(region.processes().len(), 1);
+    }
+
+    #[test]
+    fn host_pids_are_found_through_nspid_and_the_pid_namespace() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (region, _) = Region::open(&dir.path().join("r"), &devices()).expect("open");
+        // A process of a container: PID 7 in PID namespace 4026532999, started at 4242.
+        let inside = Identity { pid: 7, start_time: 4242, pid_ns: 4026532999 };
+        let slot = region.attach(&inside).expect("attach");
+        // A fake host /proc: host PID 3100 is that process; 3101 is PID 7 of another
+        // namespace; 3102 is in the right namespace but started at another time.
+        let proc_root = dir.path().join("proc");
+        let fake = |host: i32, ns: u64, inner: i32, start: u64| {
+            let at = proc_root.join(host.to_string());
+            std::fs::create_dir_all(at.join("ns")).expect("mkdir");
+            std::os::unix::fs::symlink(format!("pid:[{ns}]"), at.join("ns/pid")).expect("link");
+            std::fs::write(at.join("status"), format!("Name:\tpython3\nNSpid:\t{host}\t{inner}\n")).expect("status");
+            let stat = format!("{host} (python3) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0");
+            std::fs::write(at.join("stat"), stat).expect("stat");
+        };
+        fake(3101, 4026533000, 7, 4242);
+        fake(3102, 4026532999, 7, 9999);
+        fake(3100, 4026532999, 7, 4242);
+        assert_eq!(region.processes()[0].host_pid, 0);
+        assert_eq!(region.fill_host_pids(&proc_root), 1);
+        assert_eq!(region.processes()[0].host_pid, 3100);
+        assert_eq!(region.fill_host_pids(&proc_root), 0, "nothing left to fill: no scan");
+        region.detach(slot);
     }
 
     #[test]
