@@ -221,6 +221,20 @@ fn soft_mode_falls_back_within_a_second_when_another_container_is_busy() {
     assert!((other_mean - 60.0).abs() <= 5.0, "hard 60 beside soft 30: {other_mean:.1}%");
 }
 
+#[test]
+fn two_processes_of_one_container_share_its_limit() {
+    let machine = Machine::new("one-container-two-processes");
+    let config = machine.container("shared", "    core_limit: 30\n");
+    let first = machine.spawn(&config, "k_1ms", 2000);
+    let second = machine.spawn(&config, "k_1ms", 2000);
+    let (first, second) = (finish(first), finish(second));
+    // After both have started and published (a few windows in), until the end.
+    let (a, b) = (first.mean(5, 18), second.mean(5, 18));
+    eprintln!("one container, two processes: {a:.1}% + {b:.1}% = {:.1}%\n{:?}\n{:?}", a + b, first.windows, second.windows);
+    assert!((a + b - 30.0).abs() <= 5.0, "the container took {:.1}% under a limit of 30", a + b);
+    assert!((a - 15.0).abs() <= 5.0 && (b - 15.0).abs() <= 5.0, "an even split: {a:.1}% and {b:.1}%");
+}
+
 /// The child side: loads the shim like an application would, launches `kernel` on its
 /// own stream as fast as allowed for the run time, and prints its timeline's windows.
 #[test]

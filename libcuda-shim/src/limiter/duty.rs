@@ -119,6 +119,12 @@ pub struct Estimates {
     by_key: HashMap<u64, Estimate>,
 }
 
+/// One process's part of its container's `percent` when `processes` of the container
+/// are active on the card: an even split, at least 1%.
+pub fn share_of(percent: u32, processes: u32) -> u32 {
+    (percent / processes.max(1)).max(1)
+}
+
 /// Launches between two samples of a short kernel.
 pub const SAMPLE_EVERY: u32 = 8;
 /// Kernels at least this long are measured every launch (the events cost nothing next to them).
@@ -322,6 +328,15 @@ mod tests {
         }
         let cost = estimates.get(1).map(|e| e.cost_ns).unwrap_or(0);
         assert!((290_000..=300_000).contains(&cost), "{cost}");
+    }
+
+    #[test]
+    fn a_containers_limit_is_split_among_its_active_processes() {
+        assert_eq!(share_of(60, 1), 60);
+        assert_eq!(share_of(60, 2), 30);
+        assert_eq!(share_of(10, 3), 3);
+        assert_eq!(share_of(2, 8), 1, "never zero");
+        assert_eq!(share_of(30, 0), 30);
     }
 
     #[test]

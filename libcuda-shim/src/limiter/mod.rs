@@ -534,13 +534,27 @@ impl DeviceLimiter {
                 soft: self.visible.core_mode == CoreMode::Soft,
             },
         );
-        if self.visible.core_mode == CoreMode::Soft {
+        let container_percent = if self.visible.core_mode == CoreMode::Soft {
             let contended = card.others_active(self.container, now, CONTENDED_WITHIN_NS);
-            let wanted = duty::effective_percent(CoreMode::Soft, self.limit, self.visible.core_ceiling, contended);
-            if wanted != percent {
-                debug!("soft limit on {}: {percent}% -> {wanted}% (contended: {contended})", self.visible.uuid);
-                inner.bucket.set_percent(wanted, now);
-            }
+            duty::effective_percent(CoreMode::Soft, self.limit, self.visible.core_ceiling, contended)
+        } else {
+            self.limit
+        };
+        // The limit is the container's, not each process's: split it evenly among the
+        // container's processes that were active on this card lately.
+        let siblings = card
+            .entries(now)
+            .iter()
+            .filter(|other| {
+                other.container == self.container
+                    && other.index != entry.index()
+                    && now.saturating_sub(other.active_ns) <= CONTENDED_WITHIN_NS
+            })
+            .count() as u32;
+        let wanted = duty::share_of(container_percent, siblings + 1);
+        if wanted != percent {
+            debug!("limit on {}: {percent}% -> {wanted}% ({} active processes in the container)", self.visible.uuid, siblings + 1);
+            inner.bucket.set_percent(wanted, now);
         }
     }
 
