@@ -61,9 +61,13 @@ struct NvmlReport {
 }
 
 type CuResult = c_int;
+/// Finds a driver function by export name.
+type Lookup = Box<dyn Fn(&CStr) -> Result<*mut c_void>>;
+/// `cuGetProcAddress_v2`.
+type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
 
 struct Cuda {
-    lookup: Box<dyn Fn(&CStr) -> Result<*mut c_void>>,
+    lookup: Lookup,
 }
 
 impl Cuda {
@@ -95,9 +99,8 @@ fn open_cuda(proc_address: bool) -> Result<Cuda> {
     // SAFETY: loading the CUDA driver by name, as any CUDA program does.
     let library = std::rc::Rc::new(unsafe { Library::new("libcuda.so.1") }.context("cannot load libcuda.so.1")?);
     // SAFETY: symbol type matches the driver's cuGetProcAddress_v2.
-    let get_proc: Option<unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult> =
-        unsafe { library.get(b"cuGetProcAddress_v2\0") }.ok().map(|s| *s);
-    let lookup: Box<dyn Fn(&CStr) -> Result<*mut c_void>> = match (proc_address, get_proc) {
+    let get_proc: Option<GetProcAddress> = unsafe { library.get(b"cuGetProcAddress_v2\0") }.ok().map(|s| *s);
+    let lookup: Lookup = match (proc_address, get_proc) {
         (true, Some(get_proc)) => Box::new(move |name: &CStr| {
             let full = name.to_str().unwrap_or_default();
             let base = full.strip_suffix("_v2").unwrap_or(full);

@@ -299,11 +299,11 @@ impl Enforcer {
     /// Remembers a successful allocation so that its free credits it back.
     pub fn record(&self, key: AllocKey, ticket: Ticket, context: usize) {
         let process = process_state(self);
-        if let Ok(mut allocations) = process.allocations.lock() {
-            if let Some(previous) = allocations.insert(key, Allocation { ticket, context }) {
-                // The driver reused a key we still held: the old one was freed behind our back.
-                self.region.release(previous.ticket.slot, previous.ticket.region_index, previous.ticket.bytes);
-            }
+        if let Ok(mut allocations) = process.allocations.lock()
+            && let Some(previous) = allocations.insert(key, Allocation { ticket, context })
+        {
+            // The driver reused a key we still held: the old one was freed behind our back.
+            self.region.release(previous.ticket.slot, previous.ticket.region_index, previous.ticket.bytes);
         }
     }
 

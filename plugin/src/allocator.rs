@@ -21,11 +21,15 @@ use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
 use crate::proto::{deviceplugin, podresources};
 use crate::state::{AllocationRecord, Owner, PluginState};
 
+/// (namespace, pod, container) as PodResources names a container.
+type ContainerKey = (String, String, String);
+
 /// Which container holds each device ID, from one PodResources List.
 #[derive(Clone, Debug, Default)]
 pub struct HolderIndex {
     holders: HashMap<String, Owner>,
-    devices: HashMap<(String, String, String), (Vec<String>, Vec<String>)>,
+    /// Each container's (core IDs, memory IDs).
+    devices: HashMap<ContainerKey, (Vec<String>, Vec<String>)>,
 }
 
 impl HolderIndex {

@@ -48,7 +48,7 @@ pub struct AllocationRecord {
 impl AllocationRecord {
     /// Core request of 100×N: N whole cards.
     pub fn is_whole_card(&self) -> bool {
-        !self.core_ids.is_empty() && self.core_ids.len() as u32 % crate::ids::CORES_PER_CARD == 0
+        !self.core_ids.is_empty() && (self.core_ids.len() as u32).is_multiple_of(crate::ids::CORES_PER_CARD)
     }
 
     /// Every device ID held.

@@ -78,7 +78,7 @@ async fn registers_both_resources_and_lists_devices() {
     assert_eq!(names, vec![CORE.to_string(), MEMORY.to_string()]);
     for registration in &registrations {
         assert!(kubelet.device_plugin_dir().join(&registration.endpoint).exists(), "served before Register");
-        let options = registration.options.clone().expect("options");
+        let options = registration.options.expect("options");
         assert!(options.pre_start_required && options.get_preferred_allocation_available);
     }
     let core_devices = device_list(&mut cores).await;

@@ -216,6 +216,31 @@ pub fn notice(shim: &str, message: std::fmt::Arguments<'_>) {
     eprintln!("vgpu-shim[{shim}]: {message}");
 }
 
+/// Defines an exported hook for a shim. `$forward` is the shim's generated module (with
+/// `SLOTS` and `idx`), `$on_panic` the API's error code for a caught panic. The body
+/// sees `$real`, the real function with the hook's own signature (or the stub that
+/// returns the right error), and runs under [`guard`].
+#[macro_export]
+macro_rules! define_hook {
+    ($forward:path, $on_panic:expr;
+     $(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty |$real:ident| $body:block) => {
+        $(#[$meta])*
+        #[unsafe(no_mangle)]
+        #[allow(non_snake_case, clippy::missing_safety_doc)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            use $forward as forward;
+            // SAFETY: the slot holds the real function of this very export (same C
+            // signature), or a stub that ignores its arguments and returns an error code.
+            let $real = unsafe {
+                ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(
+                    forward::SLOTS.get(forward::idx::$name),
+                )
+            };
+            $crate::runtime::guard($on_panic, move || $body)
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,29 +275,4 @@ mod tests {
         let slots: Slots<1> = Slots::new(std::ptr::null_mut());
         assert!(load_real(Path::new("/nonexistent/libx.so"), &NAMES, &slots, |_| false, std::ptr::null_mut()).is_err());
     }
-}
-
-/// Defines an exported hook for a shim. `$forward` is the shim's generated module (with
-/// `SLOTS` and `idx`), `$on_panic` the API's error code for a caught panic. The body
-/// sees `$real`, the real function with the hook's own signature (or the stub that
-/// returns the right error), and runs under [`guard`].
-#[macro_export]
-macro_rules! define_hook {
-    ($forward:path, $on_panic:expr;
-     $(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty |$real:ident| $body:block) => {
-        $(#[$meta])*
-        #[unsafe(no_mangle)]
-        #[allow(non_snake_case, clippy::missing_safety_doc)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            use $forward as forward;
-            // SAFETY: the slot holds the real function of this very export (same C
-            // signature), or a stub that ignores its arguments and returns an error code.
-            let $real = unsafe {
-                ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(
-                    forward::SLOTS.get(forward::idx::$name),
-                )
-            };
-            $crate::runtime::guard($on_panic, move || $body)
-        }
-    };
 }

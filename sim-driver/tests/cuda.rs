@@ -1908,7 +1908,7 @@ isolated!(
             (SUCCESS, 0, 2),
             "the per-thread variant is from 7.0"
         );
-        let mut missing: *mut c_void = 1 as *mut c_void;
+        let mut missing: *mut c_void = std::ptr::dangling_mut::<c_void>();
         let rc = call!(
             sim,
             "cuGetProcAddress",

@@ -106,7 +106,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let bytes = self.0;
         for (unit, shift) in [("TiB", 40u32), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-            if bytes != 0 && bytes % (1u64 << shift) == 0 {
+            if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
                 return write!(f, "{}{unit}", bytes >> shift);
             }
         }

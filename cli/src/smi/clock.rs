@@ -25,7 +25,7 @@ pub fn local_timestamp() -> String {
 }
 
 fn local_time(seconds: i64) -> Option<CivilTime> {
-    let time: libc::time_t = seconds.try_into().ok()?;
+    let time: libc::time_t = seconds;
     // SAFETY: `libc::tm` is plain old data (integers and a nullable pointer), so the
     // all-zero value is valid; `localtime_r` is the reentrant variant and writes only
     // into `broken_down`, which outlives the call, reading only `time`.

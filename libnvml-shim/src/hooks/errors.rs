@@ -25,7 +25,7 @@ fn own_string(result: NvmlReturn) -> &'static CStr {
 
 /// Written without `hook!`: its panic value is a string, not an error code.
 #[unsafe(no_mangle)]
-#[allow(non_snake_case)]
+#[allow(non_snake_case, clippy::missing_safety_doc)]
 pub unsafe extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
     vgpu_shimgen::runtime::guard(own_string(NVML_ERROR_UNKNOWN).as_ptr(), || {
         let shim = shim();

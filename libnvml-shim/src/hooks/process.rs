@@ -131,13 +131,12 @@ hook! {
         // SAFETY: non-null list from the caller.
         let caller = unsafe { &mut *list };
         let (version, mode) = (caller.version, caller.mode);
-        let result = filtered(device, &mut caller.num_proc_array_entries, caller.proc_array, PROCESS_DETAIL_V1_BYTES, |count, records| {
+        filtered(device, &mut caller.num_proc_array_entries, caller.proc_array, PROCESS_DETAIL_V1_BYTES, |count, records| {
             // SAFETY: the count is in/out, so pass it through a scratch copy of the list.
             let mut scratch = ProcessDetailList { version, mode, num_proc_array_entries: unsafe { *count }, proc_array: records };
             let result = unsafe { real(device, &mut scratch) };
             unsafe { *count = scratch.num_proc_array_entries };
             result
-        });
-        result
+        })
     }
 }
