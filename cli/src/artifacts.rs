@@ -48,11 +48,19 @@ impl Artifacts {
         let nvml_shim = prefix.join("lib64/libnvidia-ml.so.1");
         for path in [&cuda_shim, &nvml_shim] {
             if !path.is_file() {
-                bail!("{} is missing (run `vgpu install --prefix {}`)", path.display(), prefix.display());
+                bail!(
+                    "{} is missing (run `vgpu install --prefix {}`)",
+                    path.display(),
+                    prefix.display()
+                );
             }
         }
         let sim = Some(prefix.join("sim/lib64/libvgpu_sim.so")).filter(|p| p.is_file());
-        Ok(Artifacts { cuda_shim, nvml_shim, sim })
+        Ok(Artifacts {
+            cuda_shim,
+            nvml_shim,
+            sim,
+        })
     }
 
     /// A Cargo target folder (`target/debug`, `target/release`).
@@ -68,7 +76,11 @@ impl Artifacts {
             }
         }
         let sim = Some(dir.join("libvgpu_sim.so")).filter(|p| p.is_file());
-        Ok(Artifacts { cuda_shim, nvml_shim, sim })
+        Ok(Artifacts {
+            cuda_shim,
+            nvml_shim,
+            sim,
+        })
     }
 
     /// The simulated driver, or a clear error.
@@ -81,10 +93,16 @@ impl Artifacts {
 /// their unversioned names) linking to the sim library.
 pub fn sim_driver_folder(dir: &Path, sim: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"] {
+    for name in [
+        "libcuda.so.1",
+        "libcuda.so",
+        "libnvidia-ml.so.1",
+        "libnvidia-ml.so",
+    ] {
         let link = dir.join(name);
         let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(sim, &link).with_context(|| format!("link {}", link.display()))?;
+        std::os::unix::fs::symlink(sim, &link)
+            .with_context(|| format!("link {}", link.display()))?;
     }
     Ok(())
 }

@@ -21,7 +21,8 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
     }
     // Replace rather than overwrite in place: the old file may be mapped by a running process.
     let staging = to.with_extension("vgpu-new");
-    std::fs::copy(from, &staging).with_context(|| format!("copy {} to {}", from.display(), staging.display()))?;
+    std::fs::copy(from, &staging)
+        .with_context(|| format!("copy {} to {}", from.display(), staging.display()))?;
     std::fs::rename(&staging, to).with_context(|| format!("rename to {}", to.display()))
 }
 
@@ -50,9 +51,15 @@ pub fn run(args: &InstallArgs) -> Result<()> {
     }
     println!("installed into {}", args.prefix.display());
     println!("  {}  (CUDA shim)", lib64.join("libcuda.so.1").display());
-    println!("  {}  (NVML shim)", lib64.join("libnvidia-ml.so.1").display());
+    println!(
+        "  {}  (NVML shim)",
+        lib64.join("libnvidia-ml.so.1").display()
+    );
     if artifacts.sim.is_some() {
-        println!("  {}  (simulated driver)", args.prefix.join("sim/lib64").display());
+        println!(
+            "  {}  (simulated driver)",
+            args.prefix.join("sim/lib64").display()
+        );
     }
     println!("  {}", bin.display());
     Ok(())

@@ -10,7 +10,11 @@ mod smi;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "vgpu", version, about = "Share one NVIDIA GPU between containers with hard memory and compute quotas")]
+#[command(
+    name = "vgpu",
+    version,
+    about = "Share one NVIDIA GPU between containers with hard memory and compute quotas"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

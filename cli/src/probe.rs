@@ -64,7 +64,8 @@ type CuResult = c_int;
 /// Finds a driver function by export name.
 type Lookup = Box<dyn Fn(&CStr) -> Result<*mut c_void>>;
 /// `cuGetProcAddress_v2`.
-type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
+type GetProcAddress =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
 
 struct Cuda {
     lookup: Lookup,
@@ -78,28 +79,42 @@ impl Cuda {
     }
 
     fn error_name(&self, result: CuResult) -> String {
-        let Ok(get_name) = self.function::<unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult>(c"cuGetErrorName") else {
+        let Ok(get_name) = self
+            .function::<unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult>(
+                c"cuGetErrorName",
+            )
+        else {
             return format!("CUresult {result}");
         };
         let mut name: *const c_char = std::ptr::null();
         // SAFETY: valid out-pointer; the driver returns a static string.
         if unsafe { get_name(result, &mut name) } == 0 && !name.is_null() {
             // SAFETY: NUL-terminated static string from the driver.
-            return unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+            return unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned();
         }
         format!("CUresult {result}")
     }
 
     fn check(&self, what: &str, result: CuResult) -> Result<()> {
-        if result == 0 { Ok(()) } else { anyhow::bail!("{what}: {}", self.error_name(result)) }
+        if result == 0 {
+            Ok(())
+        } else {
+            anyhow::bail!("{what}: {}", self.error_name(result))
+        }
     }
 }
 
 fn open_cuda(proc_address: bool) -> Result<Cuda> {
     // SAFETY: loading the CUDA driver by name, as any CUDA program does.
-    let library = std::rc::Rc::new(unsafe { Library::new("libcuda.so.1") }.context("cannot load libcuda.so.1")?);
+    let library = std::rc::Rc::new(
+        unsafe { Library::new("libcuda.so.1") }.context("cannot load libcuda.so.1")?,
+    );
     // SAFETY: symbol type matches the driver's cuGetProcAddress_v2.
-    let get_proc: Option<GetProcAddress> = unsafe { library.get(b"cuGetProcAddress_v2\0") }.ok().map(|s| *s);
+    let get_proc: Option<GetProcAddress> = unsafe { library.get(b"cuGetProcAddress_v2\0") }
+        .ok()
+        .map(|s| *s);
     let lookup: Lookup = match (proc_address, get_proc) {
         (true, Some(get_proc)) => Box::new(move |name: &CStr| {
             let full = name.to_str().unwrap_or_default();
@@ -125,7 +140,8 @@ fn open_cuda(proc_address: bool) -> Result<Cuda> {
 }
 
 fn memory_info(cuda: &Cuda) -> Result<(u64, u64)> {
-    let get_info = cuda.function::<unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult>(c"cuMemGetInfo_v2")?;
+    let get_info = cuda
+        .function::<unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult>(c"cuMemGetInfo_v2")?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: valid out-pointers.
     cuda.check("cuMemGetInfo", unsafe { get_info(&mut free, &mut total) })?;
@@ -135,20 +151,33 @@ fn memory_info(cuda: &Cuda) -> Result<(u64, u64)> {
 fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
     let cuda = open_cuda(args.proc_address)?;
     let init = cuda.function::<unsafe extern "C" fn(c_uint) -> CuResult>(c"cuInit")?;
-    let driver_version = cuda.function::<unsafe extern "C" fn(*mut c_int) -> CuResult>(c"cuDriverGetVersion")?;
-    let device_count = cuda.function::<unsafe extern "C" fn(*mut c_int) -> CuResult>(c"cuDeviceGetCount")?;
-    let device_get = cuda.function::<unsafe extern "C" fn(*mut c_int, c_int) -> CuResult>(c"cuDeviceGet")?;
-    let device_name = cuda.function::<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult>(c"cuDeviceGetName")?;
-    let total_mem = cuda.function::<unsafe extern "C" fn(*mut usize, c_int) -> CuResult>(c"cuDeviceTotalMem_v2")?;
-    let retain = cuda.function::<unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult>(c"cuDevicePrimaryCtxRetain")?;
-    let set_current = cuda.function::<unsafe extern "C" fn(*mut c_void) -> CuResult>(c"cuCtxSetCurrent")?;
-    let alloc = cuda.function::<unsafe extern "C" fn(*mut u64, usize) -> CuResult>(c"cuMemAlloc_v2")?;
+    let driver_version =
+        cuda.function::<unsafe extern "C" fn(*mut c_int) -> CuResult>(c"cuDriverGetVersion")?;
+    let device_count =
+        cuda.function::<unsafe extern "C" fn(*mut c_int) -> CuResult>(c"cuDeviceGetCount")?;
+    let device_get =
+        cuda.function::<unsafe extern "C" fn(*mut c_int, c_int) -> CuResult>(c"cuDeviceGet")?;
+    let device_name = cuda
+        .function::<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult>(
+            c"cuDeviceGetName",
+        )?;
+    let total_mem = cuda
+        .function::<unsafe extern "C" fn(*mut usize, c_int) -> CuResult>(c"cuDeviceTotalMem_v2")?;
+    let retain = cuda.function::<unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult>(
+        c"cuDevicePrimaryCtxRetain",
+    )?;
+    let set_current =
+        cuda.function::<unsafe extern "C" fn(*mut c_void) -> CuResult>(c"cuCtxSetCurrent")?;
+    let alloc =
+        cuda.function::<unsafe extern "C" fn(*mut u64, usize) -> CuResult>(c"cuMemAlloc_v2")?;
     let free = cuda.function::<unsafe extern "C" fn(u64) -> CuResult>(c"cuMemFree_v2")?;
 
     // SAFETY (all calls below): driver API calls with valid out-pointers and sizes.
     unsafe { driver_version(&mut report.driver_version) };
     cuda.check("cuInit", unsafe { init(0) })?;
-    cuda.check("cuDeviceGetCount", unsafe { device_count(&mut report.device_count) })?;
+    cuda.check("cuDeviceGetCount", unsafe {
+        device_count(&mut report.device_count)
+    })?;
     for ordinal in 0..report.device_count {
         let mut device = 0;
         cuda.check("cuDeviceGet", unsafe { device_get(&mut device, ordinal) })?;
@@ -157,16 +186,26 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
         let mut total = 0usize;
         cuda.check("cuDeviceTotalMem", unsafe { total_mem(&mut total, device) })?;
         // SAFETY: the driver NUL-terminates within the buffer.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
-        report.devices.push(DeviceReport { ordinal, name, total_mem: total as u64 });
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        report.devices.push(DeviceReport {
+            ordinal,
+            name,
+            total_mem: total as u64,
+        });
     }
     if report.device_count == 0 {
         return Ok(());
     }
     let mut device = 0;
-    cuda.check("cuDeviceGet", unsafe { device_get(&mut device, args.device) })?;
+    cuda.check("cuDeviceGet", unsafe {
+        device_get(&mut device, args.device)
+    })?;
     let mut context = std::ptr::null_mut();
-    cuda.check("cuDevicePrimaryCtxRetain", unsafe { retain(&mut context, device) })?;
+    cuda.check("cuDevicePrimaryCtxRetain", unsafe {
+        retain(&mut context, device)
+    })?;
     cuda.check("cuCtxSetCurrent", unsafe { set_current(context) })?;
     report.mem_get_info = Some(memory_info(&cuda)?);
     let mut held = Vec::new();
@@ -176,8 +215,15 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
         if result == 0 {
             held.push(pointer);
         }
-        let result = if result == 0 { "CUDA_SUCCESS".to_string() } else { cuda.error_name(result) };
-        report.allocations.push(AllocationReport { bytes: bytes.bytes(), result });
+        let result = if result == 0 {
+            "CUDA_SUCCESS".to_string()
+        } else {
+            cuda.error_name(result)
+        };
+        report.allocations.push(AllocationReport {
+            bytes: bytes.bytes(),
+            result,
+        });
     }
     if !held.is_empty() {
         report.nvml = probe_nvml().ok();
@@ -194,11 +240,14 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
 
 fn probe_nvml() -> Result<NvmlReport> {
     // SAFETY: loading NVML by name, as monitoring tools do.
-    let library = unsafe { Library::new("libnvidia-ml.so.1") }.context("cannot load libnvidia-ml.so.1")?;
+    let library =
+        unsafe { Library::new("libnvidia-ml.so.1") }.context("cannot load libnvidia-ml.so.1")?;
     // SAFETY: symbol types match NVML's C declarations.
     unsafe {
-        let init: libloading::Symbol<unsafe extern "C" fn() -> c_uint> = library.get(b"nvmlInit_v2\0")?;
-        let count: libloading::Symbol<unsafe extern "C" fn(*mut c_uint) -> c_uint> = library.get(b"nvmlDeviceGetCount_v2\0")?;
+        let init: libloading::Symbol<unsafe extern "C" fn() -> c_uint> =
+            library.get(b"nvmlInit_v2\0")?;
+        let count: libloading::Symbol<unsafe extern "C" fn(*mut c_uint) -> c_uint> =
+            library.get(b"nvmlDeviceGetCount_v2\0")?;
         let by_index: libloading::Symbol<unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_uint> =
             library.get(b"nvmlDeviceGetHandleByIndex_v2\0")?;
         let memory: libloading::Symbol<unsafe extern "C" fn(*mut c_void, *mut [u64; 3]) -> c_uint> =
@@ -206,7 +255,10 @@ fn probe_nvml() -> Result<NvmlReport> {
         anyhow::ensure!(init() == 0, "nvmlInit failed");
         let mut device_count = 0;
         anyhow::ensure!(count(&mut device_count) == 0, "nvmlDeviceGetCount failed");
-        let mut report = NvmlReport { device_count, memory: Vec::new() };
+        let mut report = NvmlReport {
+            device_count,
+            memory: Vec::new(),
+        };
         for index in 0..device_count {
             let mut device = std::ptr::null_mut();
             let mut info = [0u64; 3];
@@ -232,21 +284,39 @@ pub fn run(args: &ProbeArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
         return outcome;
     }
-    println!("driver API version {}.{}", report.driver_version / 1000, (report.driver_version % 1000) / 10);
+    println!(
+        "driver API version {}.{}",
+        report.driver_version / 1000,
+        (report.driver_version % 1000) / 10
+    );
     println!("devices: {}", report.device_count);
     for device in &report.devices {
-        println!("  {}: {} ({} total)", device.ordinal, device.name, mib(device.total_mem));
+        println!(
+            "  {}: {} ({} total)",
+            device.ordinal,
+            device.name,
+            mib(device.total_mem)
+        );
     }
     if let Some((free, total)) = report.mem_get_info {
         println!("cuMemGetInfo: {} free of {}", mib(free), mib(total));
     }
     for allocation in &report.allocations {
-        println!("cuMemAlloc({}): {}", ByteSize(allocation.bytes), allocation.result);
+        println!(
+            "cuMemAlloc({}): {}",
+            ByteSize(allocation.bytes),
+            allocation.result
+        );
     }
     if let Some(nvml) = &report.nvml {
         println!("NVML: {} device(s)", nvml.device_count);
         for (index, (total, free, used)) in nvml.memory.iter().enumerate() {
-            println!("  {index}: {} used, {} free of {}", mib(*used), mib(*free), mib(*total));
+            println!(
+                "  {index}: {} used, {} free of {}",
+                mib(*used),
+                mib(*free),
+                mib(*total)
+            );
         }
     }
     if let Some((free, total)) = report.after_free {

@@ -60,14 +60,23 @@ fn parse_core_mode(text: &str) -> Result<CoreMode, String> {
 }
 
 /// One `--device` argument.
-fn parse_device(text: &str, memory: Option<ByteSize>, cores: Option<u32>, core_mode: CoreMode) -> Result<DeviceQuota> {
+fn parse_device(
+    text: &str,
+    memory: Option<ByteSize>,
+    cores: Option<u32>,
+    core_mode: CoreMode,
+) -> Result<DeviceQuota> {
     let (selector, options) = match text.split_once(':') {
         Some((selector, options)) => (selector, Some(options)),
         None => (text, None),
     };
     let mut quota = DeviceQuota::unlimited_index(0);
     if !selector.is_empty() && selector.bytes().all(|b| b.is_ascii_digit()) {
-        quota.index = Some(selector.parse().with_context(|| format!("--device {text}: bad index"))?);
+        quota.index = Some(
+            selector
+                .parse()
+                .with_context(|| format!("--device {text}: bad index"))?,
+        );
     } else if !selector.is_empty() {
         quota.index = None;
         quota.uuid = Some(selector.to_string());
@@ -79,9 +88,16 @@ fn parse_device(text: &str, memory: Option<ByteSize>, cores: Option<u32>, core_m
     quota.core_mode = core_mode;
     for option in options.unwrap_or("").split(',').filter(|o| !o.is_empty()) {
         match option.split_once('=') {
-            Some(("memory", value)) => quota.memory_limit = Some(value.parse().with_context(|| format!("--device {text}"))?),
+            Some(("memory", value)) => {
+                quota.memory_limit =
+                    Some(value.parse().with_context(|| format!("--device {text}"))?)
+            }
             Some(("cores", value)) => {
-                quota.core_limit = Some(value.parse().with_context(|| format!("--device {text}: bad cores"))?)
+                quota.core_limit = Some(
+                    value
+                        .parse()
+                        .with_context(|| format!("--device {text}: bad cores"))?,
+                )
             }
             _ => bail!("--device {text}: unknown option `{option}` (use memory=SIZE or cores=N)"),
         }
@@ -133,10 +149,12 @@ fn plan(args: &RunArgs, artifacts: &Artifacts, work: &Path) -> Result<Plan> {
         work.join("driver")
     };
     if !args.simulate {
-        std::fs::create_dir_all(&driver_dir).with_context(|| format!("create {}", driver_dir.display()))?;
+        std::fs::create_dir_all(&driver_dir)
+            .with_context(|| format!("create {}", driver_dir.display()))?;
     }
     for (name, shim) in LIBS.iter().zip(shims) {
-        let public: Vec<PathBuf> = vgpu_ldconfig::loader_paths(name, &cache, ld_library_path.as_deref());
+        let public: Vec<PathBuf> =
+            vgpu_ldconfig::loader_paths(name, &cache, ld_library_path.as_deref());
         if !args.simulate {
             let real = match &args.driver_dir {
                 Some(dir) => dir.join(name),
@@ -144,14 +162,18 @@ fn plan(args: &RunArgs, artifacts: &Artifacts, work: &Path) -> Result<Plan> {
                     format!("the loader finds no real {name} on this host: use --simulate, or --driver-dir DIR")
                 })?,
             };
-            let real = std::fs::canonicalize(&real).with_context(|| format!("real driver library {}", real.display()))?;
+            let real = std::fs::canonicalize(&real)
+                .with_context(|| format!("real driver library {}", real.display()))?;
             let private = driver_dir.join(name);
-            std::fs::write(&private, b"").with_context(|| format!("create {}", private.display()))?;
+            std::fs::write(&private, b"")
+                .with_context(|| format!("create {}", private.display()))?;
             private_binds.push((real, private));
         }
         let mut seen = Vec::new();
         for path in public {
-            let Ok(target) = std::fs::canonicalize(&path) else { continue };
+            let Ok(target) = std::fs::canonicalize(&path) else {
+                continue;
+            };
             if !seen.contains(&target) {
                 seen.push(target);
                 covers.push((shim.to_path_buf(), path));
@@ -169,23 +191,43 @@ fn plan(args: &RunArgs, artifacts: &Artifacts, work: &Path) -> Result<Plan> {
         for (name, shim) in uncovered {
             let link = dir.join(name);
             let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(shim, &link).with_context(|| format!("link {}", link.display()))?;
+            std::os::unix::fs::symlink(shim, &link)
+                .with_context(|| format!("link {}", link.display()))?;
         }
         Some(dir)
     };
-    Ok(Plan { driver_dir, private_binds, covers, fallback_lib_dir })
+    Ok(Plan {
+        driver_dir,
+        private_binds,
+        covers,
+        fallback_lib_dir,
+    })
 }
 
 fn c_path(path: &Path) -> Result<CString> {
-    CString::new(path.as_os_str().as_encoded_bytes()).with_context(|| format!("{} holds a NUL byte", path.display()))
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .with_context(|| format!("{} holds a NUL byte", path.display()))
 }
 
 fn bind(source: &Path, target: &Path) -> Result<()> {
     let (source_c, target_c) = (c_path(source)?, c_path(target)?);
     // SAFETY: valid C strings; a bind mount has no data argument.
-    let rc = unsafe { libc::mount(source_c.as_ptr(), target_c.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+    let rc = unsafe {
+        libc::mount(
+            source_c.as_ptr(),
+            target_c.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
     if rc != 0 {
-        bail!("bind {} over {}: {}", source.display(), target.display(), std::io::Error::last_os_error());
+        bail!(
+            "bind {} over {}: {}",
+            source.display(),
+            target.display(),
+            std::io::Error::last_os_error()
+        );
     }
     Ok(())
 }
@@ -194,7 +236,11 @@ fn bind(source: &Path, target: &Path) -> Result<()> {
 fn enter_mount_namespace() -> Result<()> {
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let flags = if uid == 0 { libc::CLONE_NEWNS } else { libc::CLONE_NEWUSER | libc::CLONE_NEWNS };
+    let flags = if uid == 0 {
+        libc::CLONE_NEWNS
+    } else {
+        libc::CLONE_NEWUSER | libc::CLONE_NEWNS
+    };
     // SAFETY: unshare on the calling (single-threaded) process.
     if unsafe { libc::unshare(flags) } != 0 {
         let error = std::io::Error::last_os_error();
@@ -205,12 +251,20 @@ fn enter_mount_namespace() -> Result<()> {
     }
     if uid != 0 {
         std::fs::write("/proc/self/setgroups", "deny").context("user namespace: setgroups")?;
-        std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")).context("user namespace: uid_map")?;
-        std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")).context("user namespace: gid_map")?;
+        std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))
+            .context("user namespace: uid_map")?;
+        std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
+            .context("user namespace: gid_map")?;
     }
     // SAFETY: making every mount private to this namespace, so nothing leaks to the host.
     let rc = unsafe {
-        libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null())
+        libc::mount(
+            c"none".as_ptr(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
     };
     if rc != 0 {
         bail!("make mounts private: {}", std::io::Error::last_os_error());
@@ -227,14 +281,21 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         None => std::env::temp_dir().join(format!("vgpu-run-{}", std::process::id())),
     };
     std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
-    let work = WorkDir { path, keep: args.keep || args.state_dir.is_some() };
+    let work = WorkDir {
+        path,
+        keep: args.keep || args.state_dir.is_some(),
+    };
     let plan = plan(args, &artifacts, &work.path)?;
 
     let quota_given = args.memory.is_some() || args.cores.is_some() || !args.devices.is_empty();
     let mut command = Command::new(&args.command[0]);
     command.args(&args.command[1..]);
     if quota_given {
-        let selectors = if args.devices.is_empty() { vec!["0".to_string()] } else { args.devices.clone() };
+        let selectors = if args.devices.is_empty() {
+            vec!["0".to_string()]
+        } else {
+            args.devices.clone()
+        };
         let devices = selectors
             .iter()
             .map(|text| parse_device(text, args.memory, args.cores, args.core_mode))
@@ -245,17 +306,28 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             devices,
             ..Config::default()
         };
-        config.validate().map_err(|message| anyhow::anyhow!("quota: {message}"))?;
+        config
+            .validate()
+            .map_err(|message| anyhow::anyhow!("quota: {message}"))?;
         let config_path = work.path.join("vgpu.yaml");
-        std::fs::write(&config_path, config.to_yaml()).with_context(|| format!("write {}", config_path.display()))?;
-        command.env("VGPU_CONFIG", &config_path).env_remove("VGPU_DRIVER_DIR");
+        std::fs::write(&config_path, config.to_yaml())
+            .with_context(|| format!("write {}", config_path.display()))?;
+        command
+            .env("VGPU_CONFIG", &config_path)
+            .env_remove("VGPU_DRIVER_DIR");
     } else {
         // No quota: the shims forward only.
-        command.env("VGPU_DRIVER_DIR", &plan.driver_dir).env_remove("VGPU_CONFIG");
+        command
+            .env("VGPU_DRIVER_DIR", &plan.driver_dir)
+            .env_remove("VGPU_CONFIG");
     }
     if let Some(dir) = &plan.fallback_lib_dir {
         let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-        let joined = if old.is_empty() { dir.display().to_string() } else { format!("{}:{old}", dir.display()) };
+        let joined = if old.is_empty() {
+            dir.display().to_string()
+        } else {
+            format!("{}:{old}", dir.display())
+        };
         command.env("LD_LIBRARY_PATH", joined);
     }
 
@@ -270,10 +342,18 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     // SAFETY: installing a handler (not SIG_IGN, which exec would inherit) so that ^C
     // reaches the command while we stay to clean up.
     unsafe {
-        libc::signal(libc::SIGINT, ignore_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGQUIT, ignore_signal as *const () as libc::sighandler_t);
+        libc::signal(
+            libc::SIGINT,
+            ignore_signal as *const () as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGQUIT,
+            ignore_signal as *const () as libc::sighandler_t,
+        );
     }
-    let status = command.status().with_context(|| format!("cannot run {}", args.command[0]));
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {}", args.command[0]));
     // Mount points cannot be removed: detach our private binds before the work folder goes.
     for (_, private) in &plan.private_binds {
         if let Ok(target) = c_path(private) {
@@ -282,7 +362,9 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         }
     }
     let status = status?;
-    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    Ok(status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
 #[cfg(test)]
@@ -291,11 +373,18 @@ mod tests {
 
     #[test]
     fn device_arguments() {
-        let quota = parse_device("1:memory=2GiB,cores=30", Some(ByteSize::gib(4)), None, CoreMode::Hard).expect("parses");
+        let quota = parse_device(
+            "1:memory=2GiB,cores=30",
+            Some(ByteSize::gib(4)),
+            None,
+            CoreMode::Hard,
+        )
+        .expect("parses");
         assert_eq!(quota.index, Some(1));
         assert_eq!(quota.memory_limit, Some(ByteSize::gib(2)));
         assert_eq!(quota.core_limit, Some(30));
-        let quota = parse_device("GPU-abc", Some(ByteSize::gib(4)), Some(50), CoreMode::Soft).expect("parses");
+        let quota = parse_device("GPU-abc", Some(ByteSize::gib(4)), Some(50), CoreMode::Soft)
+            .expect("parses");
         assert_eq!(quota.uuid.as_deref(), Some("GPU-abc"));
         assert_eq!(quota.memory_limit, Some(ByteSize::gib(4)));
         assert_eq!(quota.core_mode, CoreMode::Soft);

@@ -42,9 +42,9 @@ pub fn array_format_bytes(format: u32) -> Option<u64> {
         0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
         0x02 | 0x09 | 0x10 => 2, // UNSIGNED_INT16, SIGNED_INT16, HALF
         0x03 | 0x0a | 0x20 => 4, // UNSIGNED_INT32, SIGNED_INT32, FLOAT
-        0x50..=0x54 => 1, // UNORM_INT8X1.. and friends (per channel)
+        0x50..=0x54 => 1,        // UNORM_INT8X1.. and friends (per channel)
         0x55..=0x5a => 2,
-        0xb0 => 1, // NV12 (approximate: luma plane bytes)
+        0xb0 => 1,        // NV12 (approximate: luma plane bytes)
         0x91..=0x9f => 1, // BC compressed formats: at most 1 byte per texel per channel
         _ => return None,
     })

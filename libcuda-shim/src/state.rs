@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use vgpu_common::config::Config;
-use vgpu_common::region::{OpenOutcome, Region, SlotId};
 use vgpu_common::config::MAX_DEVICES;
+use vgpu_common::region::{OpenOutcome, Region, SlotId};
 use vgpu_common::{CoreMode, DeviceSelector, process};
 use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
 
@@ -82,8 +82,12 @@ fn load() -> Shim {
         unloaded_effect: "every CUDA call returns CUDA_ERROR_NOT_INITIALIZED",
         fail_closed_effect: "hiding every GPU (fail-closed)",
     };
-    let (real, config, driver_dir) =
-        start.run(&forward::NAMES, &SLOTS, |index| forward::HOOKS[index].is_some(), stubs::missing_in_driver as *mut c_void);
+    let (real, config, driver_dir) = start.run(
+        &forward::NAMES,
+        &SLOTS,
+        |index| forward::HOOKS[index].is_some(),
+        stubs::missing_in_driver as *mut c_void,
+    );
     let policy = match config {
         StartConfig::Absent => Policy::Passthrough,
         StartConfig::Broken => Policy::FailClosed,
@@ -108,27 +112,45 @@ impl Enforcer {
         let region = match Region::open(&region_path, &devices) {
             Ok((region, outcome)) => {
                 if let OpenOutcome::Rebuilt(reason) = outcome {
-                    runtime::notice("cuda", format_args!("usage region {} was rebuilt: {reason}", region_path.display()));
+                    runtime::notice(
+                        "cuda",
+                        format_args!(
+                            "usage region {} was rebuilt: {reason}",
+                            region_path.display()
+                        ),
+                    );
                 }
                 region
             }
             Err(err) => {
                 // The quota must still hold inside this process.
-                let private = std::env::temp_dir().join(format!("vgpu-private-{}.region", std::process::id()));
+                let private = std::env::temp_dir()
+                    .join(format!("vgpu-private-{}.region", std::process::id()));
                 match Region::open(&private, &devices) {
                     Ok((region, _)) => {
                         let _ = std::fs::remove_file(&private);
-                        runtime::notice("cuda", format_args!("{err}; enforcing the quota for this process alone"));
+                        runtime::notice(
+                            "cuda",
+                            format_args!("{err}; enforcing the quota for this process alone"),
+                        );
                         region
                     }
                     Err(second) => {
-                        runtime::notice("cuda", format_args!("{err}; {second}; hiding every GPU (fail-closed)"));
+                        runtime::notice(
+                            "cuda",
+                            format_args!("{err}; {second}; hiding every GPU (fail-closed)"),
+                        );
                         return None;
                     }
                 }
             }
         };
-        Some(Enforcer { config, region, driver_dir, devices: OnceLock::new() })
+        Some(Enforcer {
+            config,
+            region,
+            driver_dir,
+            devices: OnceLock::new(),
+        })
     }
 
     /// The visible devices, in container order; `None` until the real driver answers
@@ -163,7 +185,12 @@ impl Enforcer {
             if unsafe { get(&mut handle, ordinal) } != CUDA_SUCCESS {
                 continue;
             }
-            cards.push(Card { handle, uuid: device_uuid(handle).unwrap_or_default(), pci: pci_location(handle), total: total_memory(handle) });
+            cards.push(Card {
+                handle,
+                uuid: device_uuid(handle).unwrap_or_default(),
+                pci: pci_location(handle),
+                total: total_memory(handle),
+            });
         }
         // `index:` selectors count in PCI order, as nvidia-smi and NVML do.
         let mut by_pci: Vec<usize> = (0..cards.len()).collect();
@@ -171,11 +198,19 @@ impl Enforcer {
         let mut visible = Vec::new();
         for (region_index, quota) in self.config.devices.iter().enumerate() {
             let found = match quota.selector() {
-                DeviceSelector::Uuid(uuid) => cards.iter().position(|card| card.uuid.eq_ignore_ascii_case(uuid.trim())),
+                DeviceSelector::Uuid(uuid) => cards
+                    .iter()
+                    .position(|card| card.uuid.eq_ignore_ascii_case(uuid.trim())),
                 DeviceSelector::Index(index) => by_pci.get(index as usize).copied(),
             };
             let Some(position) = found else {
-                runtime::notice("cuda", format_args!("config device {} is not on this host; it stays hidden", quota.selector()));
+                runtime::notice(
+                    "cuda",
+                    format_args!(
+                        "config device {} is not on this host; it stays hidden",
+                        quota.selector()
+                    ),
+                );
                 continue;
             };
             let card = &cards[position];
@@ -186,7 +221,10 @@ impl Enforcer {
                 real: card.handle,
                 uuid: card.uuid.clone(),
                 region_index,
-                memory_limit: quota.memory_limit.map(|limit| limit.bytes()).unwrap_or(card.total),
+                memory_limit: quota
+                    .memory_limit
+                    .map(|limit| limit.bytes())
+                    .unwrap_or(card.total),
                 core_limit: quota.effective_core_limit(),
                 core_mode: quota.core_mode,
                 core_ceiling: quota.core_ceiling,
@@ -234,22 +272,36 @@ impl Enforcer {
         let now = monotonic_ns();
         let last = process.last_sync_ns.load(Ordering::Relaxed);
         if now.saturating_sub(last) < SYNC_INTERVAL_NS
-            || process.last_sync_ns.compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed).is_err()
+            || process
+                .last_sync_ns
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
         {
             return;
         }
         // try_lock: never wait (and never deadlock in a forked child) for a best-effort figure.
-        let Ok(mut cache) = NVML_BY_UUID.try_lock() else { return };
+        let Ok(mut cache) = NVML_BY_UUID.try_lock() else {
+            return;
+        };
         let position = match cache.iter().position(|(uuid, _)| *uuid == device.uuid) {
             Some(position) => position,
             None => {
-                cache.push((device.uuid.clone(), open_nvml(&self.real_nvml_path(), &device.uuid)));
+                cache.push((
+                    device.uuid.clone(),
+                    open_nvml(&self.real_nvml_path(), &device.uuid),
+                ));
                 cache.len() - 1
             }
         };
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u64;
-        let Some(own) = cache[position].1.as_ref().and_then(|nvml| nvml.process_used(pid)) else { return };
+        let Some(own) = cache[position]
+            .1
+            .as_ref()
+            .and_then(|nvml| nvml.process_used(pid))
+        else {
+            return;
+        };
         drop(cache);
         let index = device.region_index;
         let extra = &process.driver_extra[index];
@@ -262,38 +314,81 @@ impl Enforcer {
             self.region.release(slot, index, before - after);
         }
         extra.store(after, Ordering::Release);
-        let contexts: u64 = process.contexts.lock().map(|c| c.iter().filter(|c| c.region_index == index).map(|c| c.bytes).sum()).unwrap_or(0);
+        let contexts: u64 = process
+            .contexts
+            .lock()
+            .map(|c| {
+                c.iter()
+                    .filter(|c| c.region_index == index)
+                    .map(|c| c.bytes)
+                    .sum()
+            })
+            .unwrap_or(0);
         self.region.set_context(slot, index, contexts + after);
         if after != before {
-            debug!("driver holds {after} bytes beyond our counts on {} (was {before})", device.uuid);
+            debug!(
+                "driver holds {after} bytes beyond our counts on {} (was {before})",
+                device.uuid
+            );
         }
     }
 
     /// Reserves `bytes` on `device` for this process, or says why not.
     pub fn reserve(&self, device: &Visible, bytes: u64) -> Result<Ticket, CUresult> {
         let process = process_state(self);
-        let Some(slot) = process.slot else { return Err(CUDA_ERROR_OUT_OF_MEMORY) };
+        let Some(slot) = process.slot else {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
         self.sync_with_driver(process, slot, device);
-        let limit = if self.config.memory_oversubscribe { u64::MAX } else { device.memory_limit };
-        if self.region.try_reserve(slot, device.region_index, bytes, limit) {
-            return Ok(Ticket { slot, region_index: device.region_index, bytes });
+        let limit = if self.config.memory_oversubscribe {
+            u64::MAX
+        } else {
+            device.memory_limit
+        };
+        if self
+            .region
+            .try_reserve(slot, device.region_index, bytes, limit)
+        {
+            return Ok(Ticket {
+                slot,
+                region_index: device.region_index,
+                bytes,
+            });
         }
         // Before saying no, credit back what dead processes held, and try once more.
-        if self.region.reclaim_dead() > 0 && self.region.try_reserve(slot, device.region_index, bytes, limit) {
-            return Ok(Ticket { slot, region_index: device.region_index, bytes });
+        if self.region.reclaim_dead() > 0
+            && self
+                .region
+                .try_reserve(slot, device.region_index, bytes, limit)
+        {
+            return Ok(Ticket {
+                slot,
+                region_index: device.region_index,
+                bytes,
+            });
         }
-        debug!("refused {bytes} bytes on {}: {} used of {}", device.uuid, self.used(device), limit);
+        debug!(
+            "refused {bytes} bytes on {}: {} used of {}",
+            device.uuid,
+            self.used(device),
+            limit
+        );
         Err(CUDA_ERROR_OUT_OF_MEMORY)
     }
 
     /// A ticket for bytes already added to the region.
     pub fn ticket(&self, slot: SlotId, device: &Visible, bytes: u64) -> Ticket {
-        Ticket { slot, region_index: device.region_index, bytes }
+        Ticket {
+            slot,
+            region_index: device.region_index,
+            bytes,
+        }
     }
 
     /// Gives back a reservation whose allocation failed.
     pub fn unreserve(&self, ticket: Ticket) {
-        self.region.release(ticket.slot, ticket.region_index, ticket.bytes);
+        self.region
+            .release(ticket.slot, ticket.region_index, ticket.bytes);
     }
 
     /// Remembers a successful allocation so that its free credits it back.
@@ -303,26 +398,44 @@ impl Enforcer {
             && let Some(previous) = allocations.insert(key, Allocation { ticket, context })
         {
             // The driver reused a key we still held: the old one was freed behind our back.
-            self.region.release(previous.ticket.slot, previous.ticket.region_index, previous.ticket.bytes);
+            self.region.release(
+                previous.ticket.slot,
+                previous.ticket.region_index,
+                previous.ticket.bytes,
+            );
         }
     }
 
     /// Credits back the allocation under `key`, if we counted it.
     pub fn forget(&self, key: AllocKey) {
         let process = process_state(self);
-        let removed = process.allocations.lock().ok().and_then(|mut allocations| allocations.remove(&key));
+        let removed = process
+            .allocations
+            .lock()
+            .ok()
+            .and_then(|mut allocations| allocations.remove(&key));
         if let Some(allocation) = removed {
-            self.region.release(allocation.ticket.slot, allocation.ticket.region_index, allocation.ticket.bytes);
+            self.region.release(
+                allocation.ticket.slot,
+                allocation.ticket.region_index,
+                allocation.ticket.bytes,
+            );
         }
     }
 
     /// Credits back everything allocated in `context` (its destruction frees it all).
     pub fn forget_context(&self, context: usize) {
         let process = process_state(self);
-        let Ok(mut allocations) = process.allocations.lock() else { return };
+        let Ok(mut allocations) = process.allocations.lock() else {
+            return;
+        };
         allocations.retain(|_, allocation| {
             if allocation.context == context {
-                self.region.release(allocation.ticket.slot, allocation.ticket.region_index, allocation.ticket.bytes);
+                self.region.release(
+                    allocation.ticket.slot,
+                    allocation.ticket.region_index,
+                    allocation.ticket.bytes,
+                );
                 false
             } else {
                 true
@@ -337,31 +450,57 @@ impl Enforcer {
 
     /// Records the overhead of a new context (once per context); `measure` gets the
     /// bytes this process's counted usage held before.
-    pub fn charge_context(&self, device: &Visible, context: usize, primary: bool, measure: impl FnOnce(u64) -> u64) {
+    pub fn charge_context(
+        &self,
+        device: &Visible,
+        context: usize,
+        primary: bool,
+        measure: impl FnOnce(u64) -> u64,
+    ) {
         let process = process_state(self);
         let Some(slot) = process.slot else { return };
         let tracked = self.region.slot_used(slot, device.region_index);
         let bytes = measure(tracked);
-        let Ok(mut charges) = process.contexts.lock() else { return };
+        let Ok(mut charges) = process.contexts.lock() else {
+            return;
+        };
         if charges.iter().any(|charge| charge.context == context) {
             return;
         }
-        charges.push(ContextCharge { context, region_index: device.region_index, bytes, primary });
+        charges.push(ContextCharge {
+            context,
+            region_index: device.region_index,
+            bytes,
+            primary,
+        });
         self.region.add_used(slot, device.region_index, bytes);
-        let total = charges.iter().filter(|c| c.region_index == device.region_index).map(|c| c.bytes).sum();
+        let total = charges
+            .iter()
+            .filter(|c| c.region_index == device.region_index)
+            .map(|c| c.bytes)
+            .sum();
         self.region.set_context(slot, device.region_index, total);
-        debug!("context {context:#x} on {} costs {bytes} bytes", device.uuid);
+        debug!(
+            "context {context:#x} on {} costs {bytes} bytes",
+            device.uuid
+        );
     }
 
     /// Whether this process already charged `context`.
     pub fn context_charged(&self, context: usize) -> bool {
-        process_state(self).contexts.lock().is_ok_and(|charges| charges.iter().any(|c| c.context == context))
+        process_state(self)
+            .contexts
+            .lock()
+            .is_ok_and(|charges| charges.iter().any(|c| c.context == context))
     }
 
     /// The primary context charged on a device, if any.
     pub fn primary_context(&self, device: &Visible) -> Option<usize> {
         let charges = process_state(self).contexts.lock().ok()?;
-        charges.iter().find(|c| c.primary && c.region_index == device.region_index).map(|c| c.context)
+        charges
+            .iter()
+            .find(|c| c.primary && c.region_index == device.region_index)
+            .map(|c| c.context)
     }
 
     /// Credits back a destroyed context: its allocations and its overhead.
@@ -369,11 +508,19 @@ impl Enforcer {
         self.forget_context(context);
         let process = process_state(self);
         let Some(slot) = process.slot else { return };
-        let Ok(mut charges) = process.contexts.lock() else { return };
-        let Some(position) = charges.iter().position(|c| c.context == context) else { return };
+        let Ok(mut charges) = process.contexts.lock() else {
+            return;
+        };
+        let Some(position) = charges.iter().position(|c| c.context == context) else {
+            return;
+        };
         let charge = charges.remove(position);
         self.region.release(slot, charge.region_index, charge.bytes);
-        let total = charges.iter().filter(|c| c.region_index == charge.region_index).map(|c| c.bytes).sum();
+        let total = charges
+            .iter()
+            .filter(|c| c.region_index == charge.region_index)
+            .map(|c| c.bytes)
+            .sum();
         self.region.set_context(slot, charge.region_index, total);
     }
 
@@ -431,7 +578,10 @@ struct ProcessState {
 const SYNC_INTERVAL_NS: u64 = 250_000_000;
 
 fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
@@ -497,7 +647,9 @@ extern "C" fn at_exit() {
 
 /// Gives this process's slot back at exit.
 fn on_exit() {
-    let Policy::Apply(enforcer) = &shim().policy else { return };
+    let Policy::Apply(enforcer) = &shim().policy else {
+        return;
+    };
     // SAFETY: PROCESS only holds leaked states.
     if let Some(state) = unsafe { PROCESS.load(Ordering::Acquire).as_ref() }
         && state.generation == FORK_GENERATION.load(Ordering::Acquire)
@@ -525,7 +677,22 @@ pub fn device_uuid(handle: CUdevice) -> Option<String> {
 pub fn format_uuid(b: &[u8; 16]) -> String {
     format!(
         "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]
+        b[0],
+        b[1],
+        b[2],
+        b[3],
+        b[4],
+        b[5],
+        b[6],
+        b[7],
+        b[8],
+        b[9],
+        b[10],
+        b[11],
+        b[12],
+        b[13],
+        b[14],
+        b[15]
     )
 }
 
@@ -537,7 +704,11 @@ fn pci_location(handle: CUdevice) -> (i32, i32, i32) {
         unsafe { attribute(&mut value, which, handle) };
         value
     };
-    (read(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID), read(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID), read(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID))
+    (
+        read(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+        read(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+        read(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID),
+    )
 }
 
 /// The card's own memory, from the real driver.
@@ -579,7 +750,11 @@ impl ContextMeter {
     pub fn start(enforcer: &Enforcer, uuid: &str) -> ContextMeter {
         let nvml = open_nvml(&enforcer.real_nvml_path(), uuid);
         let before = nvml.as_ref().and_then(Nvml::card_used);
-        ContextMeter { nvml, before, uuid: uuid.to_string() }
+        ContextMeter {
+            nvml,
+            before,
+            uuid: uuid.to_string(),
+        }
     }
 
     /// Bytes the context took; `tracked` is what this process's counted usage held.
@@ -611,7 +786,10 @@ impl Nvml {
 
     fn process_used(&self, pid: u64) -> Option<u64> {
         let processes = self.processes?;
-        let mut entries = [ProcessInfoV1 { pid: 0, used_gpu_memory: 0 }; 64];
+        let mut entries = [ProcessInfoV1 {
+            pid: 0,
+            used_gpu_memory: 0,
+        }; 64];
         let mut count = entries.len() as u32;
         // SAFETY: `entries` holds `count` records of nvmlProcessInfo_v1_t, the layout of
         // the unversioned nvmlDeviceGetComputeRunningProcesses.
@@ -640,18 +818,31 @@ fn open_nvml(path: &Path, uuid: &str) -> Option<Nvml> {
     // the NVML shim. Loading the shim (whatever the loader finds under that name) first
     // puts it ahead in the link map, so name lookups keep finding it.
     // SAFETY: loading the library the application itself would get under this name.
-    if let Ok(by_name) = unsafe { libloading::os::unix::Library::open(Some("libnvidia-ml.so.1"), libc::RTLD_NOW | libc::RTLD_LOCAL) } {
+    if let Ok(by_name) = unsafe {
+        libloading::os::unix::Library::open(
+            Some("libnvidia-ml.so.1"),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        )
+    } {
         std::mem::forget(by_name);
     }
     // SAFETY: loading NVIDIA's NVML from the real driver folder; it stays loaded.
-    let library = unsafe { libloading::os::unix::Library::open(Some(path), libc::RTLD_NOW | libc::RTLD_LOCAL) }.ok()?;
+    let library = unsafe {
+        libloading::os::unix::Library::open(Some(path), libc::RTLD_NOW | libc::RTLD_LOCAL)
+    }
+    .ok()?;
     // SAFETY: symbol types match NVML's C declarations.
     let nvml = unsafe {
-        let init: libloading::os::unix::Symbol<unsafe extern "C" fn() -> u32> = library.get(b"nvmlInit_v2\0").ok()?;
-        let by_uuid: libloading::os::unix::Symbol<unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> u32> =
-            library.get(b"nvmlDeviceGetHandleByUUID\0").ok()?;
+        let init: libloading::os::unix::Symbol<unsafe extern "C" fn() -> u32> =
+            library.get(b"nvmlInit_v2\0").ok()?;
+        let by_uuid: libloading::os::unix::Symbol<
+            unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> u32,
+        > = library.get(b"nvmlDeviceGetHandleByUUID\0").ok()?;
         let memory_info = *library.get(b"nvmlDeviceGetMemoryInfo\0").ok()?;
-        let processes = library.get(b"nvmlDeviceGetComputeRunningProcesses\0").ok().map(|s| *s);
+        let processes = library
+            .get(b"nvmlDeviceGetComputeRunningProcesses\0")
+            .ok()
+            .map(|s| *s);
         if init() != 0 {
             return None;
         }
@@ -660,7 +851,11 @@ fn open_nvml(path: &Path, uuid: &str) -> Option<Nvml> {
         if by_uuid(name.as_ptr(), &mut device) != 0 {
             return None;
         }
-        Nvml { device, memory_info, processes }
+        Nvml {
+            device,
+            memory_info,
+            processes,
+        }
     };
     std::mem::forget(library);
     Some(nvml)
@@ -670,7 +865,11 @@ fn open_nvml(path: &Path, uuid: &str) -> Option<Nvml> {
 /// 2 MiB pages, small ones in 512-byte units.
 pub fn charged_size(bytes: u64) -> u64 {
     const PAGE: u64 = 2 << 20;
-    if bytes >= (1 << 20) { bytes.div_ceil(PAGE) * PAGE } else { bytes.div_ceil(512) * 512 }
+    if bytes >= (1 << 20) {
+        bytes.div_ceil(PAGE) * PAGE
+    } else {
+        bytes.div_ceil(512) * 512
+    }
 }
 
 #[allow(unused_imports)]

@@ -50,8 +50,12 @@ fn load() -> Shim {
         unloaded_effect: "every NVML call returns NVML_ERROR_DRIVER_NOT_LOADED",
         fail_closed_effect: "no GPU is visible (fail-closed)",
     };
-    let (real, config, _) =
-        start.run(&forward::NAMES, &SLOTS, |index| forward::HOOKS[index].is_some(), stubs::missing_in_driver as *mut c_void);
+    let (real, config, _) = start.run(
+        &forward::NAMES,
+        &SLOTS,
+        |index| forward::HOOKS[index].is_some(),
+        stubs::missing_in_driver as *mut c_void,
+    );
     let policy = match config {
         StartConfig::Absent => Policy::Passthrough,
         StartConfig::Broken => Policy::FailClosed,
@@ -67,7 +71,11 @@ fn load() -> Shim {
                     }
                 },
             };
-            Policy::Apply(Box::new(View { config, region, devices: OnceLock::new() }))
+            Policy::Apply(Box::new(View {
+                config,
+                region,
+                devices: OnceLock::new(),
+            }))
         }
     };
     Shim { real, policy }
@@ -95,8 +103,10 @@ impl View {
 
     fn discover(&self) -> Option<Vec<VisibleGpu>> {
         let count = real!(nvmlDeviceGetCount_v2 as fn(*mut u32) -> NvmlReturn);
-        let by_uuid = real!(nvmlDeviceGetHandleByUUID as fn(*const c_char, *mut NvmlDevice) -> NvmlReturn);
-        let by_index = real!(nvmlDeviceGetHandleByIndex_v2 as fn(u32, *mut NvmlDevice) -> NvmlReturn);
+        let by_uuid =
+            real!(nvmlDeviceGetHandleByUUID as fn(*const c_char, *mut NvmlDevice) -> NvmlReturn);
+        let by_index =
+            real!(nvmlDeviceGetHandleByIndex_v2 as fn(u32, *mut NvmlDevice) -> NvmlReturn);
         let mut total = 0u32;
         // SAFETY: valid out-pointer; fails with UNINITIALIZED before nvmlInit.
         if unsafe { count(&mut total) } != NVML_SUCCESS {
@@ -114,8 +124,14 @@ impl View {
                 // SAFETY: valid out-pointer.
                 DeviceSelector::Index(index) => unsafe { by_index(index, &mut handle) },
             };
-            if result != NVML_SUCCESS || handle.is_null() || visible.iter().any(|v| v.handle == handle as usize) {
-                debug!("config device {} not found in NVML ({result})", quota.selector());
+            if result != NVML_SUCCESS
+                || handle.is_null()
+                || visible.iter().any(|v| v.handle == handle as usize)
+            {
+                debug!(
+                    "config device {} not found in NVML ({result})",
+                    quota.selector()
+                );
                 continue;
             }
             visible.push(VisibleGpu {
@@ -130,7 +146,10 @@ impl View {
 
     /// The visible device behind a real handle.
     pub fn find(&self, handle: NvmlDevice) -> Option<(usize, &VisibleGpu)> {
-        self.devices()?.iter().enumerate().find(|(_, device)| device.handle == handle as usize)
+        self.devices()?
+            .iter()
+            .enumerate()
+            .find(|(_, device)| device.handle == handle as usize)
     }
 
     /// Bytes the container holds on a device.
@@ -159,7 +178,13 @@ impl View {
     pub fn container_pid(&self, processes: &[ProcessUsage], host_pid: u32) -> Option<u32> {
         processes
             .iter()
-            .find(|p| if p.host_pid != 0 { p.host_pid as u32 == host_pid } else { p.pid as u32 == host_pid })
+            .find(|p| {
+                if p.host_pid != 0 {
+                    p.host_pid as u32 == host_pid
+                } else {
+                    p.pid as u32 == host_pid
+                }
+            })
             .map(|p| p.pid as u32)
     }
 

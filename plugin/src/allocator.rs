@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use tonic::Status;
 use vgpu_common::{CoreMode, DeviceQuota};
 
-use crate::config::{Policy, PluginConfig};
+use crate::config::{PluginConfig, Policy};
 use crate::devices::CardInfo;
 use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
 use crate::proto::{deviceplugin, podresources};
@@ -34,12 +34,24 @@ pub struct HolderIndex {
 
 impl HolderIndex {
     /// Indexes the devices of our two resources.
-    pub fn from_list(pods: &[podresources::PodResources], core_resource: &str, memory_resource: &str) -> HolderIndex {
+    pub fn from_list(
+        pods: &[podresources::PodResources],
+        core_resource: &str,
+        memory_resource: &str,
+    ) -> HolderIndex {
         let mut index = HolderIndex::default();
         for pod in pods {
             for container in &pod.containers {
-                let owner = Owner { namespace: pod.namespace.clone(), pod: pod.name.clone(), container: container.name.clone() };
-                let key = (owner.namespace.clone(), owner.pod.clone(), owner.container.clone());
+                let owner = Owner {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    container: container.name.clone(),
+                };
+                let key = (
+                    owner.namespace.clone(),
+                    owner.pod.clone(),
+                    owner.container.clone(),
+                );
                 for devices in &container.devices {
                     let is_core = devices.resource_name == core_resource;
                     if !is_core && devices.resource_name != memory_resource {
@@ -48,7 +60,11 @@ impl HolderIndex {
                     let entry = index.devices.entry(key.clone()).or_default();
                     for id in &devices.device_ids {
                         index.holders.insert(id.clone(), owner.clone());
-                        if is_core { entry.0.push(id.clone()) } else { entry.1.push(id.clone()) }
+                        if is_core {
+                            entry.0.push(id.clone())
+                        } else {
+                            entry.1.push(id.clone())
+                        }
                     }
                 }
             }
@@ -64,7 +80,11 @@ impl HolderIndex {
     /// (core IDs, memory IDs) of a container.
     pub fn devices_of(&self, owner: &Owner) -> (Vec<String>, Vec<String>) {
         self.devices
-            .get(&(owner.namespace.clone(), owner.pod.clone(), owner.container.clone()))
+            .get(&(
+                owner.namespace.clone(),
+                owner.pod.clone(),
+                owner.container.clone(),
+            ))
             .cloned()
             .unwrap_or_default()
     }
@@ -103,7 +123,13 @@ fn list(ids: &[String]) -> String {
 impl Allocator {
     pub fn new(config: PluginConfig, cards: Vec<CardInfo>, state: PluginState) -> Allocator {
         let state_path = config.state_file();
-        Allocator { config, cards, unhealthy: BTreeMap::new(), state, state_path }
+        Allocator {
+            config,
+            cards,
+            unhealthy: BTreeMap::new(),
+            state,
+            state_path,
+        }
     }
 
     pub fn config(&self) -> &PluginConfig {
@@ -151,8 +177,14 @@ impl Allocator {
     pub fn devices(&self, kind: Kind) -> Vec<deviceplugin::Device> {
         let mut devices = Vec::new();
         for card in &self.cards {
-            let health = if self.unhealthy.contains_key(&card.uuid) { deviceplugin::UNHEALTHY } else { deviceplugin::HEALTHY };
-            let topology = card.numa_node.map(|node| deviceplugin::TopologyInfo { nodes: vec![deviceplugin::NumaNode { id: node }] });
+            let health = if self.unhealthy.contains_key(&card.uuid) {
+                deviceplugin::UNHEALTHY
+            } else {
+                deviceplugin::HEALTHY
+            };
+            let topology = card.numa_node.map(|node| deviceplugin::TopologyInfo {
+                nodes: vec![deviceplugin::NumaNode { id: node }],
+            });
             for unit in 0..self.units_of(card, kind) {
                 devices.push(deviceplugin::Device {
                     id: DeviceId::new(&card.uuid, kind, unit).to_string(),
@@ -177,7 +209,8 @@ impl Allocator {
     /// Whether an allocation may still be in use: its devices are held in PodResources,
     /// or it is younger than the grace period.
     pub fn is_live(&self, record: &AllocationRecord, holders: &HolderIndex, now: u64) -> bool {
-        now.saturating_sub(record.created_unix) < self.config.gc_grace_secs || record.device_ids().any(|id| holders.holder(id).is_some())
+        now.saturating_sub(record.created_unix) < self.config.gc_grace_secs
+            || record.device_ids().any(|id| holders.holder(id).is_some())
     }
 
     /// The newest allocation still waiting for its other resource, within the window.
@@ -186,7 +219,9 @@ impl Allocator {
             .allocations
             .values()
             .filter(|record| record.owner.is_none())
-            .filter(|record| now.saturating_sub(record.created_unix) <= self.config.pairing_window_secs)
+            .filter(|record| {
+                now.saturating_sub(record.created_unix) <= self.config.pairing_window_secs
+            })
             .filter(|record| match kind {
                 Kind::Core => record.core_ids.is_empty(),
                 Kind::Memory => record.memory_ids.is_empty(),
@@ -204,7 +239,14 @@ impl Allocator {
     }
 
     /// GetPreferredAllocation for one container request.
-    pub fn preferred(&self, kind: Kind, available: &[String], must_include: &[String], size: usize, now: u64) -> Vec<String> {
+    pub fn preferred(
+        &self,
+        kind: Kind,
+        available: &[String],
+        must_include: &[String],
+        size: usize,
+        now: u64,
+    ) -> Vec<String> {
         let booked = self.booked();
         let mut free: BTreeMap<&str, Vec<DeviceId>> = BTreeMap::new();
         for id in available {
@@ -215,7 +257,10 @@ impl Allocator {
                 && self.card(&parsed.uuid).is_some()
                 && !self.unhealthy.contains_key(&parsed.uuid)
             {
-                let uuid = self.card(&parsed.uuid).map(|card| card.uuid.as_str()).unwrap_or_default();
+                let uuid = self
+                    .card(&parsed.uuid)
+                    .map(|card| card.uuid.as_str())
+                    .unwrap_or_default();
                 free.entry(uuid).or_default().push(parsed);
             }
         }
@@ -229,14 +274,23 @@ impl Allocator {
         }
         let pending = self.pending_pair(kind, now);
         let held_whole = self.cards_held_whole();
-        let must_cards: BTreeSet<String> =
-            must_include.iter().filter_map(|id| DeviceId::parse(id)).map(|id| id.uuid).collect();
+        let must_cards: BTreeSet<String> = must_include
+            .iter()
+            .filter_map(|id| DeviceId::parse(id))
+            .map(|id| id.uuid)
+            .collect();
         // Cards in preference order: the pending pair's card, must-include cards, then policy.
-        let mut order: Vec<&CardInfo> = self.cards.iter().filter(|card| free.contains_key(card.uuid.as_str())).collect();
+        let mut order: Vec<&CardInfo> = self
+            .cards
+            .iter()
+            .filter(|card| free.contains_key(card.uuid.as_str()))
+            .collect();
         let free_count = |card: &CardInfo| free.get(card.uuid.as_str()).map_or(0, Vec::len);
         match self.config.policy {
             Policy::Binpack => order.sort_by_key(|card| (free_count(card), card.index)),
-            Policy::Spread => order.sort_by_key(|card| (std::cmp::Reverse(free_count(card)), card.index)),
+            Policy::Spread => {
+                order.sort_by_key(|card| (std::cmp::Reverse(free_count(card)), card.index))
+            }
         }
         order.sort_by_key(|card| {
             let paired = pending.is_some_and(|record| record.cards.contains(&card.uuid));
@@ -245,9 +299,16 @@ impl Allocator {
         });
         let whole = kind == Kind::Core && size.is_multiple_of(CORES_PER_CARD as usize) && size > 0;
         if whole {
-            let booked_cards: BTreeSet<&str> =
-                self.state.allocations.values().flat_map(|record| record.cards.iter().map(String::as_str)).collect();
-            for card in order.iter().filter(|card| free_count(card) == CORES_PER_CARD as usize && !booked_cards.contains(card.uuid.as_str())) {
+            let booked_cards: BTreeSet<&str> = self
+                .state
+                .allocations
+                .values()
+                .flat_map(|record| record.cards.iter().map(String::as_str))
+                .collect();
+            for card in order.iter().filter(|card| {
+                free_count(card) == CORES_PER_CARD as usize
+                    && !booked_cards.contains(card.uuid.as_str())
+            }) {
                 if chosen.len() >= size {
                     break;
                 }
@@ -259,12 +320,23 @@ impl Allocator {
                     || !held_whole.contains(card.uuid.as_str())
                     || pending.is_some_and(|record| record.cards.contains(&card.uuid)))
         }) {
-            chosen.extend(free[card.uuid.as_str()].iter().take(needed).map(DeviceId::to_string));
+            chosen.extend(
+                free[card.uuid.as_str()]
+                    .iter()
+                    .take(needed)
+                    .map(DeviceId::to_string),
+            );
         }
         if chosen.len() < size {
             // Nothing fits on one card: give kubelet a plain pick; Allocate will say why it fails.
             chosen = must_include.to_vec();
-            chosen.extend(available.iter().filter(|id| !must_include.contains(id)).take(size - chosen.len()).cloned());
+            chosen.extend(
+                available
+                    .iter()
+                    .filter(|id| !must_include.contains(id))
+                    .take(size - chosen.len())
+                    .cloned(),
+            );
         }
         chosen.truncate(size.max(must_include.len()));
         chosen
@@ -300,15 +372,25 @@ impl Allocator {
             }
         }
         if !unknown.is_empty() {
-            return Err(Status::invalid_argument(format!("unknown device IDs: {}", list(&unknown))));
+            return Err(Status::invalid_argument(format!(
+                "unknown device IDs: {}",
+                list(&unknown)
+            )));
         }
         if !duplicates.is_empty() {
-            return Err(Status::invalid_argument(format!("device IDs listed twice: {}", list(&duplicates))));
+            return Err(Status::invalid_argument(format!(
+                "device IDs listed twice: {}",
+                list(&duplicates)
+            )));
         }
         if !unhealthy.is_empty() {
             let reasons: BTreeSet<String> = parsed
                 .iter()
-                .filter_map(|device| self.unhealthy.get(&device.uuid).map(|why| format!("{}: {why}", device.uuid)))
+                .filter_map(|device| {
+                    self.unhealthy
+                        .get(&device.uuid)
+                        .map(|why| format!("{}: {why}", device.uuid))
+                })
                 .collect();
             return Err(Status::failed_precondition(format!(
                 "unhealthy device IDs: {} ({})",
@@ -322,18 +404,34 @@ impl Allocator {
     /// Allocations that already hold any of `ids`.
     pub fn conflicts(&self, ids: &[String]) -> Vec<String> {
         let booked = self.booked();
-        let found: BTreeSet<String> = ids.iter().filter_map(|id| booked.get(id.as_str()).map(|record| record.id.clone())).collect();
+        let found: BTreeSet<String> = ids
+            .iter()
+            .filter_map(|id| booked.get(id.as_str()).map(|record| record.id.clone()))
+            .collect();
         found.into_iter().collect()
     }
 
     /// Drops the allocations among `ids` that are no longer live; returns them.
-    pub fn release_stale(&mut self, ids: &[String], holders: &HolderIndex, now: u64) -> anyhow::Result<Vec<AllocationRecord>> {
+    pub fn release_stale(
+        &mut self,
+        ids: &[String],
+        holders: &HolderIndex,
+        now: u64,
+    ) -> anyhow::Result<Vec<AllocationRecord>> {
         let stale: Vec<String> = ids
             .iter()
-            .filter(|id| self.state.allocations.get(*id).is_some_and(|record| !self.is_live(record, holders, now)))
+            .filter(|id| {
+                self.state
+                    .allocations
+                    .get(*id)
+                    .is_some_and(|record| !self.is_live(record, holders, now))
+            })
             .cloned()
             .collect();
-        let removed: Vec<AllocationRecord> = stale.iter().filter_map(|id| self.state.allocations.remove(id)).collect();
+        let removed: Vec<AllocationRecord> = stale
+            .iter()
+            .filter_map(|id| self.state.allocations.remove(id))
+            .collect();
         if !removed.is_empty() {
             self.save()?;
         }
@@ -345,16 +443,28 @@ impl Allocator {
     }
 
     /// Allocate for one container request of `kind`.
-    pub fn allocate(&mut self, kind: Kind, ids: &[String], now: u64) -> Result<AllocateDecision, Status> {
+    pub fn allocate(
+        &mut self,
+        kind: Kind,
+        ids: &[String],
+        now: u64,
+    ) -> Result<AllocateDecision, Status> {
         let devices = self.validate(kind, ids)?;
         let booked = self.booked();
-        let taken: Vec<String> = ids.iter().filter(|id| booked.contains_key(id.as_str())).cloned().collect();
+        let taken: Vec<String> = ids
+            .iter()
+            .filter(|id| booked.contains_key(id.as_str()))
+            .cloned()
+            .collect();
         if !taken.is_empty() {
             let holders: BTreeSet<String> = taken
                 .iter()
                 .filter_map(|id| booked.get(id.as_str()))
                 .map(|record| match &record.owner {
-                    Some(owner) => format!("{} ({}/{}/{})", record.id, owner.namespace, owner.pod, owner.container),
+                    Some(owner) => format!(
+                        "{} ({}/{}/{})",
+                        record.id, owner.namespace, owner.pod, owner.container
+                    ),
                     None => record.id.clone(),
                 })
                 .collect();
@@ -367,13 +477,18 @@ impl Allocator {
         let mut per_card: BTreeMap<u32, (String, usize)> = BTreeMap::new();
         for device in &devices {
             if let Some(card) = self.card(&device.uuid) {
-                per_card.entry(card.index).or_insert_with(|| (card.uuid.clone(), 0)).1 += 1;
+                per_card
+                    .entry(card.index)
+                    .or_insert_with(|| (card.uuid.clone(), 0))
+                    .1 += 1;
             }
         }
         let cards: Vec<String> = per_card.values().map(|(uuid, _)| uuid.clone()).collect();
         let pending = self.pending_pair(kind, now).cloned();
         let joins = |pending: &Option<AllocationRecord>| {
-            pending.as_ref().is_some_and(|record| record.cards.len() == 1 && cards.len() == 1 && record.cards == cards)
+            pending.as_ref().is_some_and(|record| {
+                record.cards.len() == 1 && cards.len() == 1 && record.cards == cards
+            })
         };
         match kind {
             Kind::Core => {
@@ -387,7 +502,11 @@ impl Allocator {
                     if !count.is_multiple_of(CORES_PER_CARD as usize) || !uneven.is_empty() {
                         return Err(Status::invalid_argument(format!(
                             "a request of {count} cores must be under 100 (part of one card) or a multiple of 100 (whole cards); cores per card: {}",
-                            if uneven.is_empty() { format!("{count} is not a multiple of 100") } else { uneven.join(", ") }
+                            if uneven.is_empty() {
+                                format!("{count} is not a multiple of 100")
+                            } else {
+                                uneven.join(", ")
+                            }
                         )));
                     }
                 }
@@ -404,7 +523,10 @@ impl Allocator {
                         .allocations
                         .values()
                         .filter(|record| record.cards.iter().any(|card| cards.contains(card)))
-                        .filter(|record| !(joins(&pending) && pending.as_ref().is_some_and(|p| p.id == record.id)))
+                        .filter(|record| {
+                            !(joins(&pending)
+                                && pending.as_ref().is_some_and(|p| p.id == record.id))
+                        })
                         .map(|record| record.id.clone())
                         .collect();
                     if !busy.is_empty() {
@@ -419,7 +541,12 @@ impl Allocator {
             Kind::Memory => {
                 let count = ids.len();
                 if cards.len() > 1 {
-                    let largest = self.cards.iter().map(|card| self.memory_units(card)).max().unwrap_or(0);
+                    let largest = self
+                        .cards
+                        .iter()
+                        .map(|card| self.memory_units(card))
+                        .max()
+                        .unwrap_or(0);
                     let unit = self.config.memory_unit;
                     if count as u64 > largest as u64 {
                         return Err(Status::invalid_argument(format!(
@@ -451,8 +578,13 @@ impl Allocator {
                 Kind::Core => record.core_ids = ids.to_vec(),
                 Kind::Memory => record.memory_ids = ids.to_vec(),
             }
-            self.state.allocations.insert(record.id.clone(), record.clone());
-            AllocateDecision { record, returns_mounts: false }
+            self.state
+                .allocations
+                .insert(record.id.clone(), record.clone());
+            AllocateDecision {
+                record,
+                returns_mounts: false,
+            }
         } else {
             let sequence = self.state.next_sequence;
             self.state.next_sequence += 1;
@@ -460,16 +592,30 @@ impl Allocator {
                 id: format!("a{now:x}-{sequence}"),
                 sequence,
                 cards,
-                core_ids: if kind == Kind::Core { ids.to_vec() } else { Vec::new() },
-                memory_ids: if kind == Kind::Memory { ids.to_vec() } else { Vec::new() },
+                core_ids: if kind == Kind::Core {
+                    ids.to_vec()
+                } else {
+                    Vec::new()
+                },
+                memory_ids: if kind == Kind::Memory {
+                    ids.to_vec()
+                } else {
+                    Vec::new()
+                },
                 created_unix: now,
                 mounts_returned: true,
                 owner: None,
             };
-            self.state.allocations.insert(record.id.clone(), record.clone());
-            AllocateDecision { record, returns_mounts: true }
+            self.state
+                .allocations
+                .insert(record.id.clone(), record.clone());
+            AllocateDecision {
+                record,
+                returns_mounts: true,
+            }
         };
-        self.save().map_err(|err| Status::internal(format!("cannot record the allocation: {err}")))?;
+        self.save()
+            .map_err(|err| Status::internal(format!("cannot record the allocation: {err}")))?;
         Ok(decision)
     }
 
@@ -482,12 +628,21 @@ impl Allocator {
 
     /// PreStartContainer: finds the container holding `ids`, checks its pairing and
     /// computes its quota.
-    pub fn plan_prestart(&mut self, ids: &[String], holders: &HolderIndex) -> Result<PreStartPlan, Status> {
+    pub fn plan_prestart(
+        &mut self,
+        ids: &[String],
+        holders: &HolderIndex,
+    ) -> Result<PreStartPlan, Status> {
         let owner = ids
             .iter()
             .find_map(|id| holders.holder(id))
             .cloned()
-            .ok_or_else(|| Status::failed_precondition(format!("PodResources lists no container holding {}", list(ids))))?;
+            .ok_or_else(|| {
+                Status::failed_precondition(format!(
+                    "PodResources lists no container holding {}",
+                    list(ids)
+                ))
+            })?;
         let (core_ids, memory_ids) = holders.devices_of(&owner);
         let who = format!("{}/{}/{}", owner.namespace, owner.pod, owner.container);
         let mine: BTreeSet<&String> = core_ids.iter().chain(memory_ids.iter()).collect();
@@ -498,8 +653,15 @@ impl Allocator {
             .filter(|record| record.device_ids().any(|id| mine.contains(id)))
             .cloned()
             .collect();
-        let known: BTreeSet<&String> = records.iter().flat_map(|record| record.device_ids()).collect();
-        let missing: Vec<String> = mine.iter().filter(|id| !known.contains(*id)).map(|id| (*id).clone()).collect();
+        let known: BTreeSet<&String> = records
+            .iter()
+            .flat_map(|record| record.device_ids())
+            .collect();
+        let missing: Vec<String> = mine
+            .iter()
+            .filter(|id| !known.contains(*id))
+            .map(|id| (*id).clone())
+            .collect();
         if !missing.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "{who}: device IDs {} were never allocated by this plugin",
@@ -563,17 +725,25 @@ impl Allocator {
             devices.push(DeviceQuota {
                 uuid: core_cards.first().cloned(),
                 index: None,
-                memory_limit: Some(vgpu_common::ByteSize(self.config.memory_unit.bytes() * memory_ids.len() as u64)),
+                memory_limit: Some(vgpu_common::ByteSize(
+                    self.config.memory_unit.bytes() * memory_ids.len() as u64,
+                )),
                 core_limit: Some(cores),
                 core_mode,
                 core_ceiling,
             });
         }
         // Fold the container's records into the one whose response carried the mounts.
-        let mut primaries: Vec<AllocationRecord> = records.iter().filter(|record| record.mounts_returned).cloned().collect();
+        let mut primaries: Vec<AllocationRecord> = records
+            .iter()
+            .filter(|record| record.mounts_returned)
+            .cloned()
+            .collect();
         primaries.sort_by_key(|record| record.sequence);
         let Some(first) = primaries.first() else {
-            return Err(Status::internal(format!("{who}: no allocation of its devices carried the mounts")));
+            return Err(Status::internal(format!(
+                "{who}: no allocation of its devices carried the mounts"
+            )));
         };
         let first_id = first.id.clone();
         for record in &records {
@@ -585,7 +755,11 @@ impl Allocator {
                 target.memory_ids.extend(removed.memory_ids);
             }
         }
-        Ok(PreStartPlan { allocation_ids: primaries.into_iter().map(|record| record.id).collect(), owner, devices })
+        Ok(PreStartPlan {
+            allocation_ids: primaries.into_iter().map(|record| record.id).collect(),
+            owner,
+            devices,
+        })
     }
 
     /// Records the owner found by PreStartContainer.
@@ -599,14 +773,22 @@ impl Allocator {
     }
 
     /// Drops every allocation that is no longer live; returns them.
-    pub fn collect_garbage(&mut self, holders: &HolderIndex, now: u64) -> anyhow::Result<Vec<AllocationRecord>> {
+    pub fn collect_garbage(
+        &mut self,
+        holders: &HolderIndex,
+        now: u64,
+    ) -> anyhow::Result<Vec<AllocationRecord>> {
         let ids: Vec<String> = self.state.allocations.keys().cloned().collect();
         self.release_stale(&ids, holders, now)
     }
 }
 
 fn cards_of(ids: &[String]) -> Vec<String> {
-    let cards: BTreeSet<String> = ids.iter().filter_map(|id| DeviceId::parse(id)).map(|id| id.uuid).collect();
+    let cards: BTreeSet<String> = ids
+        .iter()
+        .filter_map(|id| DeviceId::parse(id))
+        .map(|id| id.uuid)
+        .collect();
     cards.into_iter().collect()
 }
 
@@ -627,23 +809,45 @@ mod tests {
     }
 
     fn ids(allocator: &Allocator, kind: Kind) -> Vec<String> {
-        allocator.devices(kind).into_iter().map(|device| device.id).collect()
+        allocator
+            .devices(kind)
+            .into_iter()
+            .map(|device| device.id)
+            .collect()
     }
 
     /// One fractional container: cores then memory, as kubelet asks for them.
     fn place(allocator: &mut Allocator, cores: usize, memory: usize, now: u64) -> String {
-        let core_ids = allocator.preferred(Kind::Core, &ids(allocator, Kind::Core), &[], cores, now);
-        allocator.allocate(Kind::Core, &core_ids, now).expect("cores");
-        let memory_ids = allocator.preferred(Kind::Memory, &ids(allocator, Kind::Memory), &[], memory, now);
-        allocator.allocate(Kind::Memory, &memory_ids, now).expect("memory");
+        let core_ids =
+            allocator.preferred(Kind::Core, &ids(allocator, Kind::Core), &[], cores, now);
+        allocator
+            .allocate(Kind::Core, &core_ids, now)
+            .expect("cores");
+        let memory_ids = allocator.preferred(
+            Kind::Memory,
+            &ids(allocator, Kind::Memory),
+            &[],
+            memory,
+            now,
+        );
+        allocator
+            .allocate(Kind::Memory, &memory_ids, now)
+            .expect("memory");
         let core_card = DeviceId::parse(&core_ids[0]).expect("id").uuid;
         let memory_card = DeviceId::parse(&memory_ids[0]).expect("id").uuid;
-        assert_eq!(core_card, memory_card, "one container's cores and memory on one card");
+        assert_eq!(
+            core_card, memory_card,
+            "one container's cores and memory on one card"
+        );
         core_card
     }
 
     fn allocator(policy: Policy, dir: &std::path::Path) -> Allocator {
-        let config = PluginConfig { policy, state_dir: dir.to_path_buf(), ..PluginConfig::default() };
+        let config = PluginConfig {
+            policy,
+            state_dir: dir.to_path_buf(),
+            ..PluginConfig::default()
+        };
         Allocator::new(config, cards(2), PluginState::default())
     }
 
@@ -653,7 +857,10 @@ mod tests {
         let mut allocator = allocator(Policy::Binpack, dir.path());
         let first = place(&mut allocator, 30, 4, 1);
         let second = place(&mut allocator, 30, 4, 2);
-        assert_eq!(first, second, "binpack puts the second container beside the first");
+        assert_eq!(
+            first, second,
+            "binpack puts the second container beside the first"
+        );
         let third = place(&mut allocator, 50, 4, 3);
         assert_ne!(third, first, "50 more cores do not fit the first card's 40");
     }

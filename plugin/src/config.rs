@@ -112,15 +112,19 @@ impl PluginConfig {
         let config: PluginConfig = if text.trim().is_empty() {
             PluginConfig::default()
         } else {
-            serde_norway::from_str(text).map_err(|err| anyhow::anyhow!("{}: {err}", origin.display()))?
+            serde_norway::from_str(text)
+                .map_err(|err| anyhow::anyhow!("{}: {err}", origin.display()))?
         };
-        config.validate().map_err(|message| anyhow::anyhow!("{}: {message}", origin.display()))?;
+        config
+            .validate()
+            .map_err(|message| anyhow::anyhow!("{}: {message}", origin.display()))?;
         Ok(config)
     }
 
     /// Reads one file.
     pub fn load(path: &Path) -> anyhow::Result<PluginConfig> {
-        let text = std::fs::read_to_string(path).map_err(|err| anyhow::anyhow!("cannot read {}: {err}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| anyhow::anyhow!("cannot read {}: {err}", path.display()))?;
         PluginConfig::from_yaml(&text, path)
     }
 
@@ -128,16 +132,24 @@ impl PluginConfig {
         if self.memory_unit.bytes() < (1 << 20) {
             return Err(format!("memory_unit: {} is below 1MiB", self.memory_unit));
         }
-        for (key, name) in [("core_resource", &self.core_resource), ("memory_resource", &self.memory_resource)] {
+        for (key, name) in [
+            ("core_resource", &self.core_resource),
+            ("memory_resource", &self.memory_resource),
+        ] {
             if !name.contains('/') || name.starts_with('/') || name.ends_with('/') {
-                return Err(format!("{key}: `{name}` is not an extended resource name such as tencent.com/vcuda-core"));
+                return Err(format!(
+                    "{key}: `{name}` is not an extended resource name such as tencent.com/vcuda-core"
+                ));
             }
         }
         if self.core_resource == self.memory_resource {
             return Err("core_resource and memory_resource must differ".into());
         }
         if self.kubelet_socket.contains('/') || self.kubelet_socket.is_empty() {
-            return Err(format!("kubelet_socket: `{}` must be a file name inside device_plugin_dir", self.kubelet_socket));
+            return Err(format!(
+                "kubelet_socket: `{}` must be a file name inside device_plugin_dir",
+                self.kubelet_socket
+            ));
         }
         if let Some(ceiling) = self.default_core_ceiling
             && !(1..=100).contains(&ceiling)
@@ -191,12 +203,18 @@ mod tests {
     fn defaults_and_overrides() {
         let config = PluginConfig::from_yaml("", Path::new("p.yaml")).expect("empty is default");
         assert_eq!(config, PluginConfig::default());
-        let config = PluginConfig::from_yaml("policy: spread\nmemory_unit: 512MiB\nmetrics_address: null\n", Path::new("p.yaml"))
-            .expect("valid");
+        let config = PluginConfig::from_yaml(
+            "policy: spread\nmemory_unit: 512MiB\nmetrics_address: null\n",
+            Path::new("p.yaml"),
+        )
+        .expect("valid");
         assert_eq!(config.policy, Policy::Spread);
         assert_eq!(config.memory_unit, ByteSize::mib(512));
         assert_eq!(config.metrics_address, None);
-        assert_eq!(PluginConfig::endpoint_name("tencent.com/vcuda-core"), "vgpu-vcuda-core.sock");
+        assert_eq!(
+            PluginConfig::endpoint_name("tencent.com/vcuda-core"),
+            "vgpu-vcuda-core.sock"
+        );
     }
 
     #[test]
@@ -210,7 +228,9 @@ mod tests {
             ("kubelet_socket: a/b.sock\n", "kubelet_socket"),
             ("gc_interval_secs: 0\n", "gc_interval_secs"),
         ] {
-            let err = PluginConfig::from_yaml(text, Path::new("p.yaml")).expect_err(text).to_string();
+            let err = PluginConfig::from_yaml(text, Path::new("p.yaml"))
+                .expect_err(text)
+                .to_string();
             assert!(err.contains(needle), "{text:?} gave {err}");
         }
     }

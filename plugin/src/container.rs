@@ -32,9 +32,13 @@ pub fn allocation_dir(config: &PluginConfig, id: &str) -> PathBuf {
 
 /// Creates the allocation folder with a provisional config (the final one is written at
 /// PreStartContainer), so the file mounts always have a source.
-pub fn create_allocation_dir(config: &PluginConfig, record: &AllocationRecord) -> anyhow::Result<PathBuf> {
+pub fn create_allocation_dir(
+    config: &PluginConfig,
+    record: &AllocationRecord,
+) -> anyhow::Result<PathBuf> {
     let dir = allocation_dir(config, &record.id);
-    std::fs::create_dir_all(&dir).map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
     let provisional = Config {
         driver_dir: Some(vgpu_ldconfig::LayoutPaths::default().container_driver_lib_dir()),
         usage_region: Some(PathBuf::from(layout::CONTAINER_REGION)),
@@ -44,13 +48,18 @@ pub fn create_allocation_dir(config: &PluginConfig, record: &AllocationRecord) -
     write_atomically(&dir.join("vgpu.yaml"), provisional.to_yaml().as_bytes())?;
     let region = dir.join("usage.region");
     if !region.exists() {
-        std::fs::File::create(&region).map_err(|err| anyhow::anyhow!("cannot create {}: {err}", region.display()))?;
+        std::fs::File::create(&region)
+            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", region.display()))?;
     }
     Ok(dir)
 }
 
 fn mount(container: &str, host: &Path, read_only: bool) -> Mount {
-    Mount { container_path: container.to_string(), host_path: host.to_string_lossy().into_owned(), read_only }
+    Mount {
+        container_path: container.to_string(),
+        host_path: host.to_string_lossy().into_owned(),
+        read_only,
+    }
 }
 
 /// The Allocate response of one container request.
@@ -70,7 +79,10 @@ pub fn allocate_response(
     if units.1 > 0 {
         annotations.insert(ANNOTATION_MEMORY.to_string(), units.1.to_string());
     }
-    let mut response = ContainerAllocateResponse { annotations, ..ContainerAllocateResponse::default() };
+    let mut response = ContainerAllocateResponse {
+        annotations,
+        ..ContainerAllocateResponse::default()
+    };
     if !returns_mounts {
         return response;
     }
@@ -79,16 +91,39 @@ pub fn allocate_response(
     // the layout vgpu-ldconfig describes. Only nvidia-smi is optional (the host may have
     // none); a missing shim must fail the container's start, never let it run unshimmed.
     let mut driver = layout::driver_layout(config).layout();
-    driver.mounts.retain(|m| !m.container_path.ends_with("nvidia-smi") || m.host_path.exists());
+    driver
+        .mounts
+        .retain(|m| !m.container_path.ends_with("nvidia-smi") || m.host_path.exists());
     for driver_mount in &driver.mounts {
         let container = driver_mount.container_path.to_string_lossy();
-        response.mounts.push(mount(&container, &driver_mount.host_path, driver_mount.read_only));
+        response.mounts.push(mount(
+            &container,
+            &driver_mount.host_path,
+            driver_mount.read_only,
+        ));
     }
     response.envs.extend(driver.env);
-    response.mounts.push(mount(layout::CONTAINER_CONFIG, &dir.join("vgpu.yaml"), true));
-    response.mounts.push(mount(layout::CONTAINER_REGION, &dir.join("usage.region"), false));
-    let mut nodes: Vec<String> = cards.iter().filter_map(|card| card.minor).map(|minor| format!("nvidia{minor}")).collect();
-    nodes.extend(layout::CONTROL_DEVICES.iter().filter_map(|path| path.strip_prefix("/dev/")).map(str::to_string));
+    response.mounts.push(mount(
+        layout::CONTAINER_CONFIG,
+        &dir.join("vgpu.yaml"),
+        true,
+    ));
+    response.mounts.push(mount(
+        layout::CONTAINER_REGION,
+        &dir.join("usage.region"),
+        false,
+    ));
+    let mut nodes: Vec<String> = cards
+        .iter()
+        .filter_map(|card| card.minor)
+        .map(|minor| format!("nvidia{minor}"))
+        .collect();
+    nodes.extend(
+        layout::CONTROL_DEVICES
+            .iter()
+            .filter_map(|path| path.strip_prefix("/dev/"))
+            .map(str::to_string),
+    );
     for node in nodes {
         let host = config.dev_root.join(&node);
         if host.exists() {
@@ -99,11 +134,18 @@ pub fn allocate_response(
             });
         }
     }
-    response.envs.insert(vgpu_common::config::CONFIG_ENV.to_string(), layout::CONTAINER_CONFIG.to_string());
-    response.envs.insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
+    response.envs.insert(
+        vgpu_common::config::CONFIG_ENV.to_string(),
+        layout::CONTAINER_CONFIG.to_string(),
+    );
+    response
+        .envs
+        .insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
     if config.cdi_devices {
         for card in cards {
-            response.cdi_devices.push(CdiDevice { name: format!("{}={}", config.cdi_kind, card.uuid) });
+            response.cdi_devices.push(CdiDevice {
+                name: format!("{}={}", config.cdi_kind, card.uuid),
+            });
         }
     }
     response
@@ -135,12 +177,15 @@ fn region_devices(devices: &[DeviceQuota]) -> Vec<RegionDevice> {
 /// container's folder to the first.
 pub fn write_prestart(config: &PluginConfig, plan: &PreStartPlan) -> anyhow::Result<PathBuf> {
     let quota = container_config(&plan.devices);
-    quota.validate().map_err(|message| anyhow::anyhow!("the computed config is invalid: {message}"))?;
+    quota
+        .validate()
+        .map_err(|message| anyhow::anyhow!("the computed config is invalid: {message}"))?;
     let yaml = quota.to_yaml();
     let mut first = None;
     for id in &plan.allocation_ids {
         let dir = allocation_dir(config, id);
-        std::fs::create_dir_all(&dir).map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
         write_atomically(&dir.join("vgpu.yaml"), yaml.as_bytes())?;
         Region::open(&dir.join("usage.region"), &region_devices(&plan.devices))?;
         first.get_or_insert(dir);
@@ -152,21 +197,27 @@ pub fn write_prestart(config: &PluginConfig, plan: &PreStartPlan) -> anyhow::Res
 
 /// `<containers>/<namespace>_<pod>/<container>`.
 pub fn container_link(config: &PluginConfig, owner: &Owner) -> PathBuf {
-    config.containers_dir().join(owner.pod_key()).join(&owner.container)
+    config
+        .containers_dir()
+        .join(owner.pod_key())
+        .join(&owner.container)
 }
 
 fn link_container(config: &PluginConfig, owner: &Owner, target: &Path) -> anyhow::Result<()> {
     let link = container_link(config, owner);
     if let Some(parent) = link.parent() {
-        std::fs::create_dir_all(parent).map_err(|err| anyhow::anyhow!("cannot create {}: {err}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", parent.display()))?;
     }
     if std::fs::read_link(&link).is_ok_and(|existing| existing == target) {
         return Ok(());
     }
     let temp = link.with_extension("link-tmp");
     let _ = std::fs::remove_file(&temp);
-    std::os::unix::fs::symlink(target, &temp).map_err(|err| anyhow::anyhow!("cannot link {}: {err}", temp.display()))?;
-    std::fs::rename(&temp, &link).map_err(|err| anyhow::anyhow!("cannot link {}: {err}", link.display()))
+    std::os::unix::fs::symlink(target, &temp)
+        .map_err(|err| anyhow::anyhow!("cannot link {}: {err}", temp.display()))?;
+    std::fs::rename(&temp, &link)
+        .map_err(|err| anyhow::anyhow!("cannot link {}: {err}", link.display()))
 }
 
 /// Removes a collected allocation's folder and container link.
@@ -188,13 +239,27 @@ pub fn remove_allocation(config: &PluginConfig, record: &AllocationRecord) {
 
 /// Allocation folders on disk that the state does not know and that are older than
 /// `grace`: leftovers of a crash between mkdir and the state write.
-pub fn orphan_dirs(config: &PluginConfig, known: &[String], grace: std::time::Duration) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(config.allocations_dir()) else { return Vec::new() };
+pub fn orphan_dirs(
+    config: &PluginConfig,
+    known: &[String],
+    grace: std::time::Duration,
+) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(config.allocations_dir()) else {
+        return Vec::new();
+    };
     entries
         .flatten()
-        .filter(|entry| entry.file_name().to_str().is_some_and(|name| !known.iter().any(|id| id == name)))
         .filter(|entry| {
-            entry.metadata().and_then(|meta| meta.modified()).is_ok_and(|modified| modified.elapsed().is_ok_and(|age| age >= grace))
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| !known.iter().any(|id| id == name))
+        })
+        .filter(|entry| {
+            entry
+                .metadata()
+                .and_then(|meta| meta.modified())
+                .is_ok_and(|modified| modified.elapsed().is_ok_and(|age| age >= grace))
         })
         .map(|entry| entry.path())
         .collect()

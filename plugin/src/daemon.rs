@@ -58,7 +58,10 @@ impl PluginHandle {
     pub async fn stop(mut self) {
         let _ = self.stop.send(true);
         for task in self.tasks.drain(..) {
-            if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
                 tracing::warn!("a background task did not stop within 5s");
             }
         }
@@ -83,12 +86,21 @@ fn socket_inode(path: &std::path::Path) -> Option<u64> {
     std::fs::symlink_metadata(path).ok().map(|meta| meta.ino())
 }
 
-fn serve_resource(shared: &Arc<Shared>, kind: Kind, path: &std::path::Path) -> anyhow::Result<RunningServer> {
+fn serve_resource(
+    shared: &Arc<Shared>,
+    kind: Kind,
+    path: &std::path::Path,
+) -> anyhow::Result<RunningServer> {
     let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path).map_err(|err| anyhow::anyhow!("cannot listen on {}: {err}", path.display()))?;
+    let listener = UnixListener::bind(path)
+        .map_err(|err| anyhow::anyhow!("cannot listen on {}: {err}", path.display()))?;
     let inode = socket_inode(path).unwrap_or(0);
     let (stop, stop_receiver) = watch::channel(false);
-    let service = ResourceService { kind, shared: shared.clone(), stop: stop_receiver.clone() };
+    let service = ResourceService {
+        kind,
+        shared: shared.clone(),
+        stop: stop_receiver.clone(),
+    };
     let mut shutdown = stop_receiver;
     let shown = path.display().to_string();
     let task = tokio::spawn(async move {
@@ -107,13 +119,20 @@ fn serve_resource(shared: &Arc<Shared>, kind: Kind, path: &std::path::Path) -> a
 
 async fn stop_server(server: RunningServer) {
     let _ = server.stop.send(true);
-    if tokio::time::timeout(Duration::from_secs(5), server.task).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), server.task)
+        .await
+        .is_err()
+    {
         tracing::warn!("a device plugin server did not stop within 5s");
     }
 }
 
 /// Keeps both resources served and registered until `stop`.
-async fn supervise(shared: Arc<Shared>, resources: Vec<(Kind, String, PathBuf)>, mut stop: watch::Receiver<bool>) {
+async fn supervise(
+    shared: Arc<Shared>,
+    resources: Vec<(Kind, String, PathBuf)>,
+    mut stop: watch::Receiver<bool>,
+) {
     let config = shared.config.clone();
     let kubelet_socket = config.kubelet_socket_path();
     let tick = Duration::from_millis(config.kubelet_watch_interval_ms);
@@ -130,7 +149,9 @@ async fn supervise(shared: Arc<Shared>, resources: Vec<(Kind, String, PathBuf)>,
             kubelet_inode = inode_now;
         }
         for (slot, (kind, resource, path)) in resources.iter().enumerate() {
-            let alive = servers[slot].as_ref().is_some_and(|server| socket_inode(path) == Some(server.inode) && !server.task.is_finished());
+            let alive = servers[slot].as_ref().is_some_and(|server| {
+                socket_inode(path) == Some(server.inode) && !server.task.is_finished()
+            });
             if !alive {
                 if let Some(old) = servers[slot].take() {
                     tracing::info!(socket = %path.display(), "plugin socket removed (kubelet restart?); serving again");
@@ -147,10 +168,15 @@ async fn supervise(shared: Arc<Shared>, resources: Vec<(Kind, String, PathBuf)>,
                 match kubelet::register(&kubelet_socket, &endpoint, resource).await {
                     Ok(()) => {
                         registered[slot] = true;
-                        shared.counters.registrations.fetch_add(1, Ordering::Relaxed);
+                        shared
+                            .counters
+                            .registrations
+                            .fetch_add(1, Ordering::Relaxed);
                         tracing::info!(resource = %resource, endpoint = %endpoint, "registered with kubelet");
                     }
-                    Err(err) => tracing::warn!(resource = %resource, error = %err, "registration failed; will retry"),
+                    Err(err) => {
+                        tracing::warn!(resource = %resource, error = %err, "registration failed; will retry")
+                    }
                 }
             }
         }
@@ -174,12 +200,22 @@ pub async fn collect_garbage(shared: &Shared) -> anyhow::Result<usize> {
         tracing::info!(allocation = %record.id, owner = ?record.owner, "collected allocation of a container that is gone");
         container::remove_allocation(config, record);
     }
-    let known: Vec<String> = shared.allocator().state().allocations.keys().cloned().collect();
-    for orphan in container::orphan_dirs(config, &known, Duration::from_secs(config.gc_grace_secs)) {
+    let known: Vec<String> = shared
+        .allocator()
+        .state()
+        .allocations
+        .keys()
+        .cloned()
+        .collect();
+    for orphan in container::orphan_dirs(config, &known, Duration::from_secs(config.gc_grace_secs))
+    {
         tracing::info!(dir = %orphan.display(), "removing allocation folder unknown to the state");
         let _ = std::fs::remove_dir_all(&orphan);
     }
-    shared.counters.collected.fetch_add(removed.len() as u64, Ordering::Relaxed);
+    shared
+        .counters
+        .collected
+        .fetch_add(removed.len() as u64, Ordering::Relaxed);
     Ok(removed.len())
 }
 
@@ -207,12 +243,19 @@ async fn host_pid_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         }
         let dirs: Vec<std::path::PathBuf> = {
             let allocator = shared.allocator();
-            allocator.state().allocations.keys().map(|id| container::allocation_dir(&shared.config, id)).collect()
+            allocator
+                .state()
+                .allocations
+                .keys()
+                .map(|id| container::allocation_dir(&shared.config, id))
+                .collect()
         };
         let proc_root = shared.config.host_proc.clone();
         let filled = tokio::task::spawn_blocking(move || {
             dirs.iter()
-                .filter_map(|dir| vgpu_common::region::Region::open_existing(&dir.join("usage.region")).ok())
+                .filter_map(|dir| {
+                    vgpu_common::region::Region::open_existing(&dir.join("usage.region")).ok()
+                })
                 .map(|region| region.fill_host_pids(&proc_root))
                 .sum::<usize>()
         })
@@ -227,11 +270,18 @@ async fn host_pid_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
 fn health_loop(shared: Arc<Shared>, source: Arc<dyn DeviceSource>, stop: Arc<AtomicBool>) {
     let interval = Duration::from_secs(shared.config.health_interval_secs);
     let slice = interval.min(Duration::from_millis(500));
-    let uuids: Vec<String> = shared.allocator().cards().iter().map(|card| card.uuid.clone()).collect();
+    let uuids: Vec<String> = shared
+        .allocator()
+        .cards()
+        .iter()
+        .map(|card| card.uuid.clone())
+        .collect();
     let mut critical: std::collections::BTreeMap<String, String> = Default::default();
     let mut last_probe = std::time::Instant::now();
     while !stop.load(Ordering::SeqCst) {
-        let hit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.wait_critical(slice))).unwrap_or_default();
+        let hit =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.wait_critical(slice)))
+                .unwrap_or_default();
         for (uuid, reason) in hit {
             // Critical Xids are sticky: the card stays out until the plugin restarts.
             critical.insert(uuid, reason);
@@ -251,16 +301,29 @@ fn health_loop(shared: Arc<Shared>, source: Arc<dyn DeviceSource>, stop: Arc<Ato
 
 /// Starts the plugin: returns once both resources are served (registration proceeds
 /// in the background and is retried until kubelet accepts it).
-pub async fn start(config: PluginConfig, source: Arc<dyn DeviceSource>) -> anyhow::Result<PluginHandle> {
+pub async fn start(
+    config: PluginConfig,
+    source: Arc<dyn DeviceSource>,
+) -> anyhow::Result<PluginHandle> {
     let cards = source.discover()?;
     if cards.is_empty() {
         tracing::warn!("no GPUs found: advertising no devices");
     }
-    for dir in [&config.state_dir, &config.allocations_dir(), &config.containers_dir(), &config.device_plugin_dir] {
-        std::fs::create_dir_all(dir).map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
+    for dir in [
+        &config.state_dir,
+        &config.allocations_dir(),
+        &config.containers_dir(),
+        &config.device_plugin_dir,
+    ] {
+        std::fs::create_dir_all(dir)
+            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
     }
     let state = PluginState::load(&config.state_file())?;
-    tracing::info!(cards = cards.len(), allocations = state.allocations.len(), "starting");
+    tracing::info!(
+        cards = cards.len(),
+        allocations = state.allocations.len(),
+        "starting"
+    );
     let allocator = Allocator::new(config.clone(), cards.clone(), state);
     let shared = Shared::new(allocator);
     for card in &cards {
@@ -268,8 +331,20 @@ pub async fn start(config: PluginConfig, source: Arc<dyn DeviceSource>) -> anyho
     }
     let (stop, stop_receiver) = watch::channel(false);
     let resources = vec![
-        (Kind::Core, config.core_resource.clone(), config.device_plugin_dir.join(PluginConfig::endpoint_name(&config.core_resource))),
-        (Kind::Memory, config.memory_resource.clone(), config.device_plugin_dir.join(PluginConfig::endpoint_name(&config.memory_resource))),
+        (
+            Kind::Core,
+            config.core_resource.clone(),
+            config
+                .device_plugin_dir
+                .join(PluginConfig::endpoint_name(&config.core_resource)),
+        ),
+        (
+            Kind::Memory,
+            config.memory_resource.clone(),
+            config
+                .device_plugin_dir
+                .join(PluginConfig::endpoint_name(&config.memory_resource)),
+        ),
     ];
     let sockets: Vec<PathBuf> = resources.iter().map(|(_, _, path)| path.clone()).collect();
     let mut tasks = Vec::new();
@@ -280,21 +355,37 @@ pub async fn start(config: PluginConfig, source: Arc<dyn DeviceSource>) -> anyho
                 .map_err(|err| anyhow::anyhow!("cannot serve metrics on {address}: {err}"))?;
             let bound = listener.local_addr()?;
             tracing::info!(address = %bound, "serving metrics at /metrics");
-            tasks.push(tokio::spawn(metrics::serve(listener, shared.clone(), stop_receiver.clone())));
+            tasks.push(tokio::spawn(metrics::serve(
+                listener,
+                shared.clone(),
+                stop_receiver.clone(),
+            )));
             Some(bound)
         }
         None => None,
     };
     // Serve before anything registers: each supervisor pass binds a socket before it
     // calls Register for it.
-    tasks.push(tokio::spawn(supervise(shared.clone(), resources, stop_receiver.clone())));
-    tasks.push(tokio::spawn(garbage_loop(shared.clone(), stop_receiver.clone())));
-    tasks.push(tokio::spawn(host_pid_loop(shared.clone(), stop_receiver.clone())));
+    tasks.push(tokio::spawn(supervise(
+        shared.clone(),
+        resources,
+        stop_receiver.clone(),
+    )));
+    tasks.push(tokio::spawn(garbage_loop(
+        shared.clone(),
+        stop_receiver.clone(),
+    )));
+    tasks.push(tokio::spawn(host_pid_loop(
+        shared.clone(),
+        stop_receiver.clone(),
+    )));
     let health_stop = Arc::new(AtomicBool::new(false));
     let health_thread = {
         let shared = shared.clone();
         let stop = health_stop.clone();
-        std::thread::Builder::new().name("vgpu-health".into()).spawn(move || health_loop(shared, source, stop))?
+        std::thread::Builder::new()
+            .name("vgpu-health".into())
+            .spawn(move || health_loop(shared, source, stop))?
     };
     // Wait (briefly) until both sockets exist so callers can connect right away.
     for _ in 0..100 {
@@ -303,5 +394,13 @@ pub async fn start(config: PluginConfig, source: Arc<dyn DeviceSource>) -> anyho
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Ok(PluginHandle { shared, stop, tasks, health_stop, health_thread: Some(health_thread), metrics_address, sockets })
+    Ok(PluginHandle {
+        shared,
+        stop,
+        tasks,
+        health_stop,
+        health_thread: Some(health_thread),
+        metrics_address,
+        sockets,
+    })
 }

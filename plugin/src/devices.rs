@@ -51,7 +51,10 @@ pub struct FakeSource {
 
 impl FakeSource {
     pub fn new(cards: Vec<CardInfo>) -> FakeSource {
-        FakeSource { cards, failures: Mutex::new(HashMap::new()) }
+        FakeSource {
+            cards,
+            failures: Mutex::new(HashMap::new()),
+        }
     }
 
     /// `count` cards of `memory` bytes, UUIDs `GPU-fake-<i>`.
@@ -94,7 +97,9 @@ impl DeviceSource for FakeSource {
             return Err(format!("no card {uuid}"));
         }
         match self.failures.lock() {
-            Ok(failures) => failures.get(uuid).map_or(Ok(()), |reason| Err(reason.clone())),
+            Ok(failures) => failures
+                .get(uuid)
+                .map_or(Ok(()), |reason| Err(reason.clone())),
             Err(_) => Ok(()),
         }
     }
@@ -120,10 +125,15 @@ impl NvmlSource {
         let nvml = Nvml::builder()
             .lib_path(library.as_os_str())
             .init()
-            .map_err(|err| anyhow::anyhow!("cannot initialise NVML from {}: {err}", library.display()))?;
+            .map_err(|err| {
+                anyhow::anyhow!("cannot initialise NVML from {}: {err}", library.display())
+            })?;
         let nvml: &'static Nvml = Box::leak(Box::new(nvml));
         let events = NvmlSource::register_critical_events(nvml);
-        Ok(NvmlSource { nvml, events: Mutex::new(events) })
+        Ok(NvmlSource {
+            nvml,
+            events: Mutex::new(events),
+        })
     }
 
     fn register_critical_events(nvml: &'static Nvml) -> Option<EventSet<'static>> {
@@ -131,7 +141,9 @@ impl NvmlSource {
         let count = nvml.device_count().ok()?;
         let mut registered = 0;
         for index in 0..count {
-            let Ok(device) = nvml.device_by_index(index) else { continue };
+            let Ok(device) = nvml.device_by_index(index) else {
+                continue;
+            };
             match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
                 Ok(back) => {
                     set = back;
@@ -152,32 +164,53 @@ fn sysfs_numa_node(bus_id: &str) -> Option<i64> {
     let lower = bus_id.to_ascii_lowercase();
     let (domain, rest) = lower.split_once(':')?;
     let short = format!("{:04x}:{rest}", u32::from_str_radix(domain, 16).ok()?);
-    let text = std::fs::read_to_string(Path::new("/sys/bus/pci/devices").join(short).join("numa_node")).ok()?;
+    let text = std::fs::read_to_string(
+        Path::new("/sys/bus/pci/devices")
+            .join(short)
+            .join("numa_node"),
+    )
+    .ok()?;
     text.trim().parse::<i64>().ok().filter(|node| *node >= 0)
 }
 
 impl DeviceSource for NvmlSource {
     fn discover(&self) -> anyhow::Result<Vec<CardInfo>> {
-        let count = self.nvml.device_count().map_err(|err| anyhow::anyhow!("NVML device count: {err}"))?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|err| anyhow::anyhow!("NVML device count: {err}"))?;
         let mut cards = Vec::new();
         for index in 0..count {
-            let device = self.nvml.device_by_index(index).map_err(|err| anyhow::anyhow!("NVML device {index}: {err}"))?;
-            let uuid = device.uuid().map_err(|err| anyhow::anyhow!("NVML device {index} UUID: {err}"))?;
-            let memory_total =
-                device.memory_info().map_err(|err| anyhow::anyhow!("NVML device {index} memory: {err}"))?.total;
+            let device = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|err| anyhow::anyhow!("NVML device {index}: {err}"))?;
+            let uuid = device
+                .uuid()
+                .map_err(|err| anyhow::anyhow!("NVML device {index} UUID: {err}"))?;
+            let memory_total = device
+                .memory_info()
+                .map_err(|err| anyhow::anyhow!("NVML device {index} memory: {err}"))?
+                .total;
             cards.push(CardInfo {
                 uuid,
                 index,
                 minor: device.minor_number().ok(),
                 memory_total,
-                numa_node: device.pci_info().ok().and_then(|pci| sysfs_numa_node(&pci.bus_id)),
+                numa_node: device
+                    .pci_info()
+                    .ok()
+                    .and_then(|pci| sysfs_numa_node(&pci.bus_id)),
             });
         }
         Ok(cards)
     }
 
     fn probe(&self, uuid: &str) -> Result<(), String> {
-        self.nvml.device_by_uuid(uuid).map(|_| ()).map_err(|err| format!("NVML lookup by UUID failed: {err}"))
+        self.nvml
+            .device_by_uuid(uuid)
+            .map(|_| ())
+            .map_err(|err| format!("NVML lookup by UUID failed: {err}"))
     }
 
     fn wait_critical(&self, timeout: Duration) -> Vec<(String, String)> {

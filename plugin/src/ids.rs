@@ -38,7 +38,11 @@ pub struct DeviceId {
 
 impl DeviceId {
     pub fn new(uuid: &str, kind: Kind, unit: u32) -> DeviceId {
-        DeviceId { uuid: uuid.to_string(), kind, unit }
+        DeviceId {
+            uuid: uuid.to_string(),
+            kind,
+            unit,
+        }
     }
 
     /// Parses `<uuid>-core-<k>` or `<uuid>-mem-<k>`; `None` for anything else.
@@ -47,11 +51,18 @@ impl DeviceId {
             if let Some(at) = text.rfind(kind.infix()) {
                 let (uuid, rest) = text.split_at(at);
                 let digits = &rest[kind.infix().len()..];
-                if uuid.is_empty() || digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                if uuid.is_empty()
+                    || digits.is_empty()
+                    || !digits.bytes().all(|b| b.is_ascii_digit())
+                {
                     continue;
                 }
                 let unit = digits.parse().ok()?;
-                return Some(DeviceId { uuid: uuid.to_string(), kind, unit });
+                return Some(DeviceId {
+                    uuid: uuid.to_string(),
+                    kind,
+                    unit,
+                });
             }
         }
         None

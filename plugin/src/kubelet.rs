@@ -39,12 +39,20 @@ pub async fn register(kubelet_socket: &Path, endpoint: &str, resource: &str) -> 
         version: VERSION.into(),
         endpoint: endpoint.into(),
         resource_name: resource.into(),
-        options: Some(DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true }),
+        options: Some(DevicePluginOptions {
+            pre_start_required: true,
+            get_preferred_allocation_available: true,
+        }),
     };
     RegistrationClient::new(channel)
         .register(request)
         .await
-        .map_err(|status| anyhow::anyhow!("kubelet refused to register {resource}: {}", status.message()))?;
+        .map_err(|status| {
+            anyhow::anyhow!(
+                "kubelet refused to register {resource}: {}",
+                status.message()
+            )
+        })?;
     Ok(())
 }
 

@@ -13,7 +13,8 @@ pub const HOST_DRIVER_DIR: &str = "/var/lib/vgpu/driver";
 pub const HOST_SHIM_SUBDIR: &str = "shim";
 
 /// Host device nodes every container gets, when they exist.
-pub const CONTROL_DEVICES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+pub const CONTROL_DEVICES: [&str; 3] =
+    ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
 
 /// The driver layout for a plugin config.
 pub fn driver_layout(config: &crate::config::PluginConfig) -> vgpu_ldconfig::LayoutPaths {

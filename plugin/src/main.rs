@@ -9,7 +9,10 @@ use vgpu_plugin::PluginConfig;
 use vgpu_plugin::devices::NvmlSource;
 
 #[derive(Parser)]
-#[command(name = "vgpu-plugin", about = "Kubernetes device plugin for tencent.com/vcuda-core and tencent.com/vcuda-memory")]
+#[command(
+    name = "vgpu-plugin",
+    about = "Kubernetes device plugin for tencent.com/vcuda-core and tencent.com/vcuda-memory"
+)]
 struct Args {
     /// Plugin config (YAML); missing default file means built-in defaults.
     #[arg(long, default_value = vgpu_plugin::config::DEFAULT_CONFIG_PATH)]
@@ -39,8 +42,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VGPU_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VGPU_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     match run(Args::parse()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {

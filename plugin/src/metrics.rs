@@ -45,17 +45,57 @@ fn clamp(value: u64) -> i64 {
 /// The text exposition of all metrics.
 pub fn render(shared: &Shared) -> String {
     let mut registry = Registry::with_prefix("vgpu");
-    let card_memory = gauge_family(&mut registry, "card_memory_bytes", "Device memory of the card");
+    let card_memory = gauge_family(
+        &mut registry,
+        "card_memory_bytes",
+        "Device memory of the card",
+    );
     let card_healthy = gauge_family(&mut registry, "card_healthy", "1 when the card is healthy");
-    let card_cores = gauge_family(&mut registry, "card_allocated_cores", "Core units (percent of the card) allocated");
-    let card_allocated_memory = gauge_family(&mut registry, "card_allocated_memory_bytes", "Memory units allocated, in bytes");
-    let card_used = gauge_family(&mut registry, "card_used_memory_bytes", "Device memory held by containers of this plugin");
-    let memory_limit = gauge_family(&mut registry, "container_memory_limit_bytes", "Memory limit of the container on the card (0: whole card)");
-    let core_limit = gauge_family(&mut registry, "container_core_limit", "Core limit of the container on the card (100: not throttled)");
-    let memory_used = gauge_family(&mut registry, "container_memory_used_bytes", "Device memory the container's processes hold");
-    let processes = gauge_family(&mut registry, "container_processes", "Live CUDA processes in the container");
-    let launches = counter_family(&mut registry, "container_kernel_launches", "Kernel launches seen by the compute limiter");
-    let busy = counter_family(&mut registry, "container_gpu_busy_nanoseconds", "GPU busy time measured by the compute limiter");
+    let card_cores = gauge_family(
+        &mut registry,
+        "card_allocated_cores",
+        "Core units (percent of the card) allocated",
+    );
+    let card_allocated_memory = gauge_family(
+        &mut registry,
+        "card_allocated_memory_bytes",
+        "Memory units allocated, in bytes",
+    );
+    let card_used = gauge_family(
+        &mut registry,
+        "card_used_memory_bytes",
+        "Device memory held by containers of this plugin",
+    );
+    let memory_limit = gauge_family(
+        &mut registry,
+        "container_memory_limit_bytes",
+        "Memory limit of the container on the card (0: whole card)",
+    );
+    let core_limit = gauge_family(
+        &mut registry,
+        "container_core_limit",
+        "Core limit of the container on the card (100: not throttled)",
+    );
+    let memory_used = gauge_family(
+        &mut registry,
+        "container_memory_used_bytes",
+        "Device memory the container's processes hold",
+    );
+    let processes = gauge_family(
+        &mut registry,
+        "container_processes",
+        "Live CUDA processes in the container",
+    );
+    let launches = counter_family(
+        &mut registry,
+        "container_kernel_launches",
+        "Kernel launches seen by the compute limiter",
+    );
+    let busy = counter_family(
+        &mut registry,
+        "container_gpu_busy_nanoseconds",
+        "GPU busy time measured by the compute limiter",
+    );
     let plugin = counter_family(&mut registry, "plugin_events", "Plugin events by kind");
 
     let allocator = shared.allocator();
@@ -66,37 +106,76 @@ pub fn render(shared: &Shared) -> String {
         let dir = container::allocation_dir(&shared.config, &record.id);
         let config = Config::load(&dir.join("vgpu.yaml")).ok();
         let region = Region::open_existing(&dir.join("usage.region")).ok();
-        let live = region.as_ref().map(|region| region.processes()).unwrap_or_default();
+        let live = region
+            .as_ref()
+            .map(|region| region.processes())
+            .unwrap_or_default();
         for (position, uuid) in record.cards.iter().enumerate() {
             let labels: Labels = vec![
                 ("allocation".into(), record.id.clone()),
-                ("namespace".into(), owner.map(|o| o.namespace.clone()).unwrap_or_default()),
-                ("pod".into(), owner.map(|o| o.pod.clone()).unwrap_or_default()),
-                ("container".into(), owner.map(|o| o.container.clone()).unwrap_or_default()),
+                (
+                    "namespace".into(),
+                    owner.map(|o| o.namespace.clone()).unwrap_or_default(),
+                ),
+                (
+                    "pod".into(),
+                    owner.map(|o| o.pod.clone()).unwrap_or_default(),
+                ),
+                (
+                    "container".into(),
+                    owner.map(|o| o.container.clone()).unwrap_or_default(),
+                ),
                 ("card".into(), uuid.clone()),
             ];
-            let quota = config.as_ref().and_then(|config| config.devices.iter().find(|device| device.uuid.as_deref() == Some(uuid)));
+            let quota = config.as_ref().and_then(|config| {
+                config
+                    .devices
+                    .iter()
+                    .find(|device| device.uuid.as_deref() == Some(uuid))
+            });
             if let Some(quota) = quota {
-                memory_limit.get_or_create(&labels).set(clamp(quota.memory_limit.map_or(0, |limit| limit.bytes())));
-                core_limit.get_or_create(&labels).set(i64::from(quota.core_limit.unwrap_or(CORES_PER_CARD)));
+                memory_limit
+                    .get_or_create(&labels)
+                    .set(clamp(quota.memory_limit.map_or(0, |limit| limit.bytes())));
+                core_limit
+                    .get_or_create(&labels)
+                    .set(i64::from(quota.core_limit.unwrap_or(CORES_PER_CARD)));
             }
             if let Some(region) = &region {
                 let used = region.device_used(position);
                 memory_used.get_or_create(&labels).set(clamp(used));
                 *used_per_card.entry(uuid.clone()).or_default() += used;
                 processes.get_or_create(&labels).set(live.len() as i64);
-                let launched: u64 = live.iter().filter_map(|process| process.launches.get(position)).sum();
-                let busy_ns: u64 = live.iter().filter_map(|process| process.busy_ns.get(position)).sum();
+                let launched: u64 = live
+                    .iter()
+                    .filter_map(|process| process.launches.get(position))
+                    .sum();
+                let busy_ns: u64 = live
+                    .iter()
+                    .filter_map(|process| process.busy_ns.get(position))
+                    .sum();
                 launches.get_or_create(&labels).inc_by(launched);
                 busy.get_or_create(&labels).inc_by(busy_ns);
             }
         }
     }
     for card in allocator.cards() {
-        let labels: Labels = vec![("card".into(), card.uuid.clone()), ("index".into(), card.index.to_string())];
-        card_memory.get_or_create(&labels).set(clamp(card.memory_total));
-        card_healthy.get_or_create(&labels).set(i64::from(allocator.unhealthy_reason(&card.uuid).is_none()));
-        let ids = allocator.state().allocations.values().flat_map(|record| record.device_ids()).filter_map(|id| DeviceId::parse(id));
+        let labels: Labels = vec![
+            ("card".into(), card.uuid.clone()),
+            ("index".into(), card.index.to_string()),
+        ];
+        card_memory
+            .get_or_create(&labels)
+            .set(clamp(card.memory_total));
+        card_healthy
+            .get_or_create(&labels)
+            .set(i64::from(allocator.unhealthy_reason(&card.uuid).is_none()));
+        let ids = allocator
+            .state()
+            .allocations
+            .values()
+            .flat_map(|record| record.device_ids())
+            .filter_map(|id| DeviceId::parse(id));
         let (mut cores, mut memory) = (0u64, 0u64);
         for id in ids.filter(|id| id.uuid == card.uuid) {
             match id.kind {
@@ -105,8 +184,12 @@ pub fn render(shared: &Shared) -> String {
             }
         }
         card_cores.get_or_create(&labels).set(clamp(cores));
-        card_allocated_memory.get_or_create(&labels).set(clamp(memory));
-        card_used.get_or_create(&labels).set(clamp(used_per_card.get(&card.uuid).copied().unwrap_or(0)));
+        card_allocated_memory
+            .get_or_create(&labels)
+            .set(clamp(memory));
+        card_used
+            .get_or_create(&labels)
+            .set(clamp(used_per_card.get(&card.uuid).copied().unwrap_or(0)));
     }
     drop(allocator);
     let counters = &shared.counters;
@@ -117,7 +200,9 @@ pub fn render(shared: &Shared) -> String {
         ("collected", &counters.collected),
         ("registrations", &counters.registrations),
     ] {
-        plugin.get_or_create(&vec![("event".into(), event.into())]).inc_by(value.load(Ordering::Relaxed));
+        plugin
+            .get_or_create(&vec![("event".into(), event.into())])
+            .inc_by(value.load(Ordering::Relaxed));
     }
     let mut text = String::new();
     if encode(&mut text, &registry).is_err() {
@@ -126,14 +211,24 @@ pub fn render(shared: &Shared) -> String {
     text
 }
 
-async fn answer(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Response<String>, Infallible> {
+async fn answer(
+    shared: Arc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<String>, Infallible> {
     let response = if request.method() == Method::GET && request.uri().path() == "/metrics" {
-        let body = tokio::task::spawn_blocking(move || render(&shared)).await.unwrap_or_default();
+        let body = tokio::task::spawn_blocking(move || render(&shared))
+            .await
+            .unwrap_or_default();
         Response::builder()
-            .header("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+            .header(
+                "content-type",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
             .body(body)
     } else {
-        Response::builder().status(StatusCode::NOT_FOUND).body("only GET /metrics is served\n".to_string())
+        Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body("only GET /metrics is served\n".to_string())
     };
     Ok(response.unwrap_or_else(|_| Response::new(String::new())))
 }
@@ -148,8 +243,12 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::
         let Ok((stream, _)) = accepted else { continue };
         let shared = shared.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| answer(shared.clone(), request));
-            if let Err(err) = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+            let service =
+                hyper::service::service_fn(move |request| answer(shared.clone(), request));
+            if let Err(err) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
                 tracing::debug!(error = %err, "metrics connection ended with an error");
             }
         });

@@ -18,9 +18,9 @@ use crate::ids::Kind;
 use crate::kubelet;
 use crate::proto::deviceplugin::device_plugin_server::DevicePlugin;
 use crate::proto::deviceplugin::{
-    AllocateRequest, AllocateResponse, ContainerPreferredAllocationResponse, DevicePluginOptions, Empty,
-    ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-    PreferredAllocationResponse,
+    AllocateRequest, AllocateResponse, ContainerPreferredAllocationResponse, DevicePluginOptions,
+    Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
+    PreferredAllocationRequest, PreferredAllocationResponse,
 };
 
 /// Counters exported as metrics.
@@ -44,19 +44,28 @@ pub struct Shared {
 
 /// Seconds since the epoch.
 pub fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |age| age.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |age| age.as_secs())
 }
 
 impl Shared {
     pub fn new(allocator: Allocator) -> Arc<Shared> {
         let config = allocator.config().clone();
-        Arc::new(Shared { config, allocator: Mutex::new(allocator), health: watch::Sender::new(0), counters: Counters::default() })
+        Arc::new(Shared {
+            config,
+            allocator: Mutex::new(allocator),
+            health: watch::Sender::new(0),
+            counters: Counters::default(),
+        })
     }
 
     /// The allocator; a poisoned lock is taken over (the book stays consistent because
     /// every change is saved before a call returns).
     pub fn allocator(&self) -> MutexGuard<'_, Allocator> {
-        self.allocator.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.allocator
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Applies a probe result and wakes ListAndWatch streams when health changed.
@@ -75,7 +84,11 @@ impl Shared {
         let pods = kubelet::list_pod_resources(&self.config.pod_resources_socket)
             .await
             .map_err(|err| Status::unavailable(err.to_string()))?;
-        Ok(HolderIndex::from_list(&pods, &self.config.core_resource, &self.config.memory_resource))
+        Ok(HolderIndex::from_list(
+            &pods,
+            &self.config.core_resource,
+            &self.config.memory_resource,
+        ))
     }
 }
 
@@ -89,12 +102,18 @@ pub struct ResourceService {
 
 impl ResourceService {
     fn refuse(&self, status: Status) -> Status {
-        self.shared.counters.refusals.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .refusals
+            .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(kind = ?self.kind, code = ?status.code(), message = status.message(), "request refused");
         status
     }
 
-    async fn allocate_one(&self, ids: &[String]) -> Result<crate::proto::deviceplugin::ContainerAllocateResponse, Status> {
+    async fn allocate_one(
+        &self,
+        ids: &[String],
+    ) -> Result<crate::proto::deviceplugin::ContainerAllocateResponse, Status> {
         let shared = &self.shared;
         let conflicts = shared.allocator().conflicts(ids);
         if !conflicts.is_empty() {
@@ -110,15 +129,22 @@ impl ResourceService {
                         container::remove_allocation(&shared.config, record);
                     }
                 }
-                Err(status) => tracing::warn!(error = status.message(), "PodResources unavailable; keeping existing allocations"),
+                Err(status) => tracing::warn!(
+                    error = status.message(),
+                    "PodResources unavailable; keeping existing allocations"
+                ),
             }
         }
         let now = now_unix();
         let (decision, cards) = {
             let mut allocator = shared.allocator();
             let decision = allocator.allocate(self.kind, ids, now)?;
-            let cards: Vec<_> =
-                allocator.cards().iter().filter(|card| decision.record.cards.contains(&card.uuid)).cloned().collect();
+            let cards: Vec<_> = allocator
+                .cards()
+                .iter()
+                .filter(|card| decision.record.cards.contains(&card.uuid))
+                .cloned()
+                .collect();
             (decision, cards)
         };
         if decision.returns_mounts
@@ -137,16 +163,29 @@ impl ResourceService {
             count = ids.len(), mounts = decision.returns_mounts, "allocated"
         );
         shared.counters.allocations.fetch_add(1, Ordering::Relaxed);
-        Ok(container::allocate_response(&shared.config, &decision.record, &card_refs, decision.returns_mounts, units))
+        Ok(container::allocate_response(
+            &shared.config,
+            &decision.record,
+            &card_refs,
+            decision.returns_mounts,
+            units,
+        ))
     }
 }
 
-type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
+type DeviceStream =
+    Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl DevicePlugin for ResourceService {
-    async fn get_device_plugin_options(&self, _: Request<Empty>) -> Result<Response<DevicePluginOptions>, Status> {
-        Ok(Response::new(DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true }))
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(DevicePluginOptions {
+            pre_start_required: true,
+            get_preferred_allocation_available: true,
+        }))
     }
 
     type ListAndWatchStream = DeviceStream;
@@ -160,7 +199,11 @@ impl DevicePlugin for ResourceService {
         tokio::spawn(async move {
             loop {
                 let devices = shared.allocator().devices(kind);
-                if sender.send(Ok(ListAndWatchResponse { devices })).await.is_err() {
+                if sender
+                    .send(Ok(ListAndWatchResponse { devices }))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
                 tokio::select! {
@@ -193,16 +236,26 @@ impl DevicePlugin for ResourceService {
                 ),
             })
             .collect();
-        Ok(Response::new(PreferredAllocationResponse { container_responses }))
+        Ok(Response::new(PreferredAllocationResponse {
+            container_responses,
+        }))
     }
 
-    async fn allocate(&self, request: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
         let mut container_responses = Vec::new();
         for wanted in request.into_inner().container_requests {
-            let response = self.allocate_one(&wanted.devices_ids).await.map_err(|status| self.refuse(status))?;
+            let response = self
+                .allocate_one(&wanted.devices_ids)
+                .await
+                .map_err(|status| self.refuse(status))?;
             container_responses.push(response);
         }
-        Ok(Response::new(AllocateResponse { container_responses }))
+        Ok(Response::new(AllocateResponse {
+            container_responses,
+        }))
     }
 
     async fn pre_start_container(
@@ -210,12 +263,29 @@ impl DevicePlugin for ResourceService {
         request: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
         let ids = request.into_inner().devices_ids;
-        let holders = self.shared.holders().await.map_err(|status| self.refuse(status))?;
-        let plan = self.shared.allocator().plan_prestart(&ids, &holders).map_err(|status| self.refuse(status))?;
-        let dir = container::write_prestart(&self.shared.config, &plan)
-            .map_err(|err| self.refuse(Status::internal(format!("cannot write the container config: {err}"))))?;
-        self.shared.allocator().commit_owner(&plan).map_err(|err| self.refuse(Status::internal(err.to_string())))?;
-        self.shared.counters.prestarts.fetch_add(1, Ordering::Relaxed);
+        let holders = self
+            .shared
+            .holders()
+            .await
+            .map_err(|status| self.refuse(status))?;
+        let plan = self
+            .shared
+            .allocator()
+            .plan_prestart(&ids, &holders)
+            .map_err(|status| self.refuse(status))?;
+        let dir = container::write_prestart(&self.shared.config, &plan).map_err(|err| {
+            self.refuse(Status::internal(format!(
+                "cannot write the container config: {err}"
+            )))
+        })?;
+        self.shared
+            .allocator()
+            .commit_owner(&plan)
+            .map_err(|err| self.refuse(Status::internal(err.to_string())))?;
+        self.shared
+            .counters
+            .prestarts
+            .fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             namespace = %plan.owner.namespace, pod = %plan.owner.pod, container = %plan.owner.container,
             dir = %dir.display(), "container config written"

@@ -48,7 +48,8 @@ pub struct AllocationRecord {
 impl AllocationRecord {
     /// Core request of 100×N: N whole cards.
     pub fn is_whole_card(&self) -> bool {
-        !self.core_ids.is_empty() && (self.core_ids.len() as u32).is_multiple_of(crate::ids::CORES_PER_CARD)
+        !self.core_ids.is_empty()
+            && (self.core_ids.len() as u32).is_multiple_of(crate::ids::CORES_PER_CARD)
     }
 
     /// Every device ID held.
@@ -68,7 +69,11 @@ pub struct PluginState {
 
 impl Default for PluginState {
     fn default() -> PluginState {
-        PluginState { version: STATE_VERSION, next_sequence: 1, allocations: BTreeMap::new() }
+        PluginState {
+            version: STATE_VERSION,
+            next_sequence: 1,
+            allocations: BTreeMap::new(),
+        }
     }
 }
 
@@ -78,13 +83,19 @@ impl PluginState {
     pub fn load(path: &Path) -> anyhow::Result<PluginState> {
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(PluginState::default()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(PluginState::default());
+            }
             Err(err) => anyhow::bail!("cannot read {}: {err}", path.display()),
         };
-        let state: PluginState =
-            serde_json::from_str(&text).map_err(|err| anyhow::anyhow!("{} is corrupt: {err}", path.display()))?;
+        let state: PluginState = serde_json::from_str(&text)
+            .map_err(|err| anyhow::anyhow!("{} is corrupt: {err}", path.display()))?;
         if state.version != STATE_VERSION {
-            anyhow::bail!("{}: state version {} (this build reads {STATE_VERSION})", path.display(), state.version);
+            anyhow::bail!(
+                "{}: state version {} (this build reads {STATE_VERSION})",
+                path.display(),
+                state.version
+            );
         }
         Ok(state)
     }
@@ -98,9 +109,15 @@ impl PluginState {
 
 /// Replaces `path` with `bytes`: temp file, fsync, rename, fsync of the folder.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().ok_or_else(|| anyhow::anyhow!("{} has no parent folder", path.display()))?;
-    std::fs::create_dir_all(dir).map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
-    let name = path.file_name().and_then(|name| name.to_str()).unwrap_or("state");
+    let dir = path
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} has no parent folder", path.display()))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
+    let name = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("state");
     let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| -> std::io::Result<()> {
         let mut file = std::fs::File::create(&temp)?;
@@ -124,7 +141,10 @@ mod tests {
     fn round_trips_and_refuses_corruption() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("plugin-state.json");
-        assert_eq!(PluginState::load(&path).expect("missing is empty"), PluginState::default());
+        assert_eq!(
+            PluginState::load(&path).expect("missing is empty"),
+            PluginState::default()
+        );
         let mut state = PluginState::default();
         state.allocations.insert(
             "a1".into(),
@@ -136,7 +156,11 @@ mod tests {
                 memory_ids: vec![],
                 created_unix: 5,
                 mounts_returned: true,
-                owner: Some(Owner { namespace: "ns".into(), pod: "p".into(), container: "c".into() }),
+                owner: Some(Owner {
+                    namespace: "ns".into(),
+                    pod: "p".into(),
+                    container: "c".into(),
+                }),
             },
         );
         state.save(&path).expect("save");
@@ -144,6 +168,11 @@ mod tests {
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
         assert_eq!(leftovers.len(), 1, "no temp file is left behind");
         std::fs::write(&path, b"{ not json").expect("write");
-        assert!(PluginState::load(&path).unwrap_err().to_string().contains("corrupt"));
+        assert!(
+            PluginState::load(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("corrupt")
+        );
     }
 }

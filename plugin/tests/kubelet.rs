@@ -13,16 +13,24 @@ use tonic::Code;
 use vgpu_common::{ByteSize, Config, CoreMode};
 use vgpu_plugin::devices::FakeSource;
 use vgpu_plugin::proto::deviceplugin::{
-    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse, ContainerPreferredAllocationRequest,
-    Empty, PreStartContainerRequest, PreferredAllocationRequest,
+    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
+    ContainerPreferredAllocationRequest, Empty, PreStartContainerRequest,
+    PreferredAllocationRequest,
 };
 
 const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB
 
-type Client = vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient<tonic::transport::Channel>;
+type Client = vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient<
+    tonic::transport::Channel,
+>;
 
-async fn started(kubelet: &TestKubelet, source: Arc<FakeSource>) -> (vgpu_plugin::PluginHandle, Client, Client) {
-    let plugin = vgpu_plugin::start(kubelet.plugin_config(), source).await.expect("plugin starts");
+async fn started(
+    kubelet: &TestKubelet,
+    source: Arc<FakeSource>,
+) -> (vgpu_plugin::PluginHandle, Client, Client) {
+    let plugin = vgpu_plugin::start(kubelet.plugin_config(), source)
+        .await
+        .expect("plugin starts");
     kubelet.wait_registrations(2).await;
     let cores = plugin_client(&plugin.sockets()[0]).await;
     let memory = plugin_client(&plugin.sockets()[1]).await;
@@ -30,8 +38,17 @@ async fn started(kubelet: &TestKubelet, source: Arc<FakeSource>) -> (vgpu_plugin
 }
 
 async fn device_list(client: &mut Client) -> Vec<vgpu_plugin::proto::deviceplugin::Device> {
-    let mut stream = client.list_and_watch(Empty {}).await.expect("ListAndWatch").into_inner();
-    stream.message().await.expect("stream").expect("first list").devices
+    let mut stream = client
+        .list_and_watch(Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
+    stream
+        .message()
+        .await
+        .expect("stream")
+        .expect("first list")
+        .devices
 }
 
 fn ids(devices: &[vgpu_plugin::proto::deviceplugin::Device]) -> Vec<String> {
@@ -46,18 +63,37 @@ async fn preferred(client: &mut Client, available: &[String], size: i32) -> Vec<
             allocation_size: size,
         }],
     };
-    let mut reply = client.get_preferred_allocation(request).await.expect("GetPreferredAllocation").into_inner();
+    let mut reply = client
+        .get_preferred_allocation(request)
+        .await
+        .expect("GetPreferredAllocation")
+        .into_inner();
     assert_eq!(reply.container_responses.len(), 1);
     reply.container_responses.remove(0).device_i_ds
 }
 
-async fn allocate(client: &mut Client, ids: &[String]) -> Result<ContainerAllocateResponse, tonic::Status> {
-    let request = AllocateRequest { container_requests: vec![ContainerAllocateRequest { devices_ids: ids.to_vec() }] };
-    client.allocate(request).await.map(|reply| reply.into_inner().container_responses.remove(0))
+async fn allocate(
+    client: &mut Client,
+    ids: &[String],
+) -> Result<ContainerAllocateResponse, tonic::Status> {
+    let request = AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: ids.to_vec(),
+        }],
+    };
+    client
+        .allocate(request)
+        .await
+        .map(|reply| reply.into_inner().container_responses.remove(0))
 }
 
 async fn prestart(client: &mut Client, ids: &[String]) -> Result<(), tonic::Status> {
-    client.pre_start_container(PreStartContainerRequest { devices_ids: ids.to_vec() }).await.map(|_| ())
+    client
+        .pre_start_container(PreStartContainerRequest {
+            devices_ids: ids.to_vec(),
+        })
+        .await
+        .map(|_| ())
 }
 
 fn card_of(id: &str) -> String {
@@ -65,19 +101,34 @@ fn card_of(id: &str) -> String {
 }
 
 fn host_path_of<'a>(response: &'a ContainerAllocateResponse, container_path: &str) -> &'a str {
-    &response.mounts.iter().find(|mount| mount.container_path == container_path).unwrap_or_else(|| panic!("no mount at {container_path}")).host_path
+    &response
+        .mounts
+        .iter()
+        .find(|mount| mount.container_path == container_path)
+        .unwrap_or_else(|| panic!("no mount at {container_path}"))
+        .host_path
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_both_resources_and_lists_devices() {
     let kubelet = TestKubelet::start().await;
-    let (plugin, mut cores, mut memory) = started(&kubelet, Arc::new(FakeSource::uniform(2, CARD_MEMORY))).await;
+    let (plugin, mut cores, mut memory) =
+        started(&kubelet, Arc::new(FakeSource::uniform(2, CARD_MEMORY))).await;
     let registrations = kubelet.registrations();
-    let mut names: Vec<_> = registrations.iter().map(|r| r.resource_name.clone()).collect();
+    let mut names: Vec<_> = registrations
+        .iter()
+        .map(|r| r.resource_name.clone())
+        .collect();
     names.sort();
     assert_eq!(names, vec![CORE.to_string(), MEMORY.to_string()]);
     for registration in &registrations {
-        assert!(kubelet.device_plugin_dir().join(&registration.endpoint).exists(), "served before Register");
+        assert!(
+            kubelet
+                .device_plugin_dir()
+                .join(&registration.endpoint)
+                .exists(),
+            "served before Register"
+        );
         let options = registration.options.expect("options");
         assert!(options.pre_start_required && options.get_preferred_allocation_available);
     }
@@ -88,89 +139,196 @@ async fn registers_both_resources_and_lists_devices() {
     assert!(core_devices.iter().all(|device| device.health == "Healthy"));
     assert!(ids(&core_devices).contains(&"GPU-fake-1-core-99".to_string()));
     assert!(ids(&memory_devices).contains(&"GPU-fake-0-mem-15".to_string()));
-    let options = cores.get_device_plugin_options(Empty {}).await.expect("options").into_inner();
+    let options = cores
+        .get_device_plugin_options(Empty {})
+        .await
+        .expect("options")
+        .into_inner();
     assert!(options.pre_start_required);
     plugin.stop().await;
-    assert!(!kubelet.device_plugin_dir().join("vgpu-vcuda-core.sock").exists(), "sockets removed on stop");
+    assert!(
+        !kubelet
+            .device_plugin_dir()
+            .join("vgpu-vcuda-core.sock")
+            .exists(),
+        "sockets removed on stop"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fractional_request_lands_on_one_card_with_its_quota() {
     let kubelet = TestKubelet::start().await;
-    let (plugin, mut cores, mut memory) = started(&kubelet, Arc::new(FakeSource::uniform(2, CARD_MEMORY))).await;
+    let (plugin, mut cores, mut memory) =
+        started(&kubelet, Arc::new(FakeSource::uniform(2, CARD_MEMORY))).await;
     let all_cores = ids(&device_list(&mut cores).await);
     let all_memory = ids(&device_list(&mut memory).await);
 
     // A first tenant on card 1 so that binpack has something to pack onto.
     let first_cores = preferred(&mut cores, &all_cores, 20).await;
     let card = card_of(&first_cores[0]);
-    assert!(first_cores.iter().all(|id| card_of(id) == card), "{first_cores:?}");
-    allocate(&mut cores, &first_cores).await.expect("first cores");
+    assert!(
+        first_cores.iter().all(|id| card_of(id) == card),
+        "{first_cores:?}"
+    );
+    allocate(&mut cores, &first_cores)
+        .await
+        .expect("first cores");
     let first_memory = preferred(&mut memory, &all_memory, 4).await;
-    assert!(first_memory.iter().all(|id| card_of(id) == card), "memory follows the cores' card");
-    allocate(&mut memory, &first_memory).await.expect("first memory");
+    assert!(
+        first_memory.iter().all(|id| card_of(id) == card),
+        "memory follows the cores' card"
+    );
+    allocate(&mut memory, &first_memory)
+        .await
+        .expect("first memory");
     kubelet.add_container("default", "first", "main", &first_cores, &first_memory);
 
     // The container under test: memory first this time (kubelet uses either order).
-    let free_memory: Vec<String> = all_memory.iter().filter(|id| !first_memory.contains(id)).cloned().collect();
-    let free_cores: Vec<String> = all_cores.iter().filter(|id| !first_cores.contains(id)).cloned().collect();
+    let free_memory: Vec<String> = all_memory
+        .iter()
+        .filter(|id| !first_memory.contains(id))
+        .cloned()
+        .collect();
+    let free_cores: Vec<String> = all_cores
+        .iter()
+        .filter(|id| !first_cores.contains(id))
+        .cloned()
+        .collect();
     let memory_ids = preferred(&mut memory, &free_memory, 10).await;
     assert_eq!(memory_ids.len(), 10);
-    assert!(memory_ids.iter().all(|id| card_of(id) == card), "binpack keeps filling card {card}: {memory_ids:?}");
-    let memory_response = allocate(&mut memory, &memory_ids).await.expect("memory allocate");
+    assert!(
+        memory_ids.iter().all(|id| card_of(id) == card),
+        "binpack keeps filling card {card}: {memory_ids:?}"
+    );
+    let memory_response = allocate(&mut memory, &memory_ids)
+        .await
+        .expect("memory allocate");
     let core_ids = preferred(&mut cores, &free_cores, 30).await;
     assert_eq!(core_ids.len(), 30);
-    assert!(core_ids.iter().all(|id| card_of(id) == card), "cores pair with the memory's card: {core_ids:?}");
-    let core_response = allocate(&mut cores, &core_ids).await.expect("core allocate");
+    assert!(
+        core_ids.iter().all(|id| card_of(id) == card),
+        "cores pair with the memory's card: {core_ids:?}"
+    );
+    let core_response = allocate(&mut cores, &core_ids)
+        .await
+        .expect("core allocate");
 
     // Exactly one of the two responses carries the mounts, both name one allocation.
-    assert!(!memory_response.mounts.is_empty(), "the first Allocate of a pair returns the mounts");
-    assert!(core_response.mounts.is_empty(), "the joined Allocate returns none (no duplicate mounts)");
+    assert!(
+        !memory_response.mounts.is_empty(),
+        "the first Allocate of a pair returns the mounts"
+    );
+    assert!(
+        core_response.mounts.is_empty(),
+        "the joined Allocate returns none (no duplicate mounts)"
+    );
     let allocation = memory_response.annotations["tencent.com/vcuda-allocation"].clone();
-    assert_eq!(core_response.annotations["tencent.com/vcuda-allocation"], allocation);
+    assert_eq!(
+        core_response.annotations["tencent.com/vcuda-allocation"],
+        allocation
+    );
     assert_eq!(memory_response.envs["VGPU_CONFIG"], "/etc/vgpu/vgpu.yaml");
     assert_eq!(memory_response.envs["NVIDIA_VISIBLE_DEVICES"], "void");
-    assert_eq!(memory_response.envs["LD_LIBRARY_PATH"], "/usr/local/nvidia/lib64");
-    for dir in ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64"] {
-        assert!(host_path_of(&memory_response, &format!("{dir}/libcuda.so.1")).ends_with("shim/libcuda_shim.so"));
-        assert!(host_path_of(&memory_response, &format!("{dir}/libnvidia-ml.so.1")).ends_with("shim/libnvml_shim.so"));
+    assert_eq!(
+        memory_response.envs["LD_LIBRARY_PATH"],
+        "/usr/local/nvidia/lib64"
+    );
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/local/nvidia/lib64",
+    ] {
+        assert!(
+            host_path_of(&memory_response, &format!("{dir}/libcuda.so.1"))
+                .ends_with("shim/libcuda_shim.so")
+        );
+        assert!(
+            host_path_of(&memory_response, &format!("{dir}/libnvidia-ml.so.1"))
+                .ends_with("shim/libnvml_shim.so")
+        );
     }
-    let config_mount = memory_response.mounts.iter().find(|m| m.container_path == "/etc/vgpu/vgpu.yaml").expect("config");
+    let config_mount = memory_response
+        .mounts
+        .iter()
+        .find(|m| m.container_path == "/etc/vgpu/vgpu.yaml")
+        .expect("config");
     assert!(config_mount.read_only);
-    let region_mount = memory_response.mounts.iter().find(|m| m.container_path == "/etc/vgpu/usage.region").expect("region");
+    let region_mount = memory_response
+        .mounts
+        .iter()
+        .find(|m| m.container_path == "/etc/vgpu/usage.region")
+        .expect("region");
     assert!(!region_mount.read_only);
-    assert!(memory_response.mounts.iter().any(|m| m.container_path == "/usr/local/vgpu/driver" && m.read_only));
+    assert!(
+        memory_response
+            .mounts
+            .iter()
+            .any(|m| m.container_path == "/usr/local/vgpu/driver" && m.read_only)
+    );
 
     kubelet.add_container("default", "tenant", "cuda", &core_ids, &memory_ids);
-    prestart(&mut cores, &core_ids).await.expect("PreStart cores");
-    prestart(&mut memory, &memory_ids).await.expect("PreStart memory (idempotent)");
+    prestart(&mut cores, &core_ids)
+        .await
+        .expect("PreStart cores");
+    prestart(&mut memory, &memory_ids)
+        .await
+        .expect("PreStart memory (idempotent)");
     let config = Config::load(std::path::Path::new(&config_mount.host_path)).expect("final config");
-    assert_eq!(config.driver_dir.as_deref(), Some(std::path::Path::new("/usr/local/vgpu/driver/lib64")));
-    assert_eq!(config.usage_region.as_deref(), Some(std::path::Path::new("/etc/vgpu/usage.region")));
+    assert_eq!(
+        config.driver_dir.as_deref(),
+        Some(std::path::Path::new("/usr/local/vgpu/driver/lib64"))
+    );
+    assert_eq!(
+        config.usage_region.as_deref(),
+        Some(std::path::Path::new("/etc/vgpu/usage.region"))
+    );
     assert_eq!(config.devices.len(), 1);
     let device = &config.devices[0];
     assert_eq!(device.uuid.as_deref(), Some(card.as_str()));
     assert_eq!(device.core_limit, Some(30));
     assert_eq!(device.memory_limit, Some(ByteSize::mib(2560)));
     assert_eq!(device.core_mode, CoreMode::Hard);
-    let region = vgpu_common::region::Region::open_existing(std::path::Path::new(&region_mount.host_path)).expect("region");
+    let region =
+        vgpu_common::region::Region::open_existing(std::path::Path::new(&region_mount.host_path))
+            .expect("region");
     assert_eq!(region.devices()[0].memory_limit, 2560 << 20);
     assert_eq!(region.devices()[0].core_limit, 30);
-    let link = kubelet.root.path().join("vgpu/containers/default_tenant/cuda");
-    assert_eq!(std::fs::read_link(&link).expect("container link"), std::path::Path::new(&config_mount.host_path).parent().expect("dir"));
+    let link = kubelet
+        .root
+        .path()
+        .join("vgpu/containers/default_tenant/cuda");
+    assert_eq!(
+        std::fs::read_link(&link).expect("container link"),
+        std::path::Path::new(&config_mount.host_path)
+            .parent()
+            .expect("dir")
+    );
 
     // Metrics see the container's limits.
     let metrics = scrape(plugin.metrics_address().expect("metrics")).await;
-    assert!(metrics.contains("vgpu_container_memory_limit_bytes{"), "{metrics}");
-    assert!(metrics.contains(&format!("pod=\"tenant\",container=\"cuda\",card=\"{card}\"}} 2684354560")), "{metrics}");
+    assert!(
+        metrics.contains("vgpu_container_memory_limit_bytes{"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "pod=\"tenant\",container=\"cuda\",card=\"{card}\"}} 2684354560"
+        )),
+        "{metrics}"
+    );
     assert!(metrics.contains("vgpu_card_allocated_cores{"), "{metrics}");
     plugin.stop().await;
 }
 
 async fn scrape(address: std::net::SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect metrics");
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect metrics");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
     let mut text = String::new();
     stream.read_to_string(&mut text).await.expect("read");
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
@@ -180,7 +338,8 @@ async fn scrape(address: std::net::SocketAddr) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_card_request_gets_the_whole_card_unthrottled() {
     let kubelet = TestKubelet::start().await;
-    let (plugin, mut cores, _memory) = started(&kubelet, Arc::new(FakeSource::uniform(2, CARD_MEMORY))).await;
+    let (plugin, mut cores, _memory) =
+        started(&kubelet, Arc::new(FakeSource::uniform(2, CARD_MEMORY))).await;
     let all_cores = ids(&device_list(&mut cores).await);
     let chosen = preferred(&mut cores, &all_cores, 100).await;
     assert_eq!(chosen.len(), 100);
@@ -189,18 +348,31 @@ async fn whole_card_request_gets_the_whole_card_unthrottled() {
     let response = allocate(&mut cores, &chosen).await.expect("whole card");
     kubelet.add_container("ml", "trainer", "main", &chosen, &[]);
     prestart(&mut cores, &chosen).await.expect("PreStart");
-    let config = Config::load(std::path::Path::new(host_path_of(&response, "/etc/vgpu/vgpu.yaml"))).expect("config");
+    let config = Config::load(std::path::Path::new(host_path_of(
+        &response,
+        "/etc/vgpu/vgpu.yaml",
+    )))
+    .expect("config");
     assert_eq!(config.devices.len(), 1);
     assert_eq!(config.devices[0].uuid.as_deref(), Some(card.as_str()));
-    assert_eq!(config.devices[0].core_limit, None, "whole cards are not throttled");
-    assert_eq!(config.devices[0].memory_limit, None, "whole cards get all their memory");
+    assert_eq!(
+        config.devices[0].core_limit, None,
+        "whole cards are not throttled"
+    );
+    assert_eq!(
+        config.devices[0].memory_limit, None,
+        "whole cards get all their memory"
+    );
     // A partial request cannot be packed onto the card held whole: its memory is refused.
     let memory_on_card = vec![format!("{card}-mem-0")];
     let mut memory = plugin_client(&plugin.sockets()[1]).await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     let refused = allocate(&mut memory, &memory_on_card).await;
     // Joining is only for the same container's pending allocation; this one is owned.
-    assert_eq!(refused.expect_err("card is held whole").code(), Code::FailedPrecondition);
+    assert_eq!(
+        refused.expect_err("card is held whole").code(),
+        Code::FailedPrecondition
+    );
     plugin.stop().await;
 }
 
@@ -210,40 +382,95 @@ async fn bad_requests_are_refused_with_clear_statuses() {
     let source = Arc::new(FakeSource::uniform(2, CARD_MEMORY));
     let (plugin, mut cores, mut memory) = started(&kubelet, source.clone()).await;
 
-    let unknown = allocate(&mut cores, &["GPU-nope-core-1".to_string(), "GPU-fake-0-core-100".to_string()]).await.expect_err("unknown");
+    let unknown = allocate(
+        &mut cores,
+        &[
+            "GPU-nope-core-1".to_string(),
+            "GPU-fake-0-core-100".to_string(),
+        ],
+    )
+    .await
+    .expect_err("unknown");
     assert_eq!(unknown.code(), Code::InvalidArgument);
-    assert!(unknown.message().contains("GPU-nope-core-1") && unknown.message().contains("GPU-fake-0-core-100"), "{}", unknown.message());
+    assert!(
+        unknown.message().contains("GPU-nope-core-1")
+            && unknown.message().contains("GPU-fake-0-core-100"),
+        "{}",
+        unknown.message()
+    );
 
-    let wrong_kind = allocate(&mut cores, &["GPU-fake-0-mem-1".to_string()]).await.expect_err("memory ID on the core socket");
+    let wrong_kind = allocate(&mut cores, &["GPU-fake-0-mem-1".to_string()])
+        .await
+        .expect_err("memory ID on the core socket");
     assert_eq!(wrong_kind.code(), Code::InvalidArgument);
 
-    let too_much: Vec<String> = (0..16).map(|k| format!("GPU-fake-0-mem-{k}")).chain((0..4).map(|k| format!("GPU-fake-1-mem-{k}"))).collect();
-    let refused = allocate(&mut memory, &too_much).await.expect_err("more memory than a card");
+    let too_much: Vec<String> = (0..16)
+        .map(|k| format!("GPU-fake-0-mem-{k}"))
+        .chain((0..4).map(|k| format!("GPU-fake-1-mem-{k}")))
+        .collect();
+    let refused = allocate(&mut memory, &too_much)
+        .await
+        .expect_err("more memory than a card");
     assert_eq!(refused.code(), Code::InvalidArgument);
-    assert!(refused.message().contains("exceed") && refused.message().contains("5GiB"), "{}", refused.message());
+    assert!(
+        refused.message().contains("exceed") && refused.message().contains("5GiB"),
+        "{}",
+        refused.message()
+    );
 
-    let spanning: Vec<String> = (0..10).map(|k| format!("GPU-fake-0-core-{k}")).chain((0..10).map(|k| format!("GPU-fake-1-core-{k}"))).collect();
-    let refused = allocate(&mut cores, &spanning).await.expect_err("partial cores on two cards");
+    let spanning: Vec<String> = (0..10)
+        .map(|k| format!("GPU-fake-0-core-{k}"))
+        .chain((0..10).map(|k| format!("GPU-fake-1-core-{k}")))
+        .collect();
+    let refused = allocate(&mut cores, &spanning)
+        .await
+        .expect_err("partial cores on two cards");
     assert_eq!(refused.code(), Code::InvalidArgument);
 
-    let mut stream = cores.list_and_watch(Empty {}).await.expect("ListAndWatch").into_inner();
+    let mut stream = cores
+        .list_and_watch(Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
     let first = stream.message().await.expect("stream").expect("list");
-    assert!(first.devices.iter().all(|device| device.health == "Healthy"));
+    assert!(
+        first
+            .devices
+            .iter()
+            .all(|device| device.health == "Healthy")
+    );
     source.fail("GPU-fake-1", "fell off the bus");
-    let update = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.expect("an update within 5s").expect("stream").expect("list");
-    let unhealthy: Vec<_> = update.devices.iter().filter(|device| device.health == "Unhealthy").map(|device| device.id.clone()).collect();
+    let update = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("an update within 5s")
+        .expect("stream")
+        .expect("list");
+    let unhealthy: Vec<_> = update
+        .devices
+        .iter()
+        .filter(|device| device.health == "Unhealthy")
+        .map(|device| device.id.clone())
+        .collect();
     assert_eq!(unhealthy.len(), 100, "every core of the failed card");
     assert!(unhealthy.iter().all(|id| id.starts_with("GPU-fake-1-")));
-    let refused = allocate(&mut cores, &["GPU-fake-1-core-3".to_string()]).await.expect_err("unhealthy");
+    let refused = allocate(&mut cores, &["GPU-fake-1-core-3".to_string()])
+        .await
+        .expect_err("unhealthy");
     assert_eq!(refused.code(), Code::FailedPrecondition);
-    assert!(refused.message().contains("GPU-fake-1-core-3") && refused.message().contains("fell off the bus"), "{}", refused.message());
+    assert!(
+        refused.message().contains("GPU-fake-1-core-3")
+            && refused.message().contains("fell off the bus"),
+        "{}",
+        refused.message()
+    );
     plugin.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn re_registers_after_kubelet_restart() {
     let mut kubelet = TestKubelet::start().await;
-    let (plugin, _cores, _memory) = started(&kubelet, Arc::new(FakeSource::uniform(1, CARD_MEMORY))).await;
+    let (plugin, _cores, _memory) =
+        started(&kubelet, Arc::new(FakeSource::uniform(1, CARD_MEMORY))).await;
     assert_eq!(kubelet.registrations().len(), 2);
     kubelet.restart().await;
     let seen = kubelet.wait_registrations(4).await;
@@ -254,7 +481,11 @@ async fn re_registers_after_kubelet_restart() {
         assert!(socket.exists(), "{} re-created", socket.display());
     }
     let mut cores = plugin_client(&plugin.sockets()[0]).await;
-    assert_eq!(device_list(&mut cores).await.len(), 100, "the new socket serves");
+    assert_eq!(
+        device_list(&mut cores).await.len(),
+        100,
+        "the new socket serves"
+    );
     plugin.stop().await;
 }
 
@@ -273,37 +504,80 @@ async fn restart_keeps_allocations_and_never_double_books() {
     prestart(&mut cores, &core_ids).await.expect("PreStart");
     plugin.stop().await;
 
-    let state = std::fs::read_to_string(kubelet.root.path().join("vgpu/plugin-state.json")).expect("state file");
-    assert!(state.contains(&core_ids[0]) && state.contains("keeper"), "{state}");
+    let state = std::fs::read_to_string(kubelet.root.path().join("vgpu/plugin-state.json"))
+        .expect("state file");
+    assert!(
+        state.contains(&core_ids[0]) && state.contains("keeper"),
+        "{state}"
+    );
 
     let (plugin, mut cores, _memory) = started(&kubelet, source).await;
-    assert_eq!(plugin.shared().allocator().state().allocations.len(), 1, "the allocation survived the restart");
-    let again = allocate(&mut cores, &core_ids[..5]).await.expect_err("IDs still held by a live container");
+    assert_eq!(
+        plugin.shared().allocator().state().allocations.len(),
+        1,
+        "the allocation survived the restart"
+    );
+    let again = allocate(&mut cores, &core_ids[..5])
+        .await
+        .expect_err("IDs still held by a live container");
     assert_eq!(again.code(), Code::FailedPrecondition);
-    assert!(again.message().contains("already allocated") && again.message().contains("keeper"), "{}", again.message());
+    assert!(
+        again.message().contains("already allocated") && again.message().contains("keeper"),
+        "{}",
+        again.message()
+    );
     let next = preferred(&mut cores, &all_cores, 50).await;
-    assert!(next.iter().all(|id| !core_ids.contains(id)), "preferred allocation skips booked IDs");
+    assert!(
+        next.iter().all(|id| !core_ids.contains(id)),
+        "preferred allocation skips booked IDs"
+    );
     plugin.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_collection_waits_for_the_container_to_go() {
     let kubelet = TestKubelet::start().await;
-    let config = vgpu_plugin::PluginConfig { gc_grace_secs: 0, ..kubelet.plugin_config() };
-    let plugin = vgpu_plugin::start(config, Arc::new(FakeSource::uniform(1, CARD_MEMORY))).await.expect("plugin");
+    let config = vgpu_plugin::PluginConfig {
+        gc_grace_secs: 0,
+        ..kubelet.plugin_config()
+    };
+    let plugin = vgpu_plugin::start(config, Arc::new(FakeSource::uniform(1, CARD_MEMORY)))
+        .await
+        .expect("plugin");
     kubelet.wait_registrations(2).await;
     let mut cores = plugin_client(&plugin.sockets()[0]).await;
     let core_ids: Vec<String> = (0..100).map(|k| format!("GPU-fake-0-core-{k}")).collect();
     let response = allocate(&mut cores, &core_ids).await.expect("whole card");
-    let dir = std::path::Path::new(host_path_of(&response, "/etc/vgpu/vgpu.yaml")).parent().expect("dir").to_path_buf();
+    let dir = std::path::Path::new(host_path_of(&response, "/etc/vgpu/vgpu.yaml"))
+        .parent()
+        .expect("dir")
+        .to_path_buf();
     kubelet.add_container("default", "short", "main", &core_ids, &[]);
     prestart(&mut cores, &core_ids).await.expect("PreStart");
-    assert_eq!(vgpu_plugin::daemon::collect_garbage(plugin.shared()).await.expect("gc"), 0, "the container still runs");
+    assert_eq!(
+        vgpu_plugin::daemon::collect_garbage(plugin.shared())
+            .await
+            .expect("gc"),
+        0,
+        "the container still runs"
+    );
     assert!(dir.exists());
     kubelet.clear_pods();
-    assert_eq!(vgpu_plugin::daemon::collect_garbage(plugin.shared()).await.expect("gc"), 1);
+    assert_eq!(
+        vgpu_plugin::daemon::collect_garbage(plugin.shared())
+            .await
+            .expect("gc"),
+        1
+    );
     assert!(!dir.exists(), "allocation folder removed");
-    assert!(!kubelet.root.path().join("vgpu/containers/default_short/main").exists(), "container link removed");
+    assert!(
+        !kubelet
+            .root
+            .path()
+            .join("vgpu/containers/default_short/main")
+            .exists(),
+        "container link removed"
+    );
     assert!(plugin.shared().allocator().state().allocations.is_empty());
     plugin.stop().await;
 }

@@ -29,19 +29,50 @@ async fn sim_cards_are_advertised() {
     assert_ne!(cards[0].uuid, cards[1].uuid);
     assert!(cards.iter().all(|card| card.memory_total > 0));
     for card in &cards {
-        assert!(source.probe(&card.uuid).is_ok(), "{} answers by UUID", card.uuid);
+        assert!(
+            source.probe(&card.uuid).is_ok(),
+            "{} answers by UUID",
+            card.uuid
+        );
     }
-    assert!(source.probe("GPU-00000000-0000-0000-0000-000000000000").is_err());
+    assert!(
+        source
+            .probe("GPU-00000000-0000-0000-0000-000000000000")
+            .is_err()
+    );
 
     let kubelet = TestKubelet::start().await;
-    let plugin = vgpu_plugin::start(kubelet.plugin_config(), Arc::new(source)).await.expect("plugin");
+    let plugin = vgpu_plugin::start(kubelet.plugin_config(), Arc::new(source))
+        .await
+        .expect("plugin");
     kubelet.wait_registrations(2).await;
     let mut cores = plugin_client(&plugin.sockets()[0]).await;
     let mut memory = plugin_client(&plugin.sockets()[1]).await;
-    let core_devices = cores.list_and_watch(Empty {}).await.expect("stream").into_inner().message().await.expect("msg").expect("list").devices;
-    let memory_devices = memory.list_and_watch(Empty {}).await.expect("stream").into_inner().message().await.expect("msg").expect("list").devices;
+    let core_devices = cores
+        .list_and_watch(Empty {})
+        .await
+        .expect("stream")
+        .into_inner()
+        .message()
+        .await
+        .expect("msg")
+        .expect("list")
+        .devices;
+    let memory_devices = memory
+        .list_and_watch(Empty {})
+        .await
+        .expect("stream")
+        .into_inner()
+        .message()
+        .await
+        .expect("msg")
+        .expect("list")
+        .devices;
     assert_eq!(core_devices.len(), 200);
-    let expected: u64 = cards.iter().map(|card| card.memory_total / (256 << 20)).sum();
+    let expected: u64 = cards
+        .iter()
+        .map(|card| card.memory_total / (256 << 20))
+        .sum();
     assert_eq!(memory_devices.len() as u64, expected);
     plugin.stop().await;
 }

@@ -18,14 +18,18 @@ use common::{TestKubelet, plugin_client};
 use serde_json::json;
 use vgpu_plugin::devices::{DeviceSource, FakeSource, NvmlSource};
 use vgpu_plugin::proto::deviceplugin::{
-    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse, ContainerPreferredAllocationRequest, Empty,
-    PreStartContainerRequest, PreferredAllocationRequest,
+    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
+    ContainerPreferredAllocationRequest, Empty, PreStartContainerRequest,
+    PreferredAllocationRequest,
 };
 
 fn profile_dir() -> PathBuf {
     // target/<profile>/deps/runc_e2e-<hash>
     let exe = std::env::current_exe().expect("test exe");
-    exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("profile dir")
+        .to_path_buf()
 }
 
 fn missing(what: &str) -> bool {
@@ -38,7 +42,12 @@ fn prerequisites(profile: &Path) -> bool {
     if unsafe { libc::geteuid() } != 0 {
         return missing("not root");
     }
-    if Command::new("runc").arg("--version").output().map(|out| !out.status.success()).unwrap_or(true) {
+    if Command::new("runc")
+        .arg("--version")
+        .output()
+        .map(|out| !out.status.success())
+        .unwrap_or(true)
+    {
         return missing("runc not installed");
     }
     for shim in ["libcuda_shim.so", "libnvml_shim.so"] {
@@ -50,7 +59,13 @@ fn prerequisites(profile: &Path) -> bool {
 }
 
 fn python() -> Option<(PathBuf, PathBuf)> {
-    let out = Command::new("python3").args(["-c", "import sys, pynvml; print(sys.executable); print(sys.prefix)"]).output().ok()?;
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, pynvml; print(sys.executable); print(sys.prefix)",
+        ])
+        .output()
+        .ok()?;
     if !out.status.success() {
         return None;
     }
@@ -67,7 +82,9 @@ fn bind(destination: &str, source: &Path, read_only: bool) -> serde_json::Value 
     json!({ "destination": destination, "type": "bind", "source": source, "options": options })
 }
 
-async fn one(response: tonic::Response<vgpu_plugin::proto::deviceplugin::AllocateResponse>) -> ContainerAllocateResponse {
+async fn one(
+    response: tonic::Response<vgpu_plugin::proto::deviceplugin::AllocateResponse>,
+) -> ContainerAllocateResponse {
     response.into_inner().container_responses.remove(0)
 }
 
@@ -99,10 +116,15 @@ async fn container_sees_its_quota_through_the_shims() {
         config.nvml_library = lib64.join("libnvidia-ml.so.1");
         Arc::new(NvmlSource::open(&config.nvml_library).expect("sim NVML"))
     } else {
-        eprintln!("runc_e2e: {} not built: checking mounts and config only, not NVML", sim.display());
+        eprintln!(
+            "runc_e2e: {} not built: checking mounts and config only, not NVML",
+            sim.display()
+        );
         Arc::new(FakeSource::uniform(2, 16 << 30))
     };
-    let plugin = vgpu_plugin::start(config.clone(), source).await.expect("plugin");
+    let plugin = vgpu_plugin::start(config.clone(), source)
+        .await
+        .expect("plugin");
     kubelet.wait_registrations(2).await;
     let mut cores = plugin_client(&plugin.sockets()[0]).await;
     let mut memory = plugin_client(&plugin.sockets()[1]).await;
@@ -110,8 +132,20 @@ async fn container_sees_its_quota_through_the_shims() {
     let mut response = ContainerAllocateResponse::default();
     let mut chosen = Vec::new();
     for (client, size) in [(&mut cores, 30), (&mut memory, 10)] {
-        let mut stream = client.list_and_watch(Empty {}).await.expect("ListAndWatch").into_inner();
-        let available: Vec<String> = stream.message().await.expect("stream").expect("list").devices.into_iter().map(|d| d.id).collect();
+        let mut stream = client
+            .list_and_watch(Empty {})
+            .await
+            .expect("ListAndWatch")
+            .into_inner();
+        let available: Vec<String> = stream
+            .message()
+            .await
+            .expect("stream")
+            .expect("list")
+            .devices
+            .into_iter()
+            .map(|d| d.id)
+            .collect();
         let request = PreferredAllocationRequest {
             container_requests: vec![ContainerPreferredAllocationRequest {
                 available_device_i_ds: available,
@@ -119,8 +153,23 @@ async fn container_sees_its_quota_through_the_shims() {
                 allocation_size: size,
             }],
         };
-        let ids = client.get_preferred_allocation(request).await.expect("preferred").into_inner().container_responses.remove(0).device_i_ds;
-        let part = one(client.allocate(AllocateRequest { container_requests: vec![ContainerAllocateRequest { devices_ids: ids.clone() }] }).await.expect("allocate")).await;
+        let ids = client
+            .get_preferred_allocation(request)
+            .await
+            .expect("preferred")
+            .into_inner()
+            .container_responses
+            .remove(0)
+            .device_i_ds;
+        let part = one(client
+            .allocate(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: ids.clone(),
+                }],
+            })
+            .await
+            .expect("allocate"))
+        .await;
         // Kubelet merges the responses of the two resources.
         response.mounts.extend(part.mounts);
         response.devices.extend(part.devices);
@@ -128,7 +177,12 @@ async fn container_sees_its_quota_through_the_shims() {
         chosen.push(ids);
     }
     kubelet.add_container("default", "e2e", "cuda", &chosen[0], &chosen[1]);
-    cores.pre_start_container(PreStartContainerRequest { devices_ids: chosen[0].clone() }).await.expect("PreStart");
+    cores
+        .pre_start_container(PreStartContainerRequest {
+            devices_ids: chosen[0].clone(),
+        })
+        .await
+        .expect("PreStart");
 
     // The bundle: host /usr through an overlay (so runc may create mount targets), the
     // usual top-level links, python's prefix, then exactly the plugin's mounts.
@@ -137,7 +191,12 @@ async fn container_sees_its_quota_through_the_shims() {
     for dir in ["rootfs", "upper", "overlay-work"] {
         std::fs::create_dir_all(bundle.join(dir)).expect("bundle dir");
     }
-    for (link, target) in [("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")] {
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("sbin", "usr/sbin"),
+    ] {
         std::os::unix::fs::symlink(target, rootfs.join(link)).expect("rootfs link");
     }
     let mut mounts = vec![
@@ -157,10 +216,18 @@ async fn container_sees_its_quota_through_the_shims() {
         mounts.push(bind(&prefix.to_string_lossy(), prefix, true));
     }
     for mount in &response.mounts {
-        mounts.push(bind(&mount.container_path, Path::new(&mount.host_path), mount.read_only));
+        mounts.push(bind(
+            &mount.container_path,
+            Path::new(&mount.host_path),
+            mount.read_only,
+        ));
     }
     let devices: Vec<_> = response.devices.iter().map(|device| json!({ "path": device.container_path, "type": "c", "major": 195, "minor": 0 })).collect();
-    let mut env: Vec<String> = response.envs.iter().map(|(key, value)| format!("{key}={value}")).collect();
+    let mut env: Vec<String> = response
+        .envs
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect();
     env.push("PATH=/usr/local/bin:/usr/bin:/bin".into());
     env.push("VGPU_SIM_GPUS=2".into());
     let script = r#"
@@ -194,33 +261,72 @@ if os.environ.get('CHECK_NVML') == '1':
             "devices": devices,
         }
     });
-    std::fs::write(bundle.join("config.json"), serde_json::to_vec_pretty(&spec).expect("json")).expect("config.json");
+    std::fs::write(
+        bundle.join("config.json"),
+        serde_json::to_vec_pretty(&spec).expect("json"),
+    )
+    .expect("config.json");
     let id = format!("vgpu-e2e-{}", std::process::id());
-    let output = Command::new("runc").args(["run", "--bundle"]).arg(&bundle).arg(&id).output().expect("runc runs");
-    let _ = Command::new("runc").args(["delete", "--force", &id]).output();
+    let output = Command::new("runc")
+        .args(["run", "--bundle"])
+        .arg(&bundle)
+        .arg(&id)
+        .output()
+        .expect("runc runs");
+    let _ = Command::new("runc")
+        .args(["delete", "--force", &id])
+        .output();
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "runc failed: {stdout}\n{stderr}");
 
     let sha = |path: &Path| {
-        let out = Command::new("sha256sum").arg(path).output().expect("sha256sum");
-        String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string()
+        let out = Command::new("sha256sum")
+            .arg(path)
+            .output()
+            .expect("sha256sum");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string()
     };
     let cuda = sha(&config.shim_dir.join("libcuda_shim.so"));
     let nvml = sha(&config.shim_dir.join("libnvml_shim.so"));
-    let libs: Vec<&str> = stdout.lines().filter(|line| line.starts_with("LIB ")).collect();
+    let libs: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.starts_with("LIB "))
+        .collect();
     assert_eq!(libs.len(), 3, "{stdout}\n{stderr}");
     for line in libs {
-        assert!(line.ends_with(&format!("{cuda} {nvml}")), "the shims are mounted: {line}");
+        assert!(
+            line.ends_with(&format!("{cuda} {nvml}")),
+            "the shims are mounted: {line}"
+        );
     }
-    assert!(stdout.contains("ENV /etc/vgpu/vgpu.yaml void /usr/local/nvidia/lib64"), "{stdout}");
-    let config_line = stdout.lines().find(|line| line.starts_with("CONFIG ")).expect("config line");
-    assert!(config_line.contains("memory_limit: 2560MiB") && config_line.contains("core_limit: 30"), "{config_line}");
+    assert!(
+        stdout.contains("ENV /etc/vgpu/vgpu.yaml void /usr/local/nvidia/lib64"),
+        "{stdout}"
+    );
+    let config_line = stdout
+        .lines()
+        .find(|line| line.starts_with("CONFIG "))
+        .expect("config line");
+    assert!(
+        config_line.contains("memory_limit: 2560MiB") && config_line.contains("core_limit: 30"),
+        "{config_line}"
+    );
     if check_nvml {
-        assert!(stdout.contains("TOTAL 2684354560"), "pynvml sees the quota as total memory: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains("TOTAL 2684354560"),
+            "pynvml sees the quota as total memory: {stdout}\n{stderr}"
+        );
     } else {
         // On CI every prerequisite is installed (tests/run.sh): a skip there is a failure.
-        assert!(std::env::var_os("CI").is_none(), "runc_e2e: the NVML check needs the sim driver and pynvml on CI");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "runc_e2e: the NVML check needs the sim driver and pynvml on CI"
+        );
         eprintln!("runc_e2e: NVML check skipped (sim driver or pynvml missing)");
     }
     plugin.stop().await;

@@ -32,7 +32,8 @@ impl ShimBuild {
     /// Generates `$OUT_DIR/forward.rs` and sets the link arguments. Panics (failing the
     /// build with the message) on missing lists or bad hooks: this is build-time only.
     pub fn run(self) {
-        let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+        let manifest =
+            PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
         let symbols_dir = manifest.join("../symbols");
         let hooks_dir = manifest.join("src/hooks");
         println!("cargo:rerun-if-changed={}", symbols_dir.display());
@@ -41,7 +42,10 @@ impl ShimBuild {
         let hooks = find_hooks(&hooks_dir, self.prefix);
         for (name, module) in &hooks {
             if !names.contains(name) {
-                panic!("hook {name} in src/hooks/{module}.rs is not exported by any {}.* list in symbols/", self.library);
+                panic!(
+                    "hook {name} in src/hooks/{module}.rs is not exported by any {}.* list in symbols/",
+                    self.library
+                );
             }
         }
         let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("forward.rs");
@@ -59,40 +63,57 @@ impl ShimBuild {
 pub fn read_lists(dir: &Path, library: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let mut lists = 0;
-    let entries = std::fs::read_dir(dir).unwrap_or_else(|err| panic!("read {}: {err}", dir.display()));
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|err| panic!("read {}: {err}", dir.display()));
     for entry in entries.flatten() {
         let file_name = entry.file_name().to_string_lossy().into_owned();
         if !(file_name.starts_with(&format!("{library}.")) && file_name.ends_with(".txt")) {
             continue;
         }
         lists += 1;
-        let text = std::fs::read_to_string(entry.path()).unwrap_or_else(|err| panic!("read {file_name}: {err}"));
-        for line in text.lines().map(str::trim).filter(|line| !line.is_empty() && !line.starts_with('#')) {
+        let text = std::fs::read_to_string(entry.path())
+            .unwrap_or_else(|err| panic!("read {file_name}: {err}"));
+        for line in text
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        {
             if !line.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
                 panic!("{file_name}: `{line}` is not a C identifier");
             }
             names.insert(line.to_string());
         }
     }
-    assert!(lists > 0, "no {library}.*.txt export lists in {}", dir.display());
+    assert!(
+        lists > 0,
+        "no {library}.*.txt export lists in {}",
+        dir.display()
+    );
     names
 }
 
 /// `name -> module` for every hook in `dir/*.rs`.
 pub fn find_hooks(dir: &Path, prefix: &str) -> BTreeMap<String, String> {
     let mut hooks = BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return hooks };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return hooks;
+    };
     let mut paths: Vec<_> = entries.flatten().map(|entry| entry.path()).collect();
     paths.sort();
     for path in paths {
         if path.extension().and_then(|e| e.to_str()) != Some("rs") {
             continue;
         }
-        let module = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+        let module = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
         if module == "mod" {
             continue;
         }
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("read {}: {err}", path.display()));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("read {}: {err}", path.display()));
         for name in hook_names(&text, prefix) {
             if let Some(previous) = hooks.insert(name.clone(), module.clone()) {
                 panic!("hook {name} is defined in both {previous}.rs and {module}.rs");
@@ -113,9 +134,16 @@ fn hook_names(text: &str, prefix: &str) -> Vec<String> {
         let mut rest = line;
         while let Some(at) = rest.find("fn ") {
             let after = &rest[at + 3..];
-            let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
             let boundary_ok = at == 0 || !rest.as_bytes()[at - 1].is_ascii_alphanumeric();
-            let is_api = name.starts_with(prefix) && name[prefix.len()..].chars().next().is_some_and(|c| c.is_ascii_uppercase());
+            let is_api = name.starts_with(prefix)
+                && name[prefix.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_uppercase());
             if boundary_ok && is_api && after[name.len()..].trim_start().starts_with('(') {
                 names.push(name);
             }
@@ -129,7 +157,10 @@ fn hook_names(text: &str, prefix: &str) -> Vec<String> {
 pub fn generate(names: &BTreeSet<String>, hooks: &BTreeMap<String, String>) -> String {
     let mut out = String::new();
     let count = names.len();
-    let _ = writeln!(out, "// @generated by vgpu-shimgen from symbols/*.txt: do not edit.");
+    let _ = writeln!(
+        out,
+        "// @generated by vgpu-shimgen from symbols/*.txt: do not edit."
+    );
     let _ = writeln!(out, "/// Number of driver exports this shim forwards.");
     let _ = writeln!(out, "pub const COUNT: usize = {count};");
     let _ = writeln!(out, "/// Every export, index-aligned with `SLOTS`.");
@@ -139,7 +170,10 @@ pub fn generate(names: &BTreeSet<String>, hooks: &BTreeMap<String, String>) -> S
     }
     let _ = writeln!(out, "];");
     let _ = writeln!(out, "/// Slot index of each export.");
-    let _ = writeln!(out, "#[allow(non_upper_case_globals, dead_code)]\npub mod idx {{");
+    let _ = writeln!(
+        out,
+        "#[allow(non_upper_case_globals, dead_code)]\npub mod idx {{"
+    );
     for (i, name) in names.iter().enumerate() {
         let _ = writeln!(out, "    pub const {name}: usize = {i};");
     }
@@ -151,7 +185,10 @@ pub fn generate(names: &BTreeSet<String>, hooks: &BTreeMap<String, String>) -> S
          pub(crate) static SLOTS: ::vgpu_shimgen::runtime::Slots<COUNT> = ::vgpu_shimgen::runtime::Slots::new(crate::stubs::driver_not_loaded as *mut ::core::ffi::c_void);"
     );
     let _ = writeln!(out, "/// Hook addresses, by slot index.");
-    let _ = writeln!(out, "pub static HOOKS: [Option<unsafe extern \"C\" fn()>; COUNT] = [");
+    let _ = writeln!(
+        out,
+        "pub static HOOKS: [Option<unsafe extern \"C\" fn()>; COUNT] = ["
+    );
     for name in names {
         match hooks.get(name) {
             Some(module) => {
@@ -166,7 +203,10 @@ pub fn generate(names: &BTreeSet<String>, hooks: &BTreeMap<String, String>) -> S
         }
     }
     let _ = writeln!(out, "];");
-    let _ = writeln!(out, "/// Naked trampolines for the exports the shim does not hook.");
+    let _ = writeln!(
+        out,
+        "/// Naked trampolines for the exports the shim does not hook."
+    );
     let _ = writeln!(out, "#[allow(non_snake_case)]\nmod trampolines {{");
     for (i, name) in names.iter().enumerate() {
         if hooks.contains_key(name) {
@@ -190,13 +230,22 @@ mod tests {
     #[test]
     fn finds_hooks_and_ignores_helpers() {
         let text = "hook! {\n    fn cuMemAlloc_v2(p: *mut u64, n: usize) -> CUresult |real| { x }\n}\nfn cu_helper() {}\n// fn cuCommented(\nfn custom(\n    fn cuInit (flags: u32)";
-        assert_eq!(hook_names(text, "cu"), vec!["cuMemAlloc_v2".to_string(), "cuInit".to_string()]);
-        assert_eq!(hook_names("fn nvmlInit_v2() fn nvmlx()", "nvml"), vec!["nvmlInit_v2".to_string()]);
+        assert_eq!(
+            hook_names(text, "cu"),
+            vec!["cuMemAlloc_v2".to_string(), "cuInit".to_string()]
+        );
+        assert_eq!(
+            hook_names("fn nvmlInit_v2() fn nvmlx()", "nvml"),
+            vec!["nvmlInit_v2".to_string()]
+        );
     }
 
     #[test]
     fn generates_trampolines_only_for_unhooked() {
-        let names: BTreeSet<String> = ["cuA", "cuB", "cuC"].iter().map(|s| s.to_string()).collect();
+        let names: BTreeSet<String> = ["cuA", "cuB", "cuC"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let hooks: BTreeMap<String, String> = [("cuB".to_string(), "memory".to_string())].into();
         let text = generate(&names, &hooks);
         assert!(text.contains("pub unsafe extern \"C\" fn cuA()"));

@@ -72,7 +72,10 @@ pub fn load_real<const N: usize>(
     // application asked for when it loaded us. RTLD_LOCAL keeps its names out of the
     // global scope, where they would shadow ours.
     let library = unsafe {
-        libloading::os::unix::Library::open(Some(path), libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL)
+        libloading::os::unix::Library::open(
+            Some(path),
+            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
+        )
     }
     .map_err(|err| match std::error::Error::source(&err) {
         Some(cause) => format!("{err}: {cause}"),
@@ -88,7 +91,9 @@ pub fn load_real<const N: usize>(
             Ok(symbol) => {
                 let address = symbol.into_raw();
                 slots.set(index, address);
-                let keep_existing = by_address.get(&(address as usize)).is_some_and(|&other| hooked(other));
+                let keep_existing = by_address
+                    .get(&(address as usize))
+                    .is_some_and(|&other| hooked(other));
                 if !keep_existing {
                     by_address.insert(address as usize, index);
                 }
@@ -101,7 +106,11 @@ pub fn load_real<const N: usize>(
     }
     // The real library stays loaded for the life of the process.
     std::mem::forget(library);
-    Ok(RealLibrary { by_address, missing, path: path.to_path_buf() })
+    Ok(RealLibrary {
+        by_address,
+        missing,
+        path: path.to_path_buf(),
+    })
 }
 
 /// What the config says a shim should do with the calls it hooks.
@@ -148,7 +157,10 @@ impl Start {
             Ok(Loaded::Found(config, path)) => StartConfig::Found(config, path),
             Ok(Loaded::Absent) => StartConfig::Absent,
             Err(err) => {
-                notice(self.shim, format_args!("config {err}; {}", self.fail_closed_effect));
+                notice(
+                    self.shim,
+                    format_args!("config {err}; {}", self.fail_closed_effect),
+                );
                 StartConfig::Broken
             }
         };
@@ -162,12 +174,24 @@ impl Start {
                 log(
                     Level::Debug,
                     self.shim,
-                    format_args!("loaded {} ({} of {N} exports, {} missing)", path.display(), real.resolved(), real.missing.len()),
+                    format_args!(
+                        "loaded {} ({} of {N} exports, {} missing)",
+                        path.display(),
+                        real.resolved(),
+                        real.missing.len()
+                    ),
                 );
                 Some(real)
             }
             Err(err) => {
-                notice(self.shim, format_args!("cannot load the real library {}: {err}; {}", path.display(), self.unloaded_effect));
+                notice(
+                    self.shim,
+                    format_args!(
+                        "cannot load the real library {}: {err}; {}",
+                        path.display(),
+                        self.unloaded_effect
+                    ),
+                );
                 None
             }
         };
@@ -194,12 +218,18 @@ pub enum Level {
 /// The level `VGPU_LOG` set, read once.
 pub fn log_level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| match std::env::var("VGPU_LOG").unwrap_or_default().to_ascii_lowercase().as_str() {
-        "error" => Level::Error,
-        "warn" | "warning" => Level::Warn,
-        "info" => Level::Info,
-        "debug" | "trace" | "1" => Level::Debug,
-        _ => Level::Off,
+    *LEVEL.get_or_init(|| {
+        match std::env::var("VGPU_LOG")
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "error" => Level::Error,
+            "warn" | "warning" => Level::Warn,
+            "info" => Level::Info,
+            "debug" | "trace" | "1" => Level::Debug,
+            _ => Level::Off,
+        }
     })
 }
 
@@ -255,7 +285,8 @@ mod tests {
         let slots: Slots<3> = Slots::new(stub as *mut c_void);
         assert_eq!(slots.get(1), stub as *mut c_void);
         let libc = Path::new("libc.so.6");
-        let real = load_real(libc, &NAMES, &slots, |_| false, std::ptr::null_mut()).expect("libc loads");
+        let real =
+            load_real(libc, &NAMES, &slots, |_| false, std::ptr::null_mut()).expect("libc loads");
         assert_eq!(real.missing, vec![c"no_such_function_anywhere"]);
         assert!(slots.get(1).is_null());
         assert_eq!(real.index_of(slots.get(0)), Some(0));
@@ -273,6 +304,15 @@ mod tests {
     fn missing_library_is_an_error() {
         static NAMES: [&CStr; 1] = [c"x"];
         let slots: Slots<1> = Slots::new(std::ptr::null_mut());
-        assert!(load_real(Path::new("/nonexistent/libx.so"), &NAMES, &slots, |_| false, std::ptr::null_mut()).is_err());
+        assert!(
+            load_real(
+                Path::new("/nonexistent/libx.so"),
+                &NAMES,
+                &slots,
+                |_| false,
+                std::ptr::null_mut()
+            )
+            .is_err()
+        );
     }
 }

@@ -17,7 +17,11 @@ pub fn target_dir() -> PathBuf {
 /// A built artifact in the target folder; panics with the build command if missing.
 pub fn artifact(name: &str) -> PathBuf {
     let path = target_dir().join(name);
-    assert!(path.exists(), "{} is not built: run `cargo build --workspace` first (tests/run.sh does)", path.display());
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --workspace` first (tests/run.sh does)",
+        path.display()
+    );
     path
 }
 
@@ -27,7 +31,10 @@ pub fn vgpu() -> PathBuf {
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
 }
 
 /// A simulated host: its own sim state file and GPU count, so tests never share a card.
@@ -39,7 +46,11 @@ pub struct SimHost {
 
 impl SimHost {
     pub fn new(gpus: u32) -> SimHost {
-        SimHost { dir: tempfile::tempdir().expect("tempdir"), gpus, memory: "80GiB" }
+        SimHost {
+            dir: tempfile::tempdir().expect("tempdir"),
+            gpus,
+            memory: "80GiB",
+        }
     }
 
     /// Applies the sim's env to a command.
@@ -57,7 +68,11 @@ impl SimHost {
     /// `vgpu run --simulate ARGS... -- CMD...`
     pub fn run(&self, vgpu_args: &[&str], command: &[&str]) -> Output {
         let mut cmd = Command::new(vgpu());
-        cmd.arg("run").arg("--simulate").args(vgpu_args).arg("--").args(command);
+        cmd.arg("run")
+            .arg("--simulate")
+            .args(vgpu_args)
+            .arg("--")
+            .args(command);
         self.apply(&mut cmd).output().expect("spawn vgpu run")
     }
 
@@ -77,8 +92,15 @@ impl SimHost {
 
 /// Whether `python3` can import every module named.
 pub fn python_has(modules: &[&str]) -> bool {
-    let code = modules.iter().map(|m| format!("import {m}")).collect::<Vec<_>>().join("; ");
-    Command::new("python3").args(["-c", &code]).output().is_ok_and(|o| o.status.success())
+    let code = modules
+        .iter()
+        .map(|m| format!("import {m}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Command::new("python3")
+        .args(["-c", &code])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// Python modules a test needs; CI installs them (tests/run.sh), so a missing one fails.
@@ -92,15 +114,27 @@ pub fn require_python(modules: &[&str]) {
 /// The JSON object printed on the last line starting with `RESULT `.
 pub fn result_json(output: &Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().rev().find_map(|line| line.strip_prefix("RESULT ")).unwrap_or_else(|| {
-        panic!("no RESULT line; status {:?}\nstdout:\n{stdout}\nstderr:\n{}", output.status, String::from_utf8_lossy(&output.stderr))
-    });
+    let line = stdout
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix("RESULT "))
+        .unwrap_or_else(|| {
+            panic!(
+                "no RESULT line; status {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
     serde_json::from_str(line).unwrap_or_else(|err| panic!("bad RESULT json {line}: {err}"))
 }
 
 /// A script under tests/clients/.
 pub fn client(name: &str) -> String {
-    repo_root().join("tests/clients").join(name).display().to_string()
+    repo_root()
+        .join("tests/clients")
+        .join(name)
+        .display()
+        .to_string()
 }
 
 pub const MIB: u64 = 1 << 20;

@@ -12,8 +12,16 @@ use vgpu_tests::{SimHost, artifact, repo_root, require_python, vgpu};
 /// A `vgpu install` folder of the built artifacts, as the GPU suite gets it.
 fn install(host: &SimHost) -> PathBuf {
     let prefix = host.dir.path().join("prefix");
-    let output = Command::new(vgpu()).args(["install", "--prefix"]).arg(&prefix).output().expect("run vgpu install");
-    assert!(output.status.success(), "vgpu install: {}", String::from_utf8_lossy(&output.stderr));
+    let output = Command::new(vgpu())
+        .args(["install", "--prefix"])
+        .arg(&prefix)
+        .output()
+        .expect("run vgpu install");
+    assert!(
+        output.status.success(),
+        "vgpu install: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     prefix
 }
 
@@ -22,23 +30,44 @@ fn run_matrix(host: &SimHost, out: &Path, args: &[&str]) -> (Output, serde_json:
     let prefix = install(host);
     let mut command = Command::new(repo_root().join("tests/compat/run.sh"));
     command.arg(&prefix).arg(out).arg("--simulate").args(args);
-    let output = host.apply(&mut command).output().expect("run tests/compat/run.sh");
+    let output = host
+        .apply(&mut command)
+        .output()
+        .expect("run tests/compat/run.sh");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "run.sh failed\nstdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "run.sh failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let json = std::fs::read_to_string(out.join("compat.json")).expect("compat.json written");
-    (output, serde_json::from_str(&json).expect("compat.json is JSON"))
+    (
+        output,
+        serde_json::from_str(&json).expect("compat.json is JSON"),
+    )
 }
 
 fn row<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    report["rows"].as_array().expect("rows").iter().find(|r| r["row"] == name).unwrap_or_else(|| panic!("no row {name}: {report}"))
+    report["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["row"] == name)
+        .unwrap_or_else(|| panic!("no row {name}: {report}"))
 }
 
 fn status(row: &serde_json::Value, column: &str) -> String {
-    row["cells"][column]["status"].as_str().unwrap_or_else(|| panic!("no {column} cell: {row}")).to_string()
+    row["cells"][column]["status"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {column} cell: {row}"))
+        .to_string()
 }
 
 fn note(row: &serde_json::Value, column: &str) -> String {
-    row["cells"][column]["note"].as_str().unwrap_or_default().to_string()
+    row["cells"][column]["note"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 #[test]
@@ -47,43 +76,118 @@ fn sim_matrix_passes_every_cell_a_gpu_free_client_can_judge() {
     let host = SimHost::new(1);
     let out = host.dir.path().join("out");
     // A runtime that cannot load comes first: it must fail alone, with its cause.
-    let (output, report) = run_matrix(&host, &out, &["--measure", "1.5", "--rows", "cudart:/nonexistent/libcudart.so.12", "cuda-bindings", "nvidia-ml-py"]);
+    let (output, report) = run_matrix(
+        &host,
+        &out,
+        &[
+            "--measure",
+            "1.5",
+            "--rows",
+            "cudart:/nonexistent/libcudart.so.12",
+            "cuda-bindings",
+            "nvidia-ml-py",
+        ],
+    );
 
     let broken = row(&report, "cudart libcudart.so.12");
     for column in ["quota", "oom", "limit", "smi"] {
         assert_eq!(status(broken, column), "FAIL", "{broken}");
-        assert!(note(broken, column).contains("/nonexistent/libcudart.so.12"), "the cause is named: {broken}");
+        assert!(
+            note(broken, column).contains("/nonexistent/libcudart.so.12"),
+            "the cause is named: {broken}"
+        );
     }
 
     let bindings = row(&report, "cuda-bindings");
     for column in ["quota", "oom", "limit", "smi"] {
-        assert_eq!(status(bindings, column), "PASS", "{column}: {}", note(bindings, column));
+        assert_eq!(
+            status(bindings, column),
+            "PASS",
+            "{column}: {}",
+            note(bindings, column)
+        );
     }
     assert_eq!(bindings["shim"]["quota"]["total"], 4u64 << 30);
     let memory = &bindings["shim"]["memory"];
-    assert_eq!(memory["steps"].as_array().expect("steps").last().expect("a refusal"), "OOM: CUDA_ERROR_OUT_OF_MEMORY");
-    assert!(memory["held_bytes"].as_u64().expect("held") <= 4 << 30, "{memory}");
+    assert_eq!(
+        memory["steps"]
+            .as_array()
+            .expect("steps")
+            .last()
+            .expect("a refusal"),
+        "OOM: CUDA_ERROR_OUT_OF_MEMORY"
+    );
+    assert!(
+        memory["held_bytes"].as_u64().expect("held") <= 4 << 30,
+        "{memory}"
+    );
     assert_eq!(memory["again"], "OOM: CUDA_ERROR_OUT_OF_MEMORY");
     assert_eq!(memory["realloc"], "ok", "freed memory comes back: {memory}");
-    let outside = bindings["outside_mib"].as_u64().expect("the card's own count was read while the row held its peak");
-    assert!((3 * 1024..=4096).contains(&outside), "outside view {outside} MiB");
-    let ratio = bindings["shim"]["launch"]["rate"].as_f64().expect("rate") / bindings["bare"]["launch"]["rate"].as_f64().expect("bare rate");
-    assert!((0.35..=0.65).contains(&ratio), "--cores 50 holds on the simulated kernels: {ratio}");
-    assert!(bindings["shim"]["smi"]["stdout"].as_str().expect("smi").starts_with("4096, "), "{bindings}");
+    let outside = bindings["outside_mib"]
+        .as_u64()
+        .expect("the card's own count was read while the row held its peak");
+    assert!(
+        (3 * 1024..=4096).contains(&outside),
+        "outside view {outside} MiB"
+    );
+    let ratio = bindings["shim"]["launch"]["rate"].as_f64().expect("rate")
+        / bindings["bare"]["launch"]["rate"]
+            .as_f64()
+            .expect("bare rate");
+    assert!(
+        (0.35..=0.65).contains(&ratio),
+        "--cores 50 holds on the simulated kernels: {ratio}"
+    );
+    assert!(
+        bindings["shim"]["smi"]["stdout"]
+            .as_str()
+            .expect("smi")
+            .starts_with("4096, "),
+        "{bindings}"
+    );
 
     let nvml = row(&report, "nvidia-ml-py");
     assert_eq!(status(nvml, "quota"), "PASS", "{nvml}");
     assert_eq!(status(nvml, "smi"), "PASS", "{nvml}");
-    assert_eq!((status(nvml, "oom"), note(nvml, "oom")), ("n/a".to_string(), "NVML does not allocate".to_string()));
-    assert_eq!((status(nvml, "limit"), note(nvml, "limit")), ("n/a".to_string(), "NVML does not launch kernels".to_string()));
+    assert_eq!(
+        (status(nvml, "oom"), note(nvml, "oom")),
+        ("n/a".to_string(), "NVML does not allocate".to_string())
+    );
+    assert_eq!(
+        (status(nvml, "limit"), note(nvml, "limit")),
+        (
+            "n/a".to_string(),
+            "NVML does not launch kernels".to_string()
+        )
+    );
 
     let markdown = std::fs::read_to_string(out.join("compat.md")).expect("compat.md written");
     assert!(markdown.contains("| runtime / framework | versions | quota reported | OOM enforced | limit held | nvidia-smi virtual |"), "{markdown}");
-    assert!(markdown.lines().any(|l| l.starts_with("| cuda-bindings |") && l.ends_with("| PASS | PASS | PASS | PASS |")), "{markdown}");
-    assert!(markdown.contains("| cudart libcudart.so.12 |  | FAIL [1] | FAIL [1] | FAIL [1] | FAIL [1] |"), "{markdown}");
-    assert!(markdown.contains("[1] cudart libcudart.so.12: initialization: OSError"), "{markdown}");
-    assert!(String::from_utf8_lossy(&output.stdout).contains("row cuda-bindings: quota=PASS oom=PASS limit=PASS smi=PASS"));
-    for raw in ["cuda-bindings.shim.txt", "cuda-bindings.bare.txt", "nvidia-ml-py.shim.txt"] {
+    assert!(
+        markdown
+            .lines()
+            .any(|l| l.starts_with("| cuda-bindings |")
+                && l.ends_with("| PASS | PASS | PASS | PASS |")),
+        "{markdown}"
+    );
+    assert!(
+        markdown
+            .contains("| cudart libcudart.so.12 |  | FAIL [1] | FAIL [1] | FAIL [1] | FAIL [1] |"),
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains("[1] cudart libcudart.so.12: initialization: OSError"),
+        "{markdown}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .contains("row cuda-bindings: quota=PASS oom=PASS limit=PASS smi=PASS")
+    );
+    for raw in [
+        "cuda-bindings.shim.txt",
+        "cuda-bindings.bare.txt",
+        "nvidia-ml-py.shim.txt",
+    ] {
         assert!(out.join("compat").join(raw).exists(), "raw output {raw}");
     }
 }
@@ -95,15 +199,41 @@ fn a_row_past_its_timeout_is_cut_keeps_its_results_and_the_next_row_runs() {
     let out = host.dir.path().join("out");
     let started = Instant::now();
     // A 30 s kernel loop under a 5 s row timeout (and a 3 s bare one).
-    let (_, report) = run_matrix(&host, &out, &["--measure", "30", "--row-timeout", "5", "--bare-timeout", "3", "--rows", "cuda-bindings", "nvidia-ml-py"]);
-    assert!(started.elapsed() < Duration::from_secs(30), "the timeouts held: {:?}", started.elapsed());
+    let (_, report) = run_matrix(
+        &host,
+        &out,
+        &[
+            "--measure",
+            "30",
+            "--row-timeout",
+            "5",
+            "--bare-timeout",
+            "3",
+            "--rows",
+            "cuda-bindings",
+            "nvidia-ml-py",
+        ],
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the timeouts held: {:?}",
+        started.elapsed()
+    );
     let bindings = row(&report, "cuda-bindings");
     assert_eq!(bindings["shim_run"], "timeout after 5 s", "{bindings}");
     assert_eq!(bindings["bare_run"], "timeout after 3 s", "{bindings}");
-    assert_eq!(status(bindings, "quota"), "PASS", "what ran before the cut is kept: {bindings}");
+    assert_eq!(
+        status(bindings, "quota"),
+        "PASS",
+        "what ran before the cut is kept: {bindings}"
+    );
     assert_eq!(status(bindings, "oom"), "PASS", "{bindings}");
     assert_eq!(status(bindings, "limit"), "FAIL");
-    assert!(note(bindings, "limit").contains("timeout after 5 s"), "{}", note(bindings, "limit"));
+    assert!(
+        note(bindings, "limit").contains("timeout after 5 s"),
+        "{}",
+        note(bindings, "limit")
+    );
     assert_eq!(status(row(&report, "nvidia-ml-py"), "quota"), "PASS");
 }
 
@@ -115,8 +245,16 @@ fn matrix_verdicts_unit_tests() {
         .args(["-p", "test_*.py"])
         .output()
         .expect("run python3");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("OK"), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("OK"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// The driver export lists in symbols/ for one library (`libcuda.so.` or `libnvidia-ml.so.`).
@@ -124,7 +262,11 @@ fn export_lists(prefix: &str) -> Vec<PathBuf> {
     let mut lists: Vec<PathBuf> = std::fs::read_dir(repo_root().join("symbols"))
         .expect("symbols/")
         .map(|entry| entry.expect("entry").path())
-        .filter(|path| path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix) && n.ends_with(".txt")))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".txt"))
+        })
         .collect();
     lists.sort();
     lists
@@ -133,18 +275,51 @@ fn export_lists(prefix: &str) -> Vec<PathBuf> {
 #[test]
 fn shims_pass_the_export_check_against_every_driver_list() {
     let checker = artifact("vgpu-ldconfig");
-    for (prefix, shim) in [("libcuda.so.", "libcuda_shim.so"), ("libnvidia-ml.so.", "libnvml_shim.so")] {
+    for (prefix, shim) in [
+        ("libcuda.so.", "libcuda_shim.so"),
+        ("libnvidia-ml.so.", "libnvml_shim.so"),
+    ] {
         let lists = export_lists(prefix);
-        let names: Vec<_> = lists.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
-        assert!(names.iter().any(|n| n.contains(".535.")) && names.iter().any(|n| n.contains(".580.")), "535 and 580 lists: {names:?}");
+        let names: Vec<_> = lists
+            .iter()
+            .filter_map(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().any(|n| n.contains(".535.")) && names.iter().any(|n| n.contains(".580.")),
+            "535 and 580 lists: {names:?}"
+        );
         for list in &lists {
-            let output = Command::new(&checker).args(["check", "--real-list"]).arg(list).arg("--shim").arg(artifact(shim)).output().expect("run vgpu-ldconfig");
-            assert_eq!(output.status.code(), Some(0), "{} vs {shim}:\n{}{}", list.display(), String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+            let output = Command::new(&checker)
+                .args(["check", "--real-list"])
+                .arg(list)
+                .arg("--shim")
+                .arg(artifact(shim))
+                .output()
+                .expect("run vgpu-ldconfig");
+            assert_eq!(
+                output.status.code(),
+                Some(0),
+                "{} vs {shim}:\n{}{}",
+                list.display(),
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
     }
     // And the check can fail: the NVML shim lacks every CUDA name.
     let cuda_list = &export_lists("libcuda.so.")[0];
-    let output = Command::new(&checker).args(["check", "--real-list"]).arg(cuda_list).arg("--shim").arg(artifact("libnvml_shim.so")).output().expect("run");
+    let output = Command::new(&checker)
+        .args(["check", "--real-list"])
+        .arg(cuda_list)
+        .arg("--shim")
+        .arg(artifact("libnvml_shim.so"))
+        .output()
+        .expect("run");
     assert_eq!(output.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&output.stdout).lines().any(|l| l.trim() == "cuInit"));
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .any(|l| l.trim() == "cuInit")
+    );
 }

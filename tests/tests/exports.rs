@@ -9,31 +9,65 @@ use std::process::Command;
 use vgpu_tests::{artifact, repo_root};
 
 fn nm_exports(lib: &Path) -> BTreeSet<String> {
-    let output = Command::new("nm").args(["-D", "--defined-only"]).arg(lib).output().expect("run nm (binutils)");
-    assert!(output.status.success(), "nm {}: {}", lib.display(), String::from_utf8_lossy(&output.stderr));
-    String::from_utf8_lossy(&output.stdout).lines().filter_map(|line| line.split_whitespace().last()).map(String::from).collect()
+    let output = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib)
+        .output()
+        .expect("run nm (binutils)");
+    assert!(
+        output.status.success(),
+        "nm {}: {}",
+        lib.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().last())
+        .map(String::from)
+        .collect()
 }
 
 fn list(name: &str) -> BTreeSet<String> {
-    let text = std::fs::read_to_string(repo_root().join("symbols").join(name)).expect("symbol list");
-    text.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect()
+    let text =
+        std::fs::read_to_string(repo_root().join("symbols").join(name)).expect("symbol list");
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// The Debian 535 packages unpacked into a temp folder; the .deb files come from
 /// `VGPU_DEBIAN_DEBS` (tests/run.sh downloads them) or /tmp/deb.
 fn debian_535() -> (tempfile::TempDir, PathBuf) {
-    let debs = std::env::var_os("VGPU_DEBIAN_DEBS").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp/deb"));
+    let debs = std::env::var_os("VGPU_DEBIAN_DEBS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/deb"));
     let dir = tempfile::tempdir().expect("tempdir");
     let mut found = 0;
-    for entry in std::fs::read_dir(&debs).unwrap_or_else(|e| panic!("{}: {e}; run tests/run.sh, which downloads them", debs.display())) {
+    for entry in std::fs::read_dir(&debs).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run tests/run.sh, which downloads them",
+            debs.display()
+        )
+    }) {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|e| e == "deb") {
-            let status = Command::new("dpkg").arg("-x").arg(&path).arg(dir.path()).status().expect("dpkg");
+            let status = Command::new("dpkg")
+                .arg("-x")
+                .arg(&path)
+                .arg(dir.path())
+                .status()
+                .expect("dpkg");
             assert!(status.success());
             found += 1;
         }
     }
-    assert!(found >= 2, "no Debian libcuda1/libnvidia-ml1 .deb files in {}", debs.display());
+    assert!(
+        found >= 2,
+        "no Debian libcuda1/libnvidia-ml1 .deb files in {}",
+        debs.display()
+    );
     let lib = dir.path().join("usr/lib/x86_64-linux-gnu/nvidia/current");
     (dir, lib)
 }
@@ -46,19 +80,38 @@ fn shims_export_every_real_driver_symbol() {
     let real_cuda_535 = nm_exports(&debian.join("libcuda.so.535.261.03"));
     let real_nvml_535 = nm_exports(&debian.join("libnvidia-ml.so.535.261.03"));
     assert_eq!(real_cuda_535.len(), 620, "Debian's libcuda 535 exports");
-    assert_eq!(real_nvml_535.len(), 332, "Debian's libnvidia-ml 535 exports");
+    assert_eq!(
+        real_nvml_535.len(),
+        332,
+        "Debian's libnvidia-ml 535 exports"
+    );
     for (shim, real, what) in [
         (&cuda_shim, &real_cuda_535, "Debian libcuda 535"),
-        (&cuda_shim, &list("libcuda.so.580.159.04.txt"), "libcuda 580 list"),
+        (
+            &cuda_shim,
+            &list("libcuda.so.580.159.04.txt"),
+            "libcuda 580 list",
+        ),
         (&nvml_shim, &real_nvml_535, "Debian libnvidia-ml 535"),
-        (&nvml_shim, &list("libnvidia-ml.so.580.159.04.txt"), "libnvidia-ml 580 list"),
-        (&nvml_shim, &list("nvidia-smi-535.261.03.nvml-lookups.txt"), "nvidia-smi 535 lookups"),
+        (
+            &nvml_shim,
+            &list("libnvidia-ml.so.580.159.04.txt"),
+            "libnvidia-ml 580 list",
+        ),
+        (
+            &nvml_shim,
+            &list("nvidia-smi-535.261.03.nvml-lookups.txt"),
+            "nvidia-smi 535 lookups",
+        ),
     ] {
         let missing: Vec<_> = real.difference(shim).collect();
         assert!(missing.is_empty(), "{what}: the shim lacks {missing:?}");
     }
     // Nothing beyond the real names: the shims are drop-in libraries, not extensions.
-    let union: BTreeSet<String> = list("libcuda.so.535.261.03.txt").union(&list("libcuda.so.580.159.04.txt")).cloned().collect();
+    let union: BTreeSet<String> = list("libcuda.so.535.261.03.txt")
+        .union(&list("libcuda.so.580.159.04.txt"))
+        .cloned()
+        .collect();
     assert_eq!(cuda_shim, union);
 }
 
@@ -66,9 +119,22 @@ fn shims_export_every_real_driver_symbol() {
 fn ldconfig_check_accepts_the_shims_and_names_what_a_fake_lacks() {
     let (_keep, debian) = debian_535();
     let checker = artifact("vgpu-ldconfig");
-    for (real, shim) in [("libcuda.so.535.261.03", "libcuda_shim.so"), ("libnvidia-ml.so.535.261.03", "libnvml_shim.so")] {
-        let output = Command::new(&checker).args(["check", "--real"]).arg(debian.join(real)).arg("--shim").arg(artifact(shim)).output().expect("run");
-        assert!(output.status.success(), "check {real}: {}", String::from_utf8_lossy(&output.stdout));
+    for (real, shim) in [
+        ("libcuda.so.535.261.03", "libcuda_shim.so"),
+        ("libnvidia-ml.so.535.261.03", "libnvml_shim.so"),
+    ] {
+        let output = Command::new(&checker)
+            .args(["check", "--real"])
+            .arg(debian.join(real))
+            .arg("--shim")
+            .arg(artifact(shim))
+            .output()
+            .expect("run");
+        assert!(
+            output.status.success(),
+            "check {real}: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
     }
     // The NVML shim is no libcuda: the check must fail and list what it lacks.
     let output = Command::new(&checker)
@@ -79,12 +145,24 @@ fn ldconfig_check_accepts_the_shims_and_names_what_a_fake_lacks() {
         .output()
         .expect("run");
     assert_eq!(output.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&output.stdout).lines().any(|l| l.trim() == "cuMemAlloc_v2"));
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .any(|l| l.trim() == "cuMemAlloc_v2")
+    );
 }
 
 #[test]
 fn shims_have_the_real_sonames() {
-    for (shim, soname) in [("libcuda_shim.so", "libcuda.so.1"), ("libnvml_shim.so", "libnvidia-ml.so.1")] {
-        assert_eq!(vgpu_ldconfig::soname(&artifact(shim)).expect("read").as_deref(), Some(soname));
+    for (shim, soname) in [
+        ("libcuda_shim.so", "libcuda.so.1"),
+        ("libnvml_shim.so", "libnvidia-ml.so.1"),
+    ] {
+        assert_eq!(
+            vgpu_ldconfig::soname(&artifact(shim))
+                .expect("read")
+                .as_deref(),
+            Some(soname)
+        );
     }
 }

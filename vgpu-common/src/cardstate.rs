@@ -103,7 +103,10 @@ pub fn container_id(region_path: &Path) -> u64 {
 /// CLOCK_MONOTONIC nanoseconds: one clock for every process of the host, whatever its
 /// namespaces.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -176,7 +179,9 @@ fn valid_uuid(uuid: &str) -> bool {
     !uuid.is_empty()
         && uuid.len() < UUID_LEN
         && !uuid.starts_with('.')
-        && uuid.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':' | b'.'))
+        && uuid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':' | b'.'))
 }
 
 impl CardState {
@@ -191,7 +196,10 @@ impl CardState {
     /// Opens (creating the folder and file, or rebuilding a bad file) the state of card `uuid`.
     pub fn open(dir: &Path, uuid: &str) -> Result<(CardState, OpenOutcome), CardStateError> {
         let path = CardState::path_for(dir, uuid)?;
-        let io_err = |source| CardStateError::Io { path: path.clone(), source };
+        let io_err = |source| CardStateError::Io {
+            path: path.clone(),
+            source,
+        };
         if !dir.is_dir() {
             std::fs::create_dir_all(dir).map_err(io_err)?;
             // Best effort: processes of every container user must be able to join.
@@ -224,11 +232,20 @@ impl CardState {
     /// Opens an existing file without changing it (readers).
     pub fn open_existing(path: &Path) -> Result<CardState, CardStateError> {
         let map = MappedFile::open_existing(path, CARD_LEN).map_err(|error| match error {
-            Ok(len) => CardStateError::Invalid { path: path.to_path_buf(), reason: format!("length {len}, expected {CARD_LEN}") },
-            Err(source) => CardStateError::Io { path: path.to_path_buf(), source },
+            Ok(len) => CardStateError::Invalid {
+                path: path.to_path_buf(),
+                reason: format!("length {len}, expected {CARD_LEN}"),
+            },
+            Err(source) => CardStateError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
         let state = CardState { map };
-        state.check().map_err(|reason| CardStateError::Invalid { path: path.to_path_buf(), reason })?;
+        state.check().map_err(|reason| CardStateError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        })?;
         Ok(state)
     }
 
@@ -283,7 +300,10 @@ impl CardState {
             return Err("bad magic (not a vgpu card state file)".into());
         }
         if header.version != VERSION {
-            return Err(format!("version {} (this build reads {VERSION})", header.version));
+            return Err(format!(
+                "version {} (this build reads {VERSION})",
+                header.version
+            ));
         }
         if header.layout != layout_fingerprint() || header.entry_count as usize != MAX_ENTRIES {
             return Err("layout fingerprint differs".into());
@@ -298,7 +318,11 @@ impl CardState {
     }
 
     fn check_uuid(&self, uuid: &str) -> Result<(), String> {
-        if self.uuid() == uuid { Ok(()) } else { Err(format!("written for card {}", self.uuid())) }
+        if self.uuid() == uuid {
+            Ok(())
+        } else {
+            Err(format!("written for card {}", self.uuid()))
+        }
     }
 
     /// The card this file describes.
@@ -317,11 +341,19 @@ impl CardState {
         let my_ns = process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0);
         owner & 0xff == STATE_LIVE
             && entry.pid_ns.load(Ordering::SeqCst) == my_ns
-            && !process::is_alive((owner >> 32) as i32, entry.start_time.load(Ordering::SeqCst))
+            && !process::is_alive(
+                (owner >> 32) as i32,
+                entry.start_time.load(Ordering::SeqCst),
+            )
     }
 
     /// Takes an entry for `me` in `container`: a free one, else one whose owner is gone.
-    pub fn join(&self, me: &Identity, container: u64, now_ns: u64) -> Result<EntryId, CardStateError> {
+    pub fn join(
+        &self,
+        me: &Identity,
+        container: u64,
+        now_ns: u64,
+    ) -> Result<EntryId, CardStateError> {
         let claiming = ((me.pid as u32 as u64) << 32) | STATE_CLAIMING;
         for pass in 0..2 {
             for index in 0..MAX_ENTRIES {
@@ -331,7 +363,12 @@ impl CardState {
                     STATE_FREE => true,
                     _ => pass == 1 && self.is_stale(entry, owner, now_ns),
                 };
-                if takeable && entry.owner.compare_exchange(owner, claiming, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                if takeable
+                    && entry
+                        .owner
+                        .compare_exchange(owner, claiming, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                {
                     entry.start_time.store(me.start_time, Ordering::SeqCst);
                     entry.pid_ns.store(me.pid_ns, Ordering::SeqCst);
                     entry.container.store(container, Ordering::SeqCst);
@@ -339,7 +376,10 @@ impl CardState {
                     entry.active_ns.store(0, Ordering::SeqCst);
                     entry.busy_permille.store(0, Ordering::SeqCst);
                     entry.demand_permille.store(0, Ordering::SeqCst);
-                    entry.owner.store(((me.pid as u32 as u64) << 32) | STATE_LIVE, Ordering::SeqCst);
+                    entry.owner.store(
+                        ((me.pid as u32 as u64) << 32) | STATE_LIVE,
+                        Ordering::SeqCst,
+                    );
                     return Ok(EntryId(index));
                 }
             }
@@ -350,9 +390,15 @@ impl CardState {
     /// Publishes this process's recent figures and heartbeat.
     pub fn publish(&self, id: EntryId, report: &Report) {
         let entry = self.entry(id.0);
-        entry.busy_permille.store(report.busy_permille.min(1000), Ordering::Relaxed);
-        entry.demand_permille.store(report.demand_permille.min(1000), Ordering::Relaxed);
-        entry.limit_percent.store(report.limit_percent, Ordering::Relaxed);
+        entry
+            .busy_permille
+            .store(report.busy_permille.min(1000), Ordering::Relaxed);
+        entry
+            .demand_permille
+            .store(report.demand_permille.min(1000), Ordering::Relaxed);
+        entry
+            .limit_percent
+            .store(report.limit_percent, Ordering::Relaxed);
         entry.mode.store(report.soft as u32, Ordering::Relaxed);
         if report.active {
             entry.active_ns.store(report.now_ns, Ordering::SeqCst);
@@ -385,17 +431,19 @@ impl CardState {
                 let entry = self.entry(index);
                 let owner = entry.owner.load(Ordering::SeqCst);
                 let heartbeat = entry.heartbeat_ns.load(Ordering::SeqCst);
-                (owner & 0xff == STATE_LIVE && now_ns.saturating_sub(heartbeat) <= EXPIRY_NS).then(|| CardEntry {
-                    index,
-                    pid: (owner >> 32) as i32,
-                    container: entry.container.load(Ordering::SeqCst),
-                    heartbeat_ns: heartbeat,
-                    active_ns: entry.active_ns.load(Ordering::SeqCst),
-                    busy_permille: entry.busy_permille.load(Ordering::Relaxed),
-                    demand_permille: entry.demand_permille.load(Ordering::Relaxed),
-                    limit_percent: entry.limit_percent.load(Ordering::Relaxed),
-                    soft: entry.mode.load(Ordering::Relaxed) == 1,
-                })
+                (owner & 0xff == STATE_LIVE && now_ns.saturating_sub(heartbeat) <= EXPIRY_NS).then(
+                    || CardEntry {
+                        index,
+                        pid: (owner >> 32) as i32,
+                        container: entry.container.load(Ordering::SeqCst),
+                        heartbeat_ns: heartbeat,
+                        active_ns: entry.active_ns.load(Ordering::SeqCst),
+                        busy_permille: entry.busy_permille.load(Ordering::Relaxed),
+                        demand_permille: entry.demand_permille.load(Ordering::Relaxed),
+                        limit_percent: entry.limit_percent.load(Ordering::Relaxed),
+                        soft: entry.mode.load(Ordering::Relaxed) == 1,
+                    },
+                )
             })
             .collect()
     }
@@ -408,7 +456,11 @@ mod tests {
     const UUID: &str = "GPU-5e0f0c5a-1111-2222-3333-444455556666";
 
     fn someone(pid: i32) -> Identity {
-        Identity { pid, start_time: 1, pid_ns: 42 }
+        Identity {
+            pid,
+            start_time: 1,
+            pid_ns: 42,
+        }
     }
 
     #[test]
@@ -421,12 +473,41 @@ mod tests {
         let a = card.join(&someone(100), 1, now).expect("join a");
         let b = card.join(&someone(200), 2, now).expect("join b");
         assert_ne!(a, b);
-        card.publish(a, &Report { now_ns: now, busy_permille: 300, demand_permille: 900, active: true, limit_percent: 30, soft: true });
-        card.publish(b, &Report { now_ns: now, busy_permille: 0, demand_permille: 0, active: false, limit_percent: 60, soft: false });
+        card.publish(
+            a,
+            &Report {
+                now_ns: now,
+                busy_permille: 300,
+                demand_permille: 900,
+                active: true,
+                limit_percent: 30,
+                soft: true,
+            },
+        );
+        card.publish(
+            b,
+            &Report {
+                now_ns: now,
+                busy_permille: 0,
+                demand_permille: 0,
+                active: false,
+                limit_percent: 60,
+                soft: false,
+            },
+        );
         let entries = card.entries(now);
         assert_eq!(entries.len(), 2);
         let first = entries.iter().find(|e| e.container == 1).expect("entry a");
-        assert_eq!((first.pid, first.busy_permille, first.demand_permille, first.limit_percent, first.soft), (100, 300, 900, 30, true));
+        assert_eq!(
+            (
+                first.pid,
+                first.busy_permille,
+                first.demand_permille,
+                first.limit_percent,
+                first.soft
+            ),
+            (100, 300, 900, 30, true)
+        );
         // Container 2 sees container 1 active; container 1 sees nobody else active.
         assert!(card.others_active(2, now + 100_000_000, 200_000_000));
         assert!(!card.others_active(1, now + 100_000_000, 200_000_000));
@@ -448,11 +529,23 @@ mod tests {
         for pid in 0..MAX_ENTRIES as i32 {
             card.join(&someone(1000 + pid), 7, now).expect("join");
         }
-        assert!(matches!(card.join(&someone(5), 8, now), Err(CardStateError::Full(_))));
+        assert!(matches!(
+            card.join(&someone(5), 8, now),
+            Err(CardStateError::Full(_))
+        ));
         let later = now + EXPIRY_NS + 1;
         assert!(card.entries(later).is_empty(), "every heartbeat expired");
-        let taken = card.join(&someone(5), 8, later).expect("takes over a silent entry");
-        card.publish(taken, &Report { now_ns: later, active: true, ..Report::default() });
+        let taken = card
+            .join(&someone(5), 8, later)
+            .expect("takes over a silent entry");
+        card.publish(
+            taken,
+            &Report {
+                now_ns: later,
+                active: true,
+                ..Report::default()
+            },
+        );
         let entries = card.entries(later);
         assert_eq!(entries.len(), 1);
         assert_eq!((entries[0].pid, entries[0].container), (5, 8));
@@ -464,17 +557,26 @@ mod tests {
         let path = CardState::path_for(dir.path(), UUID).expect("path");
         std::fs::write(&path, b"garbage").expect("write");
         let (_, outcome) = CardState::open(dir.path(), UUID).expect("open");
-        assert!(matches!(outcome, OpenOutcome::Rebuilt(ref why) if why.contains("length")), "{outcome:?}");
+        assert!(
+            matches!(outcome, OpenOutcome::Rebuilt(ref why) if why.contains("length")),
+            "{outcome:?}"
+        );
         let mut bytes = std::fs::read(&path).expect("read");
         bytes[0] ^= 0xff;
         std::fs::write(&path, &bytes).expect("write");
         assert!(CardState::open_existing(&path).is_err());
         let (_, outcome) = CardState::open(dir.path(), UUID).expect("open");
-        assert!(matches!(outcome, OpenOutcome::Rebuilt(ref why) if why.contains("magic")), "{outcome:?}");
+        assert!(
+            matches!(outcome, OpenOutcome::Rebuilt(ref why) if why.contains("magic")),
+            "{outcome:?}"
+        );
         // The same file opened for another card is rebuilt for it.
         std::fs::copy(&path, dir.path().join("GPU-other.card")).expect("copy");
         let (other, outcome) = CardState::open(dir.path(), "GPU-other").expect("open other");
-        assert!(matches!(outcome, OpenOutcome::Rebuilt(ref why) if why.contains(UUID)), "{outcome:?}");
+        assert!(
+            matches!(outcome, OpenOutcome::Rebuilt(ref why) if why.contains(UUID)),
+            "{outcome:?}"
+        );
         assert_eq!(other.uuid(), "GPU-other");
         assert!(CardState::open_existing(&path).is_ok());
     }
@@ -483,13 +585,22 @@ mod tests {
     fn bad_uuids_are_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         for uuid in ["", "../etc/passwd", "a/b", ".hidden", "GPU 1"] {
-            assert!(matches!(CardState::open(dir.path(), uuid), Err(CardStateError::BadUuid(_))), "{uuid:?}");
+            assert!(
+                matches!(
+                    CardState::open(dir.path(), uuid),
+                    Err(CardStateError::BadUuid(_))
+                ),
+                "{uuid:?}"
+            );
         }
     }
 
     #[test]
     fn container_ids_differ_by_region() {
-        assert_ne!(container_id(Path::new("/a/usage.region")), container_id(Path::new("/b/usage.region")));
+        assert_ne!(
+            container_id(Path::new("/a/usage.region")),
+            container_id(Path::new("/b/usage.region"))
+        );
         assert_ne!(container_id(Path::new("")), 0);
     }
 }

@@ -147,7 +147,10 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{path}: {message}")]
@@ -170,14 +173,19 @@ impl Config {
             path: path.to_path_buf(),
             message: err.to_string(),
         })?;
-        config.validate().map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
+        config.validate().map_err(|message| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        })?;
         Ok(config)
     }
 
     /// Reads one file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Config::from_yaml(&text, path)
     }
 
@@ -204,14 +212,21 @@ impl Config {
     /// Checks the values serde cannot: ranges, exactly one selector, no duplicates.
     pub fn validate(&self) -> Result<(), String> {
         if self.devices.len() > MAX_DEVICES {
-            return Err(format!("devices: {} listed, at most {MAX_DEVICES} are supported", self.devices.len()));
+            return Err(format!(
+                "devices: {} listed, at most {MAX_DEVICES} are supported",
+                self.devices.len()
+            ));
         }
         for (position, device) in self.devices.iter().enumerate() {
             let at = format!("devices[{position}]");
             match (&device.uuid, device.index) {
-                (Some(_), Some(_)) => return Err(format!("{at}: give `uuid` or `index`, not both")),
+                (Some(_), Some(_)) => {
+                    return Err(format!("{at}: give `uuid` or `index`, not both"));
+                }
                 (None, None) => return Err(format!("{at}: needs `uuid` or `index`")),
-                (Some(uuid), None) if uuid.trim().is_empty() => return Err(format!("{at}.uuid: empty")),
+                (Some(uuid), None) if uuid.trim().is_empty() => {
+                    return Err(format!("{at}.uuid: empty"));
+                }
                 _ => {}
             }
             if let Some(limit) = device.memory_limit
@@ -229,14 +244,19 @@ impl Config {
                     return Err(format!("{at}.core_ceiling: {ceiling} is outside 1-100"));
                 }
                 if device.core_mode != CoreMode::Soft {
-                    return Err(format!("{at}.core_ceiling: only meaningful with core_mode: soft"));
+                    return Err(format!(
+                        "{at}.core_ceiling: only meaningful with core_mode: soft"
+                    ));
                 }
                 if ceiling < device.core_limit.unwrap_or(100) {
                     return Err(format!("{at}.core_ceiling: {ceiling} is below core_limit"));
                 }
             }
             let selector = device.selector();
-            if self.devices[..position].iter().any(|other| other.selector() == selector) {
+            if self.devices[..position]
+                .iter()
+                .any(|other| other.selector() == selector)
+            {
                 return Err(format!("{at}: {selector} is listed twice"));
             }
         }
@@ -279,7 +299,10 @@ impl Config {
     /// The usage region's path: `usage_region`, else `usage.region` beside the config file.
     pub fn resolved_region_path(&self, config_path: &Path) -> PathBuf {
         self.usage_region.clone().unwrap_or_else(|| {
-            config_path.parent().unwrap_or_else(|| Path::new("/")).join(DEFAULT_REGION_NAME)
+            config_path
+                .parent()
+                .unwrap_or_else(|| Path::new("/"))
+                .join(DEFAULT_REGION_NAME)
         })
     }
 }
@@ -310,7 +333,9 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named() {
-        let err = parse("devices:\n  - index: 0\n    memory_limt: 1GiB\n").unwrap_err().to_string();
+        let err = parse("devices:\n  - index: 0\n    memory_limt: 1GiB\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("memory_limt"), "{err}");
         let err = parse("drivr_dir: /x\n").unwrap_err().to_string();
         assert!(err.contains("drivr_dir"), "{err}");
@@ -320,10 +345,19 @@ mod tests {
     fn bad_values_are_refused() {
         for (text, needle) in [
             ("devices:\n  - index: 0\n    core_limit: 0\n", "core_limit"),
-            ("devices:\n  - index: 0\n    core_limit: 101\n", "core_limit"),
+            (
+                "devices:\n  - index: 0\n    core_limit: 101\n",
+                "core_limit",
+            ),
             ("devices:\n  - index: 0\n    core_mode: medium\n", "medium"),
-            ("devices:\n  - index: 0\n    memory_limit: 4 parsecs\n", "parsecs"),
-            ("devices:\n  - index: 0\n    memory_limit: 0\n", "memory_limit"),
+            (
+                "devices:\n  - index: 0\n    memory_limit: 4 parsecs\n",
+                "parsecs",
+            ),
+            (
+                "devices:\n  - index: 0\n    memory_limit: 0\n",
+                "memory_limit",
+            ),
             ("devices:\n  - {}\n", "uuid"),
             ("devices:\n  - index: 0\n    uuid: GPU-1\n", "not both"),
             ("devices:\n  - index: 0\n  - index: 0\n", "twice"),

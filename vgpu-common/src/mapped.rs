@@ -87,8 +87,17 @@ impl Drop for InitLock {
 impl MappedFile {
     /// Opens `path` (mode 0666, created if missing) as a file of exactly `len` bytes and
     /// maps it. The returned lock is held until the caller drops it.
-    pub fn open_or_create(path: &Path, len: usize) -> io::Result<(MappedFile, Found, Option<InitLock>)> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o666).open(path)?;
+    pub fn open_or_create(
+        path: &Path,
+        len: usize,
+    ) -> io::Result<(MappedFile, Found, Option<InitLock>)> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(path)?;
         let lock = InitLock::acquire(&file, Duration::from_secs(2));
         let old_len = file.metadata()?.len();
         let found = match old_len {
@@ -108,7 +117,11 @@ impl MappedFile {
     /// Maps an existing file, which must be exactly `len` bytes (`Err(Ok(actual))` when
     /// it is not).
     pub fn open_existing(path: &Path, len: usize) -> Result<MappedFile, Result<u64, io::Error>> {
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(Err)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(Err)?;
         let actual = file.metadata().map_err(Err)?.len();
         if actual != len as u64 {
             return Err(Ok(actual));
@@ -119,12 +132,24 @@ impl MappedFile {
     fn map(file: File, path: &Path, len: usize) -> io::Result<MappedFile> {
         // SAFETY: mapping a file we hold open, of exactly `len` bytes, shared.
         let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(MappedFile { base: base.cast(), len, path: path.to_path_buf(), _file: file })
+        Ok(MappedFile {
+            base: base.cast(),
+            len,
+            path: path.to_path_buf(),
+            _file: file,
+        })
     }
 
     /// The first byte of the mapping (page aligned, `len` bytes).
@@ -166,7 +191,10 @@ mod tests {
         std::fs::write(&path, b"short").expect("write");
         let (_, found, _lock) = MappedFile::open_or_create(&path, 8192).expect("reopen");
         assert_eq!(found, Found::WrongLength(5));
-        assert!(matches!(MappedFile::open_existing(&path, 4096), Err(Ok(8192))));
+        assert!(matches!(
+            MappedFile::open_existing(&path, 4096),
+            Err(Ok(8192))
+        ));
         assert!(MappedFile::open_existing(&dir.path().join("none"), 4096).is_err());
     }
 

@@ -64,7 +64,10 @@ pub fn is_alive(pid: i32, start_time: u64) -> bool {
 pub fn ns_pids_in(proc_root: &Path, pid: i32) -> Option<Vec<i32>> {
     let status = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
     let line = status.lines().find(|line| line.starts_with("NSpid:"))?;
-    line["NSpid:".len()..].split_ascii_whitespace().map(|field| field.parse().ok()).collect()
+    line["NSpid:".len()..]
+        .split_ascii_whitespace()
+        .map(|field| field.parse().ok())
+        .collect()
 }
 
 #[cfg(test)]
@@ -73,7 +76,8 @@ mod tests {
 
     #[test]
     fn parses_stat_with_odd_comm() {
-        let stat = "1234 (a b) c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let stat =
+            "1234 (a b) c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_start_time(stat), Some(987654));
         assert_eq!(parse_start_time("garbage"), None);
     }

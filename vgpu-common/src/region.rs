@@ -171,12 +171,18 @@ pub struct Region {
 
 impl Region {
     /// Opens (creating or rebuilding as needed) the region at `path` for `devices`.
-    pub fn open(path: &Path, devices: &[RegionDevice]) -> Result<(Region, OpenOutcome), RegionError> {
+    pub fn open(
+        path: &Path,
+        devices: &[RegionDevice],
+    ) -> Result<(Region, OpenOutcome), RegionError> {
         if devices.len() > MAX_DEVICES {
             return Err(RegionError::TooManyDevices(devices.len()));
         }
         let (map, found, lock) =
-            MappedFile::open_or_create(path, REGION_LEN).map_err(|source| RegionError::Io { path: path.to_path_buf(), source })?;
+            MappedFile::open_or_create(path, REGION_LEN).map_err(|source| RegionError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let region = Region { map };
         let outcome = match found {
             Found::Empty => {
@@ -203,11 +209,20 @@ impl Region {
     /// Opens an existing region without changing it (host daemon, NVML readers).
     pub fn open_existing(path: &Path) -> Result<Region, RegionError> {
         let map = MappedFile::open_existing(path, REGION_LEN).map_err(|error| match error {
-            Ok(len) => RegionError::Invalid { path: path.to_path_buf(), reason: format!("length {len}, expected {REGION_LEN}") },
-            Err(source) => RegionError::Io { path: path.to_path_buf(), source },
+            Ok(len) => RegionError::Invalid {
+                path: path.to_path_buf(),
+                reason: format!("length {len}, expected {REGION_LEN}"),
+            },
+            Err(source) => RegionError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
         let region = Region { map };
-        region.check().map_err(|reason| RegionError::Invalid { path: path.to_path_buf(), reason })?;
+        region.check().map_err(|reason| RegionError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        })?;
         Ok(region)
     }
 
@@ -278,7 +293,10 @@ impl Region {
             return Err("bad magic (not a vgpu usage region)".into());
         }
         if header.version != VERSION {
-            return Err(format!("version {} (this build reads {VERSION})", header.version));
+            return Err(format!(
+                "version {} (this build reads {VERSION})",
+                header.version
+            ));
         }
         if header.layout != layout_fingerprint() {
             return Err("layout fingerprint differs".into());
@@ -365,10 +383,19 @@ impl Region {
                 Region::clear_counters(slot);
                 slot.start_time.store(me.start_time, Ordering::SeqCst);
                 slot.pid_ns.store(me.pid_ns, Ordering::SeqCst);
-                let host_pid = if me.pid_ns == process::INIT_PID_NS { me.pid } else { 0 };
+                let host_pid = if me.pid_ns == process::INIT_PID_NS {
+                    me.pid
+                } else {
+                    0
+                };
                 slot.host_pid.store(host_pid, Ordering::SeqCst);
-                self.header().high_water.fetch_max(index as u32 + 1, Ordering::SeqCst);
-                slot.owner.store(((me.pid as u32 as u64) << 32) | STATE_LIVE, Ordering::SeqCst);
+                self.header()
+                    .high_water
+                    .fetch_max(index as u32 + 1, Ordering::SeqCst);
+                slot.owner.store(
+                    ((me.pid as u32 as u64) << 32) | STATE_LIVE,
+                    Ordering::SeqCst,
+                );
                 return Some(SlotId(index));
             }
         }
@@ -396,7 +423,9 @@ impl Region {
         if device >= MAX_DEVICES {
             return 0;
         }
-        (0..self.scan_end()).map(|index| self.slot(index).used[device].load(Ordering::SeqCst)).fold(0u64, u64::saturating_add)
+        (0..self.scan_end())
+            .map(|index| self.slot(index).used[device].load(Ordering::SeqCst))
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Adds `bytes` to this process's usage on `device` if the total stays within `limit`.
@@ -435,7 +464,11 @@ impl Region {
 
     /// Bytes one slot holds on `device`.
     pub fn slot_used(&self, slot: SlotId, device: usize) -> u64 {
-        if device < MAX_DEVICES { self.slot(slot.0).used[device].load(Ordering::SeqCst) } else { 0 }
+        if device < MAX_DEVICES {
+            self.slot(slot.0).used[device].load(Ordering::SeqCst)
+        } else {
+            0
+        }
     }
 
     /// Credits `bytes` back on `device`.
@@ -469,7 +502,9 @@ impl Region {
     }
 
     fn saturating_sub(counter: &AtomicU64, bytes: u64) {
-        let _ = counter.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |value| Some(value.saturating_sub(bytes)));
+        let _ = counter.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |value| {
+            Some(value.saturating_sub(bytes))
+        });
     }
 
     /// Frees the slots of processes that are gone. Only slots whose owner lives in our
@@ -505,7 +540,11 @@ impl Region {
                 continue;
             }
             let reclaiming = (owner & !0xff) | STATE_RECLAIMING;
-            if slot.owner.compare_exchange(owner, reclaiming, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            if slot
+                .owner
+                .compare_exchange(owner, reclaiming, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
                 Region::clear_counters(slot);
                 slot.owner.store(STATE_FREE, Ordering::SeqCst);
                 freed += 1;
@@ -525,24 +564,38 @@ impl Region {
                 let slot = self.slot(index);
                 let owner = slot.owner.load(Ordering::SeqCst);
                 let pid_ns = slot.pid_ns.load(Ordering::SeqCst);
-                let unknown = owner & 0xff == STATE_LIVE && slot.host_pid.load(Ordering::SeqCst) == 0;
-                (unknown && pid_ns != 0 && pid_ns != process::INIT_PID_NS)
-                    .then(|| (index, (owner >> 32) as i32, pid_ns, slot.start_time.load(Ordering::SeqCst)))
+                let unknown =
+                    owner & 0xff == STATE_LIVE && slot.host_pid.load(Ordering::SeqCst) == 0;
+                (unknown && pid_ns != 0 && pid_ns != process::INIT_PID_NS).then(|| {
+                    (
+                        index,
+                        (owner >> 32) as i32,
+                        pid_ns,
+                        slot.start_time.load(Ordering::SeqCst),
+                    )
+                })
             })
             .collect();
         if wanted.is_empty() {
             return 0;
         }
-        let Ok(entries) = std::fs::read_dir(proc_root) else { return 0 };
+        let Ok(entries) = std::fs::read_dir(proc_root) else {
+            return 0;
+        };
         let mut filled = 0;
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(host_pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-            let Some(ns) = process::pid_namespace_in(proc_root, &host_pid.to_string()) else { continue };
+            let Some(host_pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Some(ns) = process::pid_namespace_in(proc_root, &host_pid.to_string()) else {
+                continue;
+            };
             if !wanted.iter().any(|&(_, _, slot_ns, _)| slot_ns == ns) {
                 continue;
             }
-            let inner = process::ns_pids_in(proc_root, host_pid).and_then(|levels| levels.last().copied());
+            let inner =
+                process::ns_pids_in(proc_root, host_pid).and_then(|levels| levels.last().copied());
             let started = process::start_time_in(proc_root, host_pid);
             for &(slot_index, pid, slot_ns, slot_start) in &wanted {
                 if slot_ns == ns && inner == Some(pid) && started == Some(slot_start) {
@@ -558,7 +611,10 @@ impl Region {
     pub fn processes(&self) -> Vec<ProcessUsage> {
         let device_count = self.header().device_count as usize;
         let read = |counters: &[AtomicU64; MAX_DEVICES]| -> Vec<u64> {
-            counters[..device_count].iter().map(|c| c.load(Ordering::SeqCst)).collect()
+            counters[..device_count]
+                .iter()
+                .map(|c| c.load(Ordering::SeqCst))
+                .collect()
         };
         (0..self.scan_end())
             .filter_map(|index| {
@@ -585,7 +641,12 @@ mod tests {
     use super::*;
 
     fn devices() -> Vec<RegionDevice> {
-        vec![RegionDevice { id: "GPU-test".into(), memory_limit: 1 << 30, core_limit: 30, core_mode: 0 }]
+        vec![RegionDevice {
+            id: "GPU-test".into(),
+            memory_limit: 1 << 30,
+            core_limit: 30,
+            core_mode: 0,
+        }]
     }
 
     #[test]
@@ -615,7 +676,10 @@ mod tests {
         bytes[200] ^= 0xff; // inside the device table
         std::fs::write(&path, &bytes).expect("write");
         let (_, outcome) = Region::open(&path, &devices()).expect("reopen");
-        assert!(matches!(outcome, OpenOutcome::Rebuilt(ref why) if why.contains("checksum")), "{outcome:?}");
+        assert!(
+            matches!(outcome, OpenOutcome::Rebuilt(ref why) if why.contains("checksum")),
+            "{outcome:?}"
+        );
         std::fs::write(&path, b"not a region").expect("write");
         let (_, outcome) = Region::open(&path, &devices()).expect("reopen");
         assert!(matches!(outcome, OpenOutcome::Rebuilt(_)));
@@ -634,7 +698,10 @@ mod tests {
         let (region, _) = Region::open(&dir.path().join("r"), &devices()).expect("open");
         let me = process::current();
         // A "previous holder" of our PID: same PID, other start time.
-        let ghost = Identity { start_time: me.start_time + 12345, ..me };
+        let ghost = Identity {
+            start_time: me.start_time + 12345,
+            ..me
+        };
         let ghost_slot = region.attach(&ghost).expect("attach ghost");
         region.add_used(ghost_slot, 0, 100);
         let mine = region.attach(&me).expect("attach");
@@ -651,7 +718,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (region, _) = Region::open(&dir.path().join("r"), &devices()).expect("open");
         // A process of a container: PID 7 in PID namespace 4026532999, started at 4242.
-        let inside = Identity { pid: 7, start_time: 4242, pid_ns: 4026532999 };
+        let inside = Identity {
+            pid: 7,
+            start_time: 4242,
+            pid_ns: 4026532999,
+        };
         let slot = region.attach(&inside).expect("attach");
         // A fake host /proc: host PID 3100 is that process; 3101 is PID 7 of another
         // namespace; 3102 is in the right namespace but started at another time.
@@ -660,8 +731,13 @@ mod tests {
             let at = proc_root.join(host.to_string());
             std::fs::create_dir_all(at.join("ns")).expect("mkdir");
             std::os::unix::fs::symlink(format!("pid:[{ns}]"), at.join("ns/pid")).expect("link");
-            std::fs::write(at.join("status"), format!("Name:\tpython3\nNSpid:\t{host}\t{inner}\n")).expect("status");
-            let stat = format!("{host} (python3) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0");
+            std::fs::write(
+                at.join("status"),
+                format!("Name:\tpython3\nNSpid:\t{host}\t{inner}\n"),
+            )
+            .expect("status");
+            let stat =
+                format!("{host} (python3) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0");
             std::fs::write(at.join("stat"), stat).expect("stat");
         };
         fake(3101, 4026533000, 7, 4242);
@@ -670,7 +746,11 @@ mod tests {
         assert_eq!(region.processes()[0].host_pid, 0);
         assert_eq!(region.fill_host_pids(&proc_root), 1);
         assert_eq!(region.processes()[0].host_pid, 3100);
-        assert_eq!(region.fill_host_pids(&proc_root), 0, "nothing left to fill: no scan");
+        assert_eq!(
+            region.fill_host_pids(&proc_root),
+            0,
+            "nothing left to fill: no scan"
+        );
         region.detach(slot);
     }
 
@@ -689,7 +769,10 @@ mod tests {
                 let region = region.clone();
                 let committed = committed.clone();
                 std::thread::spawn(move || {
-                    let me = Identity { start_time: 1_000_000 + t, ..process::current() };
+                    let me = Identity {
+                        start_time: 1_000_000 + t,
+                        ..process::current()
+                    };
                     let slot = region.attach(&me).expect("attach");
                     let mut held = 0u64;
                     for i in 0..20_000u64 {

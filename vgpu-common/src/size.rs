@@ -21,7 +21,9 @@ pub enum SizeError {
     Empty,
     #[error("`{0}` is not a size: expected bytes or a number with a unit such as 7680MiB or 30GiB")]
     Malformed(String),
-    #[error("unknown unit `{unit}` in `{text}` (use B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, kB, MB, GB, TB)")]
+    #[error(
+        "unknown unit `{unit}` in `{text}` (use B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, kB, MB, GB, TB)"
+    )]
     UnknownUnit { text: String, unit: String },
     #[error("`{0}` does not fit in 64 bits of bytes")]
     Overflow(String),
@@ -83,20 +85,42 @@ impl FromStr for ByteSize {
             .iter()
             .find(|(name, _)| *name == unit)
             .map(|(_, m)| *m)
-            .ok_or_else(|| SizeError::UnknownUnit { text: text.to_string(), unit: unit.to_string() })?;
+            .ok_or_else(|| SizeError::UnknownUnit {
+                text: text.to_string(),
+                unit: unit.to_string(),
+            })?;
         if let Some((whole, frac)) = number.split_once('.') {
             if frac.contains('.') || (whole.is_empty() && frac.is_empty()) {
                 return Err(SizeError::Malformed(text.to_string()));
             }
-            let whole: u128 = if whole.is_empty() { 0 } else { whole.parse().map_err(|_| SizeError::Overflow(text.to_string()))? };
+            let whole: u128 = if whole.is_empty() {
+                0
+            } else {
+                whole
+                    .parse()
+                    .map_err(|_| SizeError::Overflow(text.to_string()))?
+            };
             let digits = frac.len().min(18) as u32;
-            let frac_value: u128 = if digits == 0 { 0 } else { frac[..digits as usize].parse().map_err(|_| SizeError::Malformed(text.to_string()))? };
+            let frac_value: u128 = if digits == 0 {
+                0
+            } else {
+                frac[..digits as usize]
+                    .parse()
+                    .map_err(|_| SizeError::Malformed(text.to_string()))?
+            };
             let scale = 10u128.pow(digits);
             let total = whole * multiplier as u128 + frac_value * multiplier as u128 / scale;
-            u64::try_from(total).map(ByteSize).map_err(|_| SizeError::Overflow(text.to_string()))
+            u64::try_from(total)
+                .map(ByteSize)
+                .map_err(|_| SizeError::Overflow(text.to_string()))
         } else {
-            let value: u64 = number.parse().map_err(|_| SizeError::Overflow(text.to_string()))?;
-            value.checked_mul(multiplier).map(ByteSize).ok_or_else(|| SizeError::Overflow(text.to_string()))
+            let value: u64 = number
+                .parse()
+                .map_err(|_| SizeError::Overflow(text.to_string()))?;
+            value
+                .checked_mul(multiplier)
+                .map(ByteSize)
+                .ok_or_else(|| SizeError::Overflow(text.to_string()))
         }
     }
 }
@@ -132,10 +156,14 @@ impl<'de> Deserialize<'de> for ByteSize {
                 Ok(ByteSize(v))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
-                u64::try_from(v).map(ByteSize).map_err(|_| E::custom(format!("negative size {v}")))
+                u64::try_from(v)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom(format!("negative size {v}")))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<ByteSize, E> {
-                Err(E::custom(format!("size {v} is not a whole number of bytes; add a unit such as MiB")))
+                Err(E::custom(format!(
+                    "size {v} is not a whole number of bytes; add a unit such as MiB"
+                )))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
                 v.parse().map_err(E::custom)
@@ -163,11 +191,26 @@ mod tests {
     #[test]
     fn refuses_garbage() {
         assert!(matches!("".parse::<ByteSize>(), Err(SizeError::Empty)));
-        assert!(matches!("GiB".parse::<ByteSize>(), Err(SizeError::Malformed(_))));
-        assert!(matches!("4 parsecs".parse::<ByteSize>(), Err(SizeError::UnknownUnit { .. })));
-        assert!(matches!("1.2.3GiB".parse::<ByteSize>(), Err(SizeError::Malformed(_))));
-        assert!(matches!("99999999999TiB".parse::<ByteSize>(), Err(SizeError::Overflow(_))));
-        assert!(matches!("-4GiB".parse::<ByteSize>(), Err(SizeError::Malformed(_))));
+        assert!(matches!(
+            "GiB".parse::<ByteSize>(),
+            Err(SizeError::Malformed(_))
+        ));
+        assert!(matches!(
+            "4 parsecs".parse::<ByteSize>(),
+            Err(SizeError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            "1.2.3GiB".parse::<ByteSize>(),
+            Err(SizeError::Malformed(_))
+        ));
+        assert!(matches!(
+            "99999999999TiB".parse::<ByteSize>(),
+            Err(SizeError::Overflow(_))
+        ));
+        assert!(matches!(
+            "-4GiB".parse::<ByteSize>(),
+            Err(SizeError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -9,7 +9,12 @@ use crate::hook;
 use crate::state::{ContextMeter, enforcer, real};
 
 /// Runs `create` for `device` with the visibility gate and the overhead meter.
-fn create_context(device: CUdevice, context: *mut CUcontext, primary: bool, create: impl FnOnce() -> CUresult) -> CUresult {
+fn create_context(
+    device: CUdevice,
+    context: *mut CUcontext,
+    primary: bool,
+    create: impl FnOnce() -> CUresult,
+) -> CUresult {
     let enforcer = match enforcer() {
         Err(error) => return error,
         Ok(None) => return create(),
@@ -19,7 +24,9 @@ fn create_context(device: CUdevice, context: *mut CUcontext, primary: bool, crea
         // Before cuInit: the real call fails with the right error.
         return create();
     }
-    let Some(visible) = enforcer.visible(device).cloned() else { return CUDA_ERROR_INVALID_DEVICE };
+    let Some(visible) = enforcer.visible(device).cloned() else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
     let existing_primary = primary && primary_is_active(device);
     let meter = (!existing_primary).then(|| ContextMeter::start(enforcer, &visible.uuid));
     let result = create();
@@ -37,7 +44,8 @@ fn create_context(device: CUdevice, context: *mut CUcontext, primary: bool, crea
 }
 
 fn primary_is_active(device: CUdevice) -> bool {
-    let get_state = real!(cuDevicePrimaryCtxGetState as fn(CUdevice, *mut u32, *mut i32) -> CUresult);
+    let get_state =
+        real!(cuDevicePrimaryCtxGetState as fn(CUdevice, *mut u32, *mut i32) -> CUresult);
     let (mut flags, mut active) = (0u32, 0i32);
     // SAFETY: valid out-pointers.
     unsafe { get_state(device, &mut flags, &mut active) == CUDA_SUCCESS && active != 0 }

@@ -89,7 +89,11 @@ fn visible_only(result: CUresult, device: *const CUdevice) -> CUresult {
             }
             // SAFETY: the real call succeeded, so it wrote the handle.
             let handle = unsafe { *device };
-            if enforcer.visible(handle).is_some() { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_DEVICE }
+            if enforcer.visible(handle).is_some() {
+                CUDA_SUCCESS
+            } else {
+                CUDA_ERROR_INVALID_DEVICE
+            }
         }
     }
 }
@@ -98,7 +102,10 @@ fn visible_only(result: CUresult, device: *const CUdevice) -> CUresult {
 pub(crate) fn check_visible(handle: CUdevice) -> Result<(), CUresult> {
     match enforcer()? {
         None => Ok(()),
-        Some(enforcer) => enforcer.visible(handle).map(|_| ()).ok_or(CUDA_ERROR_INVALID_DEVICE),
+        Some(enforcer) => enforcer
+            .visible(handle)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_DEVICE),
     }
 }
 
@@ -123,18 +130,28 @@ hook! {
 }
 
 /// The quota of `device` in bytes, for the cuDeviceTotalMem family.
-fn total_for(device: CUdevice, real_total: impl FnOnce() -> CUresult) -> Result<Option<u64>, CUresult> {
+fn total_for(
+    device: CUdevice,
+    real_total: impl FnOnce() -> CUresult,
+) -> Result<Option<u64>, CUresult> {
     match enforcer()? {
         None => {
             let result = real_total();
-            if result == CUDA_SUCCESS { Ok(None) } else { Err(result) }
+            if result == CUDA_SUCCESS {
+                Ok(None)
+            } else {
+                Err(result)
+            }
         }
         Some(enforcer) => {
             let result = real_total();
             if result != CUDA_SUCCESS {
                 return Err(result);
             }
-            enforcer.visible(device).map(|visible| Some(visible.memory_limit)).ok_or(CUDA_ERROR_INVALID_DEVICE)
+            enforcer
+                .visible(device)
+                .map(|visible| Some(visible.memory_limit))
+                .ok_or(CUDA_ERROR_INVALID_DEVICE)
         }
     }
 }

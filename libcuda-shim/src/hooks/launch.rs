@@ -40,17 +40,25 @@ const _: () = assert!(std::mem::size_of::<CUlaunchConfig>() == 56);
 const _: () = assert!(std::mem::size_of::<CudaLaunchParams>() == 56);
 
 fn on(stream: CUstream) -> Target {
-    Target { stream, per_thread: false }
+    Target {
+        stream,
+        per_thread: false,
+    }
 }
 
 fn on_per_thread(stream: CUstream) -> Target {
-    Target { stream, per_thread: true }
+    Target {
+        stream,
+        per_thread: true,
+    }
 }
 
 /// The stream of a `CUlaunchConfig`, null (the caller's default) when there is none.
 fn config_stream(config: *const CUlaunchConfig) -> CUstream {
     // SAFETY: the caller passes a valid config or null (which the real call rejects).
-    unsafe { config.as_ref() }.map(|config| config.stream).unwrap_or(std::ptr::null_mut())
+    unsafe { config.as_ref() }
+        .map(|config| config.stream)
+        .unwrap_or(std::ptr::null_mut())
 }
 
 hook! {

@@ -41,7 +41,12 @@ fn resolve<'a>(enforcer: &'a Enforcer, target: &Target) -> Result<&'a Visible, C
 
 /// Reserve `bytes`, run `allocate`, and on success record the allocation under the key
 /// that `key` reads back from the call's out-parameter.
-fn counted(bytes: u64, target: Target, allocate: impl FnOnce() -> CUresult, key: impl FnOnce() -> AllocKey) -> CUresult {
+fn counted(
+    bytes: u64,
+    target: Target,
+    allocate: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> AllocKey,
+) -> CUresult {
     let enforcer = match enforcer() {
         Err(error) => return error,
         Ok(None) => return allocate(),
@@ -60,7 +65,11 @@ fn counted(bytes: u64, target: Target, allocate: impl FnOnce() -> CUresult, key:
             {
                 let charged = charged_size(bytes);
                 enforcer.region.add_used(slot, device.region_index, charged);
-                enforcer.record(key(), enforcer.ticket(slot, device, charged), current_context());
+                enforcer.record(
+                    key(),
+                    enforcer.ticket(slot, device, charged),
+                    current_context(),
+                );
             }
             return result;
         }
@@ -91,7 +100,11 @@ fn freed(key: AllocKey, result: CUresult) -> CUresult {
 fn read<T: Copy + Default>(out: *const T) -> T {
     // SAFETY: only called after the driver succeeded, so it wrote `out`; a null `out`
     // makes the driver fail first.
-    if out.is_null() { T::default() } else { unsafe { *out } }
+    if out.is_null() {
+        T::default()
+    } else {
+        unsafe { *out }
+    }
 }
 
 hook! {
@@ -115,20 +128,41 @@ hook! {
 
 /// Pitched allocations: the pitch is only known afterwards, so reserve the smallest
 /// possible footprint, then settle the difference (freeing if the quota cannot take it).
-fn pitched(width: u64, height: u64, allocate: impl FnOnce() -> CUresult, result_of: impl Fn() -> (u64, u64), free: impl FnOnce(u64)) -> CUresult {
-    let result = counted(width.saturating_mul(height), Target::Current, allocate, || AllocKey::Pointer(result_of().0));
+fn pitched(
+    width: u64,
+    height: u64,
+    allocate: impl FnOnce() -> CUresult,
+    result_of: impl Fn() -> (u64, u64),
+    free: impl FnOnce(u64),
+) -> CUresult {
+    let result = counted(
+        width.saturating_mul(height),
+        Target::Current,
+        allocate,
+        || AllocKey::Pointer(result_of().0),
+    );
     if result != CUDA_SUCCESS {
         return result;
     }
-    let Ok(Some(enforcer)) = enforcer() else { return result };
+    let Ok(Some(enforcer)) = enforcer() else {
+        return result;
+    };
     let (pointer, pitch) = result_of();
-    let extra = charged_size(pitch.saturating_mul(height)).saturating_sub(charged_size(width.saturating_mul(height)));
+    let extra = charged_size(pitch.saturating_mul(height))
+        .saturating_sub(charged_size(width.saturating_mul(height)));
     if extra == 0 {
         return result;
     }
-    match enforcer.current().and_then(|device| enforcer.reserve(device, extra)) {
+    match enforcer
+        .current()
+        .and_then(|device| enforcer.reserve(device, extra))
+    {
         Ok(ticket) => {
-            enforcer.record(AllocKey::Pointer(pointer ^ (1 << 63)), ticket, current_context());
+            enforcer.record(
+                AllocKey::Pointer(pointer ^ (1 << 63)),
+                ticket,
+                current_context(),
+            );
             result
         }
         Err(error) => {
@@ -231,7 +265,9 @@ hook! {
 /// Bytes of an array: element size × channels × width × height × depth (each at least 1).
 fn array_bytes(format: u32, channels: u32, extent: [u64; 3]) -> u64 {
     let element = array_format_bytes(format).unwrap_or(4) * channels.max(1) as u64;
-    extent.iter().fold(element, |bytes, &side| bytes.saturating_mul(side.max(1)))
+    extent
+        .iter()
+        .fold(element, |bytes, &side| bytes.saturating_mul(side.max(1)))
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR_v1` (32-bit extents).
@@ -345,7 +381,9 @@ hook! {
 // --- what the container is told ----------------------------------------------------
 
 /// free = quota − used (never more than the card really has free), total = quota.
-fn memory_info(real_info: impl FnOnce(&mut u64, &mut u64) -> CUresult) -> Result<(u64, u64), CUresult> {
+fn memory_info(
+    real_info: impl FnOnce(&mut u64, &mut u64) -> CUresult,
+) -> Result<(u64, u64), CUresult> {
     let (mut real_free, mut real_total) = (0u64, 0u64);
     let result = real_info(&mut real_free, &mut real_total);
     if result != CUDA_SUCCESS {
@@ -355,7 +393,10 @@ fn memory_info(real_info: impl FnOnce(&mut u64, &mut u64) -> CUresult) -> Result
         None => Ok((real_free, real_total)),
         Some(enforcer) => {
             let device = enforcer.current()?;
-            let free = device.memory_limit.saturating_sub(enforcer.used(device)).min(real_free);
+            let free = device
+                .memory_limit
+                .saturating_sub(enforcer.used(device))
+                .min(real_free);
             Ok((free, device.memory_limit))
         }
     }

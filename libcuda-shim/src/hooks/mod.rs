@@ -3,6 +3,6 @@
 
 pub mod context;
 pub mod device;
-pub mod memory;
 pub mod launch;
+pub mod memory;
 pub mod procaddress;

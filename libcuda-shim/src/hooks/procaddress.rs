@@ -37,7 +37,9 @@ fn swap_in_hook(symbol: *const c_char, function: *mut *mut c_void) {
                 // SAFETY: the driver accepted `symbol` as a C string.
                 unsafe { CStr::from_ptr(symbol) }.to_string_lossy()
             };
-            debug!("cuGetProcAddress({name}) returned {pointer:p}, which is no export: passed through");
+            debug!(
+                "cuGetProcAddress({name}) returned {pointer:p}, which is no export: passed through"
+            );
         }
     }
 }

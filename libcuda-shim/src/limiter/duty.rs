@@ -35,7 +35,12 @@ pub struct DutyCycle {
 impl DutyCycle {
     /// A full bucket for `percent` (1-100) of the card over windows of `window_ns`.
     pub fn new(percent: u32, window_ns: u64, now_ns: u64) -> DutyCycle {
-        let mut bucket = DutyCycle { rate_ppm: 0, window_ns: window_ns.max(1), tokens_ns: 0, last_ns: now_ns };
+        let mut bucket = DutyCycle {
+            rate_ppm: 0,
+            window_ns: window_ns.max(1),
+            tokens_ns: 0,
+            last_ns: now_ns,
+        };
         bucket.rate_ppm = percent_ppm(percent);
         bucket.tokens_ns = bucket.capacity();
         bucket
@@ -61,7 +66,8 @@ impl DutyCycle {
     fn refill(&mut self, now_ns: u64) {
         let elapsed = now_ns.saturating_sub(self.last_ns);
         self.last_ns = self.last_ns.max(now_ns);
-        let earned = (elapsed as u128 * self.rate_ppm as u128 / 1_000_000).min(i64::MAX as u128) as i64;
+        let earned =
+            (elapsed as u128 * self.rate_ppm as u128 / 1_000_000).min(i64::MAX as u128) as i64;
         self.tokens_ns = self.tokens_ns.saturating_add(earned).min(self.capacity());
     }
 
@@ -69,7 +75,10 @@ impl DutyCycle {
     /// settles; negative gives back an over-estimate).
     pub fn charge(&mut self, cost_ns: i64, now_ns: u64) {
         self.refill(now_ns);
-        self.tokens_ns = self.tokens_ns.saturating_sub(cost_ns).clamp(-MAX_DEBT_NS, self.capacity());
+        self.tokens_ns = self
+            .tokens_ns
+            .saturating_sub(cost_ns)
+            .clamp(-MAX_DEBT_NS, self.capacity());
     }
 
     /// How long the next launch must wait: 0 when the bucket is not in debt.
@@ -153,8 +162,16 @@ impl Estimates {
         if self.by_key.len() >= MAX_KEYS && !self.by_key.contains_key(&key) {
             self.by_key.clear();
         }
-        let estimate = self.by_key.entry(key).or_insert(Estimate { cost_ns: measured_ns, samples: 0, since_sample: 0 });
-        estimate.cost_ns = if estimate.samples == 0 { measured_ns } else { (estimate.cost_ns * 3 + measured_ns) / 4 };
+        let estimate = self.by_key.entry(key).or_insert(Estimate {
+            cost_ns: measured_ns,
+            samples: 0,
+            since_sample: 0,
+        });
+        estimate.cost_ns = if estimate.samples == 0 {
+            measured_ns
+        } else {
+            (estimate.cost_ns * 3 + measured_ns) / 4
+        };
         estimate.samples = estimate.samples.saturating_add(1);
         estimate.since_sample = 0;
     }
@@ -179,7 +196,12 @@ pub struct Interval {
 
 impl RecentBusy {
     pub fn new(now_ns: u64) -> RecentBusy {
-        RecentBusy { started_ns: now_ns, busy_ns: 0, waited_ns: 0, launches: 0 }
+        RecentBusy {
+            started_ns: now_ns,
+            busy_ns: 0,
+            waited_ns: 0,
+            launches: 0,
+        }
     }
 
     pub fn add_busy(&mut self, busy_ns: u64) {
@@ -240,7 +262,10 @@ mod tests {
     }
 
     fn busy_in(kernels: &[(u64, u64)], from: u64, to: u64) -> u64 {
-        kernels.iter().map(|&(s, e)| e.min(to).saturating_sub(s.max(from))).sum()
+        kernels
+            .iter()
+            .map(|&(s, e)| e.min(to).saturating_sub(s.max(from)))
+            .sum()
     }
 
     #[test]
@@ -248,8 +273,12 @@ mod tests {
         for percent in [10, 30, 50, 70] {
             for kernel in [100_000, MS, 10 * MS] {
                 let kernels = run(percent, kernel, 2 * SECOND_NS);
-                let fraction = busy_in(&kernels, 0, 2 * SECOND_NS) as f64 / (2 * SECOND_NS) as f64 * 100.0;
-                assert!((fraction - percent as f64).abs() <= 2.0, "{percent}% with {kernel} ns kernels gave {fraction:.1}%");
+                let fraction =
+                    busy_in(&kernels, 0, 2 * SECOND_NS) as f64 / (2 * SECOND_NS) as f64 * 100.0;
+                assert!(
+                    (fraction - percent as f64).abs() <= 2.0,
+                    "{percent}% with {kernel} ns kernels gave {fraction:.1}%"
+                );
             }
         }
     }
@@ -260,9 +289,16 @@ mod tests {
             for kernel in [100_000, MS, 10 * MS] {
                 let kernels = run(percent, kernel, 2 * SECOND_NS);
                 let worst = (0..19)
-                    .map(|i| busy_in(&kernels, i * 100 * MS, (i + 1) * 100 * MS) as f64 / (100 * MS) as f64 * 100.0)
+                    .map(|i| {
+                        busy_in(&kernels, i * 100 * MS, (i + 1) * 100 * MS) as f64
+                            / (100 * MS) as f64
+                            * 100.0
+                    })
                     .fold(0.0f64, f64::max);
-                assert!(worst <= percent as f64 + 10.0, "{percent}% with {kernel} ns kernels: worst window {worst:.1}%");
+                assert!(
+                    worst <= percent as f64 + 10.0,
+                    "{percent}% with {kernel} ns kernels: worst window {worst:.1}%"
+                );
             }
         }
     }
@@ -274,7 +310,10 @@ mod tests {
         bucket.charge((50 * MS) as i64, 0);
         // 50 ms against a 6 ms burst at 30%: (50 - 6) / 0.3 ms of waiting.
         let wait = bucket.delay(0);
-        assert!((wait as i64 - (44 * MS * 10 / 3) as i64).abs() < 1_000, "{wait}");
+        assert!(
+            (wait as i64 - (44 * MS * 10 / 3) as i64).abs() < 1_000,
+            "{wait}"
+        );
         assert_eq!(bucket.delay(wait), 0);
     }
 
@@ -319,9 +358,16 @@ mod tests {
             }
             sample
         });
-        assert_eq!(sampled.count(), 4, "one short launch in {SAMPLE_EVERY} is measured");
+        assert_eq!(
+            sampled.count(),
+            4,
+            "one short launch in {SAMPLE_EVERY} is measured"
+        );
         estimates.record(2, 10 * MS);
-        assert!(estimates.should_sample(2) && estimates.should_sample(2), "long kernels are measured every launch");
+        assert!(
+            estimates.should_sample(2) && estimates.should_sample(2),
+            "long kernels are measured every launch"
+        );
         // The average follows a change of size.
         for _ in 0..12 {
             estimates.record(1, 300_000);
@@ -347,7 +393,17 @@ mod tests {
         recent.add_launch();
         assert_eq!(recent.close(10 * MS, 20 * MS), None);
         let interval = recent.close(20 * MS, 20 * MS).expect("closed");
-        assert_eq!(interval, Interval { busy_permille: 300, demand_permille: 800, launches: 1 });
-        assert_eq!(recent.close(40 * MS, 20 * MS).map(|i| i.busy_permille), Some(0));
+        assert_eq!(
+            interval,
+            Interval {
+                busy_permille: 300,
+                demand_permille: 800,
+                launches: 1
+            }
+        );
+        assert_eq!(
+            recent.close(40 * MS, 20 * MS).map(|i| i.busy_permille),
+            Some(0)
+        );
     }
 }

@@ -23,8 +23,8 @@ pub mod duty;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use vgpu_common::CoreMode;
@@ -89,7 +89,11 @@ pub struct Target {
 
 impl Target {
     fn stream(self) -> CUstream {
-        if self.per_thread && self.stream.is_null() { CU_STREAM_PER_THREAD as CUstream } else { self.stream }
+        if self.per_thread && self.stream.is_null() {
+            CU_STREAM_PER_THREAD as CUstream
+        } else {
+            self.stream
+        }
     }
 }
 
@@ -127,7 +131,9 @@ pub fn throttle_only(launch: impl FnOnce() -> CUresult) -> CUresult {
 
 #[cold]
 fn limited_launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(device) = current_limited() else { return launch() };
+    let Some(device) = current_limited() else {
+        return launch();
+    };
     if is_capturing(target) {
         return launch();
     }
@@ -150,7 +156,10 @@ fn current_limited() -> Option<&'static DeviceLimiter> {
     };
     let limiter = limiter(enforcer)?;
     let visible = enforcer.current().ok()?;
-    limiter.devices.iter().find(|device| device.visible.real == visible.real)
+    limiter
+        .devices
+        .iter()
+        .find(|device| device.visible.real == visible.real)
 }
 
 /// Whether `target`'s stream is capturing (or capture forbids asking): then the launch
@@ -234,7 +243,9 @@ impl Sample {
     fn kernel_ns(&self, elapsed_ns: u64) -> u64 {
         // Never below a quarter of what the events saw: an over-long host gap (the
         // thread descheduled, say) must not make a kernel look free.
-        elapsed_ns.saturating_sub(self.idle_gap_ns).max(elapsed_ns / 4)
+        elapsed_ns
+            .saturating_sub(self.idle_gap_ns)
+            .max(elapsed_ns / 4)
     }
 }
 
@@ -251,9 +262,13 @@ fn limiter(enforcer: &Enforcer) -> Option<&'static Limiter> {
     }
     // Before cuInit the devices are unknown: decide nothing yet.
     let devices = enforcer.devices()?;
-    let fresh = Box::into_raw(Box::new(Limiter { generation, devices: build_devices(enforcer, devices) }));
+    let fresh = Box::into_raw(Box::new(Limiter {
+        generation,
+        devices: build_devices(enforcer, devices),
+    }));
     register_handlers();
-    let winner = match LIMITER.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+    let winner = match LIMITER.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire)
+    {
         Ok(_) => fresh,
         Err(other) => {
             // SAFETY: `fresh` is ours alone and was never shared.
@@ -264,7 +279,14 @@ fn limiter(enforcer: &Enforcer) -> Option<&'static Limiter> {
     };
     // SAFETY: as above, `winner` is a leaked, never-freed Limiter.
     let limiter = unsafe { &*winner };
-    LIMITS.store(if limiter.devices.is_empty() { LIMITS_NONE } else { LIMITS_SOME }, Ordering::Relaxed);
+    LIMITS.store(
+        if limiter.devices.is_empty() {
+            LIMITS_NONE
+        } else {
+            LIMITS_SOME
+        },
+        Ordering::Relaxed,
+    );
     (!limiter.devices.is_empty()).then_some(limiter)
 }
 
@@ -276,8 +298,16 @@ fn build_devices(enforcer: &Enforcer, devices: &[Visible]) -> Vec<DeviceLimiter>
         .filter_map(|visible| {
             let limit = visible.core_limit?;
             let card = join_card(enforcer, visible, container, now);
-            let start = duty::effective_percent(visible.core_mode, limit, visible.core_ceiling, visible.core_mode == CoreMode::Soft && card.is_none());
-            debug!("compute limit {limit}% ({:?}) on {}", visible.core_mode, visible.uuid);
+            let start = duty::effective_percent(
+                visible.core_mode,
+                limit,
+                visible.core_ceiling,
+                visible.core_mode == CoreMode::Soft && card.is_none(),
+            );
+            debug!(
+                "compute limit {limit}% ({:?}) on {}",
+                visible.core_mode, visible.uuid
+            );
             Some(DeviceLimiter {
                 visible: visible.clone(),
                 limit,
@@ -300,10 +330,19 @@ fn build_devices(enforcer: &Enforcer, devices: &[Visible]) -> Vec<DeviceLimiter>
 /// Where the per-card state files live: the config's `card_state_dir`, else
 /// `vgpu-cards` in the temp folder (shared by every `vgpu run` of the host).
 pub fn card_state_dir(enforcer: &Enforcer) -> PathBuf {
-    enforcer.config.card_state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("vgpu-cards"))
+    enforcer
+        .config
+        .card_state_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("vgpu-cards"))
 }
 
-fn join_card(enforcer: &Enforcer, visible: &Visible, container: u64, now: u64) -> Option<(CardState, EntryId)> {
+fn join_card(
+    enforcer: &Enforcer,
+    visible: &Visible,
+    container: u64,
+    now: u64,
+) -> Option<(CardState, EntryId)> {
     let dir = card_state_dir(enforcer);
     let opened = CardState::open(&dir, &visible.uuid).and_then(|(card, _)| {
         let entry = card.join(&vgpu_common::process::current(), container, now)?;
@@ -312,7 +351,11 @@ fn join_card(enforcer: &Enforcer, visible: &Visible, container: u64, now: u64) -
     match opened {
         Ok(joined) => Some(joined),
         Err(err) => {
-            let consequence = if visible.core_mode == CoreMode::Soft { "soft mode keeps to its limit" } else { "other containers cannot see this one" };
+            let consequence = if visible.core_mode == CoreMode::Soft {
+                "soft mode keeps to its limit"
+            } else {
+                "other containers cannot see this one"
+            };
             runtime::notice("cuda", format_args!("{err}; {consequence}"));
             None
         }
@@ -360,7 +403,11 @@ extern "C" fn at_exit() {
 impl DeviceLimiter {
     fn lock(&self) -> Option<std::sync::MutexGuard<'_, Inner>> {
         // A panic while the lock was held leaves consistent-enough numbers behind.
-        Some(self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+        Some(
+            self.inner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
     }
 
     /// Waits until this process may launch again. Returns whether `work` has no cost
@@ -370,7 +417,9 @@ impl DeviceLimiter {
         loop {
             let now = cardstate::monotonic_ns();
             let (sleep_ns, unknown) = {
-                let Some(mut inner) = self.lock() else { return false };
+                let Some(mut inner) = self.lock() else {
+                    return false;
+                };
                 self.settle(&mut inner, now, false);
                 self.publish(&mut inner, now);
                 let unknown = work.is_some_and(|work| inner.estimates.get(work.key()).is_none());
@@ -380,7 +429,9 @@ impl DeviceLimiter {
                 let delay = inner.bucket.delay(now);
                 let sleep = if delay > 0 {
                     delay.clamp(MIN_SLEEP_NS, SLEEP_SLICE_NS)
-                } else if unknown_in_flight && now.saturating_sub(started) < FIRST_MEASURE_PATIENCE_NS {
+                } else if unknown_in_flight
+                    && now.saturating_sub(started) < FIRST_MEASURE_PATIENCE_NS
+                {
                     100_000
                 } else {
                     0
@@ -401,15 +452,21 @@ impl DeviceLimiter {
     /// estimate when it went out.
     fn begin_sample(&self, work: Work, target: Target, unknown: bool) -> Sample {
         let key = work.key();
-        let Some(mut inner) = self.lock() else { return Sample::unmeasured(key, 0) };
+        let Some(mut inner) = self.lock() else {
+            return Sample::unmeasured(key, 0);
+        };
         let estimate = inner.estimates.get(key).map(|e| e.cost_ns).unwrap_or(0);
         let unmeasured = Sample::unmeasured(key, estimate);
         let wanted = inner.estimates.should_sample(key) || unknown;
         if !wanted || inner.pending.len() >= MAX_PENDING {
             return unmeasured;
         }
-        let Some(context) = current_context() else { return unmeasured };
-        let Some(start) = self.take_event(&mut inner, context) else { return unmeasured };
+        let Some(context) = current_context() else {
+            return unmeasured;
+        };
+        let Some(start) = self.take_event(&mut inner, context) else {
+            return unmeasured;
+        };
         let Some(end) = self.take_event(&mut inner, context) else {
             inner.pools.entry(context).or_default().push(start);
             return unmeasured;
@@ -425,7 +482,16 @@ impl DeviceLimiter {
             return unmeasured;
         }
         let idle_since_ns = if idle { cardstate::monotonic_ns() } else { 0 };
-        Sample { key, context, start, end, charged_ns: estimate, known: !unknown, idle_gap_ns: 0, idle_since_ns }
+        Sample {
+            key,
+            context,
+            start,
+            end,
+            charged_ns: estimate,
+            known: !unknown,
+            idle_gap_ns: 0,
+            idle_since_ns,
+        }
     }
 
     /// After the real launch: charges the launch, and queues its measurement.
@@ -461,14 +527,18 @@ impl DeviceLimiter {
         if let Ok(Some(enforcer)) = enforcer()
             && let Some(slot) = enforcer.slot()
         {
-            enforcer.region.add_busy(slot, self.visible.region_index, region_busy, 1);
+            enforcer
+                .region
+                .add_busy(slot, self.visible.region_index, region_busy, 1);
         }
     }
 
     /// Reads finished samples: learns their cost and corrects the bucket. Rate-limited
     /// to every 200 µs unless `force`.
     fn settle(&self, inner: &mut Inner, now: u64, force: bool) {
-        if inner.pending.is_empty() || (!force && now.saturating_sub(inner.last_settle_ns) < 200_000) {
+        if inner.pending.is_empty()
+            || (!force && now.saturating_sub(inner.last_settle_ns) < 200_000)
+        {
             return;
         }
         inner.last_settle_ns = now;
@@ -485,21 +555,32 @@ impl DeviceLimiter {
                 index += 1;
                 continue;
             }
-            let Some(sample) = inner.pending.remove(index) else { break };
+            let Some(sample) = inner.pending.remove(index) else {
+                break;
+            };
             let mut ms = 0f32;
             // SAFETY: valid out-pointer; both events recorded on one stream.
-            let measured = (state == CUDA_SUCCESS && unsafe { elapsed(&mut ms, sample.start, sample.end) } == CUDA_SUCCESS)
+            let measured = (state == CUDA_SUCCESS
+                && unsafe { elapsed(&mut ms, sample.start, sample.end) } == CUDA_SUCCESS)
                 .then(|| sample.kernel_ns((ms.max(0.0) as f64 * 1e6) as u64));
             match measured {
                 Some(ns) => {
                     inner.estimates.record(sample.key, ns);
-                    let correction = if sample.known { ns as i64 - sample.charged_ns as i64 } else { ns as i64 };
+                    let correction = if sample.known {
+                        ns as i64 - sample.charged_ns as i64
+                    } else {
+                        ns as i64
+                    };
                     inner.bucket.charge(correction, now);
                     if correction > 0 {
                         inner.recent.add_busy(correction as u64);
                         region_busy += correction as u64;
                     }
-                    inner.pools.entry(sample.context).or_default().extend([sample.start, sample.end]);
+                    inner
+                        .pools
+                        .entry(sample.context)
+                        .or_default()
+                        .extend([sample.start, sample.end]);
                 }
                 None => {
                     // A destroyed context or a failed launch: the events are no good.
@@ -513,15 +594,23 @@ impl DeviceLimiter {
             && let Ok(Some(enforcer)) = enforcer()
             && let Some(slot) = enforcer.slot()
         {
-            enforcer.region.add_busy(slot, self.visible.region_index, region_busy, 0);
+            enforcer
+                .region
+                .add_busy(slot, self.visible.region_index, region_busy, 0);
         }
     }
 
     /// Publishes to the card state and, in soft mode, follows contention.
     fn publish(&self, inner: &mut Inner, now: u64) {
-        let Some(interval) = inner.recent.close(now, PUBLISH_NS) else { return };
-        let active = std::mem::take(&mut inner.had_work) || interval.demand_permille > 0 || !inner.pending.is_empty();
-        let Some((card, entry)) = &self.card else { return };
+        let Some(interval) = inner.recent.close(now, PUBLISH_NS) else {
+            return;
+        };
+        let active = std::mem::take(&mut inner.had_work)
+            || interval.demand_permille > 0
+            || !inner.pending.is_empty();
+        let Some((card, entry)) = &self.card else {
+            return;
+        };
         let percent = inner.bucket.percent();
         card.publish(
             *entry,
@@ -536,7 +625,12 @@ impl DeviceLimiter {
         );
         let container_percent = if self.visible.core_mode == CoreMode::Soft {
             let contended = card.others_active(self.container, now, CONTENDED_WITHIN_NS);
-            duty::effective_percent(CoreMode::Soft, self.limit, self.visible.core_ceiling, contended)
+            duty::effective_percent(
+                CoreMode::Soft,
+                self.limit,
+                self.visible.core_ceiling,
+                contended,
+            )
         } else {
             self.limit
         };
@@ -553,7 +647,11 @@ impl DeviceLimiter {
             .count() as u32;
         let wanted = duty::share_of(container_percent, siblings + 1);
         if wanted != percent {
-            debug!("limit on {}: {percent}% -> {wanted}% ({} active processes in the container)", self.visible.uuid, siblings + 1);
+            debug!(
+                "limit on {}: {percent}% -> {wanted}% ({} active processes in the container)",
+                self.visible.uuid,
+                siblings + 1
+            );
             inner.bucket.set_percent(wanted, now);
         }
     }
@@ -578,7 +676,11 @@ impl DeviceLimiter {
 
     fn give_back(&self, context: usize, events: &[CUevent]) {
         if let Some(mut inner) = self.lock() {
-            inner.pools.entry(context).or_default().extend_from_slice(events);
+            inner
+                .pools
+                .entry(context)
+                .or_default()
+                .extend_from_slice(events);
         }
     }
 }
@@ -629,10 +731,22 @@ mod tests {
     #[test]
     fn idle_gap_is_not_charged_but_never_makes_a_kernel_free() {
         let mut sample = Sample::unmeasured(1, 0);
-        assert_eq!(sample.kernel_ns(20_000), 20_000, "a backlogged stream: the events bracket the kernel alone");
+        assert_eq!(
+            sample.kernel_ns(20_000),
+            20_000,
+            "a backlogged stream: the events bracket the kernel alone"
+        );
         sample.idle_gap_ns = 6_000;
-        assert_eq!(sample.kernel_ns(20_000), 14_000, "an idle stream: the host gap before submission is not GPU time");
+        assert_eq!(
+            sample.kernel_ns(20_000),
+            14_000,
+            "an idle stream: the host gap before submission is not GPU time"
+        );
         sample.idle_gap_ns = 1_000_000;
-        assert_eq!(sample.kernel_ns(20_000), 5_000, "a descheduled thread's gap is capped");
+        assert_eq!(
+            sample.kernel_ns(20_000),
+            5_000,
+            "a descheduled thread's gap is capped"
+        );
     }
 }

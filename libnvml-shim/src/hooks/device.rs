@@ -46,7 +46,11 @@ hook! {
 }
 
 /// The handle of visible device `index`.
-fn by_visible_index(index: u32, device: *mut NvmlDevice, real: impl FnOnce() -> NvmlReturn) -> NvmlReturn {
+fn by_visible_index(
+    index: u32,
+    device: *mut NvmlDevice,
+    real: impl FnOnce() -> NvmlReturn,
+) -> NvmlReturn {
     match view() {
         Ok(None) => real(),
         Err(()) => NVML_ERROR_INVALID_ARGUMENT,
@@ -54,7 +58,9 @@ fn by_visible_index(index: u32, device: *mut NvmlDevice, real: impl FnOnce() -> 
             if device.is_null() {
                 return NVML_ERROR_INVALID_ARGUMENT;
             }
-            let Some(devices) = view.devices() else { return NVML_ERROR_UNINITIALIZED };
+            let Some(devices) = view.devices() else {
+                return NVML_ERROR_UNINITIALIZED;
+            };
             match devices.get(index as usize) {
                 Some(visible) => {
                     // SAFETY: checked non-null.

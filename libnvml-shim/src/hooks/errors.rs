@@ -4,8 +4,8 @@
 
 use std::ffi::{CStr, c_char};
 
-use crate::real;
 use crate::nvml::*;
+use crate::real;
 use crate::state::shim;
 
 fn own_string(result: NvmlReturn) -> &'static CStr {
@@ -29,7 +29,10 @@ fn own_string(result: NvmlReturn) -> &'static CStr {
 pub unsafe extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
     vgpu_shimgen::runtime::guard(own_string(NVML_ERROR_UNKNOWN).as_ptr(), || {
         let shim = shim();
-        let real_has_it = shim.real.as_ref().is_some_and(|real| !real.missing.contains(&c"nvmlErrorString"));
+        let real_has_it = shim
+            .real
+            .as_ref()
+            .is_some_and(|real| !real.missing.contains(&c"nvmlErrorString"));
         if !real_has_it {
             return own_string(result).as_ptr();
         }

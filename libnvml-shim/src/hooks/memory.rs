@@ -12,7 +12,9 @@ fn virtual_memory(device: NvmlDevice, card_total: u64) -> Result<Option<(u64, u6
         Ok(None) => Ok(None),
         Err(()) => Err(NVML_ERROR_INVALID_ARGUMENT),
         Ok(Some(view)) => {
-            let Some((_, visible)) = view.find(device) else { return Err(NVML_ERROR_INVALID_ARGUMENT) };
+            let Some((_, visible)) = view.find(device) else {
+                return Err(NVML_ERROR_INVALID_ARGUMENT);
+            };
             let total = quota(visible, card_total);
             Ok(Some((total, view.used(visible).min(total))))
         }

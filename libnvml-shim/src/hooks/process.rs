@@ -11,7 +11,13 @@ use crate::state::view;
 
 /// Runs `real` into a buffer of its own, keeps the container's records (PIDs rewritten)
 /// and copies them to the caller with NVML's size protocol.
-fn filtered(device: NvmlDevice, count: *mut u32, records: *mut u8, stride: usize, real: impl Fn(*mut u32, *mut u8) -> NvmlReturn) -> NvmlReturn {
+fn filtered(
+    device: NvmlDevice,
+    count: *mut u32,
+    records: *mut u8,
+    stride: usize,
+    real: impl Fn(*mut u32, *mut u8) -> NvmlReturn,
+) -> NvmlReturn {
     let view = match view() {
         Ok(None) => return real(count, records),
         Err(()) => return NVML_ERROR_INVALID_ARGUMENT,

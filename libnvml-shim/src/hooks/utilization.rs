@@ -14,10 +14,18 @@ use crate::state::{View, VisibleGpu, view};
 
 /// Samples of the last second, filtered to the container; PIDs rewritten to the
 /// container's.
-fn container_samples(view: &View, device: NvmlDevice) -> Result<Vec<ProcessUtilizationSample>, NvmlReturn> {
-    let process_utilization =
-        real!(nvmlDeviceGetProcessUtilization as fn(NvmlDevice, *mut ProcessUtilizationSample, *mut u32, u64) -> NvmlReturn);
-    let since = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64).saturating_sub(1_000_000);
+fn container_samples(
+    view: &View,
+    device: NvmlDevice,
+) -> Result<Vec<ProcessUtilizationSample>, NvmlReturn> {
+    let process_utilization = real!(
+        nvmlDeviceGetProcessUtilization
+            as fn(NvmlDevice, *mut ProcessUtilizationSample, *mut u32, u64) -> NvmlReturn
+    );
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+        .saturating_sub(1_000_000);
     let mut count = 0u32;
     // SAFETY: a null buffer with count 0 asks for the size.
     let result = unsafe { process_utilization(device, std::ptr::null_mut(), &mut count, since) };
@@ -29,13 +37,19 @@ fn container_samples(view: &View, device: NvmlDevice) -> Result<Vec<ProcessUtili
     // SAFETY: `samples` holds `count` records.
     let result = unsafe { process_utilization(device, samples.as_mut_ptr(), &mut count, since) };
     if result != NVML_SUCCESS {
-        return if result == NVML_ERROR_NOT_FOUND { Ok(Vec::new()) } else { Err(result) };
+        return if result == NVML_ERROR_NOT_FOUND {
+            Ok(Vec::new())
+        } else {
+            Err(result)
+        };
     }
     samples.truncate(count as usize);
     let processes = view.processes();
     let mut latest: Vec<ProcessUtilizationSample> = Vec::new();
     for sample in samples {
-        let Some(pid) = view.container_pid(&processes, sample.pid) else { continue };
+        let Some(pid) = view.container_pid(&processes, sample.pid) else {
+            continue;
+        };
         let sample = ProcessUtilizationSample { pid, ..sample };
         match latest.iter_mut().find(|s| s.pid == pid) {
             Some(existing) if existing.time_stamp < sample.time_stamp => *existing = sample,
@@ -48,7 +62,9 @@ fn container_samples(view: &View, device: NvmlDevice) -> Result<Vec<ProcessUtili
 
 fn scaled(view: &View, visible: &VisibleGpu, percent_of_card: u32) -> u32 {
     match (view.utilization_scale(), visible.core_limit) {
-        (UtilizationScale::Limit, Some(limit)) if limit > 0 => (percent_of_card * 100 / limit).min(100),
+        (UtilizationScale::Limit, Some(limit)) if limit > 0 => {
+            (percent_of_card * 100 / limit).min(100)
+        }
         _ => percent_of_card.min(100),
     }
 }

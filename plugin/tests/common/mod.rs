@@ -16,10 +16,12 @@ use vgpu_plugin::kubelet::connect_unix;
 use vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use vgpu_plugin::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
 use vgpu_plugin::proto::deviceplugin::{Empty, RegisterRequest};
-use vgpu_plugin::proto::podresources::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
+use vgpu_plugin::proto::podresources::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
 use vgpu_plugin::proto::podresources::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices, ContainerResources,
-    ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
+    ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
 };
 
 pub const CORE: &str = "tencent.com/vcuda-core";
@@ -45,8 +47,13 @@ struct PodBook(Arc<Mutex<Vec<PodResources>>>);
 
 #[tonic::async_trait]
 impl PodResourcesLister for PodBook {
-    async fn list(&self, _: Request<ListPodResourcesRequest>) -> Result<Response<ListPodResourcesResponse>, Status> {
-        Ok(Response::new(ListPodResourcesResponse { pod_resources: self.0.lock().expect("lock").clone() }))
+    async fn list(
+        &self,
+        _: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        Ok(Response::new(ListPodResourcesResponse {
+            pod_resources: self.0.lock().expect("lock").clone(),
+        }))
     }
 
     async fn get_allocatable_resources(
@@ -98,10 +105,13 @@ impl TestKubelet {
         };
         kubelet.start_registration();
         let pods = kubelet.pods.clone();
-        kubelet.pods_stop = Some(spawn_server(&kubelet.pod_resources_socket(), move |server| {
-            let mut server = server;
-            server.add_service(PodResourcesListerServer::new(pods))
-        }));
+        kubelet.pods_stop = Some(spawn_server(
+            &kubelet.pod_resources_socket(),
+            move |server| {
+                let mut server = server;
+                server.add_service(PodResourcesListerServer::new(pods))
+            },
+        ));
         kubelet
     }
 
@@ -132,7 +142,10 @@ impl TestKubelet {
             let _ = stop.send(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        for entry in std::fs::read_dir(self.device_plugin_dir()).expect("read dir").flatten() {
+        for entry in std::fs::read_dir(self.device_plugin_dir())
+            .expect("read dir")
+            .flatten()
+        {
             let _ = std::fs::remove_file(entry.path());
         }
         self.start_registration();
@@ -151,21 +164,40 @@ impl TestKubelet {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("only {} registrations arrived, expected {count}", self.registrations().len());
+        panic!(
+            "only {} registrations arrived, expected {count}",
+            self.registrations().len()
+        );
     }
 
     /// Makes PodResources list `container` of `namespace/pod` holding these IDs.
-    pub fn add_container(&self, namespace: &str, pod: &str, container: &str, cores: &[String], memory: &[String]) {
+    pub fn add_container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        cores: &[String],
+        memory: &[String],
+    ) {
         let mut devices = Vec::new();
         for (resource, ids) in [(CORE, cores), (MEMORY, memory)] {
             if !ids.is_empty() {
-                devices.push(ContainerDevices { resource_name: resource.into(), device_ids: ids.to_vec(), topology: None });
+                devices.push(ContainerDevices {
+                    resource_name: resource.into(),
+                    device_ids: ids.to_vec(),
+                    topology: None,
+                });
             }
         }
         self.pods.0.lock().expect("lock").push(PodResources {
             name: pod.into(),
             namespace: namespace.into(),
-            containers: vec![ContainerResources { name: container.into(), devices, cpu_ids: vec![], memory: vec![] }],
+            containers: vec![ContainerResources {
+                name: container.into(),
+                devices,
+                cpu_ids: vec![],
+                memory: vec![],
+            }],
         });
     }
 
@@ -193,7 +225,10 @@ impl TestKubelet {
 
 impl Drop for TestKubelet {
     fn drop(&mut self) {
-        for stop in [self.registration_stop.take(), self.pods_stop.take()].into_iter().flatten() {
+        for stop in [self.registration_stop.take(), self.pods_stop.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = stop.send(());
         }
     }

@@ -363,12 +363,13 @@ pub fn resolve(symbol: &str, version: i32, flags: u64) -> Lookup {
     // With the per-thread flag, a name that has a per-thread variant gets it, and a
     // version older than that variant gets nothing (as the 580 driver answers).
     if flags & PER_THREAD_DEFAULT_STREAM != 0
-        && let Some((since, name)) = rule.per_thread {
-            if since > version {
-                return Lookup::VersionTooLow;
-            }
-            chosen = name;
+        && let Some((since, name)) = rule.per_thread
+    {
+        if since > version {
+            return Lookup::VersionTooLow;
         }
+        chosen = name;
+    }
     exported()
         .get(chosen)
         .map_or(Lookup::NotFound, |address| Lookup::Found(*address))
