@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub use crate::mapped::fnv1a;
-use crate::mapped::{FNV_OFFSET, Found, MappedFile};
+use crate::mapped::{FNV_OFFSET, MappedFile};
 use crate::process::{self, Identity};
 
 /// Entries per card (processes that limit compute on it at once).
@@ -125,14 +125,7 @@ pub enum CardStateError {
     Full(PathBuf),
 }
 
-/// How `CardState::open` treated the file it found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OpenOutcome {
-    Created,
-    Attached,
-    /// The file was corrupt or foreign and was rebuilt; the reason.
-    Rebuilt(String),
-}
+pub use crate::mapped::OpenOutcome;
 
 /// An entry this process holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,24 +200,11 @@ impl CardState {
         }
         let (map, found, lock) = MappedFile::open_or_create(&path, CARD_LEN).map_err(io_err)?;
         let state = CardState { map };
-        let outcome = match found {
-            Found::Empty => {
-                state.initialise(uuid);
-                OpenOutcome::Created
-            }
-            Found::WrongLength(len) => {
-                state.initialise(uuid);
-                OpenOutcome::Rebuilt(format!("length {len}, expected {CARD_LEN}"))
-            }
-            Found::Sized => match state.check().and_then(|()| state.check_uuid(uuid)) {
-                Ok(()) => OpenOutcome::Attached,
-                Err(reason) => {
-                    state.map.zero();
-                    state.initialise(uuid);
-                    OpenOutcome::Rebuilt(reason)
-                }
-            },
-        };
+        let outcome = found.settle(
+            &state.map,
+            || state.initialise(uuid),
+            || state.check().and_then(|()| state.check_uuid(uuid)),
+        );
         drop(lock);
         Ok((state, outcome))
     }

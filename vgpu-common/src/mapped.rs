@@ -55,6 +55,48 @@ pub enum Found {
     Sized,
 }
 
+/// How an open treated the file it found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpenOutcome {
+    /// The file was new or empty and was initialised.
+    Created,
+    /// A valid file was attached as it was.
+    Attached,
+    /// The file was corrupt, foreign or of another length, and was rebuilt; the reason.
+    Rebuilt(String),
+}
+
+impl Found {
+    /// Brings a freshly opened mapping to a valid state (under the init lock): a new
+    /// file is initialised, a file of another length or one that fails `check` is
+    /// zeroed and initialised again.
+    pub fn settle(
+        self,
+        map: &MappedFile,
+        initialise: impl Fn(),
+        check: impl FnOnce() -> Result<(), String>,
+    ) -> OpenOutcome {
+        match self {
+            Found::Empty => {
+                initialise();
+                OpenOutcome::Created
+            }
+            Found::WrongLength(len) => {
+                initialise();
+                OpenOutcome::Rebuilt(format!("length {len}, expected {}", map.len))
+            }
+            Found::Sized => match check() {
+                Ok(()) => OpenOutcome::Attached,
+                Err(reason) => {
+                    map.zero();
+                    initialise();
+                    OpenOutcome::Rebuilt(reason)
+                }
+            },
+        }
+    }
+}
+
 /// `flock(LOCK_EX)` on the file, held while the guard lives.
 pub struct InitLock(RawFd);
 

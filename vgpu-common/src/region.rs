@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use crate::config::MAX_DEVICES;
-use crate::mapped::{FNV_OFFSET, Found, MappedFile, fnv1a};
+use crate::mapped::{FNV_OFFSET, MappedFile, fnv1a};
 use crate::process::{self, Identity};
 
 /// Process slots per container.
@@ -129,16 +129,7 @@ pub enum RegionError {
     Full(PathBuf),
 }
 
-/// How an open treated the file it found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OpenOutcome {
-    /// The file was new or empty and was initialised.
-    Created,
-    /// A valid region with the same devices was attached.
-    Attached,
-    /// The file was corrupt, foreign or for other devices, and was rebuilt; the reason.
-    Rebuilt(String),
-}
+pub use crate::mapped::OpenOutcome;
 
 /// One process's usage, for readers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,24 +175,11 @@ impl Region {
                 source,
             })?;
         let region = Region { map };
-        let outcome = match found {
-            Found::Empty => {
-                region.initialise(devices);
-                OpenOutcome::Created
-            }
-            Found::WrongLength(len) => {
-                region.initialise(devices);
-                OpenOutcome::Rebuilt(format!("length {len}, expected {REGION_LEN}"))
-            }
-            Found::Sized => match region.check().and_then(|()| region.check_devices(devices)) {
-                Ok(()) => OpenOutcome::Attached,
-                Err(reason) => {
-                    region.map.zero();
-                    region.initialise(devices);
-                    OpenOutcome::Rebuilt(reason)
-                }
-            },
-        };
+        let outcome = found.settle(
+            &region.map,
+            || region.initialise(devices),
+            || region.check().and_then(|()| region.check_devices(devices)),
+        );
         drop(lock);
         Ok((region, outcome))
     }
