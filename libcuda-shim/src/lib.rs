@@ -39,13 +39,5 @@ macro_rules! debug {
 }
 pub(crate) use debug;
 
-/// Runs when the shim is loaded: loads the real driver and the config.
-extern "C" fn on_load() {
-    ::vgpu_shimgen::runtime::guard((), || {
-        state::shim();
-    });
-}
-
-#[used]
-#[unsafe(link_section = ".init_array")]
-static ON_LOAD: extern "C" fn() = on_load;
+// Loads the real driver and the config when the shim is loaded.
+vgpu_shimgen::run_at_load!(state::shim);

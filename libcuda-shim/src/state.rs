@@ -23,16 +23,10 @@ use crate::cuda::*;
 use crate::forward::{self, SLOTS, idx};
 use crate::{debug, stubs};
 
-/// Calls the real function behind export `$name` with the given C signature.
+/// Calls the real function behind export `$name` (see `vgpu_shimgen::call_real`).
 macro_rules! real {
-    ($name:ident as fn($($ty:ty),*) -> $ret:ty) => {
-        // SAFETY: the slot holds the real export `$name` (whose C signature the caller
-        // states) or an error stub that ignores its arguments.
-        unsafe {
-            ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(
-                $crate::forward::SLOTS.get($crate::forward::idx::$name),
-            )
-        }
+    ($($tokens:tt)*) => {
+        ::vgpu_shimgen::call_real!(crate::forward, $($tokens)*)
     };
 }
 pub(crate) use real;

@@ -22,16 +22,10 @@ macro_rules! hook {
 }
 pub(crate) use hook;
 
-/// Calls the real function behind export `$name` with the given C signature.
+/// Calls the real function behind export `$name` (see `vgpu_shimgen::call_real`).
 macro_rules! real {
-    ($name:ident as fn($($ty:ty),*) -> $ret:ty) => {
-        // SAFETY: the slot holds the real export `$name` (whose C signature the caller
-        // states) or an error stub that ignores its arguments.
-        unsafe {
-            ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(
-                $crate::forward::SLOTS.get($crate::forward::idx::$name),
-            )
-        }
+    ($($tokens:tt)*) => {
+        ::vgpu_shimgen::call_real!(crate::forward, $($tokens)*)
     };
 }
 pub(crate) use real;
@@ -44,12 +38,4 @@ macro_rules! debug {
 }
 pub(crate) use debug;
 
-extern "C" fn on_load() {
-    ::vgpu_shimgen::runtime::guard((), || {
-        state::shim();
-    });
-}
-
-#[used]
-#[unsafe(link_section = ".init_array")]
-static ON_LOAD: extern "C" fn() = on_load;
+vgpu_shimgen::run_at_load!(state::shim);

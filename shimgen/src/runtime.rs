@@ -271,6 +271,39 @@ macro_rules! define_hook {
     };
 }
 
+/// The real function behind export `$name` of a shim (`$forward` is its generated
+/// module), typed with the C signature the caller states.
+#[macro_export]
+macro_rules! call_real {
+    ($forward:path, $name:ident as fn($($ty:ty),*) -> $ret:ty) => {{
+        use $forward as forward;
+        // SAFETY: the slot holds the real export `$name` (whose C signature the caller
+        // states) or an error stub that ignores its arguments.
+        unsafe {
+            ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(
+                forward::SLOTS.get(forward::idx::$name),
+            )
+        }
+    }};
+}
+
+/// Runs `$init()` when the shim is loaded (an `.init_array` constructor), under
+/// [`guard`], so the real library is loaded before any call can arrive.
+#[macro_export]
+macro_rules! run_at_load {
+    ($init:path) => {
+        extern "C" fn vgpu_shim_on_load() {
+            $crate::runtime::guard((), || {
+                $init();
+            });
+        }
+
+        #[used]
+        #[unsafe(link_section = ".init_array")]
+        static VGPU_SHIM_ON_LOAD: extern "C" fn() = vgpu_shim_on_load;
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
