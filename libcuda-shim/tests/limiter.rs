@@ -97,7 +97,15 @@ impl Machine {
 
     /// Starts a child "container" running `kernel` for `run_ms`.
     fn spawn(&self, config: &Path, kernel: &str, run_ms: u64) -> std::process::Child {
-        Command::new(std::env::current_exe().expect("exe"))
+        self.command(config, kernel, run_ms)
+            .spawn()
+            .expect("spawn child")
+    }
+
+    /// The command of a child "container".
+    fn command(&self, config: &Path, kernel: &str, run_ms: u64) -> Command {
+        let mut command = Command::new(std::env::current_exe().expect("exe"));
+        command
             .args([
                 "--exact",
                 "child_process_entry",
@@ -111,9 +119,8 @@ impl Machine {
             .env("VGPU_SIM_GPUS", "1")
             .env_remove("VGPU_LOG")
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn child")
+            .stderr(std::process::Stdio::piped());
+        command
     }
 }
 
@@ -356,6 +363,21 @@ fn two_processes_of_one_container_share_its_limit() {
     );
 }
 
+#[test]
+fn a_forked_child_of_a_throttled_process_neither_hangs_nor_crashes() {
+    let machine = Machine::new("fork");
+    let config = machine.container("a", "    core_limit: 20\n");
+    let mut command = machine.command(&config, "k_1ms", 300);
+    let output = command.env("LIMITER_FORK", "1").output().expect("child");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("FORK-OK"), "{stdout}");
+}
+
 /// The child side: loads the shim like an application would, launches `kernel` on its
 /// own stream as fast as allowed for the run time, and prints its timeline's windows.
 #[test]
@@ -500,6 +522,64 @@ fn child_process_entry() {
         )
     };
     let region_busy = region_busy_ns(&std::env::var("VGPU_CONFIG").expect("config"));
+    if std::env::var_os("LIMITER_FORK").is_some() {
+        // A forked child of a throttled process: it starts CUDA afresh, as CUDA wants,
+        // and launches throttled kernels; it must neither hang on state the parent's
+        // threads held at the fork nor crash. The parent gives it 10 s.
+        // SAFETY: fork in a test process; the child only calls the driver API and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            // SAFETY: driver API calls with valid out-pointers, in order; _exit skips
+            // the parent's atexit handlers.
+            unsafe {
+                let mut ok = cu_init(0) == 0
+                    && device_get(&mut device, 0) == 0
+                    && retain(&mut context, device) == 0
+                    && set_current(context) == 0
+                    && load_data(&mut module, image.as_ptr().cast()) == 0
+                    && get_function(&mut function, module, name.as_ptr()) == 0
+                    && stream_create(&mut stream, 1) == 0;
+                for _ in 0..50 {
+                    ok &= launch(
+                        function,
+                        1,
+                        1,
+                        1,
+                        32,
+                        1,
+                        1,
+                        0,
+                        stream,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    ) == 0;
+                }
+                ok &= synchronize(stream) == 0;
+                libc::_exit(if ok { 0 } else { 3 });
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut status = 0;
+        loop {
+            // SAFETY: waiting for our own child.
+            let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if done == pid {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                // SAFETY: our own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("the forked child hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "forked child failed: status {status}"
+        );
+        println!("FORK-OK");
+    }
     println!(
         "LIMITER-RESULT {t0} {launches} {max_call} {region_busy} {}",
         windows.join(" ")
