@@ -99,10 +99,21 @@ pub fn sim_driver_folder(dir: &Path, sim: &Path) -> Result<()> {
         "libnvidia-ml.so.1",
         "libnvidia-ml.so",
     ] {
-        let link = dir.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(sim, &link)
-            .with_context(|| format!("link {}", link.display()))?;
+        replace_symlink(sim, &dir.join(name))?;
     }
     Ok(())
+}
+
+/// Points the symlink `at` to `target`, replacing whatever is there in one rename, so
+/// that several `vgpu run`s sharing one state folder never trip over each other.
+pub fn replace_symlink(target: &Path, at: &Path) -> Result<()> {
+    let staging = at.with_file_name(format!(
+        ".{}.{}.tmp",
+        at.file_name().and_then(|n| n.to_str()).unwrap_or("link"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&staging);
+    std::os::unix::fs::symlink(target, &staging)
+        .with_context(|| format!("link {}", staging.display()))?;
+    std::fs::rename(&staging, at).with_context(|| format!("link {}", at.display()))
 }

@@ -27,8 +27,7 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
 }
 
 fn link(target: &str, at: &Path) -> Result<()> {
-    let _ = std::fs::remove_file(at);
-    std::os::unix::fs::symlink(target, at).with_context(|| format!("link {}", at.display()))
+    crate::artifacts::replace_symlink(Path::new(target), at)
 }
 
 pub fn run(args: &InstallArgs) -> Result<()> {

@@ -189,10 +189,7 @@ fn plan(args: &RunArgs, artifacts: &Artifacts, work: &Path) -> Result<Plan> {
         let dir = work.join("lib");
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         for (name, shim) in uncovered {
-            let link = dir.join(name);
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(shim, &link)
-                .with_context(|| format!("link {}", link.display()))?;
+            crate::artifacts::replace_symlink(shim, &dir.join(name))?;
         }
         Some(dir)
     };
@@ -310,7 +307,11 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             .validate()
             .map_err(|message| anyhow::anyhow!("quota: {message}"))?;
         let config_path = work.path.join("vgpu.yaml");
-        std::fs::write(&config_path, config.to_yaml())
+        // Through a rename: other processes of a shared --state-dir may be reading it.
+        let staging = work.path.join(format!(".vgpu.yaml.{}.tmp", std::process::id()));
+        std::fs::write(&staging, config.to_yaml())
+            .with_context(|| format!("write {}", staging.display()))?;
+        std::fs::rename(&staging, &config_path)
             .with_context(|| format!("write {}", config_path.display()))?;
         command
             .env("VGPU_CONFIG", &config_path)
