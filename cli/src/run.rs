@@ -308,7 +308,9 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             .map_err(|message| anyhow::anyhow!("quota: {message}"))?;
         let config_path = work.path.join("vgpu.yaml");
         // Through a rename: other processes of a shared --state-dir may be reading it.
-        let staging = work.path.join(format!(".vgpu.yaml.{}.tmp", std::process::id()));
+        let staging = work
+            .path
+            .join(format!(".vgpu.yaml.{}.tmp", std::process::id()));
         std::fs::write(&staging, config.to_yaml())
             .with_context(|| format!("write {}", staging.display()))?;
         std::fs::rename(&staging, &config_path)
