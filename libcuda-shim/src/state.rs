@@ -20,7 +20,7 @@ use vgpu_common::{CoreMode, DeviceSelector, process};
 use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
 
 use crate::cuda::*;
-use crate::forward::{self, SLOTS, idx};
+use crate::forward::{self, SLOTS};
 use crate::{debug, stubs};
 
 /// Calls the real function behind export `$name` (see `vgpu_shimgen::call_real`).
@@ -865,6 +865,3 @@ pub fn charged_size(bytes: u64) -> u64 {
         bytes.div_ceil(512) * 512
     }
 }
-
-#[allow(unused_imports)]
-use idx as _;

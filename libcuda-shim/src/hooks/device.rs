@@ -5,7 +5,7 @@ use std::ffi::c_char;
 
 use crate::cuda::*;
 use crate::hook;
-use crate::state::{self, enforcer};
+use crate::state::enforcer;
 
 hook! {
     /// Fails closed with CUDA_ERROR_NO_DEVICE when the config is unusable.
@@ -22,6 +22,8 @@ hook! {
     fn cuDeviceGetCount(count: *mut i32) -> CUresult |real| {
         match enforcer() {
             Err(error) => error,
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             Ok(None) => unsafe { real(count) },
             Ok(Some(enforcer)) => {
                 if count.is_null() {
@@ -45,6 +47,8 @@ hook! {
     fn cuDeviceGet(device: *mut CUdevice, ordinal: i32) -> CUresult |real| {
         match enforcer() {
             Err(error) => error,
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             Ok(None) => unsafe { real(device, ordinal) },
             Ok(Some(enforcer)) => {
                 if device.is_null() {
@@ -158,6 +162,8 @@ fn total_for(
 
 hook! {
     fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         match total_for(device, || unsafe { real(bytes, device) }) {
             Err(error) => error,
             Ok(None) => CUDA_SUCCESS,
@@ -173,6 +179,8 @@ hook! {
 hook! {
     /// The pre-3.2 ABI with a 32-bit size.
     fn cuDeviceTotalMem(bytes: *mut u32, device: CUdevice) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         match total_for(device, || unsafe { real(bytes, device) }) {
             Err(error) => error,
             Ok(None) => CUDA_SUCCESS,
@@ -184,6 +192,3 @@ hook! {
         }
     }
 }
-
-#[allow(unused_imports)]
-use state as _;

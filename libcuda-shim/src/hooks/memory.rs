@@ -98,17 +98,18 @@ fn freed(key: AllocKey, result: CUresult) -> CUresult {
 
 /// Reads a pointer out-parameter after a successful call.
 fn read<T: Copy + Default>(out: *const T) -> T {
-    // SAFETY: only called after the driver succeeded, so it wrote `out`; a null `out`
-    // makes the driver fail first.
     if out.is_null() {
         T::default()
     } else {
+        // SAFETY: only called after the driver succeeded, so it wrote `out`.
         unsafe { *out }
     }
 }
 
 hook! {
     fn cuMemAlloc_v2(pointer: *mut CUdeviceptr, bytes: usize) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes) }, || AllocKey::Pointer(read(pointer)))
     }
 }
@@ -116,12 +117,16 @@ hook! {
 hook! {
     /// The pre-3.2 ABI (32-bit pointers and sizes).
     fn cuMemAlloc(pointer: *mut u32, bytes: u32) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes) }, || AllocKey::Pointer(read(pointer) as u64))
     }
 }
 
 hook! {
     fn cuMemAllocManaged(pointer: *mut CUdeviceptr, bytes: usize, flags: u32) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, flags) }, || AllocKey::Pointer(read(pointer)))
     }
 }
@@ -179,8 +184,12 @@ hook! {
         pitched(
             width as u64,
             height as u64,
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             || unsafe { real(pointer, pitch, width, height, element_bytes) },
             || (read(pointer), read(pitch) as u64),
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             |p| unsafe { free(p); },
         )
     }
@@ -192,8 +201,12 @@ hook! {
         pitched(
             width as u64,
             height as u64,
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             || unsafe { real(pointer, pitch, width, height, element_bytes) },
             || (read(pointer) as u64, read(pitch) as u64),
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             |p| unsafe { free(p as u32); },
         )
     }
@@ -212,12 +225,16 @@ fn pointer_freed(pointer: u64, result: CUresult) -> CUresult {
 
 hook! {
     fn cuMemFree_v2(pointer: CUdeviceptr) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         pointer_freed(pointer, unsafe { real(pointer) })
     }
 }
 
 hook! {
     fn cuMemFree(pointer: u32) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         pointer_freed(pointer as u64, unsafe { real(pointer) })
     }
 }
@@ -226,36 +243,48 @@ hook! {
 
 hook! {
     fn cuMemAllocAsync(pointer: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, stream) }, || AllocKey::Pointer(read(pointer)))
     }
 }
 
 hook! {
     fn cuMemAllocAsync_ptsz(pointer: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, stream) }, || AllocKey::Pointer(read(pointer)))
     }
 }
 
 hook! {
     fn cuMemAllocFromPoolAsync(pointer: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, pool, stream) }, || AllocKey::Pointer(read(pointer)))
     }
 }
 
 hook! {
     fn cuMemAllocFromPoolAsync_ptsz(pointer: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, pool, stream) }, || AllocKey::Pointer(read(pointer)))
     }
 }
 
 hook! {
     fn cuMemFreeAsync(pointer: CUdeviceptr, stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         pointer_freed(pointer, unsafe { real(pointer, stream) })
     }
 }
 
 hook! {
     fn cuMemFreeAsync_ptsz(pointer: CUdeviceptr, stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         pointer_freed(pointer, unsafe { real(pointer, stream) })
     }
 }
@@ -303,56 +332,80 @@ fn array_key(handle: *const CUarray) -> AllocKey {
 
 hook! {
     fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CudaArrayDescriptor) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         let Some(d) = descriptor(desc) else { return unsafe { real(handle, desc) } };
         let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, 1]);
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes, Target::Current, || unsafe { real(handle, desc) }, || array_key(handle))
     }
 }
 
 hook! {
     fn cuArrayCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         let Some(d) = descriptor(desc as *const ArrayDescriptorV1) else { return unsafe { real(handle, desc) } };
         let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, 1]);
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes, Target::Current, || unsafe { real(handle, desc) }, || array_key(handle))
     }
 }
 
 hook! {
     fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CudaArray3dDescriptor) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         let Some(d) = descriptor(desc) else { return unsafe { real(handle, desc) } };
         let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64]);
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes, Target::Current, || unsafe { real(handle, desc) }, || array_key(handle))
     }
 }
 
 hook! {
     fn cuArray3DCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         let Some(d) = descriptor(desc as *const Array3dDescriptorV1) else { return unsafe { real(handle, desc) } };
         let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64]);
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes, Target::Current, || unsafe { real(handle, desc) }, || array_key(handle))
     }
 }
 
 hook! {
     fn cuArrayDestroy(handle: CUarray) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         freed(AllocKey::Array(handle as usize), unsafe { real(handle) })
     }
 }
 
 hook! {
     fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CudaArray3dDescriptor, levels: u32) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         let Some(d) = descriptor(desc) else { return unsafe { real(handle, desc, levels) } };
         let bytes = (0..levels.clamp(1, 64)).fold(0u64, |sum, level| {
             let side = |n: usize| ((n as u64) >> level).max(1);
             let depth = if d.depth == 0 { 1 } else { side(d.depth) };
             sum.saturating_add(array_bytes(d.format, d.num_channels, [side(d.width), if d.height == 0 { 1 } else { side(d.height) }, depth]))
         });
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes, Target::Current, || unsafe { real(handle, desc, levels) }, || AllocKey::Array(read(handle as *const usize)))
     }
 }
 
 hook! {
     fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         freed(AllocKey::Array(handle as usize), unsafe { real(handle) })
     }
 }
@@ -366,14 +419,20 @@ hook! {
         let target = match descriptor(prop) {
             Some(p) if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE => Target::Device(p.location_id),
             // Host-located (or unknown) allocations do not take device memory.
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             _ => return unsafe { real(handle, bytes, prop, flags) },
         };
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         counted(bytes as u64, target, || unsafe { real(handle, bytes, prop, flags) }, || AllocKey::Physical(read(handle)))
     }
 }
 
 hook! {
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult |real| {
+        // SAFETY: forwarding the caller's own arguments to the real function (or
+        // writing through out-pointers the real call has just validated).
         freed(AllocKey::Physical(handle), unsafe { real(handle) })
     }
 }
@@ -405,10 +464,14 @@ fn memory_info(
 hook! {
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult |real| {
         if free.is_null() || total.is_null() {
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             return unsafe { real(free, total) };
         }
         let answer = memory_info(|f, t| {
             let (mut rf, mut rt) = (0usize, 0usize);
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             let result = unsafe { real(&mut rf, &mut rt) };
             (*f, *t) = (rf as u64, rt as u64);
             result
@@ -427,10 +490,14 @@ hook! {
 hook! {
     fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CUresult |real| {
         if free.is_null() || total.is_null() {
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             return unsafe { real(free, total) };
         }
         let answer = memory_info(|f, t| {
             let (mut rf, mut rt) = (0u32, 0u32);
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             let result = unsafe { real(&mut rf, &mut rt) };
             (*f, *t) = (rf as u64, rt as u64);
             result

@@ -148,6 +148,8 @@ hook! {
     /// The container's index, not the host's.
     fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut u32) -> NvmlReturn |real| {
         match view() {
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             Ok(None) => unsafe { real(device, index) },
             Err(()) => NVML_ERROR_INVALID_ARGUMENT,
             Ok(Some(view)) => match view.find(device) {

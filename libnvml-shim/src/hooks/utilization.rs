@@ -72,6 +72,8 @@ fn scaled(view: &View, visible: &VisibleGpu, percent_of_card: u32) -> u32 {
 hook! {
     fn nvmlDeviceGetUtilizationRates(device: NvmlDevice, utilization: *mut Utilization) -> NvmlReturn |real| {
         let view = match view() {
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             Ok(None) => return unsafe { real(device, utilization) },
             Err(()) => return NVML_ERROR_INVALID_ARGUMENT,
             Ok(Some(view)) => view,
@@ -96,6 +98,8 @@ hook! {
 hook! {
     fn nvmlDeviceGetProcessUtilization(device: NvmlDevice, samples: *mut ProcessUtilizationSample, count: *mut u32, since: u64) -> NvmlReturn |real| {
         let view = match view() {
+            // SAFETY: forwarding the caller's own arguments to the real function (or
+            // writing through out-pointers the real call has just validated).
             Ok(None) => return unsafe { real(device, samples, count, since) },
             Err(()) => return NVML_ERROR_INVALID_ARGUMENT,
             Ok(Some(view)) => view,
