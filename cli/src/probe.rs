@@ -172,7 +172,6 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
         cuda.function::<unsafe extern "C" fn(*mut u64, usize) -> CuResult>(c"cuMemAlloc_v2")?;
     let free = cuda.function::<unsafe extern "C" fn(u64) -> CuResult>(c"cuMemFree_v2")?;
 
-    // SAFETY (all calls below): driver API calls with valid out-pointers and sizes.
     unsafe { driver_version(&mut report.driver_version) };
     cuda.check("cuInit", unsafe { init(0) })?;
     cuda.check("cuDeviceGetCount", unsafe {
@@ -180,10 +179,12 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
     })?;
     for ordinal in 0..report.device_count {
         let mut device = 0;
+        // SAFETY: a driver API call with valid out-pointers and sizes.
         cuda.check("cuDeviceGet", unsafe { device_get(&mut device, ordinal) })?;
         let mut name = [0 as c_char; 256];
         unsafe { device_name(name.as_mut_ptr(), name.len() as c_int, device) };
         let mut total = 0usize;
+        // SAFETY: a driver API call with valid out-pointers and sizes.
         cuda.check("cuDeviceTotalMem", unsafe { total_mem(&mut total, device) })?;
         // SAFETY: the driver NUL-terminates within the buffer.
         let name = unsafe { CStr::from_ptr(name.as_ptr()) }
@@ -199,10 +200,12 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
         return Ok(());
     }
     let mut device = 0;
+    // SAFETY: a driver API call with valid out-pointers and sizes.
     cuda.check("cuDeviceGet", unsafe {
         device_get(&mut device, args.device)
     })?;
     let mut context = std::ptr::null_mut();
+    // SAFETY: a driver API call with valid out-pointers and sizes.
     cuda.check("cuDevicePrimaryCtxRetain", unsafe {
         retain(&mut context, device)
     })?;
@@ -211,6 +214,7 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
     let mut held = Vec::new();
     for bytes in &args.allocations {
         let mut pointer = 0u64;
+        // SAFETY: a driver API call with valid out-pointers and sizes.
         let result = unsafe { alloc(&mut pointer, bytes.bytes() as usize) };
         if result == 0 {
             held.push(pointer);
@@ -231,6 +235,7 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
             std::thread::sleep(Duration::from_secs_f64(args.hold));
         }
         for pointer in held {
+            // SAFETY: a driver API call with valid out-pointers and sizes.
             unsafe { free(pointer) };
         }
         report.after_free = Some(memory_info(&cuda)?);

@@ -187,7 +187,9 @@ pub fn generate(names: &BTreeSet<String>, hooks: &BTreeMap<String, String>) -> S
     let _ = writeln!(out, "/// Hook addresses, by slot index.");
     let _ = writeln!(
         out,
-        "pub static HOOKS: [Option<unsafe extern \"C\" fn()>; COUNT] = ["
+        "// SAFETY (each entry): a hook's address, typed as a generic C function pointer only\n\
+         // to be stored and handed out; it is called through its real signature.\n\
+         pub static HOOKS: [Option<unsafe extern \"C\" fn()>; COUNT] = ["
     );
     for name in names {
         match hooks.get(name) {
