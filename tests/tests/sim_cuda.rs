@@ -270,3 +270,77 @@ fn a_broken_config_is_one_line_and_hides_every_gpu() {
         notices[0]
     );
 }
+
+/// Runs cuda_check.py MODE ARGS with the shim over the sim and `config` as VGPU_CONFIG.
+fn with_config(host: &SimHost, config: &str, args: &[&str]) -> std::process::Output {
+    let dir = host.dir.path().join("direct");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let link = dir.join("libcuda.so.1");
+    if !link.exists() {
+        std::os::unix::fs::symlink(artifact("libcuda_shim.so"), &link).expect("link");
+    }
+    let config_path = dir.join("vgpu.yaml");
+    std::fs::write(&config_path, config).expect("write config");
+    let mut command = Command::new("python3");
+    command.arg(client("cuda_check.py")).args(args);
+    host.apply(&mut command);
+    command
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("VGPU_CONFIG", &config_path)
+        .env("VGPU_DRIVER_DIR", host.bare_driver_dir())
+        .output()
+        .expect("run")
+}
+
+#[test]
+fn an_unopenable_usage_region_still_enforces_the_quota_in_the_process() {
+    require_python(&["cuda.bindings.driver"]);
+    let host = SimHost::new(1);
+    let output = with_config(
+        &host,
+        "usage_region: /proc/no-such-dir/usage.region\ndevices:\n  - index: 0\n    memory_limit: 1GiB\n",
+        &["sequence", "768", "512"],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let result = result_json(&output);
+    assert_eq!(
+        result["results"],
+        serde_json::json!(["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"]),
+        "{result}\n{stderr}"
+    );
+    let notices: Vec<_> = stderr
+        .lines()
+        .filter(|l| l.starts_with("vgpu-shim[cuda]"))
+        .collect();
+    assert_eq!(notices.len(), 1, "{stderr}");
+    assert!(
+        notices[0].contains("for this process alone"),
+        "{}",
+        notices[0]
+    );
+}
+
+#[test]
+fn a_config_device_missing_from_the_host_is_one_line_and_stays_hidden() {
+    require_python(&["cuda.bindings.driver"]);
+    let host = SimHost::new(2);
+    let output = with_config(
+        &host,
+        "devices:\n  - uuid: GPU-00000000-dead-beef-0000-000000000000\n  - index: 1\n    memory_limit: 1GiB\n",
+        &["devices", "64"],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let result = result_json(&output);
+    assert_eq!(result["count"], 1, "only the device that exists: {result}");
+    assert_eq!(result["devices"][0]["total_mem"], GIB, "{result}");
+    let notices: Vec<_> = stderr
+        .lines()
+        .filter(|l| l.starts_with("vgpu-shim[cuda]"))
+        .collect();
+    assert_eq!(notices.len(), 1, "{stderr}");
+    assert!(
+        notices[0].contains("GPU-00000000-dead-beef") && notices[0].contains("not on this host"),
+        "{}",
+        notices[0]
+    );
+}
