@@ -224,10 +224,7 @@ fn a_missing_real_driver_is_one_line_and_not_initialized() {
     let result = result_json(&output);
     assert_eq!(result["cuInit"], 3, "CUDA_ERROR_NOT_INITIALIZED: {result}");
     assert_eq!(result["cuDeviceGetCount"], 3, "{result}");
-    let notices: Vec<_> = stderr
-        .lines()
-        .filter(|l| l.starts_with("vgpu-shim[cuda]"))
-        .collect();
+    let notices = shim_notices(&stderr);
     assert_eq!(notices.len(), 1, "exactly one line: {stderr}");
     assert!(
         notices[0].contains("/nonexistent/driver/libcuda.so.1"),
@@ -240,35 +237,31 @@ fn a_missing_real_driver_is_one_line_and_not_initialized() {
 fn a_broken_config_is_one_line_and_hides_every_gpu() {
     require_python(&["cuda.bindings.driver"]);
     let host = SimHost::new(1);
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::os::unix::fs::symlink(artifact("libcuda_shim.so"), dir.path().join("libcuda.so.1"))
-        .expect("link");
-    let config = dir.path().join("vgpu.yaml");
-    std::fs::write(&config, "devices:\n  - index: 0\n    memory_limt: 1GiB\n").expect("write");
-    let mut command = Command::new("python3");
-    command.args([&client("cuda_check.py"), "basic"]);
-    host.apply(&mut command);
-    let output = command
-        .env("LD_LIBRARY_PATH", dir.path())
-        .env("VGPU_DRIVER_DIR", host.bare_driver_dir())
-        .env("VGPU_CONFIG", &config)
-        .output()
-        .expect("run");
+    let output = with_config(
+        &host,
+        "devices:\n  - index: 0\n    memory_limt: 1GiB\n",
+        &["basic"],
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("cuInit failed: CUDA_ERROR_NO_DEVICE"),
         "{stderr}"
     );
-    let notices: Vec<_> = stderr
-        .lines()
-        .filter(|l| l.starts_with("vgpu-shim[cuda]"))
-        .collect();
+    let notices = shim_notices(&stderr);
     assert_eq!(notices.len(), 1, "{stderr}");
     assert!(
         notices[0].contains("memory_limt") && notices[0].contains("fail-closed"),
         "{}",
         notices[0]
     );
+}
+
+/// The CUDA shim's own stderr lines.
+fn shim_notices(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|line| line.starts_with("vgpu-shim[cuda]"))
+        .collect()
 }
 
 /// Runs cuda_check.py MODE ARGS with the shim over the sim and `config` as VGPU_CONFIG.
@@ -308,10 +301,7 @@ fn an_unopenable_usage_region_still_enforces_the_quota_in_the_process() {
         serde_json::json!(["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"]),
         "{result}\n{stderr}"
     );
-    let notices: Vec<_> = stderr
-        .lines()
-        .filter(|l| l.starts_with("vgpu-shim[cuda]"))
-        .collect();
+    let notices = shim_notices(&stderr);
     assert_eq!(notices.len(), 1, "{stderr}");
     assert!(
         notices[0].contains("for this process alone"),
@@ -333,10 +323,7 @@ fn a_config_device_missing_from_the_host_is_one_line_and_stays_hidden() {
     let result = result_json(&output);
     assert_eq!(result["count"], 1, "only the device that exists: {result}");
     assert_eq!(result["devices"][0]["total_mem"], GIB, "{result}");
-    let notices: Vec<_> = stderr
-        .lines()
-        .filter(|l| l.starts_with("vgpu-shim[cuda]"))
-        .collect();
+    let notices = shim_notices(&stderr);
     assert_eq!(notices.len(), 1, "{stderr}");
     assert!(
         notices[0].contains("GPU-00000000-dead-beef") && notices[0].contains("not on this host"),
