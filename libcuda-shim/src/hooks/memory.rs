@@ -291,32 +291,16 @@ hook! {
 
 // --- arrays ----------------------------------------------------------------------
 
-/// Bytes of an array: element size × channels × width × height × depth (each at least 1).
+/// Bytes of an array level as `cuda.h`'s formats store it; an unknown format is
+/// charged as four 4-byte channels per texel, the largest basic element, so a format
+/// newer than this table is never under-counted by much.
 fn array_bytes(format: u32, channels: u32, extent: [u64; 3]) -> u64 {
-    let element = array_format_bytes(format).unwrap_or(4) * channels.max(1) as u64;
-    extent
-        .iter()
-        .fold(element, |bytes, &side| bytes.saturating_mul(side.max(1)))
-}
-
-/// `CUDA_ARRAY_DESCRIPTOR_v1` (32-bit extents).
-#[repr(C)]
-struct ArrayDescriptorV1 {
-    width: u32,
-    height: u32,
-    format: u32,
-    num_channels: u32,
-}
-
-/// `CUDA_ARRAY3D_DESCRIPTOR_v1`.
-#[repr(C)]
-struct Array3dDescriptorV1 {
-    width: u32,
-    height: u32,
-    depth: u32,
-    format: u32,
-    num_channels: u32,
-    flags: u32,
+    let [width, height, depth] = extent;
+    array_level_bytes(format, channels, width, height, depth).unwrap_or_else(|| {
+        [width, height, depth]
+            .iter()
+            .fold(16u64, |bytes, &side| bytes.saturating_mul(side.max(1)))
+    })
 }
 
 /// Reads a descriptor the caller passed, or `None` for a null pointer.
@@ -346,7 +330,7 @@ hook! {
     fn cuArrayCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |real| {
         // SAFETY: forwarding the caller's own arguments to the real function (or
         // writing through out-pointers the real call has just validated).
-        let Some(d) = descriptor(desc as *const ArrayDescriptorV1) else { return unsafe { real(handle, desc) } };
+        let Some(d) = descriptor(desc as *const CudaArrayDescriptorV1) else { return unsafe { real(handle, desc) } };
         let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, 1]);
         // SAFETY: forwarding the caller's own arguments to the real function (or
         // writing through out-pointers the real call has just validated).
@@ -370,7 +354,7 @@ hook! {
     fn cuArray3DCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |real| {
         // SAFETY: forwarding the caller's own arguments to the real function (or
         // writing through out-pointers the real call has just validated).
-        let Some(d) = descriptor(desc as *const Array3dDescriptorV1) else { return unsafe { real(handle, desc) } };
+        let Some(d) = descriptor(desc as *const CudaArray3dDescriptorV1) else { return unsafe { real(handle, desc) } };
         let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64]);
         // SAFETY: forwarding the caller's own arguments to the real function (or
         // writing through out-pointers the real call has just validated).

@@ -912,64 +912,13 @@ cuda! {
 // Arrays
 // ---------------------------------------------------------------------------------------
 
-/// `CUDA_ARRAY_DESCRIPTOR` (v2).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaArrayDescriptor {
-    pub width: usize,
-    pub height: usize,
-    pub format: u32,
-    pub num_channels: u32,
-}
-/// `CUDA_ARRAY_DESCRIPTOR_v1` (32-bit extents).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaArrayDescriptorV1 {
-    pub width: u32,
-    pub height: u32,
-    pub format: u32,
-    pub num_channels: u32,
-}
-/// `CUDA_ARRAY3D_DESCRIPTOR` (v2).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaArray3dDescriptor {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub format: u32,
-    pub num_channels: u32,
-    pub flags: u32,
-}
-/// `CUDA_ARRAY3D_DESCRIPTOR_v1`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaArray3dDescriptorV1 {
-    pub width: u32,
-    pub height: u32,
-    pub depth: u32,
-    pub format: u32,
-    pub num_channels: u32,
-    pub flags: u32,
-}
-const _: () = assert!(std::mem::size_of::<CudaArrayDescriptor>() == 24);
-const _: () = assert!(std::mem::size_of::<CudaArrayDescriptorV1>() == 16);
-const _: () = assert!(std::mem::size_of::<CudaArray3dDescriptor>() == 40);
-const _: () = assert!(std::mem::size_of::<CudaArray3dDescriptorV1>() == 24);
+use vgpu_abi::cuda::{
+    CudaArray3dDescriptor, CudaArray3dDescriptorV1, CudaArrayDescriptor, CudaArrayDescriptorV1,
+    array_level_bytes,
+};
 
-/// Bytes per channel of a `CUarray_format`.
-pub fn format_bytes(format: u32) -> Option<u64> {
-    Some(match format {
-        0x01 | 0x08 => 1,               // UNSIGNED_INT8, SIGNED_INT8
-        0x02 | 0x09 | 0x10 => 2,        // UNSIGNED_INT16, SIGNED_INT16, HALF
-        0x03 | 0x0a | 0x20 => 4,        // UNSIGNED_INT32, SIGNED_INT32, FLOAT
-        0xc0..=0xc2 | 0xc9..=0xcb => 1, // UNORM_INT8X1..4, SNORM_INT8X1..4 (channels set by format)
-        0xc3..=0xc5 | 0xcc..=0xce => 2, // UNORM_INT16X*, SNORM_INT16X*
-        _ => return None,
-    })
-}
-
-/// Width, height, depth (each at least 1), format, channels, flags -> bytes.
+/// Width, height, depth (each at least 1), format, channels -> bytes, with the format
+/// table of `cuda.h` that the shims use too (`vgpu_abi`).
 fn array_bytes(
     width: u64,
     height: u64,
@@ -977,17 +926,10 @@ fn array_bytes(
     format: u32,
     channels: u32,
 ) -> Result<u64, CUresult> {
-    let per_channel = format_bytes(format).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if width == 0 || !matches!(channels, 1 | 2 | 4) {
+    if width == 0 || !matches!(channels, 1..=4) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let elements = width
-        .checked_mul(height.max(1))
-        .and_then(|v| v.checked_mul(depth.max(1)))
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    elements
-        .checked_mul(per_channel * channels as u64)
-        .ok_or(CUDA_ERROR_INVALID_VALUE)
+    array_level_bytes(format, channels, width, height, depth).ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
 fn create_array(

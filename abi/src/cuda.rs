@@ -1,0 +1,362 @@
+//! The CUDA driver API (`cuda.h`, CUDA 13.0) facts vgpu-shim needs: handle and scalar
+//! types, `CUresult` codes, the device attributes it reads, the array descriptors and
+//! the bytes per element of every `CUarray_format`, and the leading fields of
+//! `CUmemAllocationProp`.
+
+use core::ffi::c_void;
+
+pub type CUresult = u32;
+pub type CUdevice = i32;
+pub type CUdeviceptr = u64;
+pub type CUcontext = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUfunction = *mut c_void;
+pub type CUmodule = *mut c_void;
+pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub type CUmemGenericAllocationHandle = u64;
+
+// --- CUresult ----------------------------------------------------------------------
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_DEINITIALIZED: CUresult = 4;
+pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_JIT_COMPILER_NOT_FOUND: CUresult = 221;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, the first of the stream-capture errors.
+pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, the last of the contiguous capture errors.
+pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
+pub const CUDA_ERROR_CAPTURED_EVENT: CUresult = 907;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+// --- CUdevice_attribute --------------------------------------------------------------
+
+pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: i32 = 16;
+pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: i32 = 33;
+pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: i32 = 34;
+pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: i32 = 50;
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: i32 = 75;
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: i32 = 76;
+
+// --- streams -------------------------------------------------------------------------
+
+/// `CU_STREAM_LEGACY`.
+pub const CU_STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+pub const CU_STREAM_PER_THREAD: usize = 0x2;
+/// `CUstreamCaptureStatus`.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
+pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: u32 = 2;
+/// `CUstreamCaptureMode`.
+pub const CU_STREAM_CAPTURE_MODE_GLOBAL: u32 = 0;
+pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: u32 = 1;
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
+
+// --- memory --------------------------------------------------------------------------
+
+/// `CUmemLocationType`.
+pub const CU_MEM_LOCATION_TYPE_INVALID: u32 = 0;
+pub const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
+pub const CU_MEM_LOCATION_TYPE_HOST: u32 = 2;
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: u32 = 3;
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: u32 = 4;
+
+/// `CUmemPool_attribute`.
+pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: i32 = 1;
+pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: i32 = 2;
+pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: i32 = 3;
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: i32 = 4;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: i32 = 5;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: i32 = 6;
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: i32 = 7;
+pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: i32 = 8;
+
+/// `CUmemAllocationProp` (CUDA 12+ layout; the shim reads only the location).
+#[repr(C)]
+pub struct CUmemAllocationProp {
+    pub kind: u32,
+    pub requested_handle_types: u32,
+    pub location_type: u32,
+    pub location_id: i32,
+    pub win32_handle_meta_data: *mut c_void,
+    pub compression_type: u8,
+    pub gpu_direct_rdma_capable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+/// `CUuuid`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+// --- arrays --------------------------------------------------------------------------
+
+/// `CUDA_ARRAY_DESCRIPTOR` (`_v2`: size_t extents).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: u32,
+    pub num_channels: u32,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (the pre-3.2 ABI: 32-bit extents).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaArrayDescriptorV1 {
+    pub width: u32,
+    pub height: u32,
+    pub format: u32,
+    pub num_channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (`_v2`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaArray3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: u32,
+    pub num_channels: u32,
+    pub flags: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaArray3dDescriptorV1 {
+    pub width: u32,
+    pub height: u32,
+    pub depth: u32,
+    pub format: u32,
+    pub num_channels: u32,
+    pub flags: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<CudaArrayDescriptor>() == 24);
+const _: () = assert!(core::mem::size_of::<CudaArrayDescriptorV1>() == 16);
+const _: () = assert!(core::mem::size_of::<CudaArray3dDescriptor>() == 40);
+const _: () = assert!(core::mem::size_of::<CudaArray3dDescriptorV1>() == 24);
+const _: () = assert!(core::mem::size_of::<CUmemAllocationProp>() == 32);
+
+/// `CUarray_format` values, as `cuda.h` (CUDA 12.8-13.0) numbers them.
+pub mod array_format {
+    pub const UNSIGNED_INT8: u32 = 0x01;
+    pub const UNSIGNED_INT16: u32 = 0x02;
+    pub const UNSIGNED_INT32: u32 = 0x03;
+    pub const SIGNED_INT8: u32 = 0x08;
+    pub const SIGNED_INT16: u32 = 0x09;
+    pub const SIGNED_INT32: u32 = 0x0a;
+    pub const HALF: u32 = 0x10;
+    pub const FLOAT: u32 = 0x20;
+    pub const UNORM_INT_101010_2: u32 = 0x50;
+    pub const BC1_UNORM: u32 = 0x91;
+    pub const BC1_UNORM_SRGB: u32 = 0x92;
+    pub const BC2_UNORM: u32 = 0x93;
+    pub const BC2_UNORM_SRGB: u32 = 0x94;
+    pub const BC3_UNORM: u32 = 0x95;
+    pub const BC3_UNORM_SRGB: u32 = 0x96;
+    pub const BC4_UNORM: u32 = 0x97;
+    pub const BC4_SNORM: u32 = 0x98;
+    pub const BC5_UNORM: u32 = 0x99;
+    pub const BC5_SNORM: u32 = 0x9a;
+    pub const BC6H_UF16: u32 = 0x9b;
+    pub const BC6H_SF16: u32 = 0x9c;
+    pub const BC7_UNORM: u32 = 0x9d;
+    pub const BC7_UNORM_SRGB: u32 = 0x9e;
+    pub const P010: u32 = 0x9f;
+    pub const P016: u32 = 0xa1;
+    pub const NV16: u32 = 0xa2;
+    pub const P210: u32 = 0xa3;
+    pub const P216: u32 = 0xa4;
+    pub const YUY2: u32 = 0xa5;
+    pub const Y210: u32 = 0xa6;
+    pub const Y216: u32 = 0xa7;
+    pub const AYUV: u32 = 0xa8;
+    pub const Y410: u32 = 0xa9;
+    pub const NV12: u32 = 0xb0;
+    pub const Y416: u32 = 0xb1;
+    pub const Y444_PLANAR8: u32 = 0xb2;
+    pub const Y444_PLANAR10: u32 = 0xb3;
+    pub const YUV444_8BIT_SEMIPLANAR: u32 = 0xb4;
+    pub const YUV444_16BIT_SEMIPLANAR: u32 = 0xb5;
+    pub const UNORM_INT8X1: u32 = 0xc0;
+    pub const UNORM_INT8X2: u32 = 0xc1;
+    pub const UNORM_INT8X4: u32 = 0xc2;
+    pub const UNORM_INT16X1: u32 = 0xc3;
+    pub const UNORM_INT16X2: u32 = 0xc4;
+    pub const UNORM_INT16X4: u32 = 0xc5;
+    pub const SNORM_INT8X1: u32 = 0xc6;
+    pub const SNORM_INT8X2: u32 = 0xc7;
+    pub const SNORM_INT8X4: u32 = 0xc8;
+    pub const SNORM_INT16X1: u32 = 0xc9;
+    pub const SNORM_INT16X2: u32 = 0xca;
+    pub const SNORM_INT16X4: u32 = 0xcb;
+}
+
+/// How one texel of a `CUarray_format` is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Texel {
+    /// `bytes` per channel, times the descriptor's `NumChannels` (1, 2 or 4).
+    PerChannel { bytes: u64 },
+    /// A fixed size per texel whatever `NumChannels` says: `numerator / denominator`
+    /// bytes (4:2:0 video formats store 1.5 bytes per pixel, say).
+    Fixed { numerator: u64, denominator: u64 },
+    /// Block-compressed: `bytes` per 4×4 block.
+    Block4x4 { bytes: u64 },
+}
+
+/// The storage of one texel of `format`, or `None` for a value `cuda.h` does not define.
+pub const fn texel(format: u32) -> Option<Texel> {
+    use array_format::*;
+    const fn fixed(numerator: u64, denominator: u64) -> Option<Texel> {
+        Some(Texel::Fixed {
+            numerator,
+            denominator,
+        })
+    }
+    match format {
+        UNSIGNED_INT8 | SIGNED_INT8 => Some(Texel::PerChannel { bytes: 1 }),
+        UNSIGNED_INT16 | SIGNED_INT16 | HALF => Some(Texel::PerChannel { bytes: 2 }),
+        UNSIGNED_INT32 | SIGNED_INT32 | FLOAT => Some(Texel::PerChannel { bytes: 4 }),
+        // Four channels packed into 32 bits.
+        UNORM_INT_101010_2 => fixed(4, 1),
+        UNORM_INT8X1 | SNORM_INT8X1 => fixed(1, 1),
+        UNORM_INT8X2 | SNORM_INT8X2 => fixed(2, 1),
+        UNORM_INT8X4 | SNORM_INT8X4 => fixed(4, 1),
+        UNORM_INT16X1 | SNORM_INT16X1 => fixed(2, 1),
+        UNORM_INT16X2 | SNORM_INT16X2 => fixed(4, 1),
+        UNORM_INT16X4 | SNORM_INT16X4 => fixed(8, 1),
+        // BC1 and BC4: 8 bytes per block; the others: 16.
+        BC1_UNORM | BC1_UNORM_SRGB | BC4_UNORM | BC4_SNORM => {
+            Some(Texel::Block4x4 { bytes: 8 })
+        }
+        BC2_UNORM | BC2_UNORM_SRGB | BC3_UNORM | BC3_UNORM_SRGB | BC5_UNORM | BC5_SNORM
+        | BC6H_UF16 | BC6H_SF16 | BC7_UNORM | BC7_UNORM_SRGB => {
+            Some(Texel::Block4x4 { bytes: 16 })
+        }
+        // 4:2:0, 8-bit luma plus half-size interleaved chroma.
+        NV12 => fixed(3, 2),
+        // 4:2:0 with 16-bit samples (10 or 16 significant bits).
+        P010 | P016 => fixed(3, 1),
+        // 4:2:2 semi-planar, 8-bit and 16-bit.
+        NV16 => fixed(2, 1),
+        P210 | P216 => fixed(4, 1),
+        // 4:2:2 packed, 8-bit and 16-bit.
+        YUY2 => fixed(2, 1),
+        Y210 | Y216 => fixed(4, 1),
+        // 4:4:4 packed.
+        AYUV | Y410 => fixed(4, 1),
+        Y416 => fixed(8, 1),
+        // 4:4:4 planar / semi-planar, 8-bit and 16-bit storage.
+        Y444_PLANAR8 | YUV444_8BIT_SEMIPLANAR => fixed(3, 1),
+        Y444_PLANAR10 | YUV444_16BIT_SEMIPLANAR => fixed(6, 1),
+        _ => None,
+    }
+}
+
+/// Bytes of a `width × height × depth` array level of `format` with `channels`
+/// (extents of 0 count as 1), rounded up to whole bytes; `None` for an unknown format
+/// or a size that overflows.
+pub const fn array_level_bytes(
+    format: u32,
+    channels: u32,
+    width: u64,
+    height: u64,
+    depth: u64,
+) -> Option<u64> {
+    let width = if width == 0 { 1 } else { width };
+    let height = if height == 0 { 1 } else { height };
+    let depth = if depth == 0 { 1 } else { depth };
+    let Some(texel) = texel(format) else {
+        return None;
+    };
+    let (per_plane, denominator) = match texel {
+        Texel::PerChannel { bytes } => {
+            let channels = if channels == 0 { 1 } else { channels as u64 };
+            match width.checked_mul(height) {
+                Some(texels) => match texels.checked_mul(bytes * channels) {
+                    Some(bytes) => (bytes, 1),
+                    None => return None,
+                },
+                None => return None,
+            }
+        }
+        Texel::Fixed {
+            numerator,
+            denominator,
+        } => match width.checked_mul(height) {
+            Some(texels) => match texels.checked_mul(numerator) {
+                Some(bytes) => (bytes, denominator),
+                None => return None,
+            },
+            None => return None,
+        },
+        Texel::Block4x4 { bytes } => {
+            match width.div_ceil(4).checked_mul(height.div_ceil(4)) {
+                Some(blocks) => match blocks.checked_mul(bytes) {
+                    Some(bytes) => (bytes, 1),
+                    None => return None,
+                },
+                None => return None,
+            }
+        }
+    };
+    match per_plane.div_ceil(denominator).checked_mul(depth) {
+        Some(bytes) => Some(bytes),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::array_format::*;
+    use super::*;
+
+    #[test]
+    fn formats_match_cuda_h() {
+        // Spot checks of values a past table got wrong: 0x50 is the 10:10:10:2 format,
+        // not UNORM_INT8X1, which is 0xc0.
+        assert_eq!(UNORM_INT_101010_2, 0x50);
+        assert_eq!(UNORM_INT8X1, 0xc0);
+        assert_eq!(SNORM_INT8X1, 0xc6);
+        assert_eq!(SNORM_INT16X4, 0xcb);
+        assert_eq!(NV12, 0xb0);
+        assert_eq!(texel(0x50), Some(Texel::Fixed { numerator: 4, denominator: 1 }));
+        assert_eq!(texel(0x51), None, "0x51 is no CUarray_format");
+        assert_eq!(texel(0xcc), None, "0xcc is past SNORM_INT16X4");
+    }
+
+    #[test]
+    fn level_bytes() {
+        assert_eq!(array_level_bytes(FLOAT, 4, 1024, 1024, 0), Some(16 << 20));
+        assert_eq!(array_level_bytes(UNSIGNED_INT8, 1, 100, 0, 0), Some(100));
+        assert_eq!(array_level_bytes(UNORM_INT16X4, 1, 10, 10, 1), Some(800));
+        assert_eq!(array_level_bytes(UNORM_INT16X4, 4, 10, 10, 1), Some(800), "channels come from the format");
+        assert_eq!(array_level_bytes(NV12, 3, 1920, 1080, 0), Some(1920 * 1080 * 3 / 2));
+        assert_eq!(array_level_bytes(BC1_UNORM, 4, 5, 5, 0), Some(4 * 8), "2×2 blocks of 8 bytes");
+        assert_eq!(array_level_bytes(BC7_UNORM, 4, 4096, 4096, 0), Some(16 << 20));
+        assert_eq!(array_level_bytes(FLOAT, 4, 8, 8, 6), Some(8 * 8 * 16 * 6));
+        assert_eq!(array_level_bytes(0x51, 1, 1, 1, 1), None);
+        assert_eq!(array_level_bytes(FLOAT, 4, u64::MAX, 2, 1), None);
+    }
+}
