@@ -11,6 +11,7 @@ pub mod mapped;
 pub mod process;
 pub mod region;
 pub mod size;
+pub mod snapshot;
 
 pub use config::{Config, ConfigError, CoreMode, DeviceQuota, DeviceSelector, UtilizationScale};
 pub use size::ByteSize;

@@ -59,7 +59,7 @@ struct DeviceRecord {
 }
 
 #[repr(C)]
-struct Header {
+pub(crate) struct Header {
     magic: [u8; 8],
     version: u32,
     device_count: u32,
@@ -74,7 +74,7 @@ struct Header {
 
 /// Per-process counters, one set per device.
 #[repr(C, align(64))]
-struct Slot {
+pub(crate) struct Slot {
     /// `pid << 32 | state`, so a claimer's PID is visible the instant it claims.
     owner: AtomicU64,
     start_time: AtomicU64,
@@ -93,6 +93,11 @@ struct Slot {
 }
 
 const SLOTS_OFFSET: usize = HEADER_LEN;
+
+/// Byte offset of slot `index`'s host PID in the file (for `pwrite` by the host).
+pub(crate) fn host_pid_offset(index: usize) -> usize {
+    SLOTS_OFFSET + index * std::mem::size_of::<Slot>() + std::mem::offset_of!(Slot, host_pid)
+}
 /// Bytes of a region file.
 pub const REGION_LEN: usize = SLOTS_OFFSET + MAX_SLOTS * std::mem::size_of::<Slot>();
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_LEN);
@@ -178,7 +183,7 @@ impl Region {
         let outcome = found.settle(
             &region.map,
             || region.initialise(devices),
-            || region.check().and_then(|()| region.check_devices(devices)),
+            || RegionBytes::check(&region).and_then(|()| region.check_devices(devices)),
         );
         drop(lock);
         Ok((region, outcome))
@@ -197,7 +202,7 @@ impl Region {
             },
         })?;
         let region = Region { map };
-        region.check().map_err(|reason| RegionError::Invalid {
+        RegionBytes::check(&region).map_err(|reason| RegionError::Invalid {
             path: path.to_path_buf(),
             reason,
         })?;
@@ -208,20 +213,8 @@ impl Region {
         self.map.path()
     }
 
-    fn header(&self) -> &Header {
-        // SAFETY: the mapping is REGION_LEN bytes, page aligned, and Header fits the first page.
-        unsafe { &*(self.map.base() as *const Header) }
-    }
-
     fn header_mut(&self) -> *mut Header {
         self.map.base() as *mut Header
-    }
-
-    fn slot(&self, index: usize) -> &Slot {
-        debug_assert!(index < MAX_SLOTS);
-        // SAFETY: slots follow the header; index < MAX_SLOTS keeps us inside the mapping;
-        // Slot is made of atomics, valid for any bit pattern.
-        unsafe { &*(self.map.base().add(SLOTS_OFFSET) as *const Slot).add(index) }
     }
 
     fn immutable_checksum(header: &Header) -> u64 {
@@ -264,63 +257,12 @@ impl Region {
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 
-    /// Validates the header; the reason when it is not a region of ours.
-    fn check(&self) -> Result<(), String> {
-        let header = self.header();
-        if header.magic != MAGIC {
-            return Err("bad magic (not a vgpu usage region)".into());
-        }
-        if header.version != VERSION {
-            return Err(format!(
-                "version {} (this build reads {VERSION})",
-                header.version
-            ));
-        }
-        if header.layout != layout_fingerprint() {
-            return Err("layout fingerprint differs".into());
-        }
-        if header.total_len != REGION_LEN as u64 {
-            return Err(format!("recorded length {}", header.total_len));
-        }
-        if header.device_count as usize > MAX_DEVICES {
-            return Err(format!("{} devices", header.device_count));
-        }
-        if header.checksum != Region::immutable_checksum(header) {
-            return Err("header checksum mismatch".into());
-        }
-        if header.high_water.load(Ordering::Acquire) as usize > MAX_SLOTS {
-            return Err("slot high-water mark out of range".into());
-        }
-        Ok(())
-    }
-
     fn check_devices(&self, devices: &[RegionDevice]) -> Result<(), String> {
         if self.devices() == devices {
             Ok(())
         } else {
             Err("devices or limits differ from the config".into())
         }
-    }
-
-    /// The devices recorded at creation.
-    pub fn devices(&self) -> Vec<RegionDevice> {
-        let header = self.header();
-        header.devices[..header.device_count as usize]
-            .iter()
-            .map(|record| {
-                let end = record.id.iter().position(|b| *b == 0).unwrap_or(UUID_LEN);
-                RegionDevice {
-                    id: String::from_utf8_lossy(&record.id[..end]).into_owned(),
-                    memory_limit: record.memory_limit,
-                    core_limit: record.core_limit,
-                    core_mode: record.core_mode,
-                }
-            })
-            .collect()
-    }
-
-    fn scan_end(&self) -> usize {
-        (self.header().high_water.load(Ordering::SeqCst) as usize).min(MAX_SLOTS)
     }
 
     /// Claims a slot for `me`, resetting one left by an earlier image of the same process
@@ -394,16 +336,6 @@ impl Region {
         let slot = self.slot(slot.0);
         Region::clear_counters(slot);
         slot.owner.store(STATE_FREE, Ordering::SeqCst);
-    }
-
-    /// Bytes held on `device` by all processes.
-    pub fn device_used(&self, device: usize) -> u64 {
-        if device >= MAX_DEVICES {
-            return 0;
-        }
-        (0..self.scan_end())
-            .map(|index| self.slot(index).used[device].load(Ordering::SeqCst))
-            .fold(0u64, u64::saturating_add)
     }
 
     /// Adds `bytes` to this process's usage on `device` if the total stays within `limit`.
@@ -585,8 +517,94 @@ impl Region {
         filled
     }
 
+}
+
+
+/// Read access to the bytes of a region, whether a live shared mapping ([`Region`]) or a
+/// private copy ([`crate::snapshot::RegionSnapshot`]): one set of readers for both, so
+/// the host side parses a copy exactly as the shims read the mapping.
+pub(crate) trait RegionBytes {
+    /// The first byte: `REGION_LEN` bytes, 64-byte aligned at least.
+    fn base(&self) -> *const u8;
+
+    fn header(&self) -> &Header {
+        // SAFETY: `base` points at REGION_LEN bytes, aligned for Header (page-aligned
+        // mapping, or the 64-byte aligned copy), and Header fits the first page; every
+        // field is plain data or an atomic, valid for any bit pattern.
+        unsafe { &*(self.base() as *const Header) }
+    }
+
+    fn slot(&self, index: usize) -> &Slot {
+        let index = index.min(MAX_SLOTS - 1);
+        // SAFETY: slots follow the header and `index` is clamped below MAX_SLOTS, so the
+        // record lies inside the REGION_LEN bytes; Slot is made of atomics, valid for any
+        // bit pattern, and 64-byte aligned like the base.
+        unsafe { &*(self.base().add(SLOTS_OFFSET) as *const Slot).add(index) }
+    }
+
+    /// Validates the header; the reason when it is not a region of ours.
+    fn check(&self) -> Result<(), String> {
+        let header = self.header();
+        if header.magic != MAGIC {
+            return Err("bad magic (not a vgpu usage region)".into());
+        }
+        if header.version != VERSION {
+            return Err(format!(
+                "version {} (this build reads {VERSION})",
+                header.version
+            ));
+        }
+        if header.layout != layout_fingerprint() {
+            return Err("layout fingerprint differs".into());
+        }
+        if header.total_len != REGION_LEN as u64 {
+            return Err(format!("recorded length {}", header.total_len));
+        }
+        if header.device_count as usize > MAX_DEVICES {
+            return Err(format!("{} devices", header.device_count));
+        }
+        if header.checksum != Region::immutable_checksum(header) {
+            return Err("header checksum mismatch".into());
+        }
+        if header.high_water.load(Ordering::Acquire) as usize > MAX_SLOTS {
+            return Err("slot high-water mark out of range".into());
+        }
+        Ok(())
+    }
+
+    /// The devices recorded at creation.
+    fn devices(&self) -> Vec<RegionDevice> {
+        let header = self.header();
+        header.devices[..header.device_count as usize]
+            .iter()
+            .map(|record| {
+                let end = record.id.iter().position(|b| *b == 0).unwrap_or(UUID_LEN);
+                RegionDevice {
+                    id: String::from_utf8_lossy(&record.id[..end]).into_owned(),
+                    memory_limit: record.memory_limit,
+                    core_limit: record.core_limit,
+                    core_mode: record.core_mode,
+                }
+            })
+            .collect()
+    }
+
+    fn scan_end(&self) -> usize {
+        (self.header().high_water.load(Ordering::SeqCst) as usize).min(MAX_SLOTS)
+    }
+
+    /// Bytes held on `device` by all processes.
+    fn device_used(&self, device: usize) -> u64 {
+        if device >= MAX_DEVICES {
+            return 0;
+        }
+        (0..self.scan_end())
+            .map(|index| self.slot(index).used[device].load(Ordering::SeqCst))
+            .fold(0u64, u64::saturating_add)
+    }
+
     /// Every live process and its counters.
-    pub fn processes(&self) -> Vec<ProcessUsage> {
+    fn processes(&self) -> Vec<ProcessUsage> {
         let device_count = self.header().device_count as usize;
         let read = |counters: &[AtomicU64; MAX_DEVICES]| -> Vec<u64> {
             counters[..device_count]
@@ -611,6 +629,29 @@ impl Region {
                 })
             })
             .collect()
+    }
+}
+
+impl RegionBytes for Region {
+    fn base(&self) -> *const u8 {
+        self.map.base()
+    }
+}
+
+impl Region {
+    /// The devices recorded at creation.
+    pub fn devices(&self) -> Vec<RegionDevice> {
+        RegionBytes::devices(self)
+    }
+
+    /// Bytes held on `device` by all processes.
+    pub fn device_used(&self, device: usize) -> u64 {
+        RegionBytes::device_used(self, device)
+    }
+
+    /// Every live process and its counters.
+    pub fn processes(&self) -> Vec<ProcessUsage> {
+        RegionBytes::processes(self)
     }
 }
 

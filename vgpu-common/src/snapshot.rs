@@ -1,0 +1,191 @@
+//! The host side's view of a usage region: a private copy read with `read(2)`, never a
+//! shared mapping.
+//!
+//! A region is written by the container's own processes, so to the host (the device
+//! plugin, the DRA driver, `vgpu run`'s coordinator) it is tenant input. A tenant can
+//! truncate a file under a shared mapping, and the next access to the lost pages kills
+//! the mapper with SIGBUS; it can replace the file with a FIFO and stall an `open` or a
+//! `read`. So the host opens with `O_NONBLOCK | O_NOFOLLOW`, refuses anything but a
+//! regular file of exactly the region's length, copies the bytes into a buffer of its
+//! own, validates the copy with the same checks the shims apply, and reads counters only
+//! from the copy (clamped, as every reader clamps them). The one thing the host writes
+//! into a region, a slot's host PID, goes in with `pwrite(2)`, which a truncation can
+//! only make fail.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::region::{
+    MAX_SLOTS, ProcessUsage, REGION_LEN, RegionBytes, RegionDevice, RegionError, host_pid_offset,
+};
+
+/// One 64-byte-aligned block of the copy (the region's slots are 64-byte aligned).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Block([u8; 64]);
+
+const _: () = assert!(REGION_LEN % 64 == 0);
+
+/// A validated private copy of a usage region.
+pub struct RegionSnapshot {
+    blocks: Box<[Block]>,
+    path: PathBuf,
+}
+
+impl RegionBytes for RegionSnapshot {
+    fn base(&self) -> *const u8 {
+        self.blocks.as_ptr().cast()
+    }
+}
+
+/// Opens a tenant-writable file for the host without following a link or blocking on a
+/// FIFO, and refuses anything that is not a regular file of `len` bytes.
+fn open_regular(path: &Path, write: bool, len: usize) -> Result<File, RegionError> {
+    let io_error = |source: io::Error| RegionError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io_error)?;
+    let meta = file.metadata().map_err(io_error)?;
+    if !meta.file_type().is_file() {
+        return Err(RegionError::Invalid {
+            path: path.to_path_buf(),
+            reason: "not a regular file".into(),
+        });
+    }
+    if meta.len() != len as u64 {
+        return Err(RegionError::Invalid {
+            path: path.to_path_buf(),
+            reason: format!("length {}, expected {len}", meta.len()),
+        });
+    }
+    Ok(file)
+}
+
+impl RegionSnapshot {
+    /// Copies the region at `path` and validates the copy.
+    pub fn read(path: &Path) -> Result<RegionSnapshot, RegionError> {
+        let mut file = open_regular(path, false, REGION_LEN)?;
+        let mut blocks = vec![Block([0; 64]); REGION_LEN / 64].into_boxed_slice();
+        // SAFETY: `blocks` is REGION_LEN initialised bytes that we own exclusively; the
+        // slice covers exactly them, and u8 has no invalid values.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(blocks.as_mut_ptr().cast::<u8>(), REGION_LEN)
+        };
+        // A file truncated after the length check reads short: that is an error, never
+        // a partly zeroed snapshot.
+        file.read_exact(bytes).map_err(|source| RegionError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let snapshot = RegionSnapshot {
+            blocks,
+            path: path.to_path_buf(),
+        };
+        RegionBytes::check(&snapshot).map_err(|reason| RegionError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        })?;
+        Ok(snapshot)
+    }
+
+    /// Where the copy came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The devices recorded at creation.
+    pub fn devices(&self) -> Vec<RegionDevice> {
+        RegionBytes::devices(self)
+    }
+
+    /// Bytes held on `device` by all processes, as the copy says.
+    pub fn device_used(&self, device: usize) -> u64 {
+        RegionBytes::device_used(self, device)
+    }
+
+    /// Every live process and its counters, as the copy says.
+    pub fn processes(&self) -> Vec<ProcessUsage> {
+        RegionBytes::processes(self)
+    }
+}
+
+/// Writes the host PID of slot `slot` into the region at `path` with `pwrite(2)`. Only
+/// for a slot a snapshot of that file showed live.
+pub fn write_host_pid(path: &Path, slot: usize, host_pid: i32) -> Result<(), RegionError> {
+    if slot >= MAX_SLOTS {
+        return Err(RegionError::Invalid {
+            path: path.to_path_buf(),
+            reason: format!("slot {slot} out of range"),
+        });
+    }
+    let file = open_regular(path, true, REGION_LEN)?;
+    file.write_all_at(&host_pid.to_le_bytes(), host_pid_offset(slot) as u64)
+        .map_err(|source| RegionError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process;
+    use crate::region::Region;
+
+    fn devices() -> Vec<RegionDevice> {
+        vec![RegionDevice {
+            id: "GPU-test".into(),
+            memory_limit: 1 << 30,
+            core_limit: 30,
+            core_mode: 0,
+        }]
+    }
+
+    #[test]
+    fn a_copy_reads_what_the_mapping_holds_and_host_pids_go_in_by_pwrite() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        let slot = region.attach(&process::current()).expect("attach");
+        region.add_used(slot, 0, 12345);
+        let copy = RegionSnapshot::read(&path).expect("snapshot");
+        assert_eq!(copy.device_used(0), 12345);
+        assert_eq!(copy.devices(), devices());
+        assert_eq!(copy.processes().len(), 1);
+        let before = copy.processes()[0].host_pid;
+        assert_ne!(before, 4242);
+        write_host_pid(&path, slot.index(), 4242).expect("pwrite");
+        assert_eq!(region.processes()[0].host_pid, 4242, "the mapping sees the write");
+        assert_eq!(copy.processes()[0].host_pid, before, "the copy is private");
+    }
+
+    #[test]
+    fn truncated_foreign_and_special_files_are_refused_without_a_signal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        drop(Region::open(&path, &devices()).expect("open"));
+        let file = OpenOptions::new().write(true).open(&path).expect("open");
+        file.set_len(4096).expect("truncate");
+        assert!(matches!(RegionSnapshot::read(&path), Err(RegionError::Invalid { .. })));
+        assert!(write_host_pid(&path, 0, 1).is_err());
+        std::fs::write(&path, vec![0x5a; REGION_LEN]).expect("garbage");
+        assert!(matches!(RegionSnapshot::read(&path), Err(RegionError::Invalid { .. })));
+        let fifo = dir.path().join("fifo");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo on a NUL-terminated path we own.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        // A FIFO with no writer would block a plain open forever.
+        assert!(matches!(RegionSnapshot::read(&fifo), Err(RegionError::Invalid { .. })));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).expect("symlink");
+        assert!(matches!(RegionSnapshot::read(&link), Err(RegionError::Io { .. })));
+    }
+}
