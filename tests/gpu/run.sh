@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite, in one call on the H200 (device tool):
-#   tests/gpu/run.sh [PREFIX] [SECTION...]      SECTION: forward quota nvml limiter compat (default: all)
+#   tests/gpu/run.sh [PREFIX] [SECTION...]      SECTION: a file in sections/ (default: forward quota nvml limiter compat)
 # PREFIX is a `vgpu install` folder (default .carry/vgpu). Results go to $OUT (default
 # /tmp/vgpu-gpu-out): results.jsonl (one JSON object per check), the raw outputs, and a
 # short table printed last. Every step runs under `timeout`; a failed step is recorded,
