@@ -2,6 +2,7 @@
 //! (default `/etc/vgpu/vgpu.yaml`).
 //!
 //! ```yaml
+//! container_id: alloc-3f2a9c                 # who this container is (1-64 of [A-Za-z0-9._-])
 //! driver_dir: /usr/local/vgpu/driver/lib64   # where the real libcuda.so.1 / libnvidia-ml.so.1 are
 //! usage_region: /var/lib/vgpu/usage.region   # default: `usage.region` beside this file
 //! card_state_dir: /var/lib/vgpu/cards        # per-card compute state shared by containers (optional)
@@ -129,6 +130,12 @@ impl DeviceQuota {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The container's identity (1-64 characters of `[A-Za-z0-9._-]`): the device plugin
+    /// writes the allocation id, the DRA driver the claim uid and request, `vgpu run` a
+    /// name derived from `--state-dir`. Compute coordination identifies a container by
+    /// it, never by a path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_dir: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -211,6 +218,9 @@ impl Config {
 
     /// Checks the values serde cannot: ranges, exactly one selector, no duplicates.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(id) = &self.container_id {
+            validate_container_id(id).map_err(|why| format!("container_id: {why}"))?;
+        }
         if self.devices.len() > MAX_DEVICES {
             return Err(format!(
                 "devices: {} listed, at most {MAX_DEVICES} are supported",
@@ -307,6 +317,28 @@ impl Config {
     }
 }
 
+/// The longest `container_id`.
+pub const MAX_CONTAINER_ID_LEN: usize = 64;
+
+/// Whether `id` is a valid `container_id`: 1-64 characters of `[A-Za-z0-9._-]`.
+pub fn validate_container_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_CONTAINER_ID_LEN {
+        return Err(format!(
+            "`{id}` has {} characters, expected 1-{MAX_CONTAINER_ID_LEN}",
+            id.len()
+        ));
+    }
+    match id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        Some(bad) => Err(format!(
+            "`{id}` holds {bad:?}; only A-Z, a-z, 0-9, `.`, `_` and `-` are allowed"
+        )),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,6 +398,24 @@ mod tests {
             let err = parse(text).expect_err(text).to_string();
             assert!(err.contains(needle), "{text:?} gave {err}");
         }
+    }
+
+    #[test]
+    fn container_id_is_validated() {
+        let config = parse("container_id: alloc-3f2a.9c_1\n").expect("valid id");
+        assert_eq!(config.container_id.as_deref(), Some("alloc-3f2a.9c_1"));
+        assert_eq!(parse(&config.to_yaml()).expect("re-parse"), config);
+        let long = format!("container_id: {}\n", "a".repeat(65));
+        for text in [
+            "container_id: \"\"\n",
+            "container_id: a/b\n",
+            "container_id: \"a b\"\n",
+            long.as_str(),
+        ] {
+            let err = parse(text).expect_err(text).to_string();
+            assert!(err.contains("container_id"), "{text:?} gave {err}");
+        }
+        assert!(parse(&format!("container_id: {}\n", "a".repeat(64))).is_ok());
     }
 
     #[test]

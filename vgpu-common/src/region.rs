@@ -2,11 +2,15 @@
 //! written by every CUDA process of the container (through libcuda-shim) and read by
 //! the NVML shim and the host daemon.
 //!
-//! Layout (version 1), all little-endian, fixed size:
+//! Layout (version 2), all little-endian, fixed size:
 //! - a 4 KiB header: magic, version, a layout fingerprint, the length, the devices and
-//!   their limits, and a checksum over those immutable fields;
+//!   their limits, a checksum over those fields, and per device a block of 16 words
+//!   reserved for the compute limiter's container-wide state
+//!   ([`Region::container_limiter`]);
 //! - `MAX_SLOTS` process slots, one cache-line-aligned record each, holding the owner
-//!   (PID, state), its start time and PID namespace, and per-device counters.
+//!   (PID, state), its start time and PID namespace, per-device counters, and per device
+//!   4 words reserved for the limiter's per-process state ([`Region::slot_limiter`]).
+//!   The limiter defines what its words mean; this module only places them.
 //!
 //! Accounting is lock-free, so a process that dies at any instruction can never leave a
 //! lock held. To reserve, a process adds to its own slot and then sums every slot: the
@@ -27,7 +31,11 @@ use crate::process::{self, Identity};
 /// Process slots per container.
 pub const MAX_SLOTS: usize = 256;
 /// Layout version; bump on any change of the structs below.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// Words of the limiter's container-wide block, per device.
+pub const CONTAINER_LIMITER_WORDS: usize = 16;
+/// Words of the limiter's per-process block, per device.
+pub const SLOT_LIMITER_WORDS: usize = 4;
 const MAGIC: [u8; 8] = *b"VGPUREG\0";
 const HEADER_LEN: usize = 4096;
 const UUID_LEN: usize = 96;
@@ -70,7 +78,13 @@ pub(crate) struct Header {
     high_water: AtomicU32,
     _reserved: u32,
     devices: [DeviceRecord; MAX_DEVICES],
+    /// Reserved for the compute limiter: its container-wide words, per device.
+    limiter: LimiterBlock,
 }
+
+/// The header's limiter words, cache-line aligned.
+#[repr(C, align(64))]
+struct LimiterBlock([[AtomicU64; CONTAINER_LIMITER_WORDS]; MAX_DEVICES]);
 
 /// Per-process counters, one set per device.
 #[repr(C, align(64))]
@@ -90,6 +104,8 @@ pub(crate) struct Slot {
     busy_ns: [AtomicU64; MAX_DEVICES],
     /// Kernel launches seen.
     launches: [AtomicU64; MAX_DEVICES],
+    /// Reserved for the compute limiter: this process's words, per device.
+    limiter: [[AtomicU64; SLOT_LIMITER_WORDS]; MAX_DEVICES],
 }
 
 const SLOTS_OFFSET: usize = HEADER_LEN;
@@ -110,6 +126,10 @@ const fn layout_fingerprint() -> u64 {
         std::mem::size_of::<Header>() as u64,
         std::mem::size_of::<Slot>() as u64,
         std::mem::size_of::<DeviceRecord>() as u64,
+        std::mem::offset_of!(Header, limiter) as u64,
+        std::mem::offset_of!(Slot, limiter) as u64,
+        CONTAINER_LIMITER_WORDS as u64,
+        SLOT_LIMITER_WORDS as u64,
     ];
     let mut hash = FNV_OFFSET;
     let mut i = 0;
@@ -328,6 +348,9 @@ impl Region {
             slot.context[device].store(0, Ordering::SeqCst);
             slot.busy_ns[device].store(0, Ordering::SeqCst);
             slot.launches[device].store(0, Ordering::SeqCst);
+            for word in &slot.limiter[device] {
+                word.store(0, Ordering::SeqCst);
+            }
         }
     }
 
@@ -516,9 +539,7 @@ impl Region {
         }
         filled
     }
-
 }
-
 
 /// Read access to the bytes of a region, whether a live shared mapping ([`Region`]) or a
 /// private copy ([`crate::snapshot::RegionSnapshot`]): one set of readers for both, so
@@ -603,6 +624,30 @@ pub(crate) trait RegionBytes {
             .fold(0u64, u64::saturating_add)
     }
 
+    /// A copy of the limiter's container-wide words for `device` (zeros out of range).
+    fn container_limiter_words(&self, device: usize) -> [u64; CONTAINER_LIMITER_WORDS] {
+        let mut words = [0; CONTAINER_LIMITER_WORDS];
+        if let Some(block) = self.header().limiter.0.get(device) {
+            for (word, atomic) in words.iter_mut().zip(block) {
+                *word = atomic.load(Ordering::Acquire);
+            }
+        }
+        words
+    }
+
+    /// A copy of the limiter's words of slot `index` for `device` (zeros out of range).
+    fn slot_limiter_words(&self, index: usize, device: usize) -> [u64; SLOT_LIMITER_WORDS] {
+        let mut words = [0; SLOT_LIMITER_WORDS];
+        if index < MAX_SLOTS
+            && let Some(block) = self.slot(index).limiter.get(device)
+        {
+            for (word, atomic) in words.iter_mut().zip(block) {
+                *word = atomic.load(Ordering::Acquire);
+            }
+        }
+        words
+    }
+
     /// Every live process and its counters.
     fn processes(&self) -> Vec<ProcessUsage> {
         let device_count = self.header().device_count as usize;
@@ -653,7 +698,31 @@ impl Region {
     pub fn processes(&self) -> Vec<ProcessUsage> {
         RegionBytes::processes(self)
     }
+
+    /// The compute limiter's container-wide words for `device` (its own meaning; zero in
+    /// a new region). A `device` of `MAX_DEVICES` or more gets a process-local block of
+    /// zeros that no other process sees.
+    pub fn container_limiter(&self, device: usize) -> &[AtomicU64; CONTAINER_LIMITER_WORDS] {
+        match self.header().limiter.0.get(device) {
+            Some(block) => block,
+            None => &OUT_OF_RANGE_CONTAINER,
+        }
+    }
+
+    /// The compute limiter's words of this process's `slot` for `device` (zeroed when the
+    /// slot is claimed). Out-of-range devices get a process-local block, as above.
+    pub fn slot_limiter(&self, slot: SlotId, device: usize) -> &[AtomicU64; SLOT_LIMITER_WORDS] {
+        match self.slot(slot.0).limiter.get(device) {
+            Some(block) => block,
+            None => &OUT_OF_RANGE_SLOT,
+        }
+    }
 }
+
+static OUT_OF_RANGE_CONTAINER: [AtomicU64; CONTAINER_LIMITER_WORDS] =
+    [const { AtomicU64::new(0) }; CONTAINER_LIMITER_WORDS];
+static OUT_OF_RANGE_SLOT: [AtomicU64; SLOT_LIMITER_WORDS] =
+    [const { AtomicU64::new(0) }; SLOT_LIMITER_WORDS];
 
 #[cfg(test)]
 mod tests {
@@ -771,6 +840,43 @@ mod tests {
             "nothing left to fill: no scan"
         );
         region.detach(slot);
+    }
+
+    #[test]
+    fn limiter_words_are_shared_per_container_and_cleared_per_slot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        let (other, _) = Region::open(&path, &devices()).expect("second mapping");
+        let me = process::current();
+        let slot = region.attach(&me).expect("attach");
+        region.container_limiter(0)[15].store(77, Ordering::SeqCst);
+        region.slot_limiter(slot, 0)[3].store(5, Ordering::SeqCst);
+        assert_eq!(other.container_limiter(0)[15].load(Ordering::SeqCst), 77);
+        assert_eq!(other.slot_limiter(slot, 0)[3].load(Ordering::SeqCst), 5);
+        assert_eq!(other.container_limiter(1)[15].load(Ordering::SeqCst), 0);
+        // Out of range: a private block, never another device's words.
+        region.container_limiter(MAX_DEVICES)[0].store(9, Ordering::SeqCst);
+        assert_eq!(
+            region.container_limiter(MAX_DEVICES - 1)[0].load(Ordering::SeqCst),
+            0
+        );
+        // A slot is handed out with its limiter words zeroed.
+        region.detach(slot);
+        let again = region.attach(&me).expect("attach again");
+        assert_eq!(region.slot_limiter(again, 0)[3].load(Ordering::SeqCst), 0);
+        assert_eq!(region.container_limiter(0)[15].load(Ordering::SeqCst), 77);
+    }
+
+    #[test]
+    fn layout_version_2_sizes() {
+        assert_eq!(VERSION, 2);
+        assert_eq!(std::mem::size_of::<Slot>() % 64, 0);
+        assert_eq!(std::mem::offset_of!(Header, limiter) % 64, 0);
+        assert_eq!(
+            REGION_LEN,
+            HEADER_LEN + MAX_SLOTS * std::mem::size_of::<Slot>()
+        );
     }
 
     #[test]
