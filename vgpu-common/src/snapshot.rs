@@ -12,22 +12,16 @@
 //! into a region, a slot's host PID, goes in with `pwrite(2)`, which a truncation can
 //! only make fail.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::mapped::{self, Access};
 use crate::region::{
-    CONTAINER_LIMITER_WORDS, MAX_SLOTS, ProcessUsage, REGION_LEN, RegionBytes, RegionDevice,
-    RegionError, SLOT_LIMITER_WORDS, host_pid_offset,
+    Block, CONTAINER_LIMITER_WORDS, MAX_SLOTS, ProcessUsage, REGION_LEN, RegionBytes, RegionDevice,
+    RegionError, SLOT_LIMITER_WORDS, aligned_zeroed, bytes_of, host_pid_offset,
 };
-
-/// One 64-byte-aligned block of the copy (the region's slots are 64-byte aligned).
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Block([u8; 64]);
-
-const _: () = assert!(REGION_LEN.is_multiple_of(64));
 
 /// A validated private copy of a usage region.
 pub struct RegionSnapshot {
@@ -44,27 +38,35 @@ impl RegionBytes for RegionSnapshot {
 /// Opens a tenant-writable file for the host without following a link or blocking on a
 /// FIFO, and refuses anything that is not a regular file of `len` bytes.
 fn open_regular(path: &Path, write: bool, len: usize) -> Result<File, RegionError> {
-    let io_error = |source: io::Error| RegionError::Io {
-        path: path.to_path_buf(),
-        source,
+    let access = Access {
+        write,
+        create: false,
+        follow_links: false,
     };
-    let file = OpenOptions::new()
-        .read(!write)
-        .write(write)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(io_error)?;
-    let meta = file.metadata().map_err(io_error)?;
-    if !meta.file_type().is_file() {
+    let file = mapped::open_regular(path, access).map_err(|source| {
+        if source.kind() == io::ErrorKind::InvalidInput {
+            RegionError::Invalid {
+                path: path.to_path_buf(),
+                reason: "not a regular file".into(),
+            }
+        } else {
+            RegionError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })?;
+    let actual = file
+        .metadata()
+        .map_err(|source| RegionError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    if actual != len as u64 {
         return Err(RegionError::Invalid {
             path: path.to_path_buf(),
-            reason: "not a regular file".into(),
-        });
-    }
-    if meta.len() != len as u64 {
-        return Err(RegionError::Invalid {
-            path: path.to_path_buf(),
-            reason: format!("length {}, expected {len}", meta.len()),
+            reason: format!("length {actual}, expected {len}"),
         });
     }
     Ok(file)
@@ -73,27 +75,29 @@ fn open_regular(path: &Path, write: bool, len: usize) -> Result<File, RegionErro
 impl RegionSnapshot {
     /// Copies the region at `path` and validates the copy.
     pub fn read(path: &Path) -> Result<RegionSnapshot, RegionError> {
-        let mut file = open_regular(path, false, REGION_LEN)?;
-        let mut blocks = vec![Block([0; 64]); REGION_LEN / 64].into_boxed_slice();
-        // SAFETY: `blocks` is REGION_LEN initialised bytes that we own exclusively; the
-        // slice covers exactly them, and u8 has no invalid values.
-        let bytes =
-            unsafe { std::slice::from_raw_parts_mut(blocks.as_mut_ptr().cast::<u8>(), REGION_LEN) };
-        // A file truncated after the length check reads short: that is an error, never
-        // a partly zeroed snapshot.
-        file.read_exact(bytes).map_err(|source| RegionError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let snapshot = RegionSnapshot {
-            blocks,
-            path: path.to_path_buf(),
-        };
+        let file = open_regular(path, false, REGION_LEN)?;
+        let snapshot = RegionSnapshot::read_file(&file, path)?;
         RegionBytes::check(&snapshot).map_err(|reason| RegionError::Invalid {
             path: path.to_path_buf(),
             reason,
         })?;
         Ok(snapshot)
+    }
+
+    /// Copies an open region file (not validated yet).
+    pub(crate) fn read_file(file: &File, path: &Path) -> Result<RegionSnapshot, RegionError> {
+        let mut blocks = aligned_zeroed(REGION_LEN);
+        // A file truncated after the length check reads short: that is an error, never
+        // a partly zeroed snapshot.
+        file.read_exact_at(bytes_of(&mut blocks), 0)
+            .map_err(|source| RegionError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(RegionSnapshot {
+            blocks,
+            path: path.to_path_buf(),
+        })
     }
 
     /// Where the copy came from.
@@ -195,7 +199,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("r");
         drop(Region::open(&path, &devices()).expect("open"));
-        let file = OpenOptions::new().write(true).open(&path).expect("open");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
         file.set_len(4096).expect("truncate");
         assert!(matches!(
             RegionSnapshot::read(&path),
