@@ -76,6 +76,26 @@ impl SimHost {
         self.apply(&mut cmd).output().expect("spawn vgpu run")
     }
 
+    /// `vgpu run --simulate ARGS... -- python3 tests/clients/SCRIPT CLIENT_ARGS...`, which
+    /// must succeed; its `RESULT` object.
+    pub fn python_result(
+        &self,
+        vgpu_args: &[&str],
+        script: &str,
+        client_args: &[&str],
+    ) -> serde_json::Value {
+        let script = client(script);
+        let mut command = vec!["python3", script.as_str()];
+        command.extend_from_slice(client_args);
+        let output = self.run(vgpu_args, &command);
+        assert!(
+            output.status.success(),
+            "stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        result_json(&output)
+    }
+
     /// A sim driver folder outside any container (for a "neighbour" process).
     pub fn bare_driver_dir(&self) -> PathBuf {
         let dir = self.dir.path().join("bare-driver");

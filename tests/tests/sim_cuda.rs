@@ -8,16 +8,7 @@ use vgpu_common::region::Region;
 use vgpu_tests::{GIB, MIB, SimHost, artifact, client, require_python, result_json};
 
 fn cuda(host: &SimHost, vgpu_args: &[&str], mode_and_args: &[&str]) -> serde_json::Value {
-    let script = client("cuda_check.py");
-    let mut command = vec!["python3", script.as_str()];
-    command.extend_from_slice(mode_and_args);
-    let output = host.run(vgpu_args, &command);
-    assert!(
-        output.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    result_json(&output)
+    host.python_result(vgpu_args, "cuda_check.py", mode_and_args)
 }
 
 #[test]
