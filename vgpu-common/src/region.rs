@@ -121,9 +121,63 @@ pub(crate) struct Slot {
 
 const SLOTS_OFFSET: usize = HEADER_LEN;
 
+/// Byte offset of slot `index` in the file.
+fn slot_offset(index: usize) -> u64 {
+    (SLOTS_OFFSET + index * std::mem::size_of::<Slot>()) as u64
+}
+
 /// Byte offset of slot `index`'s host PID in the file (for `pwrite` by the host).
 pub(crate) fn host_pid_offset(index: usize) -> usize {
-    SLOTS_OFFSET + index * std::mem::size_of::<Slot>() + std::mem::offset_of!(Slot, host_pid)
+    slot_offset(index) as usize + std::mem::offset_of!(Slot, host_pid)
+}
+
+/// Frees slot `index` of an open region file with `pread`/`pwrite` if its owner word is
+/// still `owner`: marks it reclaiming, zeroes its counters (crediting its usage back),
+/// clears its host PID, marks it free with the claim's nonce kept. Not atomic against a
+/// concurrent reclaimer of the same slot: only for a caller that is the one judge of
+/// the slot (the init of a PID namespace whose processes are all gone).
+pub(crate) fn free_slot_by_io(file: &std::fs::File, index: usize, owner: u64) -> io::Result<bool> {
+    if index >= MAX_SLOTS {
+        return Ok(false);
+    }
+    let base = slot_offset(index);
+    let owner_at = base + std::mem::offset_of!(Slot, owner) as u64;
+    let mut now = [0u8; 8];
+    file.read_exact_at(&mut now, owner_at)?;
+    if u64::from_le_bytes(now) != owner {
+        return Ok(false);
+    }
+    file.write_all_at(&with_state(owner, STATE_RECLAIMING).to_le_bytes(), owner_at)?;
+    let counters = std::mem::offset_of!(Slot, used);
+    let zeros = vec![0u8; std::mem::size_of::<Slot>() - counters];
+    file.write_all_at(&zeros, base + counters as u64)?;
+    file.write_all_at(&0i32.to_le_bytes(), host_pid_offset(index) as u64)?;
+    let free = owner_word(0, nonce_of(owner), STATE_FREE);
+    file.write_all_at(&free.to_le_bytes(), owner_at)?;
+    Ok(true)
+}
+
+/// The slots a reader in PID namespace `my_ns` can tell are dead, with their owner words.
+pub(crate) fn dead_slots(bytes: &impl RegionBytes, my_ns: u64) -> Vec<(usize, u64)> {
+    (0..bytes.scan_end())
+        .filter_map(|index| {
+            let slot = bytes.slot(index);
+            let owner = slot.owner.load(Ordering::SeqCst);
+            let state = state_of(owner);
+            if state != STATE_LIVE && state != STATE_CLAIMING {
+                return None;
+            }
+            let liveness = judge(
+                pid_of(owner),
+                state == STATE_CLAIMING,
+                slot.start_time.load(Ordering::SeqCst),
+                slot.pid_ns.load(Ordering::SeqCst),
+                slot.host_pid.load(Ordering::SeqCst),
+                my_ns,
+            );
+            (liveness == Liveness::Dead).then_some((index, owner))
+        })
+        .collect()
 }
 /// Bytes of a region file.
 pub const REGION_LEN: usize = SLOTS_OFFSET + MAX_SLOTS * std::mem::size_of::<Slot>();
@@ -838,27 +892,10 @@ impl Region {
     /// compare-and-swap. Returns how many were freed.
     pub fn reclaim_dead(&self) -> usize {
         let my_ns = process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0);
-        let mut freed = 0;
-        for index in 0..self.scan_end() {
-            let slot = self.slot(index);
-            let owner = slot.owner.load(Ordering::SeqCst);
-            let state = state_of(owner);
-            if state != STATE_LIVE && state != STATE_CLAIMING {
-                continue;
-            }
-            let liveness = judge(
-                pid_of(owner),
-                state == STATE_CLAIMING,
-                slot.start_time.load(Ordering::SeqCst),
-                slot.pid_ns.load(Ordering::SeqCst),
-                slot.host_pid.load(Ordering::SeqCst),
-                my_ns,
-            );
-            if liveness == Liveness::Dead && self.free_slot(index, owner) {
-                freed += 1;
-            }
-        }
-        freed
+        dead_slots(self, my_ns)
+            .into_iter()
+            .filter(|&(index, owner)| self.free_slot(index, owner))
+            .count()
     }
 
     /// Fills the host PID of live slots whose owner runs in another PID namespace, for

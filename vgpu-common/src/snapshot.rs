@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use crate::mapped::{self, Access};
 use crate::region::{
     Block, CONTAINER_LIMITER_WORDS, MAX_SLOTS, ProcessUsage, REGION_LEN, RegionBytes, RegionDevice,
-    RegionError, SLOT_LIMITER_WORDS, aligned_zeroed, bytes_of, host_pid_offset,
+    RegionError, SLOT_LIMITER_WORDS, aligned_zeroed, bytes_of, free_slot_by_io, host_pid_offset,
 };
 
 /// A validated private copy of a usage region.
@@ -133,6 +133,32 @@ impl RegionSnapshot {
     }
 }
 
+/// Frees, with `pread`/`pwrite` on the file at `path` (never a mapping), the slots of
+/// processes that are gone as this process's PID namespace sees them (the rules of
+/// `Region::reclaim_dead`): what the init of a PID namespace does once it has killed
+/// and reaped every other process of it, so that their usage comes back even though no
+/// process outside can judge them. Not atomic against another reclaimer of the same
+/// slots. Returns how many it freed.
+pub fn reclaim_dead(path: &Path) -> Result<usize, RegionError> {
+    let file = open_regular(path, true, REGION_LEN)?;
+    let copy = RegionSnapshot::read_file(&file, path)?;
+    RegionBytes::check(&copy).map_err(|reason| RegionError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    })?;
+    let my_ns = crate::process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0);
+    let mut freed = 0;
+    for (index, owner) in crate::region::dead_slots(&copy, my_ns) {
+        if free_slot_by_io(&file, index, owner).map_err(|source| RegionError::Io {
+            path: path.to_path_buf(),
+            source,
+        })? {
+            freed += 1;
+        }
+    }
+    Ok(freed)
+}
+
 /// Writes the host PID of slot `slot` into the region at `path` with `pwrite(2)`. Only
 /// for a slot a snapshot of that file showed live.
 pub fn write_host_pid(path: &Path, slot: usize, host_pid: i32) -> Result<(), RegionError> {
@@ -192,6 +218,36 @@ mod tests {
         assert_eq!(copy.slot_limiter(slot.index(), 0)[1], 42);
         assert_eq!(copy.slot_limiter(crate::region::MAX_SLOTS, 0), [0; 4]);
         assert_eq!(copy.container_limiter(99), [0; 16]);
+    }
+
+    #[test]
+    fn dead_slots_are_freed_by_file_io() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        let me = process::current();
+        let live = region.attach(&me).expect("attach");
+        region.add_used(live, 0, 7);
+        let ghost = region
+            .attach(&process::Identity {
+                start_time: me.start_time + 1,
+                ..me
+            })
+            .expect("attach ghost");
+        region.add_used(ghost, 0, 1000);
+        assert_eq!(reclaim_dead(&path).expect("reclaim"), 1);
+        assert_eq!(region.device_used(0), 7, "the ghost's usage came back");
+        assert_eq!(region.processes().len(), 1);
+        // The freed slot is claimed anew, by CAS, as any free one.
+        let again = region
+            .attach(&process::Identity {
+                start_time: me.start_time + 2,
+                ..me
+            })
+            .expect("claim the freed slot");
+        assert_eq!(again.index(), ghost.index());
+        assert_eq!(reclaim_dead(&path).expect("reclaim"), 1);
+        assert_eq!(reclaim_dead(&path).expect("nothing left"), 0);
     }
 
     #[test]
