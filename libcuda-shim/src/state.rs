@@ -260,8 +260,9 @@ impl Enforcer {
         self.visible(handle).ok_or(CUDA_ERROR_INVALID_DEVICE)
     }
 
-    /// Bytes the container holds on a device, after crediting back what dead processes
-    /// held and settling this process's pools (what `cuMemGetInfo` answers from).
+    /// Bytes the container holds on a device, after crediting back what processes that
+    /// are gone held (one `kill(pid, 0)` per other process) and settling this process's
+    /// pools (what `cuMemGetInfo` answers from).
     pub fn used(&self, device: &Visible) -> u64 {
         let process = process_state(self);
         let Some(slot) = process.slot else {
@@ -271,7 +272,7 @@ impl Enforcer {
                 self.region.device_used(device.region_index)
             };
         };
-        self.region.reclaim_dead();
+        self.region.reclaim_gone(slot, process.pid_ns);
         self.settle_pools(process, slot, Some(device.region_index));
         self.sync_with_driver(process, slot, device);
         self.region.device_used(device.region_index)
@@ -686,9 +687,10 @@ impl Enforcer {
             return CUDA_ERROR_OUT_OF_MEMORY;
         };
         let (index, limit) = (device.region_index, self.limit(device));
-        pools.know(pool, index);
-        // A pool seen for the first time may hold memory already.
-        self.apply(slot, pools.settle(pool, &RealPools));
+        if pools.know(pool, index) {
+            // A pool seen for the first time may hold memory already.
+            self.apply(slot, pools.settle(pool, &RealPools));
+        }
         let bound = pool_growth_bound(bytes);
         let held = if self.region.try_reserve(slot, index, bound, limit)
             || self.reserve_making_room(process, slot, device, bound, &mut pools)

@@ -898,6 +898,29 @@ impl Region {
             .count()
     }
 
+    /// The cheap half of [`Region::reclaim_dead`], for every `cuMemGetInfo`: frees the
+    /// slots of our PID namespace `my_ns` (but `mine`) whose PID no longer exists, one
+    /// `kill(pid, 0)` each. A reused PID or an unreaped zombie waits for the full check,
+    /// which runs before any refusal.
+    pub fn reclaim_gone(&self, mine: SlotId, my_ns: u64) -> usize {
+        let mut freed = 0;
+        for index in 0..self.scan_end() {
+            if index == mine.index {
+                continue;
+            }
+            let slot = self.slot(index);
+            let owner = slot.owner.load(Ordering::SeqCst);
+            if state_of(owner) == STATE_LIVE
+                && slot.pid_ns.load(Ordering::SeqCst) == my_ns
+                && process::pid_is_gone(pid_of(owner))
+                && self.free_slot(index, owner)
+            {
+                freed += 1;
+            }
+        }
+        freed
+    }
+
     /// Fills the host PID of live slots whose owner runs in another PID namespace, for
     /// readers that see host PIDs (NVML inside a container reports them): a process in
     /// `proc_root` (the host's `/proc`) whose PID namespace is the slot's, whose innermost
@@ -1344,6 +1367,41 @@ mod tests {
             Region::open(&fifo, &devices()),
             Err(RegionError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn gone_pids_are_freed_cheaply_and_ours_never() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (region, _) = Region::open(&dir.path().join("r"), &devices()).expect("open");
+        let me = process::current();
+        let mine = region.attach(&me).expect("attach");
+        region.add_used(mine, 0, 1);
+        // SAFETY: fork in a test; the child exits at once and is reaped below.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: leaving the forked child.
+            unsafe { libc::_exit(0) };
+        }
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+        let gone = region
+            .attach(&Identity { pid: child, ..me })
+            .expect("attach");
+        region.add_used(gone, 0, 100);
+        let elsewhere = region
+            .attach(&Identity {
+                pid: child,
+                pid_ns: me.pid_ns + 1,
+                ..me
+            })
+            .expect("attach");
+        region.add_used(elsewhere, 0, 1000);
+        assert_eq!(region.reclaim_gone(mine, me.pid_ns), 1);
+        assert_eq!(
+            region.device_used(0),
+            1001,
+            "ours and the other namespace's stay"
+        );
     }
 
     #[test]

@@ -63,17 +63,20 @@ impl PoolTable {
             .find(|e| e.pool == pool && !e.destroyed)
     }
 
-    /// Makes `pool` (of device `region_index`) known, with nothing counted yet.
-    pub fn know(&mut self, pool: usize, region_index: usize) {
-        if self.entry(pool).is_none() {
-            self.entries.push(Entry {
-                pool,
-                region_index,
-                counted: 0,
-                outstanding: 0,
-                destroyed: false,
-            });
+    /// Makes `pool` (of device `region_index`) known, with nothing counted yet; true if
+    /// it was not known before.
+    pub fn know(&mut self, pool: usize, region_index: usize) -> bool {
+        if self.entry(pool).is_some() {
+            return false;
         }
+        self.entries.push(Entry {
+            pool,
+            region_index,
+            counted: 0,
+            outstanding: 0,
+            destroyed: false,
+        });
+        true
     }
 
     /// Sets `pool`'s counted bytes to what the driver says it has reserved; the
