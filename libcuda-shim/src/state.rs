@@ -394,7 +394,7 @@ impl Enforcer {
             return Ok(ticket);
         }
         let reserved = match process.pools.lock() {
-            Ok(mut pools) => self.reserve_making_room(process, slot, device, bytes, &mut pools),
+            Ok(mut pools) => self.reserve_making_room(slot, device, bytes, &mut pools),
             Err(_) => false,
         };
         if reserved {
@@ -413,7 +413,6 @@ impl Enforcer {
     /// reserved.
     fn reserve_making_room(
         &self,
-        process: &ProcessState,
         slot: SlotId,
         device: &Visible,
         bytes: u64,
@@ -438,7 +437,6 @@ impl Enforcer {
             self.apply(slot, pools.trim_all(index, &RealPools));
             return self.region.try_reserve(slot, index, bytes, limit);
         }
-        let _ = process;
         false
     }
 
@@ -693,7 +691,7 @@ impl Enforcer {
         }
         let bound = pool_growth_bound(bytes);
         let held = if self.region.try_reserve(slot, index, bound, limit)
-            || self.reserve_making_room(process, slot, device, bound, &mut pools)
+            || self.reserve_making_room(slot, device, bound, &mut pools)
         {
             bound
         } else if pool_has_room(pool, bytes) {
@@ -983,9 +981,17 @@ fn process_state(enforcer: &Enforcer) -> &'static ProcessState {
             std::thread::yield_now();
             continue;
         }
+        /// Lets the next builder in even if building panics (the hook's guard catches it).
+        struct Built;
+        impl Drop for Built {
+            fn drop(&mut self) {
+                BUILDING.store(0, Ordering::Release);
+            }
+        }
+        let built = Built;
         let fresh = Box::into_raw(Box::new(build_process_state(enforcer, generation)));
         PROCESS.store(fresh, Ordering::Release);
-        BUILDING.store(0, Ordering::Release);
+        drop(built);
         // SAFETY: `fresh` was just leaked above and is never freed.
         return unsafe { &*fresh };
     }
