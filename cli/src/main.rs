@@ -3,6 +3,7 @@
 
 mod artifacts;
 mod install;
+mod pidns;
 mod probe;
 mod run;
 mod smi;

@@ -6,7 +6,12 @@
 //! covered), bind-mounts the shims over every path where the dynamic loader finds
 //! `libcuda.so.1` and `libnvidia-ml.so.1` (LD_LIBRARY_PATH folders and ld.so.cache
 //! entries, exactly what the device plugin's mounts cover in a container), then runs the
-//! command, waits for it and removes the work folder.
+//! command in a new PID namespace of its own, as a pod's container has (`pidns`; opt out
+//! with `--host-pid`), waits for it and removes the work folder.
+//!
+//! The usage region is created (or, for a running container sharing `--state-dir`,
+//! updated: a new quota keeps every process's usage) with file I/O only, never a
+//! mapping, like the device plugin does.
 
 use std::ffi::CString;
 use std::os::unix::process::ExitStatusExt;
@@ -14,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use vgpu_common::region::{OpenOutcome, Region};
 use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota};
 
 use crate::artifacts::{Artifacts, sim_driver_folder};
@@ -46,6 +52,10 @@ pub struct RunArgs {
     /// Keep the work folder afterwards.
     #[arg(long)]
     keep: bool,
+    /// Run the command in vgpu run's own PID namespace instead of a new one (by
+    /// default it gets its own, as in a pod, and sees only its own processes).
+    #[arg(long)]
+    host_pid: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -285,6 +295,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     let plan = plan(args, &artifacts, &work.path)?;
 
     let quota_given = args.memory.is_some() || args.cores.is_some() || !args.devices.is_empty();
+    let mut region = None;
     let mut command = Command::new(&args.command[0]);
     command.args(&args.command[1..]);
     if quota_given {
@@ -297,15 +308,31 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             .iter()
             .map(|text| parse_device(text, args.memory, args.cores, args.core_mode))
             .collect::<Result<Vec<_>>>()?;
+        let region_path = work.path.join("usage.region");
         let config = Config {
+            container_id: Some(container_id(args.state_dir.as_deref(), &work.path)),
             driver_dir: Some(plan.driver_dir.clone()),
-            usage_region: Some(work.path.join("usage.region")),
+            usage_region: Some(region_path.clone()),
             devices,
             ..Config::default()
         };
         config
             .validate()
             .map_err(|message| anyhow::anyhow!("quota: {message}"))?;
+        // Before the config: a region that live processes hold but cannot keep (other
+        // devices, damage) is refused here, and the running container is left as it is.
+        match Region::create_file(&region_path, &config.region_devices())? {
+            OpenOutcome::Rebuilt(reason) => eprintln!(
+                "vgpu run: usage region {} was rebuilt (no live process held it): {reason}",
+                region_path.display()
+            ),
+            OpenOutcome::LimitsUpdated => eprintln!(
+                "vgpu run: new limits for the running container in {}; its usage is kept",
+                work.path.display()
+            ),
+            OpenOutcome::Created | OpenOutcome::Attached => {}
+        }
+        region = Some(region_path);
         let config_path = work.path.join("vgpu.yaml");
         // Through a rename: other processes of a shared --state-dir may be reading it.
         let staging = work
@@ -342,6 +369,24 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         bind(shim, public)?;
     }
 
+    let status = if args.host_pid {
+        run_here(&mut command, &args.command[0])
+    } else {
+        crate::pidns::run(command, region)
+    };
+    // Mount points cannot be removed: detach our private binds before the work folder goes.
+    for (_, private) in &plan.private_binds {
+        if let Ok(target) = c_path(private) {
+            // SAFETY: unmounting a bind we made; failure only leaves it to the namespace's end.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+    status
+}
+
+/// Runs the command in this PID namespace (`--host-pid`), waits for it and returns its
+/// exit code.
+fn run_here(command: &mut Command, program: &str) -> Result<i32> {
     // SAFETY: installing a handler (not SIG_IGN, which exec would inherit) so that ^C
     // reaches the command while we stay to clean up.
     unsafe {
@@ -356,18 +401,37 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     }
     let status = command
         .status()
-        .with_context(|| format!("cannot run {}", args.command[0]));
-    // Mount points cannot be removed: detach our private binds before the work folder goes.
-    for (_, private) in &plan.private_binds {
-        if let Ok(target) = c_path(private) {
-            // SAFETY: unmounting a bind we made; failure only leaves it to the namespace's end.
-            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-        }
-    }
-    let status = status?;
+        .with_context(|| format!("cannot run {program}"))?;
     Ok(status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+/// The container's `container_id`: from `--state-dir` (its last component, made of the
+/// allowed characters, and a hash of the whole path, so two runs sharing the folder are
+/// one container and two folders of one name are two), else from the fresh work folder.
+fn container_id(state_dir: Option<&Path>, work: &Path) -> String {
+    let path = state_dir.unwrap_or(work);
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let hash = vgpu_common::mapped::fnv1a(
+        canonical.as_os_str().as_encoded_bytes(),
+        vgpu_common::mapped::FNV_OFFSET,
+    );
+    let name: String = canonical
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    format!("run-{name}-{hash:016x}")
 }
 
 #[cfg(test)]
@@ -394,5 +458,28 @@ mod tests {
         assert!(parse_device("0:color=red", None, None, CoreMode::Hard).is_err());
         assert!(parse_device("", None, None, CoreMode::Hard).is_err());
         assert!(parse_device("0:memory=lots", None, None, CoreMode::Hard).is_err());
+    }
+
+    #[test]
+    fn container_ids_follow_the_state_dir_and_are_valid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("my pod!");
+        let b = dir.path().join("other");
+        std::fs::create_dir_all(&a).expect("mkdir");
+        std::fs::create_dir_all(&b).expect("mkdir");
+        let id = container_id(Some(&a), &b);
+        assert!(id.starts_with("run-my_pod_-"), "{id}");
+        assert_eq!(
+            id,
+            container_id(Some(&a), Path::new("/tmp/elsewhere")),
+            "one folder, one id"
+        );
+        assert_ne!(id, container_id(Some(&b), &b));
+        assert_eq!(container_id(None, &b), container_id(Some(&b), &a));
+        let long = dir.path().join("x".repeat(200));
+        std::fs::create_dir_all(&long).expect("mkdir");
+        for id in [id, container_id(Some(&long), &a)] {
+            vgpu_common::config::validate_container_id(&id).expect("valid");
+        }
     }
 }

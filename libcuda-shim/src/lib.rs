@@ -15,6 +15,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod cuda;
+mod ledger;
 mod limiter;
 mod forward {
     include!(concat!(env!("OUT_DIR"), "/forward.rs"));

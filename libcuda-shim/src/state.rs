@@ -1,6 +1,8 @@
 //! What the shim knows: the real driver, the policy from the config (forward only,
 //! fail closed, or enforce), the visible devices, the usage region and this process's
-//! own allocations.
+//! own ledger: single allocations, VMM handles and memory pools (the last two in
+//! `crate::ledger`), context overhead, and what the driver holds beyond all that
+//! (reconciled with NVML's figure for the process, in any PID namespace).
 //!
 //! Per-process state (the region slot and the allocation table) is rebuilt in a forked
 //! child: the fork handler only bumps a counter (async-signal-safe), and the first hook
@@ -10,17 +12,20 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use vgpu_abi::nvml::ProcessInfoV1;
 use vgpu_common::config::Config;
 use vgpu_common::config::MAX_DEVICES;
-use vgpu_common::region::{OpenOutcome, Region, SlotId};
+use vgpu_common::region::{self, OpenOutcome, ProcessUsage, Region, RegionError, SlotId};
 use vgpu_common::{CoreMode, DeviceSelector, process};
 use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
 
 use crate::cuda::*;
 use crate::forward::{self, SLOTS};
+use crate::ledger::pools::{Change, PoolDriver, PoolTable};
+use crate::ledger::vmm::{Freed, VmmTable};
 use crate::{debug, stubs};
 
 /// Calls the real function behind export `$name` (see `vgpu_shimgen::call_real`).
@@ -45,6 +50,9 @@ pub struct Enforcer {
     pub region: Region,
     pub driver_dir: PathBuf,
     devices: OnceLock<Vec<Visible>>,
+    /// The container's region is damaged or foreign while live processes hold it:
+    /// this process refuses every allocation rather than count outside it.
+    refused: bool,
 }
 
 /// A device the container may use.
@@ -103,31 +111,37 @@ impl Enforcer {
     fn new(config: Config, config_path: PathBuf, driver_dir: PathBuf) -> Option<Enforcer> {
         let devices = config.region_devices();
         let region_path = config.resolved_region_path(&config_path);
-        let region = match Region::open(&region_path, &devices) {
+        let (region, refused) = match Region::open(&region_path, &devices) {
             Ok((region, outcome)) => {
                 if let OpenOutcome::Rebuilt(reason) = outcome {
                     runtime::notice(
                         "cuda",
                         format_args!(
-                            "usage region {} was rebuilt: {reason}",
+                            "usage region {} was rebuilt (no live process held it): {reason}",
                             region_path.display()
                         ),
                     );
                 }
-                region
+                (region, false)
             }
             Err(err) => {
-                // The quota must still hold inside this process.
+                // Held: another process's usage is in there, so counting apart from it
+                // would pass the quota; refuse. Unopenable: the quota must still hold
+                // inside this process.
+                let held = matches!(err, RegionError::Held { .. });
+                let effect = if held {
+                    "every allocation of this process is refused"
+                } else {
+                    "enforcing the quota for this process alone"
+                };
                 let private = std::env::temp_dir()
                     .join(format!("vgpu-private-{}.region", std::process::id()));
+                let _ = std::fs::remove_file(&private);
                 match Region::open(&private, &devices) {
                     Ok((region, _)) => {
                         let _ = std::fs::remove_file(&private);
-                        runtime::notice(
-                            "cuda",
-                            format_args!("{err}; enforcing the quota for this process alone"),
-                        );
-                        region
+                        runtime::notice("cuda", format_args!("{err}; {effect}"));
+                        (region, held)
                     }
                     Err(second) => {
                         runtime::notice(
@@ -144,6 +158,7 @@ impl Enforcer {
             region,
             driver_dir,
             devices: OnceLock::new(),
+            refused,
         })
     }
 
@@ -245,24 +260,48 @@ impl Enforcer {
         self.visible(handle).ok_or(CUDA_ERROR_INVALID_DEVICE)
     }
 
-    /// Bytes the container holds on a device.
+    /// Bytes the container holds on a device, after crediting back what processes that
+    /// are gone held (one `kill(pid, 0)` per other process) and settling this process's
+    /// pools (what `cuMemGetInfo` answers from).
     pub fn used(&self, device: &Visible) -> u64 {
         let process = process_state(self);
-        if let Some(slot) = process.slot {
-            self.sync_with_driver(process, slot, device);
-        }
+        let Some(slot) = process.slot else {
+            return if self.refused {
+                device.memory_limit
+            } else {
+                self.region.device_used(device.region_index)
+            };
+        };
+        self.region.reclaim_gone(slot, process.pid_ns);
+        self.settle_pools(process, slot, Some(device.region_index));
+        self.sync_with_driver(process, slot, device);
         self.region.device_used(device.region_index)
     }
 
-    /// At most every `SYNC_INTERVAL_NS`, counts what the driver holds for this process
-    /// beyond its counted allocations and contexts (module code the driver loads after
-    /// the context exists, for one), from NVML's own figure for the process. Best
-    /// effort: skipped when NVML cannot see our PID (a PID namespace), when another
-    /// thread is at it, or when NVML is unavailable.
-    fn sync_with_driver(&self, process: &ProcessState, slot: SlotId, device: &Visible) {
-        if !process.pid_is_host_pid {
-            return;
+    /// This process as the NVML matching rule sees it.
+    fn me(&self, process: &ProcessState, slot: Option<SlotId>) -> ProcessUsage {
+        ProcessUsage {
+            slot: slot.map_or(0, SlotId::index),
+            // SAFETY: getpid has no preconditions.
+            pid: unsafe { libc::getpid() },
+            host_pid: slot.map_or(0, |slot| self.region.slot_host_pid(slot)),
+            start_time: 0,
+            pid_ns: process.pid_ns,
+            used: Vec::new(),
+            context: Vec::new(),
+            busy_ns: Vec::new(),
+            launches: Vec::new(),
         }
+    }
+
+    /// At most every `SYNC_INTERVAL_NS`, counts what the driver holds for this process
+    /// beyond its counted allocations, pools, VMM handles and contexts (module code the
+    /// driver loads after the context exists, for one), from NVML's own figure for the
+    /// process: found under our own PID (driver 580 answers in the caller's PID
+    /// namespace) or under the host PID the host recorded in our slot (older drivers
+    /// report host PIDs). Best effort: skipped when NVML lists us under neither, when
+    /// another thread is at it, or when NVML is unavailable.
+    fn sync_with_driver(&self, process: &ProcessState, slot: SlotId, device: &Visible) {
         let now = monotonic_ns();
         let last = process.last_sync_ns.load(Ordering::Relaxed);
         if now.saturating_sub(last) < SYNC_INTERVAL_NS
@@ -287,12 +326,11 @@ impl Enforcer {
                 cache.len() - 1
             }
         };
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() } as u64;
+        let me = self.me(process, Some(slot));
         let Some(own) = cache[position]
             .1
             .as_ref()
-            .and_then(|nvml| nvml.process_used(pid))
+            .and_then(|nvml| nvml.process_used(&me))
         else {
             return;
         };
@@ -327,47 +365,100 @@ impl Enforcer {
         }
     }
 
-    /// Reserves `bytes` on `device` for this process, or says why not.
+    /// The quota that reservations on `device` are checked against.
+    fn limit(&self, device: &Visible) -> u64 {
+        if self.config.memory_oversubscribe {
+            u64::MAX
+        } else {
+            device.memory_limit
+        }
+    }
+
+    /// Reserves `bytes` on `device` for this process, or says why not. Before saying no,
+    /// it credits back what dead processes held, settles this process's pools, and
+    /// trims them if what they hold unused makes room.
     pub fn reserve(&self, device: &Visible, bytes: u64) -> Result<Ticket, CUresult> {
         let process = process_state(self);
         let Some(slot) = process.slot else {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
         self.sync_with_driver(process, slot, device);
-        let limit = if self.config.memory_oversubscribe {
-            u64::MAX
-        } else {
-            device.memory_limit
+        let limit = self.limit(device);
+        let index = device.region_index;
+        let ticket = Ticket {
+            slot,
+            region_index: index,
+            bytes,
         };
-        if self
-            .region
-            .try_reserve(slot, device.region_index, bytes, limit)
-        {
-            return Ok(Ticket {
-                slot,
-                region_index: device.region_index,
-                bytes,
-            });
+        if self.region.try_reserve(slot, index, bytes, limit) {
+            return Ok(ticket);
         }
-        // Before saying no, credit back what dead processes held, and try once more.
-        if self.region.reclaim_dead() > 0
-            && self
-                .region
-                .try_reserve(slot, device.region_index, bytes, limit)
-        {
-            return Ok(Ticket {
-                slot,
-                region_index: device.region_index,
-                bytes,
-            });
+        let reserved = match process.pools.lock() {
+            Ok(mut pools) => self.reserve_making_room(slot, device, bytes, &mut pools),
+            Err(_) => false,
+        };
+        if reserved {
+            return Ok(ticket);
         }
         debug!(
-            "refused {bytes} bytes on {}: {} used of {}",
+            "refused {bytes} bytes on {}: {} used of {limit}",
             device.uuid,
-            self.used(device),
-            limit
+            self.region.device_used(index)
         );
         Err(CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// The slow path of a reservation that did not fit: reclaim dead processes' slots,
+    /// settle this process's pools, trim them if that makes room; true once `bytes` are
+    /// reserved.
+    fn reserve_making_room(
+        &self,
+        slot: SlotId,
+        device: &Visible,
+        bytes: u64,
+        pools: &mut PoolTable,
+    ) -> bool {
+        let (index, limit) = (device.region_index, self.limit(device));
+        self.region.reclaim_dead();
+        self.apply(slot, pools.settle_all(Some(index), &RealPools));
+        if self.region.try_reserve(slot, index, bytes, limit) {
+            return true;
+        }
+        let shortfall = self
+            .region
+            .device_used(index)
+            .saturating_add(bytes)
+            .saturating_sub(limit);
+        if shortfall > 0 && pools.trimmable(index, &RealPools) >= shortfall {
+            debug!(
+                "trimming this process's pools on {} for {bytes} bytes",
+                device.uuid
+            );
+            self.apply(slot, pools.trim_all(index, &RealPools));
+            return self.region.try_reserve(slot, index, bytes, limit);
+        }
+        false
+    }
+
+    /// Applies the ledger's changes to this process's slot.
+    fn apply(&self, slot: SlotId, changes: impl IntoIterator<Item = Change>) {
+        for change in changes {
+            let bytes = change.delta.unsigned_abs().min(u64::MAX as u128) as u64;
+            if change.delta > 0 {
+                self.region.add_used(slot, change.region_index, bytes);
+            } else {
+                self.region.release(slot, change.region_index, bytes);
+            }
+        }
+    }
+
+    /// Credits what the VMM ledger freed.
+    fn credit(&self, slot: Option<SlotId>, freed: impl IntoIterator<Item = Freed>) {
+        if let Some(slot) = slot {
+            for freed in freed {
+                self.region.release(slot, freed.region_index, freed.bytes);
+            }
+        }
     }
 
     /// A ticket for bytes already added to the region.
@@ -387,20 +478,44 @@ impl Enforcer {
 
     /// Remembers a successful allocation so that its free credits it back.
     pub fn record(&self, key: AllocKey, ticket: Ticket, context: usize) {
+        self.remember(
+            key,
+            Allocation {
+                ticket,
+                context,
+                pool: None,
+            },
+        );
+    }
+
+    fn remember(&self, key: AllocKey, allocation: Allocation) {
         let process = process_state(self);
-        if let Ok(mut allocations) = process.allocations.lock()
-            && let Some(previous) = allocations.insert(key, Allocation { ticket, context })
-        {
+        let previous = match process.allocations.lock() {
+            Ok(mut allocations) => allocations.insert(key, allocation),
+            Err(_) => return,
+        };
+        if let Some(previous) = previous {
             // The driver reused a key we still held: the old one was freed behind our back.
-            self.region.release(
-                previous.ticket.slot,
-                previous.ticket.region_index,
-                previous.ticket.bytes,
-            );
+            self.credit_allocation(process, previous);
         }
     }
 
-    /// Credits back the allocation under `key`, if we counted it.
+    fn credit_allocation(&self, process: &ProcessState, allocation: Allocation) {
+        self.region.release(
+            allocation.ticket.slot,
+            allocation.ticket.region_index,
+            allocation.ticket.bytes,
+        );
+        if let Some(pool) = allocation.pool
+            && let Ok(mut pools) = process.pools.lock()
+            && let Some(change) = pools.freed(pool)
+        {
+            self.apply(allocation.ticket.slot, [change]);
+        }
+    }
+
+    /// Credits back the allocation under `key`, if we counted it. A pool allocation
+    /// credits nothing: its memory stays reserved in the pool (see `settle_pools`).
     pub fn forget(&self, key: AllocKey) {
         let process = process_state(self);
         let removed = process
@@ -409,37 +524,226 @@ impl Enforcer {
             .ok()
             .and_then(|mut allocations| allocations.remove(&key));
         if let Some(allocation) = removed {
-            self.region.release(
-                allocation.ticket.slot,
-                allocation.ticket.region_index,
-                allocation.ticket.bytes,
-            );
+            self.credit_allocation(process, allocation);
         }
     }
 
-    /// Credits back everything allocated in `context` (its destruction frees it all).
+    /// Credits back everything allocated in `context` (its destruction frees it all),
+    /// and settles the pools, whose allocations went with it.
     pub fn forget_context(&self, context: usize) {
         let process = process_state(self);
-        let Ok(mut allocations) = process.allocations.lock() else {
-            return;
-        };
-        allocations.retain(|_, allocation| {
-            if allocation.context == context {
-                self.region.release(
-                    allocation.ticket.slot,
-                    allocation.ticket.region_index,
-                    allocation.ticket.bytes,
-                );
-                false
-            } else {
-                true
+        let removed: Vec<Allocation> = match process.allocations.lock() {
+            Ok(mut allocations) => {
+                let keys: Vec<AllocKey> = allocations
+                    .iter()
+                    .filter(|(_, a)| a.context == context)
+                    .map(|(key, _)| *key)
+                    .collect();
+                keys.iter()
+                    .filter_map(|key| allocations.remove(key))
+                    .collect()
             }
-        });
+            Err(_) => return,
+        };
+        for allocation in removed {
+            self.credit_allocation(process, allocation);
+        }
+        if let Some(slot) = process.slot {
+            self.settle_pools(process, slot, None);
+        }
     }
 
     /// This process's slot, when it has one.
     pub fn slot(&self) -> Option<SlotId> {
         process_state(self).slot
+    }
+
+    // --- VMM: physical memory lives until its last unmap and release -------------
+
+    /// `cuMemCreate` succeeded with the bytes `ticket` reserved.
+    pub fn vmm_created(&self, handle: u64, ticket: Ticket) {
+        self.with_vmm(|vmm| vmm.created(handle, ticket.region_index, ticket.bytes));
+    }
+
+    /// `cuMemRelease` succeeded.
+    pub fn vmm_released(&self, handle: u64) {
+        self.with_vmm(|vmm| vmm.released(handle));
+    }
+
+    /// `cuMemRetainAllocationHandle` succeeded.
+    pub fn vmm_retained(&self, handle: u64) {
+        self.with_vmm(|vmm| {
+            vmm.retained(handle);
+            None
+        });
+    }
+
+    /// `cuMemMap` succeeded.
+    pub fn vmm_mapped(&self, start: u64, len: u64, handle: u64) {
+        self.with_vmm(|vmm| vmm.mapped(start, len, handle));
+    }
+
+    /// `cuMemUnmap` succeeded.
+    pub fn vmm_unmapped(&self, start: u64, len: u64) {
+        self.with_vmm(|vmm| vmm.unmapped(start, len));
+    }
+
+    fn with_vmm<F: IntoIterator<Item = Freed>>(&self, change: impl FnOnce(&mut VmmTable) -> F) {
+        let process = process_state(self);
+        let freed: Vec<Freed> = match process.vmm.lock() {
+            Ok(mut vmm) => change(&mut vmm).into_iter().collect(),
+            Err(_) => return,
+        };
+        self.credit(process.slot, freed);
+    }
+
+    // --- memory pools: counted by what they have reserved ------------------------
+
+    /// A pool of `device` became known (created, or looked up as a device's pool).
+    pub fn pool_known(&self, pool: usize, device: &Visible) {
+        if let Ok(mut pools) = process_state(self).pools.lock() {
+            pools.know(pool, device.region_index);
+        }
+    }
+
+    /// The visible device a known pool belongs to.
+    pub fn pool_device(&self, pool: usize) -> Option<&Visible> {
+        let index = process_state(self).pools.lock().ok()?.device_of(pool)?;
+        self.devices()?.iter().find(|d| d.region_index == index)
+    }
+
+    /// Re-reads what `pool` has reserved (after a trim or an attribute change).
+    pub fn pool_settle(&self, pool: usize) {
+        let process = process_state(self);
+        let Some(slot) = process.slot else { return };
+        if let Ok(mut pools) = process.pools.lock() {
+            self.apply(slot, pools.settle(pool, &RealPools));
+            process
+                .pools_hold_memory
+                .store(pools.holds_memory(), Ordering::Relaxed);
+        }
+    }
+
+    /// `cuMemPoolDestroy` succeeded.
+    pub fn pool_destroyed(&self, pool: usize) {
+        let process = process_state(self);
+        let Some(slot) = process.slot else { return };
+        if let Ok(mut pools) = process.pools.lock() {
+            self.apply(slot, pools.destroyed(pool));
+            process
+                .pools_hold_memory
+                .store(pools.holds_memory(), Ordering::Relaxed);
+        }
+    }
+
+    /// A synchronisation point passed (the driver may have released pool memory
+    /// beyond the release thresholds): settle the pools. One load when no pool holds
+    /// counted memory; never waits for a thread that is allocating.
+    pub fn synchronized(&self) {
+        let process = process_state(self);
+        if let Some(slot) = process.slot {
+            self.settle_pools(process, slot, None);
+        }
+    }
+
+    fn settle_pools(&self, process: &ProcessState, slot: SlotId, index: Option<usize>) {
+        if !process.pools_hold_memory.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(mut pools) = process.pools.try_lock() else {
+            return;
+        };
+        self.apply(slot, pools.settle_all(index, &RealPools));
+        process
+            .pools_hold_memory
+            .store(pools.holds_memory(), Ordering::Relaxed);
+    }
+
+    /// Allocates `bytes` from `pool` on `device` with the pool counted by what it has
+    /// reserved: reserves the most the pool can grow by for it first (refusing, after
+    /// making room, when even that does not fit, unless the pool has the room unused),
+    /// runs `allocate`, then settles the pool at the driver's figure. Should the pool
+    /// have grown past the quota anyway, `undo` frees the allocation (freed and
+    /// synchronised) and the pool is trimmed: CUDA_ERROR_OUT_OF_MEMORY.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pool_allocate(
+        &self,
+        device: &Visible,
+        pool: usize,
+        bytes: u64,
+        context: usize,
+        allocate: impl FnOnce() -> CUresult,
+        pointer: impl FnOnce() -> u64,
+        undo: impl FnOnce(u64),
+    ) -> CUresult {
+        let process = process_state(self);
+        let Some(slot) = process.slot else {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        self.sync_with_driver(process, slot, device);
+        let Ok(mut pools) = process.pools.lock() else {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        let (index, limit) = (device.region_index, self.limit(device));
+        if pools.know(pool, index) {
+            // A pool seen for the first time may hold memory already.
+            self.apply(slot, pools.settle(pool, &RealPools));
+        }
+        let bound = pool_growth_bound(bytes);
+        let held = if self.region.try_reserve(slot, index, bound, limit)
+            || self.reserve_making_room(slot, device, bound, &mut pools)
+        {
+            bound
+        } else if pool_has_room(pool, bytes) {
+            0
+        } else {
+            debug!(
+                "refused {bytes} bytes from pool {pool:#x} on {}: {} used of {limit}",
+                device.uuid,
+                self.region.device_used(index)
+            );
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        let result = allocate();
+        let change = pools.settle(pool, &RealPools);
+        let grew = change.map_or(0, |c| c.delta);
+        self.apply(slot, change);
+        self.region.release(slot, index, held);
+        if result != CUDA_SUCCESS {
+            process
+                .pools_hold_memory
+                .store(pools.holds_memory(), Ordering::Relaxed);
+            return result;
+        }
+        let ptr = pointer();
+        if grew > held as i128 && self.region.device_used(index) > limit {
+            debug!("pool {pool:#x} grew by {grew} bytes for {bytes}, past the quota: undone");
+            undo(ptr);
+            RealPools.trim(pool);
+            self.apply(slot, pools.settle(pool, &RealPools));
+            process
+                .pools_hold_memory
+                .store(pools.holds_memory(), Ordering::Relaxed);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        pools.allocated(pool);
+        process
+            .pools_hold_memory
+            .store(pools.holds_memory(), Ordering::Relaxed);
+        drop(pools);
+        self.remember(
+            AllocKey::Pointer(ptr),
+            Allocation {
+                ticket: Ticket {
+                    slot,
+                    region_index: index,
+                    bytes: 0,
+                },
+                context,
+                pool: Some(pool),
+            },
+        );
+        CUDA_SUCCESS
     }
 
     /// Records the overhead of a new context (once per context); `measure` gets the
@@ -532,17 +836,18 @@ pub struct Ticket {
     pub bytes: u64,
 }
 
-/// What an allocation is keyed by: a device pointer, an array, or a VMM handle.
+/// What an allocation is keyed by: a device pointer or an array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AllocKey {
     Pointer(u64),
     Array(usize),
-    Physical(u64),
 }
 
 struct Allocation {
     ticket: Ticket,
     context: usize,
+    /// The pool it came from (its memory is counted as the pool's reservation).
+    pool: Option<usize>,
 }
 
 /// The overhead charged for one context of this process.
@@ -559,13 +864,68 @@ struct ProcessState {
     slot: Option<SlotId>,
     allocations: Mutex<HashMap<AllocKey, Allocation>>,
     contexts: Mutex<Vec<ContextCharge>>,
-    /// Whether NVML (which reports host PIDs) can see this process under its own PID.
-    pid_is_host_pid: bool,
+    /// Physical allocations (`cuMemCreate`), their references and mappings.
+    vmm: Mutex<VmmTable>,
+    /// The memory pools this process uses and what each has reserved.
+    pools: Mutex<PoolTable>,
+    /// Whether some pool holds counted memory (the synchronisation hooks settle only
+    /// then, so they cost one load otherwise).
+    pools_hold_memory: AtomicBool,
+    /// This process's PID namespace (for matching NVML's process list).
+    pid_ns: u64,
     /// Monotonic ns of the last reconciliation with NVML.
     last_sync_ns: AtomicU64,
     /// Per device: device memory the driver holds for this process beyond its counted
     /// allocations and context overhead (module code loaded later, and the like).
     driver_extra: [AtomicU64; MAX_DEVICES],
+}
+
+/// The most a pool's reservation grows for one allocation of `bytes`: the allocation in
+/// 2 MiB steps, and at least 32 MiB (on the H200 with driver 580, a 5 MiB
+/// `cuMemAllocAsync` reserves 32 MiB). Should a driver grow more, the allocation is
+/// settled (and undone past the quota) by what the pool then reports.
+pub fn pool_growth_bound(bytes: u64) -> u64 {
+    const STEP: u64 = 2 << 20;
+    const CHUNK: u64 = 32 << 20;
+    bytes.div_ceil(STEP).saturating_mul(STEP).max(CHUNK)
+}
+
+/// Whether `pool` has `bytes` (in 2 MiB steps) reserved and unused.
+fn pool_has_room(pool: usize, bytes: u64) -> bool {
+    let reserved = RealPools.attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    let used = RealPools.attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    match (reserved, used) {
+        (Some(reserved), Some(used)) => {
+            reserved.saturating_sub(used) >= bytes.div_ceil(2 << 20).saturating_mul(2 << 20)
+        }
+        _ => false,
+    }
+}
+
+/// The real driver's pool attributes, for the pool ledger.
+struct RealPools;
+
+impl PoolDriver for RealPools {
+    fn attribute(&self, pool: usize, attribute: i32) -> Option<u64> {
+        let get = real!(cuMemPoolGetAttribute as fn(CUmemoryPool, i32, *mut c_void) -> CUresult);
+        let mut value = 0u64;
+        // SAFETY: the reserved/used attributes are cuuint64_t, written to a valid u64.
+        let result = unsafe {
+            get(
+                pool as CUmemoryPool,
+                attribute,
+                (&mut value as *mut u64).cast(),
+            )
+        };
+        (result == CUDA_SUCCESS).then_some(value)
+    }
+
+    fn trim(&self, pool: usize) {
+        let trim = real!(cuMemPoolTrimTo as fn(CUmemoryPool, usize) -> CUresult);
+        // SAFETY: trimming a pool handle this process allocated from; it releases only
+        // memory that no allocation uses.
+        unsafe { trim(pool as CUmemoryPool, 0) };
+    }
 }
 
 /// How often a process reconciles its counted usage with NVML's figure for it.
@@ -586,52 +946,81 @@ static NVML_BY_UUID: Mutex<Vec<(String, Option<Nvml>)>> = Mutex::new(Vec::new())
 
 static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 static PROCESS: AtomicPtr<ProcessState> = AtomicPtr::new(std::ptr::null_mut());
+/// One more than the fork generation whose process state a thread is building (0:
+/// none). A value left by a parent's thread at fork names an older generation, so the
+/// child never waits on it.
+static BUILDING: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn after_fork_in_child() {
     FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
 }
 
 fn process_state(enforcer: &Enforcer) -> &'static ProcessState {
-    let generation = FORK_GENERATION.load(Ordering::Acquire);
-    let current = PROCESS.load(Ordering::Acquire);
-    // SAFETY: PROCESS only ever holds leaked (never freed) ProcessState boxes.
-    if let Some(state) = unsafe { current.as_ref() }
-        && state.generation == generation
-    {
-        return state;
+    loop {
+        let generation = FORK_GENERATION.load(Ordering::Acquire);
+        let current = PROCESS.load(Ordering::Acquire);
+        // SAFETY: PROCESS only ever holds leaked (never freed) ProcessState boxes.
+        if let Some(state) = unsafe { current.as_ref() }
+            && state.generation == generation
+        {
+            return state;
+        }
+        // One builder per generation: two threads attaching at once would each claim a
+        // slot (or take each other's), and one would count into a slot it lost.
+        let building = BUILDING.load(Ordering::Acquire);
+        if building == generation + 1
+            || BUILDING
+                .compare_exchange(
+                    building,
+                    generation + 1,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err()
+        {
+            std::thread::yield_now();
+            continue;
+        }
+        /// Lets the next builder in even if building panics (the hook's guard catches it).
+        struct Built;
+        impl Drop for Built {
+            fn drop(&mut self) {
+                BUILDING.store(0, Ordering::Release);
+            }
+        }
+        let built = Built;
+        let fresh = Box::into_raw(Box::new(build_process_state(enforcer, generation)));
+        PROCESS.store(fresh, Ordering::Release);
+        drop(built);
+        // SAFETY: `fresh` was just leaked above and is never freed.
+        return unsafe { &*fresh };
     }
-    let slot = match enforcer.region.attach(&process::current()) {
-        Ok(slot) => Some(slot),
-        Err(err) => {
-            runtime::notice("cuda", format_args!("{err}; allocations are refused"));
-            None
+}
+
+fn build_process_state(enforcer: &Enforcer, generation: u64) -> ProcessState {
+    let me = process::current();
+    let slot = if enforcer.refused {
+        None
+    } else {
+        match enforcer.region.attach(&me) {
+            Ok(slot) => Some(slot),
+            Err(err) => {
+                runtime::notice("cuda", format_args!("{err}; allocations are refused"));
+                None
+            }
         }
     };
-    let me = process::current();
-    let fresh = Box::into_raw(Box::new(ProcessState {
+    ProcessState {
         generation,
         slot,
         allocations: Mutex::new(HashMap::new()),
         contexts: Mutex::new(Vec::new()),
-        pid_is_host_pid: me.pid_ns == process::INIT_PID_NS,
+        vmm: Mutex::new(VmmTable::default()),
+        pools: Mutex::new(PoolTable::default()),
+        pools_hold_memory: AtomicBool::new(false),
+        pid_ns: me.pid_ns,
         last_sync_ns: AtomicU64::new(0),
         driver_extra: [const { AtomicU64::new(0) }; MAX_DEVICES],
-    }));
-    match PROCESS.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
-        // SAFETY: `fresh` was just leaked above and is never freed.
-        Ok(_) => unsafe { &*fresh },
-        Err(winner) => {
-            // Another thread built it first: give our slot back and use theirs.
-            // SAFETY: `fresh` is ours alone; `winner` is a leaked, never-freed state.
-            let ours = unsafe { Box::from_raw(fresh) };
-            if let Some(slot) = ours.slot
-                && unsafe { winner.as_ref() }.is_some_and(|w| w.slot != Some(slot))
-            {
-                enforcer.region.detach(slot);
-            }
-            // SAFETY: as above.
-            unsafe { &*winner }
-        }
     }
 }
 
@@ -725,12 +1114,14 @@ pub fn enforcer() -> Result<Option<&'static Enforcer>, CUresult> {
 }
 
 /// Measures how much device memory a new context took, through the real NVML: the
-/// process's own figure when its PID is visible to NVML, else the card's used-memory
-/// delta around the creation (`before` was read just before).
+/// process's own figure when NVML lists it (under its own PID in its namespace, or its
+/// recorded host PID), else the card's used-memory delta around the creation (`before`
+/// was read just before).
 pub struct ContextMeter {
     nvml: Option<Nvml>,
     before: Option<u64>,
     uuid: String,
+    me: ProcessUsage,
 }
 
 struct Nvml {
@@ -744,19 +1135,19 @@ impl ContextMeter {
     pub fn start(enforcer: &Enforcer, uuid: &str) -> ContextMeter {
         let nvml = open_nvml(&enforcer.real_nvml_path(), uuid);
         let before = nvml.as_ref().and_then(Nvml::card_used);
+        let process = process_state(enforcer);
         ContextMeter {
             nvml,
             before,
             uuid: uuid.to_string(),
+            me: enforcer.me(process, process.slot),
         }
     }
 
     /// Bytes the context took; `tracked` is what this process's counted usage held.
     pub fn finish(self, tracked: u64) -> u64 {
         let Some(nvml) = &self.nvml else { return 0 };
-        // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() } as u64;
-        if let Some(own) = nvml.process_used(me) {
+        if let Some(own) = nvml.process_used(&self.me) {
             debug!("context overhead on {} from NVML's process list", self.uuid);
             return own.saturating_sub(tracked);
         }
@@ -778,12 +1169,10 @@ impl Nvml {
         (unsafe { (self.memory_info)(self.device, &mut info) } == 0).then_some(info[2])
     }
 
-    fn process_used(&self, pid: u64) -> Option<u64> {
+    /// NVML's figure for the process `me` (see `region::nvml_match`).
+    fn process_used(&self, me: &ProcessUsage) -> Option<u64> {
         let processes = self.processes?;
-        let mut entries = [ProcessInfoV1 {
-            pid: 0,
-            used_gpu_memory: 0,
-        }; 64];
+        let mut entries = [ProcessInfoV1::default(); 64];
         let mut count = entries.len() as u32;
         // SAFETY: `entries` holds `count` records of nvmlProcessInfo_v1_t, the layout of
         // the unversioned nvmlDeviceGetComputeRunningProcesses.
@@ -792,17 +1181,11 @@ impl Nvml {
         }
         entries[..(count as usize).min(entries.len())]
             .iter()
-            .find(|entry| entry.pid as u64 == pid)
-            .map(|entry| entry.used_gpu_memory)
+            .find(|entry| {
+                region::nvml_match(std::slice::from_ref(me), entry.pid, me.pid_ns).is_some()
+            })
+            .map(|entry| entry.used_gpu_memory.min(region::MAX_COUNT))
     }
-}
-
-/// `nvmlProcessInfo_v1_t`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ProcessInfoV1 {
-    pid: u32,
-    used_gpu_memory: u64,
 }
 
 fn open_nvml(path: &Path, uuid: &str) -> Option<Nvml> {

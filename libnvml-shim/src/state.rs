@@ -1,11 +1,17 @@
 //! What the NVML shim knows: the real NVML, the policy from the config, the usage region
-//! and the visible devices (resolved from the real NVML once it is initialised).
+//! (read only: a private copy per query, so a truncated or replaced file can neither
+//! crash nor stall a monitoring tool) and the visible devices (resolved from the real
+//! NVML once it is initialised).
 
 use std::ffi::{CString, c_char, c_void};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use vgpu_abi::nvml::ProcessInfoV1;
 use vgpu_common::config::Config;
-use vgpu_common::region::{ProcessUsage, Region};
+use vgpu_common::process;
+use vgpu_common::region::{self, ProcessUsage};
+use vgpu_common::snapshot::RegionSnapshot;
 use vgpu_common::{DeviceSelector, UtilizationScale};
 use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
 
@@ -23,7 +29,7 @@ pub struct Shim {
 
 pub struct View {
     pub config: Config,
-    region: Option<Region>,
+    region_path: PathBuf,
     devices: OnceLock<Vec<VisibleGpu>>,
 }
 
@@ -61,19 +67,9 @@ fn load() -> Shim {
         StartConfig::Broken => Policy::FailClosed,
         StartConfig::Found(config, path) => {
             let region_path = config.resolved_region_path(&path);
-            let region = match Region::open(&region_path, &config.region_devices()) {
-                Ok((region, _)) => Some(region),
-                Err(_) => match Region::open_existing(&region_path) {
-                    Ok(region) => Some(region),
-                    Err(err) => {
-                        runtime::notice("nvml", format_args!("{err}; memory used reads 0"));
-                        None
-                    }
-                },
-            };
             Policy::Apply(Box::new(View {
                 config,
-                region,
+                region_path,
                 devices: OnceLock::new(),
             }))
         }
@@ -88,6 +84,11 @@ pub fn view() -> Result<Option<&'static View>, ()> {
         Policy::FailClosed => Err(()),
         Policy::Apply(view) => Ok(Some(view)),
     }
+}
+
+/// This process's PID namespace (0 when unreadable).
+fn my_pid_namespace() -> u64 {
+    process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0)
 }
 
 impl View {
@@ -152,43 +153,78 @@ impl View {
             .find(|(_, device)| device.handle == handle as usize)
     }
 
-    /// Bytes the container holds on a device.
+    /// Bytes the container holds on a device: per live process, what the usage region
+    /// counts or, where the real NVML lists the process with more, NVML's own figure
+    /// (memory the driver loaded after the process last reconciled).
     pub fn used(&self, device: &VisibleGpu) -> u64 {
-        match &self.region {
-            Some(region) => {
-                region.reclaim_dead();
-                region.device_used(device.region_index)
-            }
-            None => 0,
-        }
-    }
-
-    /// The container's live processes.
-    pub fn processes(&self) -> Vec<ProcessUsage> {
-        match &self.region {
-            Some(region) => {
-                region.reclaim_dead();
-                region.processes()
-            }
-            None => Vec::new(),
-        }
-    }
-
-    /// A host PID (as NVML reports it) mapped to the container's PID, if it is ours.
-    pub fn container_pid(&self, processes: &[ProcessUsage], host_pid: u32) -> Option<u32> {
+        let processes = self.processes();
+        let my_ns = my_pid_namespace();
+        let listed = real_processes(device.handle as NvmlDevice);
         processes
             .iter()
-            .find(|p| {
-                if p.host_pid != 0 {
-                    p.host_pid as u32 == host_pid
-                } else {
-                    p.pid as u32 == host_pid
-                }
+            .map(|process| {
+                let counted = process.used.get(device.region_index).copied().unwrap_or(0);
+                let reported = listed
+                    .iter()
+                    .filter(|entry| {
+                        region::nvml_match(std::slice::from_ref(process), entry.pid, my_ns)
+                            .is_some()
+                    })
+                    .map(|entry| entry.used_gpu_memory.min(region::MAX_COUNT))
+                    .max()
+                    .unwrap_or(0);
+                counted.max(reported)
             })
-            .map(|p| p.pid as u32)
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// The container's live processes: a private copy of the usage region, without the
+    /// processes this namespace can tell are gone. None when the region cannot be read
+    /// (missing, damaged, not a regular file).
+    pub fn processes(&self) -> Vec<ProcessUsage> {
+        match RegionSnapshot::read(&self.region_path) {
+            Ok(snapshot) => {
+                let my_ns = my_pid_namespace();
+                let mut processes = snapshot.processes();
+                processes.retain(|process| !region::is_dead(process, my_ns));
+                processes
+            }
+            Err(err) => {
+                debug!("{err}; the container's usage reads 0");
+                Vec::new()
+            }
+        }
+    }
+
+    /// An NVML process-list PID mapped to the container's PID, if it is one of ours.
+    pub fn container_pid(&self, processes: &[ProcessUsage], nvml_pid: u32) -> Option<u32> {
+        region::nvml_match(processes, nvml_pid, my_pid_namespace()).map(|p| p.pid as u32)
     }
 
     pub fn utilization_scale(&self) -> UtilizationScale {
         self.config.utilization_scale
+    }
+}
+
+/// The real NVML's compute process list of a device (empty on any error).
+fn real_processes(device: NvmlDevice) -> Vec<ProcessInfoV1> {
+    let list = real!(
+        nvmlDeviceGetComputeRunningProcesses
+            as fn(NvmlDevice, *mut u32, *mut ProcessInfoV1) -> NvmlReturn
+    );
+    let mut capacity = 64u32;
+    loop {
+        let mut entries = vec![ProcessInfoV1::default(); capacity as usize];
+        let mut count = capacity;
+        // SAFETY: `entries` holds `count` records of nvmlProcessInfo_v1_t, the layout of
+        // the unversioned call.
+        match unsafe { list(device, &mut count, entries.as_mut_ptr()) } {
+            NVML_SUCCESS => {
+                entries.truncate((count as usize).min(entries.len()));
+                return entries;
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE if capacity < 4096 => capacity = count.max(capacity * 2),
+            _ => return Vec::new(),
+        }
     }
 }

@@ -13,6 +13,7 @@
 //! cuda_version: 13000
 //! kernel_ns: 10000
 //! context_overhead: 527MiB
+//! module_overhead: 0             # device memory each loaded module takes
 //! ```
 
 use std::collections::HashSet;
@@ -37,6 +38,9 @@ pub const CUDA_VERSION_ENV: &str = "VGPU_SIM_CUDA_VERSION";
 pub const KERNEL_NS_ENV: &str = "VGPU_SIM_KERNEL_NS";
 /// Env: device memory each context takes (a byte size).
 pub const CONTEXT_OVERHEAD_ENV: &str = "VGPU_SIM_CONTEXT_OVERHEAD";
+/// Env: device memory each loaded module takes (a byte size; the code the driver loads
+/// after the context exists).
+pub const MODULE_OVERHEAD_ENV: &str = "VGPU_SIM_MODULE_OVERHEAD";
 /// Env: the cross-process state file.
 pub const STATE_ENV: &str = "VGPU_SIM_STATE";
 
@@ -78,6 +82,8 @@ pub struct SimConfig {
     pub cuda_version: i32,
     pub kernel_ns: u64,
     pub context_overhead: u64,
+    /// Device memory each loaded module takes (0: modules are free).
+    pub module_overhead: u64,
     pub state_path: PathBuf,
 }
 
@@ -109,6 +115,7 @@ struct FileConfig {
     cuda_version: Option<i32>,
     kernel_ns: Option<u64>,
     context_overhead: Option<ByteSize>,
+    module_overhead: Option<ByteSize>,
     state: Option<PathBuf>,
 }
 
@@ -220,6 +227,7 @@ impl SimConfig {
         let cuda_version = env_parse::<i32>(CUDA_VERSION_ENV)?;
         let kernel_ns = env_parse::<u64>(KERNEL_NS_ENV)?;
         let overhead = env_parse::<ByteSize>(CONTEXT_OVERHEAD_ENV)?;
+        let module_overhead = env_parse::<ByteSize>(MODULE_OVERHEAD_ENV)?;
         let state = env_value(STATE_ENV).map(PathBuf::from);
         let overrides = Overrides {
             count,
@@ -229,6 +237,7 @@ impl SimConfig {
             cuda_version,
             kernel_ns,
             overhead,
+            module_overhead,
             state,
         };
         Self::build(file.unwrap_or_default(), overrides)
@@ -377,12 +386,23 @@ impl SimConfig {
                 ByteSize(context_overhead)
             )));
         }
+        let module_overhead = env
+            .module_overhead
+            .or(file.module_overhead)
+            .map_or(0, ByteSize::bytes);
+        if gpus.iter().any(|gpu| module_overhead >= gpu.memory) {
+            return Err(SimConfigError::Invalid(format!(
+                "module_overhead {} does not fit in a GPU",
+                ByteSize(module_overhead)
+            )));
+        }
         let state_path = env.state.or(file.state).unwrap_or_else(default_state_path);
         Ok(SimConfig {
             gpus,
             cuda_version,
             kernel_ns,
             context_overhead,
+            module_overhead,
             state_path,
         })
     }
@@ -397,6 +417,7 @@ struct Overrides {
     cuda_version: Option<i32>,
     kernel_ns: Option<u64>,
     overhead: Option<ByteSize>,
+    module_overhead: Option<ByteSize>,
     state: Option<PathBuf>,
 }
 

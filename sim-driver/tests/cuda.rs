@@ -1284,7 +1284,9 @@ isolated!(
             ),
             SUCCESS
         );
-        assert_eq!(mem_info(&sim).0, total - 65536);
+        // Charged in the driver's 2 MiB units, as the H200 with driver 580 does.
+        const UNIT: u64 = 2 << 20;
+        assert_eq!(mem_info(&sim).0, total - UNIT);
         assert_eq!(
             call!(
                 sim,
@@ -1302,7 +1304,7 @@ isolated!(
             "unknown format"
         );
         let mut cube = 0u64;
-        // 100 x 10 x 10 of uint16 x2: 40000 bytes, charged rounded to 512.
+        // 100 x 10 x 10 of uint16 x2: 40000 bytes, one 2 MiB unit.
         assert_eq!(
             call!(
                 sim,
@@ -1320,7 +1322,7 @@ isolated!(
             ),
             SUCCESS
         );
-        assert_eq!(mem_info(&sim).0, total - 65536 - 40448);
+        assert_eq!(mem_info(&sim).0, total - 2 * UNIT);
         let mut mip = 0u64;
         // 256 x 256 uint8 x1 with 3 levels: 65536 + 16384 + 4096.
         assert_eq!(
@@ -1341,7 +1343,34 @@ isolated!(
             ),
             SUCCESS
         );
-        assert_eq!(mem_info(&sim).0, total - 65536 - 40448 - 86016);
+        assert_eq!(mem_info(&sim).0, total - 3 * UNIT);
+        // A layered mipmap keeps its 64 layers at every level: 1024x1024 float x1 with
+        // 3 levels, (1 + 1/4 + 1/16) x 4 MiB per layer = 336 MiB, not the 149.3 MiB
+        // of a shrinking depth.
+        let mut layered = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuMipmappedArrayCreate",
+                fn(*mut u64, *const Desc3, u32),
+                &mut layered,
+                &Desc3 {
+                    width: 1024,
+                    height: 1024,
+                    depth: 64,
+                    format: 0x20,
+                    channels: 1,
+                    flags: 0x01
+                },
+                3
+            ),
+            SUCCESS
+        );
+        assert_eq!(mem_info(&sim).0, total - 3 * UNIT - 336 * (1 << 20));
+        assert_eq!(
+            call!(sim, "cuMipmappedArrayDestroy", fn(u64), layered),
+            SUCCESS
+        );
         assert_eq!(
             call!(sim, "cuArrayDestroy", fn(u64), mip),
             INVALID_HANDLE,

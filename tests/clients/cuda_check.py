@@ -13,25 +13,7 @@ which is the shim under `vgpu run`. Usage: cuda_check.py MODE [ARGS...]; prints 
 """
 import ctypes, json, os, random, sys, threading, time
 from cuda.bindings import driver as cuda
-
-OK = cuda.CUresult.CUDA_SUCCESS
-MIB = 1 << 20
-
-
-def check(result, what):
-    err = result[0] if isinstance(result, tuple) else result
-    if err != OK:
-        raise SystemExit(f"{what} failed: {err.name}")
-    return result[1:] if isinstance(result, tuple) else ()
-
-
-def context():
-    check(cuda.cuInit(0), "cuInit")
-    (count,) = check(cuda.cuDeviceGetCount(), "cuDeviceGetCount")
-    (dev,) = check(cuda.cuDeviceGet(0), "cuDeviceGet")
-    (ctx,) = check(cuda.cuCtxCreate(None, 0, dev), "cuCtxCreate")
-    return count, dev, ctx
-
+from driver_common import MIB, OK, check, context
 
 def mem_info():
     free, total = check(cuda.cuMemGetInfo(), "cuMemGetInfo")

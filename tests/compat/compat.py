@@ -177,6 +177,34 @@ def last_result(text):
     return {}
 
 
+def host_pid(ns_pid, ancestor):
+    """The host PID of `ancestor`'s descendant that is `ns_pid` in its own PID namespace
+    (`vgpu run` gives its command a new one, so the PID a client writes is its own), or
+    `ns_pid` itself when there is none."""
+    def parent(pid):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            return int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = open(f"/proc/{entry}/status").read()
+        except OSError:
+            continue
+        levels = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        pid = int(entry)
+        if levels and levels[-1] == str(ns_pid):
+            while pid > 1 and pid != ancestor:
+                pid = parent(pid)
+            if pid == ancestor:
+                return int(entry)
+    return ns_pid
+
+
 def kill_group(process):
     try:
         os.killpg(process.pid, signal.SIGKILL)
@@ -199,7 +227,7 @@ def run_logged(argv, env, log_path, timeout, hold=None):
             if os.path.exists(marker):
                 try:
                     with open(marker) as f:
-                        peak = on_peak(int(f.read().strip()))
+                        peak = on_peak(host_pid(int(f.read().strip()), process.pid))
                 finally:
                     open(release, "w").close()
         try:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite, in one call on the H200 (device tool):
-#   tests/gpu/run.sh [PREFIX] [SECTION...]      SECTION: a file in sections/ (default: forward quota nvml limiter compat)
+#   tests/gpu/run.sh [PREFIX] [SECTION...]      SECTION: a file in sections/ (default: forward quota nvml memory limiter compat)
 # PREFIX is a `vgpu install` folder (default .carry/vgpu). Results go to $OUT (default
 # /tmp/vgpu-gpu-out): results.jsonl (one JSON object per check), the raw outputs, and a
 # short table printed last. Every step runs under `timeout`; a failed step is recorded,
@@ -10,7 +10,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 PREFIX=${1:-$ROOT/.carry/vgpu}
 shift || true
-SECTIONS=${*:-forward quota nvml limiter compat}
+SECTIONS=${*:-forward quota nvml memory limiter compat}
 OUT=${OUT:-/tmp/vgpu-gpu-out}
 mkdir -p "$OUT"
 RESULTS=$OUT/results.jsonl
@@ -29,6 +29,9 @@ result_of() { local r; r=$(grep '^RESULT ' "$1" 2>/dev/null | tail -1 | cut -c8-
 wait_marker() { for _ in $(seq 1 $(( $2 * 10 ))); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
 # gpu_mem_of PID: MiB the process holds, as nvidia-smi outside any namespace sees it
 gpu_mem_of() { "$SMI" --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', *' -v p="$1" '$1==p {print $2}'; }
+# host_pid NS_PID ANCESTOR: the host PID of ANCESTOR's descendant that is NS_PID in its own
+# PID namespace (vgpu run gives its command a new one; markers hold the PID it sees)
+host_pid() { python3 "$HERE/host_pid.py" "$1" "$2"; }
 median() { python3 -c 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 
 log "environment"

@@ -76,6 +76,77 @@ impl SimHost {
         self.apply(&mut cmd).output().expect("spawn vgpu run")
     }
 
+    /// `vgpu run --simulate ARGS... -- python3 tests/clients/SCRIPT CLIENT_ARGS...`, which
+    /// must succeed; its `RESULT` object.
+    pub fn python_result(
+        &self,
+        vgpu_args: &[&str],
+        script: &str,
+        client_args: &[&str],
+    ) -> serde_json::Value {
+        let script = client(script);
+        let mut command = vec!["python3", script.as_str()];
+        command.extend_from_slice(client_args);
+        let output = self.run(vgpu_args, &command);
+        assert!(
+            output.status.success(),
+            "stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        result_json(&output)
+    }
+
+    /// A "neighbour": `cuda_check.py hold MIB SECONDS` on the bare sim, outside any
+    /// container, and its PID once it holds the memory.
+    pub fn neighbour(&self, mib: &str, seconds: &str) -> (std::process::Child, i32) {
+        let marker = self.dir.path().join(format!("neighbour-{mib}.pid"));
+        let mut command = Command::new("python3");
+        command.args([
+            &client("cuda_check.py"),
+            "hold",
+            mib,
+            seconds,
+            marker.to_str().expect("utf-8"),
+        ]);
+        self.apply(&mut command);
+        let child = command
+            .env("LD_LIBRARY_PATH", self.bare_driver_dir())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("neighbour");
+        (child, wait_for_pid(&marker))
+    }
+
+    /// A folder with `libcuda.so.1` (or `libnvidia-ml.so.1`) linked to the built shim,
+    /// for running a client on the shim directly (no `vgpu run`).
+    pub fn shim_dir(&self) -> PathBuf {
+        let dir = self.dir.path().join("direct");
+        std::fs::create_dir_all(&dir).expect("create");
+        for (name, shim) in [
+            ("libcuda.so.1", "libcuda_shim.so"),
+            ("libnvidia-ml.so.1", "libnvml_shim.so"),
+        ] {
+            let link = dir.join(name);
+            if !link.exists() {
+                std::os::unix::fs::symlink(artifact(shim), link).expect("link");
+            }
+        }
+        dir
+    }
+
+    /// `COMMAND...` on the shims directly, with `config` as `VGPU_CONFIG` and the bare
+    /// sim as the real driver; not run yet.
+    pub fn direct(&self, config: &Path, command: &[&str]) -> Command {
+        let mut direct = Command::new(command[0]);
+        direct.args(&command[1..]);
+        self.apply(&mut direct);
+        direct
+            .env("LD_LIBRARY_PATH", self.shim_dir())
+            .env("VGPU_CONFIG", config)
+            .env("VGPU_DRIVER_DIR", self.bare_driver_dir());
+        direct
+    }
+
     /// A sim driver folder outside any container (for a "neighbour" process).
     pub fn bare_driver_dir(&self) -> PathBuf {
         let dir = self.dir.path().join("bare-driver");
@@ -88,6 +159,65 @@ impl SimHost {
         }
         dir
     }
+}
+
+/// The PID written into `path` (a client's marker), waiting up to a minute for it.
+pub fn wait_for_pid(path: &Path) -> i32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(pid) = text.trim().parse()
+        {
+            return pid;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("{} never appeared", path.display());
+}
+
+/// The CUDA shim's own stderr lines.
+pub fn shim_notices(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|line| line.starts_with("vgpu-shim[cuda]"))
+        .collect()
+}
+
+/// The host PID of the process that is `ns_pid` in its own PID namespace, among the
+/// descendants of `ancestor` (a `vgpu run` this test started: its command runs in a new
+/// PID namespace, so the PID it reports is not the one to signal from here).
+pub fn host_pid_of(ancestor: u32, ns_pid: i32) -> Option<i32> {
+    let proc_root = Path::new("/proc");
+    let parent_of = |pid: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+        stat[stat.rfind(')')? + 1..]
+            .split_ascii_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let descends = |mut pid: i32| {
+        while pid > 1 {
+            if pid == ancestor as i32 {
+                return true;
+            }
+            match parent_of(pid) {
+                Some(parent) => pid = parent,
+                None => return false,
+            }
+        }
+        false
+    };
+    std::fs::read_dir(proc_root)
+        .ok()?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .find(|&pid| {
+            vgpu_common::process::ns_pids_in(proc_root, pid)
+                .and_then(|levels| levels.last().copied())
+                == Some(ns_pid)
+                && descends(pid)
+        })
 }
 
 /// Whether `python3` can import every module named.

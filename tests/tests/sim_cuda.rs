@@ -2,22 +2,12 @@
 //! driver, with NVIDIA's cuda-bindings as the client, under `vgpu run --simulate`.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use vgpu_common::region::Region;
-use vgpu_tests::{GIB, MIB, SimHost, artifact, client, require_python, result_json};
+use vgpu_tests::{GIB, MIB, SimHost, artifact, client, require_python, result_json, shim_notices};
 
 fn cuda(host: &SimHost, vgpu_args: &[&str], mode_and_args: &[&str]) -> serde_json::Value {
-    let script = client("cuda_check.py");
-    let mut command = vec!["python3", script.as_str()];
-    command.extend_from_slice(mode_and_args);
-    let output = host.run(vgpu_args, &command);
-    assert!(
-        output.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    result_json(&output)
+    host.python_result(vgpu_args, "cuda_check.py", mode_and_args)
 }
 
 #[test]
@@ -116,19 +106,6 @@ fn spawn_in(host: &SimHost, state: &std::path::Path, args: &[&str]) -> std::proc
         .expect("spawn")
 }
 
-fn wait_for(path: &std::path::Path) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && let Ok(pid) = text.trim().parse()
-        {
-            return pid;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{} never appeared", path.display());
-}
-
 #[test]
 fn two_processes_share_one_quota_and_a_killed_ones_usage_is_reclaimed() {
     require_python(&["cuda.bindings.driver"]);
@@ -140,7 +117,8 @@ fn two_processes_share_one_quota_and_a_killed_ones_usage_is_reclaimed() {
         &state,
         &["hold", "768", "60", marker.to_str().expect("utf-8")],
     );
-    let holder_pid = wait_for(&marker);
+    let holder_pid = vgpu_tests::host_pid_of(holder.id(), vgpu_tests::wait_for_pid(&marker))
+        .expect("the holder's host PID");
 
     let second = spawn_in(&host, &state, &["sequence", "512", "128"])
         .wait_with_output()
@@ -254,14 +232,6 @@ fn a_broken_config_is_one_line_and_hides_every_gpu() {
         "{}",
         notices[0]
     );
-}
-
-/// The CUDA shim's own stderr lines.
-fn shim_notices(stderr: &str) -> Vec<&str> {
-    stderr
-        .lines()
-        .filter(|line| line.starts_with("vgpu-shim[cuda]"))
-        .collect()
 }
 
 /// Runs cuda_check.py MODE ARGS with the shim over the sim and `config` as VGPU_CONFIG.

@@ -2,21 +2,9 @@
 //! nvidia-ml-py sees the container's one device, its quota, its usage and its own
 //! processes only; `vgpu smi` renders the same.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use vgpu_tests::{GIB, SimHost, client, require_python, result_json};
-
-fn wait_for(path: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{} never appeared", path.display());
-}
 
 /// The simulated cards' UUIDs, as the bare sim reports them.
 fn sim_uuids(host: &SimHost) -> Vec<String> {
@@ -44,22 +32,7 @@ fn pynvml_sees_the_quota_the_usage_and_only_its_own_processes() {
     assert_eq!(uuids.len(), 4);
 
     // A neighbour outside the container uses the same simulated card 0.
-    let neighbour_marker = host.dir.path().join("neighbour.pid");
-    let mut neighbour = Command::new("python3");
-    neighbour.args([
-        &client("cuda_check.py"),
-        "hold",
-        "512",
-        "60",
-        neighbour_marker.to_str().expect("utf-8"),
-    ]);
-    host.apply(&mut neighbour);
-    let mut neighbour = neighbour
-        .env("LD_LIBRARY_PATH", host.bare_driver_dir())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("neighbour");
-    wait_for(&neighbour_marker);
+    let (mut neighbour, neighbour_pid) = host.neighbour("512", "60");
 
     // In the container: a holder of 256 MiB, then pynvml and vgpu smi beside it.
     let holder_marker = host.dir.path().join("holder.pid");
@@ -96,11 +69,6 @@ fn pynvml_sees_the_quota_the_usage_and_only_its_own_processes() {
     )
     .expect("json");
     let holder_pid = std::fs::read_to_string(&holder_marker)
-        .expect("marker")
-        .trim()
-        .parse::<u64>()
-        .expect("pid");
-    let neighbour_pid = std::fs::read_to_string(&neighbour_marker)
         .expect("marker")
         .trim()
         .parse::<u64>()

@@ -2,6 +2,7 @@
 //! (default `/etc/vgpu/vgpu.yaml`).
 //!
 //! ```yaml
+//! container_id: alloc-3f2a9c                 # who this container is (1-64 of [A-Za-z0-9._-])
 //! driver_dir: /usr/local/vgpu/driver/lib64   # where the real libcuda.so.1 / libnvidia-ml.so.1 are
 //! usage_region: /var/lib/vgpu/usage.region   # default: `usage.region` beside this file
 //! card_state_dir: /var/lib/vgpu/cards        # per-card compute state shared by containers (optional)
@@ -17,8 +18,14 @@
 //!
 //! Unknown keys and bad values are errors that name the key. The schema is the one
 //! source of truth for the shims, the device plugin and `vgpu run`.
+//!
+//! The file is read as hostile input: only a regular file is read (a FIFO or device is
+//! refused without blocking on it), at most [`MAX_CONFIG_BYTES`], nested at most
+//! [`MAX_CONFIG_DEPTH`] levels (the YAML parser takes quadratic time in the nesting), and
+//! an empty file is an error (a half-written config must not read as "no devices").
 
 use std::fmt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -35,6 +42,14 @@ pub const DRIVER_DIR_ENV: &str = "VGPU_DRIVER_DIR";
 pub const DEFAULT_DRIVER_DIR: &str = "/usr/local/vgpu/driver/lib64";
 /// File name of the usage region when the config does not name one.
 pub const DEFAULT_REGION_NAME: &str = "usage.region";
+/// The largest config file read (1 MiB; a real one is a few hundred bytes).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// The deepest nesting accepted: flow collections (`[`, `{`) inside each other, and block
+/// indentation in columns (four levels of the schema take 4).
+pub const MAX_CONFIG_DEPTH: usize = 32;
+/// The widest block indentation accepted, in columns.
+pub const MAX_CONFIG_INDENT: usize = 128;
+
 /// The most devices one container config may list.
 pub const MAX_DEVICES: usize = 16;
 
@@ -129,6 +144,12 @@ impl DeviceQuota {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The container's identity (1-64 characters of `[A-Za-z0-9._-]`): the device plugin
+    /// writes the allocation id, the DRA driver the claim uid and request, `vgpu run` a
+    /// name derived from `--state-dir`. Compute coordination identifies a container by
+    /// it, never by a path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_dir: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -180,12 +201,37 @@ impl Config {
         Ok(config)
     }
 
-    /// Reads one file.
+    /// Reads one file: a regular file (refused without blocking otherwise), at most
+    /// [`MAX_CONFIG_BYTES`], not empty, nested at most [`MAX_CONFIG_DEPTH`] levels.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let read_error = |source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        let access = crate::mapped::Access {
+            write: false,
+            create: false,
+            follow_links: true,
+        };
+        let file = crate::mapped::open_regular(path, access).map_err(read_error)?;
+        let mut bytes = Vec::new();
+        std::io::Read::take(&file, MAX_CONFIG_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_error)?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(invalid(format!(
+                "more than {MAX_CONFIG_BYTES} bytes; a config is a few hundred"
+            )));
+        }
+        let text = String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text".into()))?;
+        if text.trim().is_empty() {
+            return Err(invalid("the file is empty".into()));
+        }
+        check_nesting(&text).map_err(invalid)?;
         Config::from_yaml(&text, path)
     }
 
@@ -211,6 +257,9 @@ impl Config {
 
     /// Checks the values serde cannot: ranges, exactly one selector, no duplicates.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(id) = &self.container_id {
+            validate_container_id(id).map_err(|why| format!("container_id: {why}"))?;
+        }
         if self.devices.len() > MAX_DEVICES {
             return Err(format!(
                 "devices: {} listed, at most {MAX_DEVICES} are supported",
@@ -307,6 +356,75 @@ impl Config {
     }
 }
 
+/// Refuses YAML nested deeper than [`MAX_CONFIG_DEPTH`] flow levels or indented more
+/// than [`MAX_CONFIG_INDENT`] columns (counting `- ` markers that open a block sequence
+/// on the same line), before the parser spends quadratic time on it. Quoted scalars and
+/// comments are skipped.
+fn check_nesting(text: &str) -> Result<(), String> {
+    let mut flow = 0usize;
+    for (number, line) in text.lines().enumerate() {
+        let at = || format!("line {}", number + 1);
+        let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
+        let mut rest = &line[indent..];
+        let mut columns = indent;
+        while let Some(after) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("? ")) {
+            columns += 2;
+            rest = after.trim_start_matches(' ');
+        }
+        if columns > MAX_CONFIG_INDENT {
+            return Err(format!(
+                "{}: nested {columns} columns deep, more than {MAX_CONFIG_INDENT}",
+                at()
+            ));
+        }
+        let mut quote: Option<char> = None;
+        let mut previous = ' ';
+        for c in line.chars() {
+            match (quote, c) {
+                (Some(open), c) if c == open => quote = None,
+                (Some(_), _) => {}
+                (None, '#') if previous.is_whitespace() => break,
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '[' | '{') => {
+                    flow += 1;
+                    if flow > MAX_CONFIG_DEPTH {
+                        return Err(format!(
+                            "{}: nested more than {MAX_CONFIG_DEPTH} levels deep",
+                            at()
+                        ));
+                    }
+                }
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+            previous = c;
+        }
+    }
+    Ok(())
+}
+
+/// The longest `container_id`.
+pub const MAX_CONTAINER_ID_LEN: usize = 64;
+
+/// Whether `id` is a valid `container_id`: 1-64 characters of `[A-Za-z0-9._-]`.
+pub fn validate_container_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_CONTAINER_ID_LEN {
+        return Err(format!(
+            "`{id}` has {} characters, expected 1-{MAX_CONTAINER_ID_LEN}",
+            id.len()
+        ));
+    }
+    match id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        Some(bad) => Err(format!(
+            "`{id}` holds {bad:?}; only A-Z, a-z, 0-9, `.`, `_` and `-` are allowed"
+        )),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,6 +484,88 @@ mod tests {
             let err = parse(text).expect_err(text).to_string();
             assert!(err.contains(needle), "{text:?} gave {err}");
         }
+    }
+
+    #[test]
+    fn container_id_is_validated() {
+        let config = parse("container_id: alloc-3f2a.9c_1\n").expect("valid id");
+        assert_eq!(config.container_id.as_deref(), Some("alloc-3f2a.9c_1"));
+        assert_eq!(parse(&config.to_yaml()).expect("re-parse"), config);
+        let long = format!("container_id: {}\n", "a".repeat(65));
+        for text in [
+            "container_id: \"\"\n",
+            "container_id: a/b\n",
+            "container_id: \"a b\"\n",
+            long.as_str(),
+        ] {
+            let err = parse(text).expect_err(text).to_string();
+            assert!(err.contains("container_id"), "{text:?} gave {err}");
+        }
+        assert!(parse(&format!("container_id: {}\n", "a".repeat(64))).is_ok());
+    }
+
+    #[test]
+    fn files_are_read_as_hostile_input() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("fifo.yaml");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo on a NUL-terminated path we own.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let started = std::time::Instant::now();
+        let err = Config::load(&fifo)
+            .expect_err("a FIFO is refused")
+            .to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "no hang"
+        );
+        let empty = dir.path().join("empty.yaml");
+        std::fs::write(&empty, "  \n\n").expect("write");
+        let err = Config::load(&empty).expect_err("empty").to_string();
+        assert!(err.contains("empty") && err.contains("empty.yaml"), "{err}");
+        let big = dir.path().join("big.yaml");
+        std::fs::write(&big, format!("devices: []\n#{}\n", "x".repeat(1 << 20))).expect("write");
+        let err = Config::load(&big).expect_err("too big").to_string();
+        assert!(err.contains("more than 1048576 bytes"), "{err}");
+        let good = dir.path().join("good.yaml");
+        std::fs::write(&good, "devices:\n  - index: 0\n    memory_limit: 1Gi\n").expect("write");
+        assert_eq!(Config::load(&good).expect("valid").devices.len(), 1);
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_the_parser_sees_it() {
+        let deep_flow = format!("devices: {}{}\n", "[".repeat(200_000), "]".repeat(200_000));
+        let started = std::time::Instant::now();
+        let err = parse_checked(&deep_flow).expect_err("deep flow");
+        assert!(err.contains("nested more than 32 levels"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_millis(500));
+        let dashes = format!("devices:\n{}x\n", "- ".repeat(100));
+        assert!(
+            parse_checked(&dashes)
+                .expect_err("dashes")
+                .contains("columns deep")
+        );
+        let mut block = String::from("devices:\n");
+        for level in 1..200 {
+            block.push_str(&" ".repeat(level));
+            block.push_str("a:\n");
+        }
+        assert!(
+            parse_checked(&block)
+                .expect_err("block")
+                .contains("columns deep")
+        );
+        // Brackets in quotes and comments do not count; a normal config passes.
+        let fine = "devices: # [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n  - uuid: \"GPU-[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"\n    memory_limit: 1Gi\n";
+        assert!(check_nesting(fine).is_ok());
+        assert!(check_nesting("devices: [{index: 0, memory_limit: 1Gi}]\n").is_ok());
+    }
+
+    /// `check_nesting` then `from_yaml`, as `load` does.
+    fn parse_checked(text: &str) -> Result<Config, String> {
+        check_nesting(text)?;
+        parse(text).map_err(|err| err.to_string())
     }
 
     #[test]

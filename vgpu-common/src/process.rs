@@ -1,6 +1,11 @@
 //! Process identity: a PID plus the kernel's start time, so that a reused PID is never
 //! mistaken for the process that held a slot before it; and the PID namespace, so that a
 //! process only judges the liveness of PIDs it can see.
+//!
+//! Liveness has three answers: a process is dead only when the kernel says so (no such
+//! PID, another process under that PID, or a zombie, which holds no device memory any
+//! more); a `/proc` that cannot be read (hidepid, permissions) is "unknown", never
+//! "dead".
 
 use std::path::Path;
 
@@ -25,9 +30,7 @@ pub fn start_time_in(proc_root: &Path, pid: i32) -> Option<u64> {
 
 /// Field 22 of a `/proc/PID/stat` line; the comm field may hold spaces and parentheses.
 pub fn parse_start_time(stat: &str) -> Option<u64> {
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    // After the comm come field 3 (state) onwards: field 22 is the 20th of those.
-    after_comm.split_ascii_whitespace().nth(19)?.parse().ok()
+    parse_state_and_start(stat).map(|(_, start)| start)
 }
 
 /// The PID namespace inode of `/proc/PID/ns/pid` under `proc_root`.
@@ -49,15 +52,76 @@ pub fn current() -> Identity {
     }
 }
 
-/// Whether the process that was `pid` with `start_time` still runs (seen from our namespace).
-pub fn is_alive(pid: i32, start_time: u64) -> bool {
+/// What can be said about a process that was `pid` with some start time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// It runs.
+    Alive,
+    /// It is gone: no such PID, another process under it, or a zombie.
+    Dead,
+    /// It exists but cannot be inspected (hidepid, permissions): treat as alive.
+    Unknown,
+}
+
+/// The state (field 3) and start time (field 22) of a `/proc/PID/stat` line.
+pub fn parse_state_and_start(stat: &str) -> Option<(char, u64)> {
+    // After the comm come field 3 (state) onwards: field 22 is the 20th of those.
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_comm.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.nth(18)?.parse().ok()?))
+}
+
+/// Whether `pid` exists, by `kill(pid, 0)`: `Some(false)` only for ESRCH.
+fn pid_exists(pid: i32) -> Option<bool> {
+    // SAFETY: signal 0 performs the existence and permission checks only.
+    if unsafe { libc::kill(pid, 0) } == 0 {
+        return Some(true);
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::ESRCH) => Some(false),
+        Some(libc::EPERM) => Some(true),
+        _ => None,
+    }
+}
+
+/// The liveness of the process that was `pid` with `start_time`, in `proc_root` (our
+/// PID namespace's `/proc`; `kill` checks in the caller's namespace).
+pub fn liveness_in(proc_root: &Path, pid: i32, start_time: u64) -> Liveness {
     if pid <= 0 {
-        return false;
+        return Liveness::Dead;
     }
-    match start_time_in(Path::new("/proc"), pid) {
-        Some(now) => now == start_time,
-        None => false,
+    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
+        Ok(stat) => match parse_state_and_start(&stat) {
+            Some(('Z' | 'X' | 'x', _)) => Liveness::Dead,
+            Some((_, now)) if now == start_time => Liveness::Alive,
+            Some(_) => Liveness::Dead,
+            None => Liveness::Unknown,
+        },
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => match pid_exists(pid) {
+            // hidepid=invisible hides other users' processes as ENOENT: ask the kernel.
+            Some(false) => Liveness::Dead,
+            _ => Liveness::Unknown,
+        },
+        Err(_) => Liveness::Unknown,
     }
+}
+
+/// [`liveness_in`] under `/proc`.
+pub fn liveness(pid: i32, start_time: u64) -> Liveness {
+    liveness_in(Path::new("/proc"), pid, start_time)
+}
+
+/// Whether `pid` is certainly gone (for a slot whose start time may not be written
+/// yet): only ESRCH counts.
+pub fn pid_is_gone(pid: i32) -> bool {
+    pid <= 0 || pid_exists(pid) == Some(false)
+}
+
+/// Whether the process that was `pid` with `start_time` still runs (seen from our
+/// namespace); an unreadable `/proc` entry counts as running.
+pub fn is_alive(pid: i32, start_time: u64) -> bool {
+    liveness(pid, start_time) != Liveness::Dead
 }
 
 /// Host PIDs for each PID level of `pid`: the `NSpid` line of `/proc/PID/status`.
@@ -89,6 +153,53 @@ mod tests {
         assert!(is_alive(me.pid, me.start_time));
         assert!(!is_alive(me.pid, me.start_time + 1));
         assert!(!is_alive(0, 0));
+    }
+
+    #[test]
+    fn zombies_and_reused_pids_are_dead_and_unreadable_proc_is_unknown() {
+        let me = current();
+        assert_eq!(liveness(me.pid, me.start_time), Liveness::Alive);
+        assert_eq!(liveness(me.pid, me.start_time + 1), Liveness::Dead);
+        // A zombie: a child that exited and is not reaped yet.
+        // SAFETY: fork in a test; the child only calls _exit.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: leaving the forked child at once.
+            unsafe { libc::_exit(0) };
+        }
+        let started = {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).expect("stat");
+                let (state, start) = parse_state_and_start(&stat).expect("parse");
+                if state == 'Z' || std::time::Instant::now() > deadline {
+                    break start;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
+        assert_eq!(
+            liveness(child, started),
+            Liveness::Dead,
+            "a zombie holds nothing"
+        );
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+        assert_eq!(liveness(child, started), Liveness::Dead);
+        // A /proc that hides the entry while the PID exists: unknown, not dead.
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(
+            liveness_in(dir.path(), me.pid, me.start_time),
+            Liveness::Unknown
+        );
+        std::fs::create_dir_all(dir.path().join(me.pid.to_string())).expect("mkdir");
+        assert_eq!(
+            liveness_in(dir.path(), me.pid, me.start_time),
+            Liveness::Unknown,
+            "stat unreadable"
+        );
+        assert!(pid_is_gone(child));
+        assert!(!pid_is_gone(me.pid));
     }
 
     #[test]

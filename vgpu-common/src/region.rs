@@ -2,32 +2,50 @@
 //! written by every CUDA process of the container (through libcuda-shim) and read by
 //! the NVML shim and the host daemon.
 //!
-//! Layout (version 1), all little-endian, fixed size:
+//! Layout (version 2), all little-endian, fixed size:
 //! - a 4 KiB header: magic, version, a layout fingerprint, the length, the devices and
-//!   their limits, and a checksum over those immutable fields;
+//!   their limits, a checksum over those fields, and per device a block of 16 words
+//!   reserved for the compute limiter's container-wide state
+//!   ([`Region::container_limiter`]);
 //! - `MAX_SLOTS` process slots, one cache-line-aligned record each, holding the owner
-//!   (PID, state), its start time and PID namespace, and per-device counters.
+//!   (PID, state), its start time and PID namespace, per-device counters, and per device
+//!   4 words reserved for the limiter's per-process state ([`Region::slot_limiter`]).
+//!   The limiter defines what its words mean; this module only places them.
 //!
 //! Accounting is lock-free, so a process that dies at any instruction can never leave a
 //! lock held. To reserve, a process adds to its own slot and then sums every slot: the
 //! sequentially consistent add-then-sum means that of two racing reservations, the later
 //! one always sees both, so the quota can never be passed. A dead process's slot is found
 //! by PID and start time (PID reuse is no trap) and zeroed, which credits its usage back
-//! exactly. A region whose magic, version, fingerprint, length or checksum is wrong is
-//! rebuilt, never trusted.
+//! exactly; slots change owner only by compare-and-swap on an owner word that carries a
+//! per-claim nonce.
+//!
+//! Live usage is never erased: a region whose magic, version, fingerprint, length or
+//! checksum is wrong, or that records other devices, is rebuilt only when no live process
+//! holds it (each holder keeps a shared lock on the file, see [`crate::mapped`]); while
+//! one does, it is refused and left as it is. A new quota for the same devices is written
+//! into the header in place, under the init lock, keeping every slot. Every count a
+//! reader takes from the file is clamped to [`MAX_COUNT`].
 
 use std::io;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::config::MAX_DEVICES;
-use crate::mapped::{FNV_OFFSET, MappedFile, fnv1a};
-use crate::process::{self, Identity};
+use crate::mapped::{self, Access, FNV_OFFSET, InitLock, MappedFile, fnv1a};
+use crate::process::{self, Identity, Liveness};
+use crate::snapshot::RegionSnapshot;
 
 /// Process slots per container.
 pub const MAX_SLOTS: usize = 256;
 /// Layout version; bump on any change of the structs below.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// Words of the limiter's container-wide block, per device.
+pub const CONTAINER_LIMITER_WORDS: usize = 16;
+/// Words of the limiter's per-process block, per device.
+pub const SLOT_LIMITER_WORDS: usize = 4;
 const MAGIC: [u8; 8] = *b"VGPUREG\0";
 const HEADER_LEN: usize = 4096;
 const UUID_LEN: usize = 96;
@@ -70,12 +88,19 @@ pub(crate) struct Header {
     high_water: AtomicU32,
     _reserved: u32,
     devices: [DeviceRecord; MAX_DEVICES],
+    /// Reserved for the compute limiter: its container-wide words, per device.
+    limiter: LimiterBlock,
 }
+
+/// The header's limiter words, cache-line aligned.
+#[repr(C, align(64))]
+struct LimiterBlock([[AtomicU64; CONTAINER_LIMITER_WORDS]; MAX_DEVICES]);
 
 /// Per-process counters, one set per device.
 #[repr(C, align(64))]
 pub(crate) struct Slot {
-    /// `pid << 32 | state`, so a claimer's PID is visible the instant it claims.
+    /// `pid << 32 | nonce << 8 | state`, so a claimer's PID is visible the instant it
+    /// claims, and a compare-and-swap never acts on a slot that changed hands.
     owner: AtomicU64,
     start_time: AtomicU64,
     pid_ns: AtomicU64,
@@ -90,13 +115,69 @@ pub(crate) struct Slot {
     busy_ns: [AtomicU64; MAX_DEVICES],
     /// Kernel launches seen.
     launches: [AtomicU64; MAX_DEVICES],
+    /// Reserved for the compute limiter: this process's words, per device.
+    limiter: [[AtomicU64; SLOT_LIMITER_WORDS]; MAX_DEVICES],
 }
 
 const SLOTS_OFFSET: usize = HEADER_LEN;
 
+/// Byte offset of slot `index` in the file.
+fn slot_offset(index: usize) -> u64 {
+    (SLOTS_OFFSET + index * std::mem::size_of::<Slot>()) as u64
+}
+
 /// Byte offset of slot `index`'s host PID in the file (for `pwrite` by the host).
 pub(crate) fn host_pid_offset(index: usize) -> usize {
-    SLOTS_OFFSET + index * std::mem::size_of::<Slot>() + std::mem::offset_of!(Slot, host_pid)
+    slot_offset(index) as usize + std::mem::offset_of!(Slot, host_pid)
+}
+
+/// Frees slot `index` of an open region file with `pread`/`pwrite` if its owner word is
+/// still `owner`: marks it reclaiming, zeroes its counters (crediting its usage back),
+/// clears its host PID, marks it free with the claim's nonce kept. Not atomic against a
+/// concurrent reclaimer of the same slot: only for a caller that is the one judge of
+/// the slot (the init of a PID namespace whose processes are all gone).
+pub(crate) fn free_slot_by_io(file: &std::fs::File, index: usize, owner: u64) -> io::Result<bool> {
+    if index >= MAX_SLOTS {
+        return Ok(false);
+    }
+    let base = slot_offset(index);
+    let owner_at = base + std::mem::offset_of!(Slot, owner) as u64;
+    let mut now = [0u8; 8];
+    file.read_exact_at(&mut now, owner_at)?;
+    if u64::from_le_bytes(now) != owner {
+        return Ok(false);
+    }
+    file.write_all_at(&with_state(owner, STATE_RECLAIMING).to_le_bytes(), owner_at)?;
+    let counters = std::mem::offset_of!(Slot, used);
+    let zeros = vec![0u8; std::mem::size_of::<Slot>() - counters];
+    file.write_all_at(&zeros, base + counters as u64)?;
+    file.write_all_at(&0i32.to_le_bytes(), host_pid_offset(index) as u64)?;
+    let free = owner_word(0, nonce_of(owner), STATE_FREE);
+    file.write_all_at(&free.to_le_bytes(), owner_at)?;
+    Ok(true)
+}
+
+/// The slots a reader in PID namespace `my_ns` can tell are dead, with their owner words.
+pub(crate) fn dead_slots(bytes: &impl RegionBytes, my_ns: u64) -> Vec<(usize, u64)> {
+    (0..bytes.scan_end())
+        .filter_map(|index| {
+            let slot = bytes.slot(index);
+            let owner = slot.owner.load(Ordering::SeqCst);
+            let state = state_of(owner);
+            if state != STATE_LIVE && state != STATE_CLAIMING {
+                return None;
+            }
+            let liveness = judge(
+                pid_of(owner),
+                state == STATE_CLAIMING,
+                slot.start_time.load(Ordering::SeqCst),
+                slot.pid_ns.load(Ordering::SeqCst),
+                slot.host_pid.load(Ordering::SeqCst),
+                my_ns,
+            );
+            (liveness == Liveness::Dead).then_some((index, owner))
+        })
+        .collect()
 }
 /// Bytes of a region file.
 pub const REGION_LEN: usize = SLOTS_OFFSET + MAX_SLOTS * std::mem::size_of::<Slot>();
@@ -110,6 +191,10 @@ const fn layout_fingerprint() -> u64 {
         std::mem::size_of::<Header>() as u64,
         std::mem::size_of::<Slot>() as u64,
         std::mem::size_of::<DeviceRecord>() as u64,
+        std::mem::offset_of!(Header, limiter) as u64,
+        std::mem::offset_of!(Slot, limiter) as u64,
+        CONTAINER_LIMITER_WORDS as u64,
+        SLOT_LIMITER_WORDS as u64,
     ];
     let mut hash = FNV_OFFSET;
     let mut i = 0;
@@ -128,15 +213,32 @@ pub enum RegionError {
     Io { path: PathBuf, source: io::Error },
     #[error("usage region {path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
+    /// The region fails its checks (or belongs to other devices) while live processes
+    /// hold it: rebuilding it would erase their usage, so it is left as it is.
+    #[error("usage region {path}: {reason}, and live processes still hold it; it is left as it is")]
+    Held { path: PathBuf, reason: String },
     #[error("usage region: {0} devices, at most {MAX_DEVICES}")]
     TooManyDevices(usize),
     #[error("usage region {0}: all {MAX_SLOTS} process slots are held by live processes")]
     Full(PathBuf),
 }
 
-pub use crate::mapped::OpenOutcome;
+/// How an open (or the host's creation) treated the file it found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpenOutcome {
+    /// The file was new or empty and was initialised.
+    Created,
+    /// A valid region for these devices and limits, used as it was.
+    Attached,
+    /// A valid region for these devices whose limits were rewritten in place (a new
+    /// quota for a running container); every process's usage is kept.
+    LimitsUpdated,
+    /// The file was corrupt, foreign, of another length or for other devices, and no
+    /// live process held it, so it was rebuilt; the reason.
+    Rebuilt(String),
+}
 
-/// One process's usage, for readers.
+/// One process's usage, for readers. Every count is clamped to [`MAX_COUNT`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessUsage {
     pub slot: usize,
@@ -150,43 +252,433 @@ pub struct ProcessUsage {
     pub launches: Vec<u64>,
 }
 
-/// A claimed slot of this process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotId(usize);
+/// The largest count any reader takes from a region (1 PiB, or 2^50 ns or launches):
+/// a tenant can write anything into its file, and sums of clamped counts never wrap.
+pub const MAX_COUNT: u64 = 1 << 50;
 
-impl SlotId {
-    pub fn index(self) -> usize {
-        self.0
+fn count(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::SeqCst).min(MAX_COUNT)
+}
+
+/// The owner word: `pid << 32 | nonce << 8 | state`. The nonce changes with every claim,
+/// so a compare-and-swap on the word can never act on a slot that changed hands since.
+fn owner_word(pid: i32, nonce: u64, state: u64) -> u64 {
+    ((pid as u32 as u64) << 32) | ((nonce & 0x00ff_ffff) << 8) | state
+}
+
+fn state_of(owner: u64) -> u64 {
+    owner & 0xff
+}
+
+fn pid_of(owner: u64) -> i32 {
+    (owner >> 32) as i32
+}
+
+fn nonce_of(owner: u64) -> u64 {
+    (owner >> 8) & 0x00ff_ffff
+}
+
+/// The owner word of the same claim in another state.
+fn with_state(owner: u64, state: u64) -> u64 {
+    (owner & !0xff) | state
+}
+
+/// What a process in PID namespace `my_ns` can say about a slot's owner: judged by PID
+/// and start time in its own namespace; by host PID (when the host filled it) from the
+/// initial namespace; else unknown, never dead.
+pub fn judge(
+    pid: i32,
+    claiming: bool,
+    start_time: u64,
+    pid_ns: u64,
+    host_pid: i32,
+    my_ns: u64,
+) -> Liveness {
+    if pid_ns == my_ns {
+        if claiming {
+            // The start time may not be written yet: only a vanished PID is dead.
+            return if process::pid_is_gone(pid) {
+                Liveness::Dead
+            } else {
+                Liveness::Unknown
+            };
+        }
+        process::liveness(pid, start_time)
+    } else if my_ns == process::INIT_PID_NS && host_pid > 0 && !claiming {
+        process::liveness(host_pid, start_time)
+    } else {
+        Liveness::Unknown
     }
 }
 
-/// An open usage region. The mapping lives as long as the value.
+/// Whether a listed process is dead as seen from namespace `my_ns` (see [`judge`]).
+pub fn is_dead(process: &ProcessUsage, my_ns: u64) -> bool {
+    judge(
+        process.pid,
+        false,
+        process.start_time,
+        process.pid_ns,
+        process.host_pid,
+        my_ns,
+    ) == Liveness::Dead
+}
+
+/// The container process that an NVML process-list entry's `nvml_pid` names, for a
+/// reader in PID namespace `my_ns`. NVML of driver 580 answers in the caller's own PID
+/// namespace, so the entry is the process of our namespace with that PID; older drivers
+/// report host PIDs, so failing that it is the process whose host PID (filled in by the
+/// host, or its own PID in the initial namespace) is `nvml_pid`.
+pub fn nvml_match(processes: &[ProcessUsage], nvml_pid: u32, my_ns: u64) -> Option<&ProcessUsage> {
+    let pid = i32::try_from(nvml_pid).ok().filter(|pid| *pid > 0)?;
+    processes
+        .iter()
+        .find(|p| p.pid_ns == my_ns && p.pid == pid)
+        .or_else(|| processes.iter().find(|p| p.host_pid == pid))
+}
+
+/// A claimed slot of this process: its index and the owner word of the claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotId {
+    index: usize,
+    owner: u64,
+}
+
+impl SlotId {
+    pub fn index(self) -> usize {
+        self.index
+    }
+}
+
+/// How the devices a region records compare with the ones a caller wants.
+#[derive(Debug, PartialEq, Eq)]
+enum Fit {
+    Same,
+    /// The same devices in the same order; only limits differ.
+    Limits,
+    Devices,
+}
+
+fn fit(found: &[RegionDevice], wanted: &[RegionDevice]) -> Fit {
+    if found == wanted {
+        Fit::Same
+    } else if found.len() == wanted.len() && found.iter().zip(wanted).all(|(a, b)| a.id == b.id) {
+        Fit::Limits
+    } else {
+        Fit::Devices
+    }
+}
+
+/// What a found region needs, given what it holds and whether anyone holds it.
+fn verdict(
+    check: Result<Fit, String>,
+    unheld: bool,
+    path: &Path,
+) -> Result<Option<OpenOutcome>, RegionError> {
+    match check {
+        Ok(Fit::Same) => Ok(Some(OpenOutcome::Attached)),
+        Ok(Fit::Limits) => Ok(Some(OpenOutcome::LimitsUpdated)),
+        Ok(Fit::Devices) if unheld => Ok(None),
+        Ok(Fit::Devices) => Err(RegionError::Held {
+            path: path.to_path_buf(),
+            reason: "it records other devices than the config".into(),
+        }),
+        Err(_) if unheld => Ok(None),
+        Err(reason) => Err(RegionError::Held {
+            path: path.to_path_buf(),
+            reason,
+        }),
+    }
+}
+
+/// Writes a fresh header for `devices` at `base` (a zeroed or valid header: the slot
+/// high-water mark and the limiter's words are left as they are).
+///
+/// # Safety
+/// `base` points at `HEADER_LEN` writable bytes, 64-byte aligned, that no other thread
+/// writes meanwhile (the init lock, or a private buffer).
+unsafe fn write_header(base: *mut u8, devices: &[RegionDevice]) {
+    let header = base as *mut Header;
+    // SAFETY: per the function's contract; raw writes avoid forming a &mut that would
+    // alias other processes' shared references.
+    unsafe {
+        (*header).version = VERSION;
+        (*header).layout = layout_fingerprint();
+        (*header).total_len = REGION_LEN as u64;
+        (*header).magic = MAGIC;
+        write_devices(base, devices);
+    }
+}
+
+/// Rewrites the device table and the checksum at `base`; the same contract as
+/// [`write_header`].
+unsafe fn write_devices(base: *mut u8, devices: &[RegionDevice]) {
+    let header = base as *mut Header;
+    // SAFETY: per the function's contract.
+    unsafe {
+        for (position, record) in (*header).devices.iter_mut().enumerate() {
+            let device = devices.get(position).cloned().unwrap_or_default();
+            let bytes = device.id.as_bytes();
+            let n = bytes.len().min(UUID_LEN - 1);
+            record.id = [0; UUID_LEN];
+            record.id[..n].copy_from_slice(&bytes[..n]);
+            record.memory_limit = device.memory_limit;
+            record.core_limit = device.core_limit;
+            record.core_mode = device.core_mode;
+        }
+        (*header).device_count = devices.len().min(MAX_DEVICES) as u32;
+        (*header).checksum = checksum(&*header);
+    }
+    std::sync::atomic::fence(Ordering::SeqCst);
+}
+
+fn checksum(header: &Header) -> u64 {
+    let mut hash = fnv1a(&header.magic, FNV_OFFSET);
+    hash = fnv1a(&header.version.to_le_bytes(), hash);
+    hash = fnv1a(&header.device_count.to_le_bytes(), hash);
+    hash = fnv1a(&header.layout.to_le_bytes(), hash);
+    hash = fnv1a(&header.total_len.to_le_bytes(), hash);
+    for device in &header.devices {
+        hash = fnv1a(&device.id, hash);
+        hash = fnv1a(&device.memory_limit.to_le_bytes(), hash);
+        hash = fnv1a(&device.core_limit.to_le_bytes(), hash);
+        hash = fnv1a(&device.core_mode.to_le_bytes(), hash);
+    }
+    hash
+}
+
+/// The byte ranges of the header that a limit update rewrites: the device count, the
+/// checksum and the device table.
+fn device_ranges() -> [std::ops::Range<usize>; 3] {
+    let at = |offset: usize, len: usize| offset..offset + len;
+    [
+        at(std::mem::offset_of!(Header, device_count), 4),
+        at(std::mem::offset_of!(Header, checksum), 8),
+        at(
+            std::mem::offset_of!(Header, devices),
+            std::mem::size_of::<[DeviceRecord; MAX_DEVICES]>(),
+        ),
+    ]
+}
+
+/// One 64-byte-aligned block of a private copy (the region's records are 64-byte aligned).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct Block(pub(crate) [u8; 64]);
+
+const _: () = assert!(REGION_LEN.is_multiple_of(64) && HEADER_LEN.is_multiple_of(64));
+
+/// `len` zeroed bytes (a multiple of 64), 64-byte aligned.
+pub(crate) fn aligned_zeroed(len: usize) -> Box<[Block]> {
+    vec![Block([0; 64]); len / 64].into_boxed_slice()
+}
+
+/// The bytes of an aligned buffer.
+pub(crate) fn bytes_of(blocks: &mut [Block]) -> &mut [u8] {
+    let len = blocks.len() * 64;
+    // SAFETY: the blocks are `len` initialised bytes borrowed exclusively; u8 has no
+    // invalid values.
+    unsafe { std::slice::from_raw_parts_mut(blocks.as_mut_ptr().cast::<u8>(), len) }
+}
+
+fn io_error(path: &Path) -> impl Fn(io::Error) -> RegionError + '_ {
+    move |source| {
+        if source.kind() == io::ErrorKind::InvalidInput {
+            RegionError::Invalid {
+                path: path.to_path_buf(),
+                reason: source.to_string(),
+            }
+        } else {
+            RegionError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    }
+}
+
+/// A region file as an open or a creation found it: under its init lock, with its
+/// length and whether any other process holds it (see [`crate::mapped`]).
+struct Found {
+    file: std::fs::File,
+    lock: Option<InitLock>,
+    len: u64,
+    /// No other holder: we hold the holder lock exclusively.
+    unheld: bool,
+}
+
+impl Found {
+    fn open(
+        path: &Path,
+        devices: &[RegionDevice],
+        follow_links: bool,
+        patience: Duration,
+    ) -> Result<Found, RegionError> {
+        if devices.len() > MAX_DEVICES {
+            return Err(RegionError::TooManyDevices(devices.len()));
+        }
+        let error = io_error(path);
+        let access = Access {
+            write: true,
+            create: true,
+            follow_links,
+        };
+        let file = mapped::open_regular(path, access).map_err(&error)?;
+        let lock = InitLock::acquire(&file, patience);
+        let len = file.metadata().map_err(&error)?.len();
+        let unheld = mapped::hold_exclusive_if_unheld(&file);
+        Ok(Found {
+            file,
+            lock,
+            len,
+            unheld,
+        })
+    }
+
+    /// Empties the file into a zeroed one of the region's length (mode 0666, so every
+    /// container user can write it) when nobody holds it; else refuses, extending a
+    /// short file first so the holders' mappings stay backed (a truncated mapping is
+    /// SIGBUS).
+    fn reset(&self, path: &Path) -> Result<OpenOutcome, RegionError> {
+        let error = io_error(path);
+        let reason = format!("length {}, expected {REGION_LEN}", self.len);
+        if !self.unheld {
+            if self.len < REGION_LEN as u64 {
+                let _ = self.file.set_len(REGION_LEN as u64);
+            }
+            return Err(RegionError::Held {
+                path: path.to_path_buf(),
+                reason,
+            });
+        }
+        self.file.set_len(0).map_err(&error)?;
+        self.file.set_len(REGION_LEN as u64).map_err(&error)?;
+        // Best effort: the file may belong to another user.
+        let _ = self
+            .file
+            .set_permissions(std::fs::Permissions::from_mode(0o666));
+        Ok(if self.len == 0 {
+            OpenOutcome::Created
+        } else {
+            OpenOutcome::Rebuilt(reason)
+        })
+    }
+}
+
+/// How long a process waits for another's init lock or exclusive check.
+const PATIENCE: Duration = Duration::from_secs(2);
+
+/// An open usage region. The mapping lives as long as the value, and so does this
+/// process's hold on the file (see [`crate::mapped`]).
 pub struct Region {
     map: MappedFile,
 }
 
 impl Region {
-    /// Opens (creating or rebuilding as needed) the region at `path` for `devices`.
+    /// Opens the region at `path` for `devices` (the shims): creates a missing or empty
+    /// file; attaches to a valid one, rewriting its limits in place when only they
+    /// differ; rebuilds a corrupt, foreign or resized one, or one for other devices,
+    /// only when no live process holds it, and otherwise refuses ([`RegionError::Held`])
+    /// and leaves it untouched, so live usage is never erased. The caller then holds the
+    /// file until the value is dropped. A FIFO or other special file is refused without
+    /// blocking.
     pub fn open(
         path: &Path,
         devices: &[RegionDevice],
     ) -> Result<(Region, OpenOutcome), RegionError> {
-        if devices.len() > MAX_DEVICES {
-            return Err(RegionError::TooManyDevices(devices.len()));
-        }
-        let (map, found, lock) =
-            MappedFile::open_or_create(path, REGION_LEN).map_err(|source| RegionError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        let region = Region { map };
-        let outcome = found.settle(
-            &region.map,
-            || region.initialise(devices),
-            || RegionBytes::check(&region).and_then(|()| region.check_devices(devices)),
-        );
+        let found = Found::open(path, devices, true, PATIENCE)?;
+        let error = io_error(path);
+        let Found {
+            file,
+            lock,
+            len,
+            unheld,
+        } = found;
+        let outcome = if len == REGION_LEN as u64 {
+            let region = Region {
+                map: MappedFile::map(file, path, REGION_LEN).map_err(&error)?,
+            };
+            let check = RegionBytes::check(&region).map(|()| fit(&region.devices(), devices));
+            let reason = check.as_ref().err().cloned();
+            let outcome = match verdict(check, unheld, path)? {
+                Some(OpenOutcome::LimitsUpdated) => {
+                    // SAFETY: under the init lock; the header is the mapping's first page.
+                    unsafe { write_devices(region.map.base(), devices) };
+                    OpenOutcome::LimitsUpdated
+                }
+                Some(outcome) => outcome,
+                None => {
+                    region.map.zero();
+                    // SAFETY: under the init lock, with no other holder (checked).
+                    unsafe { write_header(region.map.base(), devices) };
+                    OpenOutcome::Rebuilt(
+                        reason.unwrap_or_else(|| "devices differ from the config".into()),
+                    )
+                }
+            };
+            (region, outcome)
+        } else {
+            let found = Found {
+                file,
+                lock: None,
+                len,
+                unheld,
+            };
+            let outcome = found.reset(path)?;
+            let region = Region {
+                map: MappedFile::map(found.file, path, REGION_LEN).map_err(&error)?,
+            };
+            // SAFETY: under the init lock on a freshly zeroed file nobody else holds.
+            unsafe { write_header(region.map.base(), devices) };
+            (region, outcome)
+        };
+        // Converts our exclusive check (if it succeeded) into a shared hold.
+        mapped::hold_shared(outcome.0.map.file(), PATIENCE);
         drop(lock);
-        Ok((region, outcome))
+        Ok(outcome)
+    }
+
+    /// Creates or updates the region at `path` for `devices` with file I/O only (the
+    /// host: the device plugin at PreStart, the DRA driver, `vgpu run`), never mapping
+    /// the tenant-writable file and never following a link. The same rules as
+    /// [`Region::open`]: a valid region keeps every process's usage (its limits are
+    /// rewritten in place if they differ), a damaged one is rebuilt only when no live
+    /// process holds it.
+    pub fn create_file(path: &Path, devices: &[RegionDevice]) -> Result<OpenOutcome, RegionError> {
+        let found = Found::open(path, devices, false, Duration::from_millis(500))?;
+        let error = io_error(path);
+        let mut image = aligned_zeroed(HEADER_LEN);
+        // SAFETY: a private HEADER_LEN buffer, 64-byte aligned.
+        unsafe { write_header(image.as_mut_ptr().cast(), devices) };
+        let image = bytes_of(&mut image);
+        let result = (|| {
+            let mut reason = None;
+            if found.len == REGION_LEN as u64 {
+                let copy = RegionSnapshot::read_file(&found.file, path)?;
+                let check = RegionBytes::check(&copy).map(|()| fit(&copy.devices(), devices));
+                reason = check.as_ref().err().cloned();
+                match verdict(check, found.unheld, path)? {
+                    Some(OpenOutcome::LimitsUpdated) => {
+                        for range in device_ranges() {
+                            found
+                                .file
+                                .write_all_at(&image[range.clone()], range.start as u64)
+                                .map_err(&error)?;
+                        }
+                        return Ok(OpenOutcome::LimitsUpdated);
+                    }
+                    Some(outcome) => return Ok(outcome),
+                    None => {}
+                }
+            }
+            let outcome = found.reset(path)?;
+            found.file.write_all_at(image, 0).map_err(&error)?;
+            Ok(match (outcome, reason) {
+                (OpenOutcome::Rebuilt(_), Some(reason)) => OpenOutcome::Rebuilt(reason),
+                (outcome, _) => outcome,
+            })
+        })();
+        mapped::release_hold(&found.file);
+        result
     }
 
     /// Opens an existing region without changing it (host daemon, NVML readers).
@@ -196,10 +688,7 @@ impl Region {
                 path: path.to_path_buf(),
                 reason: format!("length {len}, expected {REGION_LEN}"),
             },
-            Err(source) => RegionError::Io {
-                path: path.to_path_buf(),
-                source,
-            },
+            Err(source) => io_error(path)(source),
         })?;
         let region = Region { map };
         RegionBytes::check(&region).map_err(|reason| RegionError::Invalid {
@@ -213,76 +702,30 @@ impl Region {
         self.map.path()
     }
 
-    fn header_mut(&self) -> *mut Header {
-        self.map.base() as *mut Header
-    }
-
-    fn immutable_checksum(header: &Header) -> u64 {
-        let mut hash = fnv1a(&header.magic, FNV_OFFSET);
-        hash = fnv1a(&header.version.to_le_bytes(), hash);
-        hash = fnv1a(&header.device_count.to_le_bytes(), hash);
-        hash = fnv1a(&header.layout.to_le_bytes(), hash);
-        hash = fnv1a(&header.total_len.to_le_bytes(), hash);
-        for device in &header.devices {
-            hash = fnv1a(&device.id, hash);
-            hash = fnv1a(&device.memory_limit.to_le_bytes(), hash);
-            hash = fnv1a(&device.core_limit.to_le_bytes(), hash);
-            hash = fnv1a(&device.core_mode.to_le_bytes(), hash);
-        }
-        hash
-    }
-
-    /// Writes a fresh header; called under the file lock on a zeroed mapping.
-    fn initialise(&self, devices: &[RegionDevice]) {
-        let header = self.header_mut();
-        // SAFETY: under the file lock nobody else writes the header; raw writes avoid
-        // forming a &mut that would alias readers' shared references.
-        unsafe {
-            for (record, device) in (*header).devices.iter_mut().zip(devices) {
-                let bytes = device.id.as_bytes();
-                let n = bytes.len().min(UUID_LEN - 1);
-                record.id = [0; UUID_LEN];
-                record.id[..n].copy_from_slice(&bytes[..n]);
-                record.memory_limit = device.memory_limit;
-                record.core_limit = device.core_limit;
-                record.core_mode = device.core_mode;
-            }
-            (*header).version = VERSION;
-            (*header).device_count = devices.len() as u32;
-            (*header).layout = layout_fingerprint();
-            (*header).total_len = REGION_LEN as u64;
-            (*header).magic = MAGIC;
-            (*header).checksum = Region::immutable_checksum(&*header);
-        }
-        std::sync::atomic::fence(Ordering::SeqCst);
-    }
-
-    fn check_devices(&self, devices: &[RegionDevice]) -> Result<(), String> {
-        if self.devices() == devices {
-            Ok(())
-        } else {
-            Err("devices or limits differ from the config".into())
-        }
-    }
-
-    /// Claims a slot for `me`, resetting one left by an earlier image of the same process
-    /// (after `exec` the PID and start time stay, the device memory does not).
+    /// Claims a slot for `me`, taking back one left by an earlier image of the same
+    /// process (after `exec` the PID and start time stay, the device memory does not).
+    /// Every change of owner is a compare-and-swap on the slot's owner word.
     pub fn attach(&self, me: &Identity) -> Result<SlotId, RegionError> {
         for index in 0..self.scan_end() {
             let slot = self.slot(index);
             let owner = slot.owner.load(Ordering::SeqCst);
-            if owner & 0xff == STATE_LIVE
-                && (owner >> 32) as i32 == me.pid
+            if state_of(owner) == STATE_LIVE
+                && pid_of(owner) == me.pid
                 && slot.start_time.load(Ordering::SeqCst) == me.start_time
                 && slot.pid_ns.load(Ordering::SeqCst) == me.pid_ns
+                && let Some(claimed) = self.claim(index, owner, me)
             {
-                Region::clear_counters(slot);
-                return Ok(SlotId(index));
+                return Ok(claimed);
             }
         }
         for attempt in 0..2 {
-            if let Some(slot) = self.claim_free(me) {
-                return Ok(slot);
+            for index in 0..MAX_SLOTS {
+                let owner = self.slot(index).owner.load(Ordering::SeqCst);
+                if state_of(owner) == STATE_FREE
+                    && let Some(claimed) = self.claim(index, owner, me)
+                {
+                    return Ok(claimed);
+                }
             }
             if attempt == 0 {
                 self.reclaim_dead();
@@ -291,35 +734,32 @@ impl Region {
         Err(RegionError::Full(self.map.path().to_path_buf()))
     }
 
-    fn claim_free(&self, me: &Identity) -> Option<SlotId> {
-        let claiming = ((me.pid as u32 as u64) << 32) | STATE_CLAIMING;
-        for index in 0..MAX_SLOTS {
-            let slot = self.slot(index);
-            if slot
-                .owner
-                .compare_exchange(STATE_FREE, claiming, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                Region::clear_counters(slot);
-                slot.start_time.store(me.start_time, Ordering::SeqCst);
-                slot.pid_ns.store(me.pid_ns, Ordering::SeqCst);
-                let host_pid = if me.pid_ns == process::INIT_PID_NS {
-                    me.pid
-                } else {
-                    0
-                };
-                slot.host_pid.store(host_pid, Ordering::SeqCst);
-                self.header()
-                    .high_water
-                    .fetch_max(index as u32 + 1, Ordering::SeqCst);
-                slot.owner.store(
-                    ((me.pid as u32 as u64) << 32) | STATE_LIVE,
-                    Ordering::SeqCst,
-                );
-                return Some(SlotId(index));
-            }
-        }
-        None
+    /// Takes slot `index` from owner word `seen` for `me`, if it still is `seen`.
+    fn claim(&self, index: usize, seen: u64, me: &Identity) -> Option<SlotId> {
+        let slot = self.slot(index);
+        let nonce = nonce_of(seen) + 1;
+        let claiming = owner_word(me.pid, nonce, STATE_CLAIMING);
+        slot.owner
+            .compare_exchange(seen, claiming, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()?;
+        Region::clear_counters(slot);
+        slot.start_time.store(me.start_time, Ordering::SeqCst);
+        slot.pid_ns.store(me.pid_ns, Ordering::SeqCst);
+        let host_pid = if me.pid_ns == process::INIT_PID_NS {
+            me.pid
+        } else {
+            0
+        };
+        slot.host_pid.store(host_pid, Ordering::SeqCst);
+        self.header()
+            .high_water
+            .fetch_max(index as u32 + 1, Ordering::SeqCst);
+        let live = owner_word(me.pid, nonce, STATE_LIVE);
+        // Only a reclaimer that judged our PID gone could have moved it meanwhile.
+        slot.owner
+            .compare_exchange(claiming, live, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()?;
+        Some(SlotId { index, owner: live })
     }
 
     fn clear_counters(slot: &Slot) {
@@ -328,14 +768,39 @@ impl Region {
             slot.context[device].store(0, Ordering::SeqCst);
             slot.busy_ns[device].store(0, Ordering::SeqCst);
             slot.launches[device].store(0, Ordering::SeqCst);
+            for word in &slot.limiter[device] {
+                word.store(0, Ordering::SeqCst);
+            }
         }
     }
 
-    /// Gives a slot back (clean exit).
-    pub fn detach(&self, slot: SlotId) {
-        let slot = self.slot(slot.0);
+    /// Frees slot `index` held under owner word `owner`, if it still is: zeroes it
+    /// (crediting its usage back) and marks it free. False when it changed hands.
+    fn free_slot(&self, index: usize, owner: u64) -> bool {
+        let slot = self.slot(index);
+        if slot
+            .owner
+            .compare_exchange(
+                owner,
+                with_state(owner, STATE_RECLAIMING),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_err()
+        {
+            return false;
+        }
         Region::clear_counters(slot);
-        slot.owner.store(STATE_FREE, Ordering::SeqCst);
+        slot.host_pid.store(0, Ordering::SeqCst);
+        // Keep the nonce, so the next claim gets a new owner word.
+        slot.owner
+            .store(owner_word(0, nonce_of(owner), STATE_FREE), Ordering::SeqCst);
+        true
+    }
+
+    /// Gives a slot back (clean exit); nothing if it is no longer ours.
+    pub fn detach(&self, slot: SlotId) {
+        self.free_slot(slot.index, slot.owner);
     }
 
     /// Adds `bytes` to this process's usage on `device` if the total stays within `limit`.
@@ -344,7 +809,7 @@ impl Region {
         if device >= MAX_DEVICES {
             return false;
         }
-        let counter = &self.slot(slot.0).used[device];
+        let counter = &self.slot(slot.index).used[device];
         // Two reservations racing at the edge of the quota can both see the other's
         // add and both back off, though one would have fitted. After backing off, try
         // again (a few times) while what the others hold leaves room.
@@ -368,14 +833,14 @@ impl Region {
     /// memory that the driver already handed out).
     pub fn add_used(&self, slot: SlotId, device: usize, bytes: u64) {
         if device < MAX_DEVICES {
-            self.slot(slot.0).used[device].fetch_add(bytes, Ordering::SeqCst);
+            self.slot(slot.index).used[device].fetch_add(bytes, Ordering::SeqCst);
         }
     }
 
-    /// Bytes one slot holds on `device`.
+    /// Bytes one slot holds on `device` (clamped).
     pub fn slot_used(&self, slot: SlotId, device: usize) -> u64 {
         if device < MAX_DEVICES {
-            self.slot(slot.0).used[device].load(Ordering::SeqCst)
+            count(&self.slot(slot.index).used[device])
         } else {
             0
         }
@@ -384,24 +849,29 @@ impl Region {
     /// Credits `bytes` back on `device`.
     pub fn release(&self, slot: SlotId, device: usize, bytes: u64) {
         if device < MAX_DEVICES {
-            Region::saturating_sub(&self.slot(slot.0).used[device], bytes);
+            Region::saturating_sub(&self.slot(slot.index).used[device], bytes);
         }
     }
 
     /// Records context overhead (already part of `used` through `add_used`/`try_reserve`).
     pub fn set_context(&self, slot: SlotId, device: usize, bytes: u64) {
         if device < MAX_DEVICES {
-            self.slot(slot.0).context[device].store(bytes, Ordering::SeqCst);
+            self.slot(slot.index).context[device].store(bytes, Ordering::SeqCst);
         }
     }
 
     /// Adds measured GPU busy time and launches (compute limiter, utilization readers).
     pub fn add_busy(&self, slot: SlotId, device: usize, busy_ns: u64, launches: u64) {
         if device < MAX_DEVICES {
-            let slot = self.slot(slot.0);
+            let slot = self.slot(slot.index);
             slot.busy_ns[device].fetch_add(busy_ns, Ordering::Relaxed);
             slot.launches[device].fetch_add(launches, Ordering::Relaxed);
         }
+    }
+
+    /// The host PID recorded for this process's slot (0 while unknown).
+    pub fn slot_host_pid(&self, slot: SlotId) -> i32 {
+        self.slot(slot.index).host_pid.load(Ordering::SeqCst).max(0)
     }
 
     /// Records the host PID of a slot's owner (host daemon).
@@ -417,46 +887,34 @@ impl Region {
         });
     }
 
-    /// Frees the slots of processes that are gone. Only slots whose owner lives in our
-    /// PID namespace are judged by PID; others are judged by their host PID when we are
-    /// in the initial namespace, else left alone. Returns how many were freed.
+    /// Frees the slots of processes that are certainly gone (see [`judge`]: a `/proc`
+    /// that cannot be read, or a namespace we cannot see into, is never "gone"), by
+    /// compare-and-swap. Returns how many were freed.
     pub fn reclaim_dead(&self) -> usize {
         let my_ns = process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0);
+        dead_slots(self, my_ns)
+            .into_iter()
+            .filter(|&(index, owner)| self.free_slot(index, owner))
+            .count()
+    }
+
+    /// The cheap half of [`Region::reclaim_dead`], for every `cuMemGetInfo`: frees the
+    /// slots of our PID namespace `my_ns` (but `mine`) whose PID no longer exists, one
+    /// `kill(pid, 0)` each. A reused PID or an unreaped zombie waits for the full check,
+    /// which runs before any refusal.
+    pub fn reclaim_gone(&self, mine: SlotId, my_ns: u64) -> usize {
         let mut freed = 0;
         for index in 0..self.scan_end() {
+            if index == mine.index {
+                continue;
+            }
             let slot = self.slot(index);
             let owner = slot.owner.load(Ordering::SeqCst);
-            let state = owner & 0xff;
-            if state != STATE_LIVE && state != STATE_CLAIMING {
-                continue;
-            }
-            let pid = (owner >> 32) as i32;
-            let start = slot.start_time.load(Ordering::SeqCst);
-            let slot_ns = slot.pid_ns.load(Ordering::SeqCst);
-            let alive = if slot_ns == my_ns {
-                if state == STATE_CLAIMING {
-                    // Start time may not be written yet: judge by the PID alone.
-                    Path::new("/proc").join(pid.to_string()).exists()
-                } else {
-                    process::is_alive(pid, start)
-                }
-            } else if my_ns == process::INIT_PID_NS {
-                let host_pid = slot.host_pid.load(Ordering::SeqCst);
-                host_pid == 0 || Path::new("/proc").join(host_pid.to_string()).exists()
-            } else {
-                true
-            };
-            if alive {
-                continue;
-            }
-            let reclaiming = (owner & !0xff) | STATE_RECLAIMING;
-            if slot
-                .owner
-                .compare_exchange(owner, reclaiming, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
+            if state_of(owner) == STATE_LIVE
+                && slot.pid_ns.load(Ordering::SeqCst) == my_ns
+                && process::pid_is_gone(pid_of(owner))
+                && self.free_slot(index, owner)
             {
-                Region::clear_counters(slot);
-                slot.owner.store(STATE_FREE, Ordering::SeqCst);
                 freed += 1;
             }
         }
@@ -516,9 +974,7 @@ impl Region {
         }
         filled
     }
-
 }
-
 
 /// Read access to the bytes of a region, whether a live shared mapping ([`Region`]) or a
 /// private copy ([`crate::snapshot::RegionSnapshot`]): one set of readers for both, so
@@ -563,7 +1019,7 @@ pub(crate) trait RegionBytes {
         if header.device_count as usize > MAX_DEVICES {
             return Err(format!("{} devices", header.device_count));
         }
-        if header.checksum != Region::immutable_checksum(header) {
+        if header.checksum != checksum(header) {
             return Err("header checksum mismatch".into());
         }
         if header.high_water.load(Ordering::Acquire) as usize > MAX_SLOTS {
@@ -572,10 +1028,15 @@ pub(crate) trait RegionBytes {
         Ok(())
     }
 
-    /// The devices recorded at creation.
+    /// The number of devices recorded (clamped).
+    fn device_count(&self) -> usize {
+        (self.header().device_count as usize).min(MAX_DEVICES)
+    }
+
+    /// The devices recorded at creation (or at the last limit update).
     fn devices(&self) -> Vec<RegionDevice> {
         let header = self.header();
-        header.devices[..header.device_count as usize]
+        header.devices[..self.device_count()]
             .iter()
             .map(|record| {
                 let end = record.id.iter().position(|b| *b == 0).unwrap_or(UUID_LEN);
@@ -593,33 +1054,59 @@ pub(crate) trait RegionBytes {
         (self.header().high_water.load(Ordering::SeqCst) as usize).min(MAX_SLOTS)
     }
 
-    /// Bytes held on `device` by all processes.
+    /// Bytes held on `device` by all processes (slots being claimed or live; each count
+    /// clamped).
     fn device_used(&self, device: usize) -> u64 {
         if device >= MAX_DEVICES {
             return 0;
         }
         (0..self.scan_end())
-            .map(|index| self.slot(index).used[device].load(Ordering::SeqCst))
+            .filter(|&index| {
+                let state = state_of(self.slot(index).owner.load(Ordering::SeqCst));
+                state == STATE_LIVE || state == STATE_CLAIMING
+            })
+            .map(|index| count(&self.slot(index).used[device]))
             .fold(0u64, u64::saturating_add)
+    }
+
+    /// A copy of the limiter's container-wide words for `device` (zeros out of range).
+    fn container_limiter_words(&self, device: usize) -> [u64; CONTAINER_LIMITER_WORDS] {
+        let mut words = [0; CONTAINER_LIMITER_WORDS];
+        if let Some(block) = self.header().limiter.0.get(device) {
+            for (word, atomic) in words.iter_mut().zip(block) {
+                *word = atomic.load(Ordering::Acquire);
+            }
+        }
+        words
+    }
+
+    /// A copy of the limiter's words of slot `index` for `device` (zeros out of range).
+    fn slot_limiter_words(&self, index: usize, device: usize) -> [u64; SLOT_LIMITER_WORDS] {
+        let mut words = [0; SLOT_LIMITER_WORDS];
+        if index < MAX_SLOTS
+            && let Some(block) = self.slot(index).limiter.get(device)
+        {
+            for (word, atomic) in words.iter_mut().zip(block) {
+                *word = atomic.load(Ordering::Acquire);
+            }
+        }
+        words
     }
 
     /// Every live process and its counters.
     fn processes(&self) -> Vec<ProcessUsage> {
-        let device_count = self.header().device_count as usize;
+        let device_count = self.device_count();
         let read = |counters: &[AtomicU64; MAX_DEVICES]| -> Vec<u64> {
-            counters[..device_count]
-                .iter()
-                .map(|c| c.load(Ordering::SeqCst))
-                .collect()
+            counters[..device_count].iter().map(count).collect()
         };
         (0..self.scan_end())
             .filter_map(|index| {
                 let slot = self.slot(index);
                 let owner = slot.owner.load(Ordering::SeqCst);
-                (owner & 0xff == STATE_LIVE).then(|| ProcessUsage {
+                (state_of(owner) == STATE_LIVE && pid_of(owner) > 0).then(|| ProcessUsage {
                     slot: index,
-                    pid: (owner >> 32) as i32,
-                    host_pid: slot.host_pid.load(Ordering::SeqCst),
+                    pid: pid_of(owner),
+                    host_pid: slot.host_pid.load(Ordering::SeqCst).max(0),
                     start_time: slot.start_time.load(Ordering::SeqCst),
                     pid_ns: slot.pid_ns.load(Ordering::SeqCst),
                     used: read(&slot.used),
@@ -653,7 +1140,31 @@ impl Region {
     pub fn processes(&self) -> Vec<ProcessUsage> {
         RegionBytes::processes(self)
     }
+
+    /// The compute limiter's container-wide words for `device` (its own meaning; zero in
+    /// a new region). A `device` of `MAX_DEVICES` or more gets a process-local block of
+    /// zeros that no other process sees.
+    pub fn container_limiter(&self, device: usize) -> &[AtomicU64; CONTAINER_LIMITER_WORDS] {
+        match self.header().limiter.0.get(device) {
+            Some(block) => block,
+            None => &OUT_OF_RANGE_CONTAINER,
+        }
+    }
+
+    /// The compute limiter's words of this process's `slot` for `device` (zeroed when the
+    /// slot is claimed). Out-of-range devices get a process-local block, as above.
+    pub fn slot_limiter(&self, slot: SlotId, device: usize) -> &[AtomicU64; SLOT_LIMITER_WORDS] {
+        match self.slot(slot.index).limiter.get(device) {
+            Some(block) => block,
+            None => &OUT_OF_RANGE_SLOT,
+        }
+    }
 }
+
+static OUT_OF_RANGE_CONTAINER: [AtomicU64; CONTAINER_LIMITER_WORDS] =
+    [const { AtomicU64::new(0) }; CONTAINER_LIMITER_WORDS];
+static OUT_OF_RANGE_SLOT: [AtomicU64; SLOT_LIMITER_WORDS] =
+    [const { AtomicU64::new(0) }; SLOT_LIMITER_WORDS];
 
 #[cfg(test)]
 mod tests {
@@ -687,7 +1198,7 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_and_foreign_regions_are_rebuilt() {
+    fn corrupt_and_foreign_regions_are_rebuilt_when_nobody_holds_them() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("r");
         drop(Region::open(&path, &devices()).expect("open"));
@@ -705,10 +1216,271 @@ mod tests {
         assert!(Region::open_existing(&path).is_ok());
         std::fs::write(&path, vec![7u8; REGION_LEN]).expect("write");
         assert!(Region::open_existing(&path).is_err());
-        let mut other = devices();
-        other[0].memory_limit = 2 << 30;
-        let (_, outcome) = Region::open(&path, &other).expect("reopen");
+        let (_, outcome) = Region::open(&path, &devices()).expect("reopen");
         assert!(matches!(outcome, OpenOutcome::Rebuilt(_)));
+        let other = vec![RegionDevice {
+            id: "GPU-other".into(),
+            ..devices()[0].clone()
+        }];
+        let (_, outcome) = Region::open(&path, &other).expect("reopen");
+        assert!(matches!(outcome, OpenOutcome::Rebuilt(_)), "{outcome:?}");
+    }
+
+    /// A process holding 600 MiB, its mapping kept, and the path of its region.
+    fn holder(dir: &Path) -> (Region, SlotId, PathBuf) {
+        let path = dir.join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        let slot = region.attach(&process::current()).expect("attach");
+        assert!(region.try_reserve(slot, 0, 600 << 20, 1 << 30));
+        (region, slot, path)
+    }
+
+    #[test]
+    fn a_damaged_region_under_a_live_holder_is_refused_and_never_zeroed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (region, _slot, path) = holder(dir.path());
+        // Damage the checksum through a second descriptor (the holder keeps running).
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        file.write_all_at(&[0xff; 8], std::mem::offset_of!(Header, checksum) as u64)
+            .expect("pwrite");
+        let error = Region::open(&path, &devices()).err().expect("refused");
+        assert!(
+            matches!(error, RegionError::Held { ref reason, .. } if reason.contains("checksum")),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("live processes still hold it"),
+            "{error}"
+        );
+        assert_eq!(
+            region.device_used(0),
+            600 << 20,
+            "the holder's usage is intact"
+        );
+        assert!(matches!(
+            Region::create_file(&path, &devices()),
+            Err(RegionError::Held { .. })
+        ));
+        // A resize (truncation) under the holder: the length is restored, never zeroed
+        // further, and the region is still refused.
+        file.set_len(4096).expect("truncate");
+        assert!(matches!(
+            Region::open(&path, &devices()),
+            Err(RegionError::Held { .. })
+        ));
+        assert_eq!(
+            std::fs::metadata(&path).expect("stat").len(),
+            REGION_LEN as u64
+        );
+        drop(region);
+        // Nobody holds it now: rebuilt.
+        let (_, outcome) = Region::open(&path, &devices()).expect("reopen");
+        assert!(matches!(outcome, OpenOutcome::Rebuilt(_)), "{outcome:?}");
+    }
+
+    #[test]
+    fn other_devices_under_a_live_holder_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (region, _slot, path) = holder(dir.path());
+        let other = vec![RegionDevice {
+            id: "GPU-other".into(),
+            ..devices()[0].clone()
+        }];
+        let error = Region::open(&path, &other).err().expect("refused");
+        assert!(matches!(error, RegionError::Held { .. }), "{error}");
+        assert_eq!(region.device_used(0), 600 << 20);
+    }
+
+    #[test]
+    fn a_new_quota_for_a_running_container_keeps_its_usage() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (region, slot, path) = holder(dir.path());
+        let mut bigger = devices();
+        bigger[0].memory_limit = 2 << 30;
+        let (second, outcome) = Region::open(&path, &bigger).expect("reopen");
+        assert_eq!(outcome, OpenOutcome::LimitsUpdated);
+        assert_eq!(second.devices(), bigger);
+        assert_eq!(region.devices(), bigger, "the holder's mapping sees it");
+        assert_eq!(second.device_used(0), 600 << 20, "usage kept");
+        assert_eq!(region.processes()[0].slot, slot.index());
+        // The host's file-I/O creator does the same, and says when nothing changed.
+        let mut smaller = devices();
+        smaller[0].memory_limit = 512 << 20;
+        assert_eq!(
+            Region::create_file(&path, &smaller).expect("update"),
+            OpenOutcome::LimitsUpdated
+        );
+        assert_eq!(region.devices(), smaller);
+        assert_eq!(region.device_used(0), 600 << 20);
+        assert_eq!(
+            Region::create_file(&path, &smaller).expect("again"),
+            OpenOutcome::Attached
+        );
+        assert!(
+            crate::snapshot::RegionSnapshot::read(&path).is_ok(),
+            "checksum right"
+        );
+    }
+
+    #[test]
+    fn the_host_creates_regions_by_file_io_and_refuses_links_and_fifos() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        assert_eq!(
+            Region::create_file(&path, &devices()).expect("create"),
+            OpenOutcome::Created
+        );
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o666, "every container user can write it");
+        let (region, outcome) = Region::open(&path, &devices()).expect("shim attaches");
+        assert_eq!(outcome, OpenOutcome::Attached);
+        assert_eq!(region.devices(), devices());
+        drop(region);
+        std::fs::File::create(&path).expect("empty it, as the plugin's Allocate does");
+        assert_eq!(
+            Region::create_file(&path, &devices()).expect("create"),
+            OpenOutcome::Created
+        );
+        std::fs::write(&path, b"junk").expect("junk");
+        assert!(matches!(
+            Region::create_file(&path, &devices()).expect("rebuild"),
+            OpenOutcome::Rebuilt(_)
+        ));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).expect("symlink");
+        assert!(
+            Region::create_file(&link, &devices()).is_err(),
+            "no link followed"
+        );
+        let fifo = dir.path().join("fifo");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo on a NUL-terminated path we own.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            Region::create_file(&fifo, &devices()),
+            Err(RegionError::Invalid { .. })
+        ));
+        assert!(matches!(
+            Region::open(&fifo, &devices()),
+            Err(RegionError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn gone_pids_are_freed_cheaply_and_ours_never() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (region, _) = Region::open(&dir.path().join("r"), &devices()).expect("open");
+        let me = process::current();
+        let mine = region.attach(&me).expect("attach");
+        region.add_used(mine, 0, 1);
+        // SAFETY: fork in a test; the child exits at once and is reaped below.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: leaving the forked child.
+            unsafe { libc::_exit(0) };
+        }
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+        let gone = region
+            .attach(&Identity { pid: child, ..me })
+            .expect("attach");
+        region.add_used(gone, 0, 100);
+        let elsewhere = region
+            .attach(&Identity {
+                pid: child,
+                pid_ns: me.pid_ns + 1,
+                ..me
+            })
+            .expect("attach");
+        region.add_used(elsewhere, 0, 1000);
+        assert_eq!(region.reclaim_gone(mine, me.pid_ns), 1);
+        assert_eq!(
+            region.device_used(0),
+            1001,
+            "ours and the other namespace's stay"
+        );
+    }
+
+    #[test]
+    fn slots_change_owner_only_by_compare_and_swap() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (region, _) = Region::open(&dir.path().join("r"), &devices()).expect("open");
+        let me = process::current();
+        let ghost = Identity {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        let stale = region.attach(&ghost).expect("attach");
+        // Judged dead (another start time under our PID) and reclaimed, then claimed anew.
+        assert_eq!(region.reclaim_dead(), 1);
+        let fresh = region.attach(&me).expect("attach");
+        assert_eq!(fresh.index(), stale.index(), "the same slot, a new claim");
+        assert_ne!(fresh, stale);
+        region.add_used(fresh, 0, 4096);
+        // The old owner's late detach must not free the new owner's slot.
+        region.detach(stale);
+        assert_eq!(region.device_used(0), 4096);
+        assert_eq!(region.processes().len(), 1);
+        region.detach(fresh);
+        assert_eq!(region.device_used(0), 0);
+        assert!(region.processes().is_empty());
+    }
+
+    #[test]
+    fn nvml_entries_match_by_namespace_pid_first_then_host_pid() {
+        let usage = |slot, pid, host_pid, pid_ns| ProcessUsage {
+            slot,
+            pid,
+            host_pid,
+            start_time: 1,
+            pid_ns,
+            used: vec![],
+            context: vec![],
+            busy_ns: vec![],
+            launches: vec![],
+        };
+        let ours = 4026532999;
+        let list = [
+            usage(0, 7, 3100, ours),
+            usage(1, 9, 0, ours),
+            usage(2, 7, 3200, 1234),
+        ];
+        // Driver 580 in our namespace: PID 7 is our slot 0, not the other namespace's 7.
+        assert_eq!(nvml_match(&list, 7, ours).map(|p| p.slot), Some(0));
+        assert_eq!(nvml_match(&list, 9, ours).map(|p| p.slot), Some(1));
+        // An older driver's host PIDs.
+        assert_eq!(nvml_match(&list, 3100, ours).map(|p| p.slot), Some(0));
+        assert_eq!(nvml_match(&list, 3200, ours).map(|p| p.slot), Some(2));
+        assert_eq!(nvml_match(&list, 4000, ours), None);
+        assert_eq!(nvml_match(&list, 0, ours), None, "PID 0 is nobody");
+        // The same list read from the initial namespace: only host PIDs match.
+        assert_eq!(nvml_match(&list, 7, process::INIT_PID_NS), None);
+    }
+
+    #[test]
+    fn counts_are_clamped_on_every_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (region, _) = Region::open(&dir.path().join("r"), &devices()).expect("open");
+        let a = region.attach(&process::current()).expect("attach");
+        let b = region
+            .attach(&Identity {
+                start_time: 1,
+                pid_ns: 1,
+                ..process::current()
+            })
+            .expect("attach");
+        region.add_used(a, 0, u64::MAX - 5);
+        region.add_used(b, 0, u64::MAX - 5);
+        assert_eq!(region.slot_used(a, 0), MAX_COUNT);
+        assert_eq!(region.device_used(0), 2 * MAX_COUNT, "no wrap");
+        assert!(region.processes().iter().all(|p| p.used[0] == MAX_COUNT));
+        assert!(
+            !region.try_reserve(a, 0, 1, 1 << 40),
+            "a garbage count refuses, never wraps"
+        );
     }
 
     #[test]
@@ -771,6 +1543,43 @@ mod tests {
             "nothing left to fill: no scan"
         );
         region.detach(slot);
+    }
+
+    #[test]
+    fn limiter_words_are_shared_per_container_and_cleared_per_slot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        let (other, _) = Region::open(&path, &devices()).expect("second mapping");
+        let me = process::current();
+        let slot = region.attach(&me).expect("attach");
+        region.container_limiter(0)[15].store(77, Ordering::SeqCst);
+        region.slot_limiter(slot, 0)[3].store(5, Ordering::SeqCst);
+        assert_eq!(other.container_limiter(0)[15].load(Ordering::SeqCst), 77);
+        assert_eq!(other.slot_limiter(slot, 0)[3].load(Ordering::SeqCst), 5);
+        assert_eq!(other.container_limiter(1)[15].load(Ordering::SeqCst), 0);
+        // Out of range: a private block, never another device's words.
+        region.container_limiter(MAX_DEVICES)[0].store(9, Ordering::SeqCst);
+        assert_eq!(
+            region.container_limiter(MAX_DEVICES - 1)[0].load(Ordering::SeqCst),
+            0
+        );
+        // A slot is handed out with its limiter words zeroed.
+        region.detach(slot);
+        let again = region.attach(&me).expect("attach again");
+        assert_eq!(region.slot_limiter(again, 0)[3].load(Ordering::SeqCst), 0);
+        assert_eq!(region.container_limiter(0)[15].load(Ordering::SeqCst), 77);
+    }
+
+    #[test]
+    fn layout_version_2_sizes() {
+        assert_eq!(VERSION, 2);
+        assert_eq!(std::mem::size_of::<Slot>() % 64, 0);
+        assert_eq!(std::mem::offset_of!(Header, limiter) % 64, 0);
+        assert_eq!(
+            REGION_LEN,
+            HEADER_LEN + MAX_SLOTS * std::mem::size_of::<Slot>()
+        );
     }
 
     #[test]

@@ -1,8 +1,17 @@
-//! Byte sizes as written in configs and on command lines: plain integers (bytes) or a
-//! number with a unit (`7680MiB`, `30GiB`, `4Gi`, `512M`, `1.5GiB`).
+//! Byte sizes as written in configs and on command lines, with Kubernetes
+//! `resource.Quantity` semantics: a plain number of bytes, or a number with a suffix.
 //!
-//! Binary units (`KiB`/`Ki`/`K`, `MiB`/`Mi`/`M`, ...) are powers of 1024; the decimal
-//! units `kB`/`KB`, `MB`, `GB`, `TB` are powers of 1000, as in Kubernetes quantities.
+//! | suffix | meaning |
+//! | --- | --- |
+//! | none, `B` | bytes |
+//! | `Ki` `Mi` `Gi` `Ti` `Pi` `Ei` (and `KiB` … `EiB`) | powers of 1024 |
+//! | `k` `M` `G` `T` `P` `E` (and `kB`/`KB` `MB` `GB` `TB` `PB` `EB`) | powers of 1000 |
+//!
+//! A decimal fraction (`1.5Gi`) and a decimal exponent (`129e6`, `1E3`) are accepted as
+//! Kubernetes accepts them, and a value that is not a whole number of bytes is rounded
+//! up, as `Quantity.Value()` does. `K` (Kubernetes has no such suffix: `k` is 1000, `Ki`
+//! 1024), `m` (milli-bytes), negative values and anything that does not fit in 64 bits
+//! of bytes are errors, never a silent wrap.
 
 use std::fmt;
 use std::str::FromStr;
@@ -19,36 +28,52 @@ pub struct ByteSize(pub u64);
 pub enum SizeError {
     #[error("empty size")]
     Empty,
-    #[error("`{0}` is not a size: expected bytes or a number with a unit such as 7680MiB or 30GiB")]
+    #[error("`{0}` is not a size: expected bytes or a number with a unit such as 7680Mi or 30Gi")]
     Malformed(String),
+    #[error("`{0}` is negative")]
+    Negative(String),
     #[error(
-        "unknown unit `{unit}` in `{text}` (use B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, kB, MB, GB, TB)"
+        "unknown unit `{unit}` in `{text}` (use Ki Mi Gi Ti Pi Ei for powers of 1024, k M G T P E for powers of 1000, or KiB MiB GiB TiB, kB MB GB TB)"
     )]
     UnknownUnit { text: String, unit: String },
+    #[error("`{0}`: `K` is no Kubernetes unit; write `k` (1000) or `Ki` (1024)")]
+    UpperK(String),
     #[error("`{0}` does not fit in 64 bits of bytes")]
     Overflow(String),
 }
 
-const UNITS: &[(&str, u64)] = &[
+const KI: u128 = 1 << 10;
+const K: u128 = 1000;
+
+/// Every accepted suffix and its multiplier.
+const UNITS: &[(&str, u128)] = &[
     ("", 1),
     ("B", 1),
-    ("K", 1 << 10),
-    ("Ki", 1 << 10),
-    ("KiB", 1 << 10),
-    ("M", 1 << 20),
-    ("Mi", 1 << 20),
-    ("MiB", 1 << 20),
-    ("G", 1 << 30),
-    ("Gi", 1 << 30),
-    ("GiB", 1 << 30),
-    ("T", 1 << 40),
-    ("Ti", 1 << 40),
-    ("TiB", 1 << 40),
-    ("kB", 1_000),
-    ("KB", 1_000),
-    ("MB", 1_000_000),
-    ("GB", 1_000_000_000),
-    ("TB", 1_000_000_000_000),
+    ("Ki", KI),
+    ("Mi", KI.pow(2)),
+    ("Gi", KI.pow(3)),
+    ("Ti", KI.pow(4)),
+    ("Pi", KI.pow(5)),
+    ("Ei", KI.pow(6)),
+    ("KiB", KI),
+    ("MiB", KI.pow(2)),
+    ("GiB", KI.pow(3)),
+    ("TiB", KI.pow(4)),
+    ("PiB", KI.pow(5)),
+    ("EiB", KI.pow(6)),
+    ("k", K),
+    ("M", K.pow(2)),
+    ("G", K.pow(3)),
+    ("T", K.pow(4)),
+    ("P", K.pow(5)),
+    ("E", K.pow(6)),
+    ("kB", K),
+    ("KB", K),
+    ("MB", K.pow(2)),
+    ("GB", K.pow(3)),
+    ("TB", K.pow(4)),
+    ("PB", K.pow(5)),
+    ("EB", K.pow(6)),
 ];
 
 impl ByteSize {
@@ -65,6 +90,74 @@ impl ByteSize {
     }
 }
 
+/// The number part of a size: its digits as one integer and the power of ten they are
+/// scaled by (`1.5e3` is 15 × 10^2).
+struct Decimal {
+    digits: u128,
+    exponent: i32,
+}
+
+/// Splits `text` (already trimmed, no sign) into its number and its suffix.
+fn split_number(text: &str) -> Option<(Decimal, &str)> {
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    let mut digits: u128 = 0;
+    let mut exponent: i32 = 0;
+    let mut seen_digit = false;
+    let mut in_fraction = false;
+    // Twenty significant digits are kept (more than 64 bits of bytes need); a nonzero
+    // digit past them rounds the kept ones up.
+    const KEPT: u128 = 10u128.pow(20);
+    let mut dropped = false;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'0'..=b'9' => {
+                seen_digit = true;
+                let digit = (bytes[at] - b'0') as u128;
+                if digits < KEPT {
+                    digits = digits * 10 + digit;
+                    if in_fraction {
+                        exponent -= 1;
+                    }
+                } else {
+                    dropped |= digit != 0;
+                    if !in_fraction {
+                        exponent = exponent.checked_add(1)?;
+                    }
+                }
+            }
+            b'.' if !in_fraction => in_fraction = true,
+            _ => break,
+        }
+        at += 1;
+    }
+    if !seen_digit {
+        return None;
+    }
+    if dropped {
+        digits += 1;
+    }
+    // A decimal exponent: `e`/`E` followed by an optionally signed integer (a bare `E`
+    // is the exa suffix).
+    let rest = &text[at..];
+    if let Some(after) = rest.strip_prefix(['e', 'E']) {
+        let unsigned = after.strip_prefix(['+', '-']).unwrap_or(after);
+        let len = unsigned.bytes().take_while(u8::is_ascii_digit).count();
+        if len > 0 {
+            let sign_len = after.len() - unsigned.len();
+            let value: i32 = unsigned[..len].parse().ok().filter(|v| *v <= 1000)?;
+            let value = if after.starts_with('-') {
+                -value
+            } else {
+                value
+            };
+            exponent = exponent.checked_add(value)?;
+            return Some((Decimal { digits, exponent }, &after[sign_len + len..]));
+        }
+    }
+    Some((Decimal { digits, exponent }, rest))
+}
+
 impl FromStr for ByteSize {
     type Err = SizeError;
 
@@ -73,55 +166,48 @@ impl FromStr for ByteSize {
         if trimmed.is_empty() {
             return Err(SizeError::Empty);
         }
-        let split = trimmed
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(trimmed.len());
-        let (number, unit) = trimmed.split_at(split);
+        let unsigned = match trimmed.strip_prefix('-') {
+            Some(rest)
+                if rest
+                    .trim_start()
+                    .starts_with(|c: char| c.is_ascii_digit() || c == '.') =>
+            {
+                return Err(SizeError::Negative(text.to_string()));
+            }
+            Some(_) => return Err(SizeError::Malformed(text.to_string())),
+            None => trimmed.strip_prefix('+').unwrap_or(trimmed),
+        };
+        let (number, unit) =
+            split_number(unsigned).ok_or_else(|| SizeError::Malformed(text.to_string()))?;
         let unit = unit.trim();
-        if number.is_empty() {
-            return Err(SizeError::Malformed(text.to_string()));
-        }
-        let multiplier = UNITS
-            .iter()
-            .find(|(name, _)| *name == unit)
-            .map(|(_, m)| *m)
-            .ok_or_else(|| SizeError::UnknownUnit {
-                text: text.to_string(),
-                unit: unit.to_string(),
-            })?;
-        if let Some((whole, frac)) = number.split_once('.') {
-            if frac.contains('.') || (whole.is_empty() && frac.is_empty()) {
+        let multiplier = match UNITS.iter().find(|(name, _)| *name == unit) {
+            Some((_, multiplier)) => *multiplier,
+            None if unit == "K" => return Err(SizeError::UpperK(text.to_string())),
+            None if unit.starts_with(|c: char| c.is_ascii_digit() || c == '.') => {
                 return Err(SizeError::Malformed(text.to_string()));
             }
-            let whole: u128 = if whole.is_empty() {
-                0
-            } else {
-                whole
-                    .parse()
-                    .map_err(|_| SizeError::Overflow(text.to_string()))?
-            };
-            let digits = frac.len().min(18) as u32;
-            let frac_value: u128 = if digits == 0 {
-                0
-            } else {
-                frac[..digits as usize]
-                    .parse()
-                    .map_err(|_| SizeError::Malformed(text.to_string()))?
-            };
-            let scale = 10u128.pow(digits);
-            let total = whole * multiplier as u128 + frac_value * multiplier as u128 / scale;
-            u64::try_from(total)
-                .map(ByteSize)
-                .map_err(|_| SizeError::Overflow(text.to_string()))
+            None => {
+                return Err(SizeError::UnknownUnit {
+                    text: text.to_string(),
+                    unit: unit.to_string(),
+                });
+            }
+        };
+        let overflow = || SizeError::Overflow(text.to_string());
+        let scaled = number.digits.checked_mul(multiplier).ok_or_else(overflow)?;
+        let bytes = if number.exponent >= 0 {
+            10u128
+                .checked_pow(number.exponent as u32)
+                .and_then(|power| scaled.checked_mul(power))
+                .ok_or_else(overflow)?
         } else {
-            let value: u64 = number
-                .parse()
-                .map_err(|_| SizeError::Overflow(text.to_string()))?;
-            value
-                .checked_mul(multiplier)
-                .map(ByteSize)
-                .ok_or_else(|| SizeError::Overflow(text.to_string()))
-        }
+            // Below a byte: round up, as Kubernetes does.
+            match 10u128.checked_pow(number.exponent.unsigned_abs()) {
+                Some(power) => scaled.div_ceil(power),
+                None => u128::from(scaled > 0),
+            }
+        };
+        u64::try_from(bytes).map(ByteSize).map_err(|_| overflow())
     }
 }
 
@@ -150,7 +236,7 @@ impl<'de> Deserialize<'de> for ByteSize {
         impl Visitor<'_> for SizeVisitor {
             type Value = ByteSize;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a byte count or a size such as 7680MiB or 30GiB")
+                f.write_str("a byte count or a size such as 7680Mi or 30Gi")
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
                 Ok(ByteSize(v))
@@ -162,7 +248,7 @@ impl<'de> Deserialize<'de> for ByteSize {
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<ByteSize, E> {
                 Err(E::custom(format!(
-                    "size {v} is not a whole number of bytes; add a unit such as MiB"
+                    "size {v} is not a whole number of bytes; add a unit such as Mi"
                 )))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
@@ -177,47 +263,96 @@ impl<'de> Deserialize<'de> for ByteSize {
 mod tests {
     use super::*;
 
-    #[test]
-    fn parses_units() {
-        assert_eq!("7680MiB".parse::<ByteSize>(), Ok(ByteSize(7680 << 20)));
-        assert_eq!("30GiB".parse::<ByteSize>(), Ok(ByteSize(30 << 30)));
-        assert_eq!("4Gi".parse::<ByteSize>(), Ok(ByteSize(4 << 30)));
-        assert_eq!("1.5GiB".parse::<ByteSize>(), Ok(ByteSize(3 << 29)));
-        assert_eq!("1000".parse::<ByteSize>(), Ok(ByteSize(1000)));
-        assert_eq!("2GB".parse::<ByteSize>(), Ok(ByteSize(2_000_000_000)));
-        assert_eq!(" 256 MiB ".parse::<ByteSize>(), Ok(ByteSize(256 << 20)));
+    fn size(text: &str) -> Result<u64, SizeError> {
+        text.parse::<ByteSize>().map(ByteSize::bytes)
     }
 
     #[test]
-    fn refuses_garbage() {
-        assert!(matches!("".parse::<ByteSize>(), Err(SizeError::Empty)));
+    fn kubernetes_suffixes() {
+        assert_eq!(size("7680MiB"), Ok(7680 << 20));
+        assert_eq!(size("7680Mi"), Ok(7680 << 20));
+        assert_eq!(size("512M"), Ok(512_000_000), "M is 10^6, as in Kubernetes");
+        assert_eq!(size("1k"), Ok(1000));
+        assert_eq!(size("1Ki"), Ok(1024));
+        assert_eq!(size("1KiB"), Ok(1024));
+        assert_eq!(size("2G"), Ok(2_000_000_000));
+        assert_eq!(size("2Gi"), Ok(2 << 30));
+        assert_eq!(size("30GiB"), Ok(30 << 30));
+        assert_eq!(size("1T"), Ok(1_000_000_000_000));
+        assert_eq!(size("1Ti"), Ok(1 << 40));
+        assert_eq!(size("1Pi"), Ok(1 << 50));
+        assert_eq!(size("1P"), Ok(10u64.pow(15)));
+        assert_eq!(size("1Ei"), Ok(1 << 60));
+        assert_eq!(size("1E"), Ok(10u64.pow(18)), "a bare E is exa");
+        assert_eq!(size("2GB"), Ok(2_000_000_000));
+        assert_eq!(size("3kB"), Ok(3000));
+        assert_eq!(size("1000"), Ok(1000));
+        assert_eq!(size("+1000"), Ok(1000));
+        assert_eq!(size(" 256 MiB "), Ok(256 << 20));
+    }
+
+    #[test]
+    fn fractions_and_exponents_as_kubernetes_reads_them() {
+        assert_eq!(size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(size("1.5Gi"), Ok(3 << 29));
+        assert_eq!(size("0.5Ki"), Ok(512));
+        assert_eq!(size(".5Ki"), Ok(512));
+        assert_eq!(size("129e6"), Ok(129_000_000));
+        assert_eq!(size("1E3"), Ok(1000));
+        assert_eq!(size("1e+3"), Ok(1000));
+        assert_eq!(size("12e-1"), Ok(2), "1.2 bytes round up");
+        assert_eq!(size("1.0001"), Ok(2));
+        assert_eq!(size("0.1"), Ok(1));
+        assert_eq!(size("0"), Ok(0));
+        assert_eq!(
+            size("1.00000000000000000000000000000000000000000001Ki"),
+            Ok(1025)
+        );
+    }
+
+    #[test]
+    fn refuses_garbage_and_never_wraps() {
+        assert_eq!(size(""), Err(SizeError::Empty));
+        assert!(matches!(size("GiB"), Err(SizeError::Malformed(_))));
+        assert!(matches!(size("."), Err(SizeError::Malformed(_))));
         assert!(matches!(
-            "GiB".parse::<ByteSize>(),
-            Err(SizeError::Malformed(_))
-        ));
-        assert!(matches!(
-            "4 parsecs".parse::<ByteSize>(),
+            size("4 parsecs"),
             Err(SizeError::UnknownUnit { .. })
         ));
+        assert!(matches!(size("1.2.3GiB"), Err(SizeError::Malformed(_))));
+        assert!(matches!(size("-4GiB"), Err(SizeError::Negative(_))));
+        assert!(matches!(size("4K"), Err(SizeError::UpperK(_))));
+        assert!(matches!(size("4m"), Err(SizeError::UnknownUnit { .. })));
         assert!(matches!(
-            "1.2.3GiB".parse::<ByteSize>(),
-            Err(SizeError::Malformed(_))
+            size("99999999999TiB"),
+            Err(SizeError::Overflow(_))
         ));
+        assert!(matches!(size("16Ei"), Err(SizeError::Overflow(_))));
+        assert!(matches!(size("1e20"), Err(SizeError::Overflow(_))));
+        assert!(matches!(size("1e999999"), Err(SizeError::Malformed(_))));
         assert!(matches!(
-            "99999999999TiB".parse::<ByteSize>(),
+            size("309485009821345068724781057.0TiB"),
             Err(SizeError::Overflow(_))
         ));
         assert!(matches!(
-            "-4GiB".parse::<ByteSize>(),
-            Err(SizeError::Malformed(_))
+            size("309485009821345068724781057309485009821345068724781057"),
+            Err(SizeError::Overflow(_))
+        ));
+        assert_eq!(size("18446744073709551615"), Ok(u64::MAX));
+        assert!(matches!(
+            size("18446744073709551616"),
+            Err(SizeError::Overflow(_))
         ));
     }
 
     #[test]
-    fn displays_exact_units() {
+    fn displays_exact_units_that_parse_back() {
         assert_eq!(ByteSize::gib(4).to_string(), "4GiB");
         assert_eq!(ByteSize::mib(7680).to_string(), "7680MiB");
         assert_eq!(ByteSize(1001).to_string(), "1001");
         assert_eq!(ByteSize(0).to_string(), "0");
+        for value in [ByteSize::gib(4), ByteSize(1001), ByteSize(3 << 29)] {
+            assert_eq!(value.to_string().parse::<ByteSize>(), Ok(value));
+        }
     }
 }

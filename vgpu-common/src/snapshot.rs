@@ -12,21 +12,16 @@
 //! into a region, a slot's host PID, goes in with `pwrite(2)`, which a truncation can
 //! only make fail.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::mapped::{self, Access};
 use crate::region::{
-    MAX_SLOTS, ProcessUsage, REGION_LEN, RegionBytes, RegionDevice, RegionError, host_pid_offset,
+    Block, CONTAINER_LIMITER_WORDS, MAX_SLOTS, ProcessUsage, REGION_LEN, RegionBytes, RegionDevice,
+    RegionError, SLOT_LIMITER_WORDS, aligned_zeroed, bytes_of, free_slot_by_io, host_pid_offset,
 };
-
-/// One 64-byte-aligned block of the copy (the region's slots are 64-byte aligned).
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Block([u8; 64]);
-
-const _: () = assert!(REGION_LEN % 64 == 0);
 
 /// A validated private copy of a usage region.
 pub struct RegionSnapshot {
@@ -43,27 +38,35 @@ impl RegionBytes for RegionSnapshot {
 /// Opens a tenant-writable file for the host without following a link or blocking on a
 /// FIFO, and refuses anything that is not a regular file of `len` bytes.
 fn open_regular(path: &Path, write: bool, len: usize) -> Result<File, RegionError> {
-    let io_error = |source: io::Error| RegionError::Io {
-        path: path.to_path_buf(),
-        source,
+    let access = Access {
+        write,
+        create: false,
+        follow_links: false,
     };
-    let file = OpenOptions::new()
-        .read(!write)
-        .write(write)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(io_error)?;
-    let meta = file.metadata().map_err(io_error)?;
-    if !meta.file_type().is_file() {
+    let file = mapped::open_regular(path, access).map_err(|source| {
+        if source.kind() == io::ErrorKind::InvalidInput {
+            RegionError::Invalid {
+                path: path.to_path_buf(),
+                reason: "not a regular file".into(),
+            }
+        } else {
+            RegionError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })?;
+    let actual = file
+        .metadata()
+        .map_err(|source| RegionError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    if actual != len as u64 {
         return Err(RegionError::Invalid {
             path: path.to_path_buf(),
-            reason: "not a regular file".into(),
-        });
-    }
-    if meta.len() != len as u64 {
-        return Err(RegionError::Invalid {
-            path: path.to_path_buf(),
-            reason: format!("length {}, expected {len}", meta.len()),
+            reason: format!("length {actual}, expected {len}"),
         });
     }
     Ok(file)
@@ -72,28 +75,29 @@ fn open_regular(path: &Path, write: bool, len: usize) -> Result<File, RegionErro
 impl RegionSnapshot {
     /// Copies the region at `path` and validates the copy.
     pub fn read(path: &Path) -> Result<RegionSnapshot, RegionError> {
-        let mut file = open_regular(path, false, REGION_LEN)?;
-        let mut blocks = vec![Block([0; 64]); REGION_LEN / 64].into_boxed_slice();
-        // SAFETY: `blocks` is REGION_LEN initialised bytes that we own exclusively; the
-        // slice covers exactly them, and u8 has no invalid values.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(blocks.as_mut_ptr().cast::<u8>(), REGION_LEN)
-        };
-        // A file truncated after the length check reads short: that is an error, never
-        // a partly zeroed snapshot.
-        file.read_exact(bytes).map_err(|source| RegionError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let snapshot = RegionSnapshot {
-            blocks,
-            path: path.to_path_buf(),
-        };
+        let file = open_regular(path, false, REGION_LEN)?;
+        let snapshot = RegionSnapshot::read_file(&file, path)?;
         RegionBytes::check(&snapshot).map_err(|reason| RegionError::Invalid {
             path: path.to_path_buf(),
             reason,
         })?;
         Ok(snapshot)
+    }
+
+    /// Copies an open region file (not validated yet).
+    pub(crate) fn read_file(file: &File, path: &Path) -> Result<RegionSnapshot, RegionError> {
+        let mut blocks = aligned_zeroed(REGION_LEN);
+        // A file truncated after the length check reads short: that is an error, never
+        // a partly zeroed snapshot.
+        file.read_exact_at(bytes_of(&mut blocks), 0)
+            .map_err(|source| RegionError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(RegionSnapshot {
+            blocks,
+            path: path.to_path_buf(),
+        })
     }
 
     /// Where the copy came from.
@@ -115,6 +119,44 @@ impl RegionSnapshot {
     pub fn processes(&self) -> Vec<ProcessUsage> {
         RegionBytes::processes(self)
     }
+
+    /// The compute limiter's container-wide words for `device`, as the copy says (zeros
+    /// for a device of `MAX_DEVICES` or more).
+    pub fn container_limiter(&self, device: usize) -> [u64; CONTAINER_LIMITER_WORDS] {
+        RegionBytes::container_limiter_words(self, device)
+    }
+
+    /// The limiter's words of slot `slot` (a [`ProcessUsage::slot`]) for `device`, as the
+    /// copy says (zeros out of range).
+    pub fn slot_limiter(&self, slot: usize, device: usize) -> [u64; SLOT_LIMITER_WORDS] {
+        RegionBytes::slot_limiter_words(self, slot, device)
+    }
+}
+
+/// Frees, with `pread`/`pwrite` on the file at `path` (never a mapping), the slots of
+/// processes that are gone as this process's PID namespace sees them (the rules of
+/// `Region::reclaim_dead`): what the init of a PID namespace does once it has killed
+/// and reaped every other process of it, so that their usage comes back even though no
+/// process outside can judge them. Not atomic against another reclaimer of the same
+/// slots. Returns how many it freed.
+pub fn reclaim_dead(path: &Path) -> Result<usize, RegionError> {
+    let file = open_regular(path, true, REGION_LEN)?;
+    let copy = RegionSnapshot::read_file(&file, path)?;
+    RegionBytes::check(&copy).map_err(|reason| RegionError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    })?;
+    let my_ns = crate::process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0);
+    let mut freed = 0;
+    for (index, owner) in crate::region::dead_slots(&copy, my_ns) {
+        if free_slot_by_io(&file, index, owner).map_err(|source| RegionError::Io {
+            path: path.to_path_buf(),
+            source,
+        })? {
+            freed += 1;
+        }
+    }
+    Ok(freed)
 }
 
 /// Writes the host PID of slot `slot` into the region at `path` with `pwrite(2)`. Only
@@ -163,8 +205,49 @@ mod tests {
         let before = copy.processes()[0].host_pid;
         assert_ne!(before, 4242);
         write_host_pid(&path, slot.index(), 4242).expect("pwrite");
-        assert_eq!(region.processes()[0].host_pid, 4242, "the mapping sees the write");
+        assert_eq!(
+            region.processes()[0].host_pid,
+            4242,
+            "the mapping sees the write"
+        );
         assert_eq!(copy.processes()[0].host_pid, before, "the copy is private");
+        region.container_limiter(1)[2].store(31, std::sync::atomic::Ordering::SeqCst);
+        region.slot_limiter(slot, 0)[1].store(42, std::sync::atomic::Ordering::SeqCst);
+        let copy = RegionSnapshot::read(&path).expect("snapshot");
+        assert_eq!(copy.container_limiter(1)[2], 31);
+        assert_eq!(copy.slot_limiter(slot.index(), 0)[1], 42);
+        assert_eq!(copy.slot_limiter(crate::region::MAX_SLOTS, 0), [0; 4]);
+        assert_eq!(copy.container_limiter(99), [0; 16]);
+    }
+
+    #[test]
+    fn dead_slots_are_freed_by_file_io() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        let me = process::current();
+        let live = region.attach(&me).expect("attach");
+        region.add_used(live, 0, 7);
+        let ghost = region
+            .attach(&process::Identity {
+                start_time: me.start_time + 1,
+                ..me
+            })
+            .expect("attach ghost");
+        region.add_used(ghost, 0, 1000);
+        assert_eq!(reclaim_dead(&path).expect("reclaim"), 1);
+        assert_eq!(region.device_used(0), 7, "the ghost's usage came back");
+        assert_eq!(region.processes().len(), 1);
+        // The freed slot is claimed anew, by CAS, as any free one.
+        let again = region
+            .attach(&process::Identity {
+                start_time: me.start_time + 2,
+                ..me
+            })
+            .expect("claim the freed slot");
+        assert_eq!(again.index(), ghost.index());
+        assert_eq!(reclaim_dead(&path).expect("reclaim"), 1);
+        assert_eq!(reclaim_dead(&path).expect("nothing left"), 0);
     }
 
     #[test]
@@ -172,20 +255,35 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("r");
         drop(Region::open(&path, &devices()).expect("open"));
-        let file = OpenOptions::new().write(true).open(&path).expect("open");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
         file.set_len(4096).expect("truncate");
-        assert!(matches!(RegionSnapshot::read(&path), Err(RegionError::Invalid { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&path),
+            Err(RegionError::Invalid { .. })
+        ));
         assert!(write_host_pid(&path, 0, 1).is_err());
         std::fs::write(&path, vec![0x5a; REGION_LEN]).expect("garbage");
-        assert!(matches!(RegionSnapshot::read(&path), Err(RegionError::Invalid { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&path),
+            Err(RegionError::Invalid { .. })
+        ));
         let fifo = dir.path().join("fifo");
         let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
         // SAFETY: mkfifo on a NUL-terminated path we own.
         assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
         // A FIFO with no writer would block a plain open forever.
-        assert!(matches!(RegionSnapshot::read(&fifo), Err(RegionError::Invalid { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&fifo),
+            Err(RegionError::Invalid { .. })
+        ));
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&path, &link).expect("symlink");
-        assert!(matches!(RegionSnapshot::read(&link), Err(RegionError::Io { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&link),
+            Err(RegionError::Io { .. })
+        ));
     }
 }

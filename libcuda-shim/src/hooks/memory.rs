@@ -1,5 +1,7 @@
-//! Every device-memory allocation path, counted against the container's quota in the
-//! shared usage region, and every free credited back exactly.
+//! The single-allocation paths (`cuMemAlloc*`, pitched, managed, arrays), counted
+//! against the container's quota in the shared usage region, every free credited back
+//! exactly, and what `cuMemGetInfo` tells the container. VMM handles are in `vmm`, pools
+//! and stream-ordered allocation in `pool`.
 //!
 //! The order is always: reserve in the region (refusing with CUDA_ERROR_OUT_OF_MEMORY
 //! and allocating nothing when the quota would be passed), call the real allocator,
@@ -9,17 +11,17 @@ use std::ffi::c_void;
 
 use crate::cuda::*;
 use crate::hook;
-use crate::state::{AllocKey, Enforcer, Visible, charged_size, enforcer, real};
+use crate::state::{AllocKey, Enforcer, Ticket, Visible, charged_size, enforcer, real};
 
 /// Which device an allocation lands on.
-enum Target {
+pub(crate) enum Target {
     /// The calling thread's current context.
     Current,
     /// A device named by the call (VMM location).
     Device(CUdevice),
 }
 
-fn current_context() -> usize {
+pub(crate) fn current_context() -> usize {
     let get_current = real!(cuCtxGetCurrent as fn(*mut CUcontext) -> CUresult);
     let mut context: CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
@@ -27,7 +29,10 @@ fn current_context() -> usize {
     context as usize
 }
 
-fn resolve<'a>(enforcer: &'a Enforcer, target: &Target) -> Result<&'a Visible, CUresult> {
+pub(crate) fn resolve<'a>(
+    enforcer: &'a Enforcer,
+    target: &Target,
+) -> Result<&'a Visible, CUresult> {
     match target {
         Target::Current => enforcer.current(),
         Target::Device(handle) => {
@@ -39,13 +44,26 @@ fn resolve<'a>(enforcer: &'a Enforcer, target: &Target) -> Result<&'a Visible, C
     }
 }
 
-/// Reserve `bytes`, run `allocate`, and on success record the allocation under the key
-/// that `key` reads back from the call's out-parameter.
+/// Reserve `bytes` (as charged), run `allocate`, and on success record the allocation
+/// under the key that `key` reads back from the call's out-parameter.
 fn counted(
     bytes: u64,
     target: Target,
     allocate: impl FnOnce() -> CUresult,
     key: impl FnOnce() -> AllocKey,
+) -> CUresult {
+    charged(charged_size(bytes), target, allocate, |enforcer, ticket| {
+        enforcer.record(key(), ticket, current_context())
+    })
+}
+
+/// Reserve `charge` bytes, run `allocate`, and on success hand the reservation to
+/// `commit` (which remembers what will credit it back).
+pub(crate) fn charged(
+    charge: u64,
+    target: Target,
+    allocate: impl FnOnce() -> CUresult,
+    commit: impl FnOnce(&Enforcer, Ticket),
 ) -> CUresult {
     let enforcer = match enforcer() {
         Err(error) => return error,
@@ -63,24 +81,19 @@ fn counted(
                 && let Ok(device) = resolve(enforcer, &target)
                 && let Some(slot) = enforcer.slot()
             {
-                let charged = charged_size(bytes);
-                enforcer.region.add_used(slot, device.region_index, charged);
-                enforcer.record(
-                    key(),
-                    enforcer.ticket(slot, device, charged),
-                    current_context(),
-                );
+                enforcer.region.add_used(slot, device.region_index, charge);
+                commit(enforcer, enforcer.ticket(slot, device, charge));
             }
             return result;
         }
     };
-    let ticket = match enforcer.reserve(device, charged_size(bytes)) {
+    let ticket = match enforcer.reserve(device, charge) {
         Ok(ticket) => ticket,
         Err(error) => return error,
     };
     let result = allocate();
     if result == CUDA_SUCCESS {
-        enforcer.record(key(), ticket, current_context());
+        commit(enforcer, ticket);
     } else {
         enforcer.unreserve(ticket);
     }
@@ -97,13 +110,24 @@ fn freed(key: AllocKey, result: CUresult) -> CUresult {
 }
 
 /// Reads a pointer out-parameter after a successful call.
-fn read<T: Copy + Default>(out: *const T) -> T {
+pub(crate) fn read<T: Copy + Default>(out: *const T) -> T {
     if out.is_null() {
         T::default()
     } else {
         // SAFETY: only called after the driver succeeded, so it wrote `out`.
         unsafe { *out }
     }
+}
+
+/// After a call that synchronises (a synchronous free, a stream, event or context
+/// synchronisation), the driver may have released pool memory: settle the pools.
+pub(crate) fn synchronized(result: CUresult) -> CUresult {
+    if result == CUDA_SUCCESS
+        && let Ok(Some(enforcer)) = enforcer()
+    {
+        enforcer.synchronized();
+    }
+    result
 }
 
 hook! {
@@ -212,8 +236,9 @@ hook! {
     }
 }
 
-/// Credits a pointer and the pitch surcharge that may ride along with it.
-fn pointer_freed(pointer: u64, result: CUresult) -> CUresult {
+/// Credits a pointer and the pitch surcharge that may ride along with it. (A pointer
+/// from a pool credits nothing: the pool keeps the memory reserved.)
+pub(crate) fn pointer_freed(pointer: u64, result: CUresult) -> CUresult {
     let result = freed(AllocKey::Pointer(pointer), result);
     if result == CUDA_SUCCESS
         && let Ok(Some(enforcer)) = enforcer()
@@ -227,7 +252,8 @@ hook! {
     fn cuMemFree_v2(pointer: CUdeviceptr) -> CUresult |real| {
         // SAFETY: forwarding the caller's own arguments to the real function (or
         // writing through out-pointers the real call has just validated).
-        pointer_freed(pointer, unsafe { real(pointer) })
+        let result = pointer_freed(pointer, unsafe { real(pointer) });
+        synchronized(result)
     }
 }
 
@@ -235,189 +261,112 @@ hook! {
     fn cuMemFree(pointer: u32) -> CUresult |real| {
         // SAFETY: forwarding the caller's own arguments to the real function (or
         // writing through out-pointers the real call has just validated).
-        pointer_freed(pointer as u64, unsafe { real(pointer) })
-    }
-}
-
-// --- stream-ordered allocation ---------------------------------------------------
-
-hook! {
-    fn cuMemAllocAsync(pointer: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, stream) }, || AllocKey::Pointer(read(pointer)))
-    }
-}
-
-hook! {
-    fn cuMemAllocAsync_ptsz(pointer: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, stream) }, || AllocKey::Pointer(read(pointer)))
-    }
-}
-
-hook! {
-    fn cuMemAllocFromPoolAsync(pointer: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, pool, stream) }, || AllocKey::Pointer(read(pointer)))
-    }
-}
-
-hook! {
-    fn cuMemAllocFromPoolAsync_ptsz(pointer: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, pool, stream) }, || AllocKey::Pointer(read(pointer)))
-    }
-}
-
-hook! {
-    fn cuMemFreeAsync(pointer: CUdeviceptr, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        pointer_freed(pointer, unsafe { real(pointer, stream) })
-    }
-}
-
-hook! {
-    fn cuMemFreeAsync_ptsz(pointer: CUdeviceptr, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        pointer_freed(pointer, unsafe { real(pointer, stream) })
+        let result = pointer_freed(pointer as u64, unsafe { real(pointer) });
+        synchronized(result)
     }
 }
 
 // --- arrays ----------------------------------------------------------------------
 
-/// Bytes of an array level as `cuda.h`'s formats store it; an unknown format is
-/// charged as four 4-byte channels per texel, the largest basic element, so a format
-/// newer than this table is never under-counted by much.
-fn array_bytes(format: u32, channels: u32, extent: [u64; 3]) -> u64 {
-    let [width, height, depth] = extent;
-    array_level_bytes(format, channels, width, height, depth).unwrap_or_else(|| {
-        [width, height, depth]
-            .iter()
-            .fold(16u64, |bytes, &side| bytes.saturating_mul(side.max(1)))
+/// What an array takes, charged as the driver spends it (2 MiB units): its texels as
+/// `cuda.h`'s formats store them, over every mip level (layers and cubemap faces kept at
+/// each level). An unknown format is charged as four 4-byte channels per texel, the
+/// largest basic element, so a format newer than the table is never under-counted by
+/// much.
+pub(crate) fn array_charge(
+    format: u32,
+    channels: u32,
+    extent: [u64; 3],
+    flags: u32,
+    levels: u32,
+) -> u64 {
+    let texels = array_bytes(format, channels, extent, flags, levels).unwrap_or_else(|| {
+        array_bytes(array_format::FLOAT, 4, extent, flags, levels).unwrap_or(u64::MAX)
+    });
+    texels
+        .div_ceil(ARRAY_CHARGE_GRANULARITY)
+        .saturating_mul(ARRAY_CHARGE_GRANULARITY)
+}
+
+/// Reserve what an array takes, run `allocate`, and key it by the handle it returns.
+fn array_counted(
+    charge: u64,
+    allocate: impl FnOnce() -> CUresult,
+    handle: *const usize,
+) -> CUresult {
+    charged(charge, Target::Current, allocate, |enforcer, ticket| {
+        enforcer.record(AllocKey::Array(read(handle)), ticket, current_context())
     })
 }
 
 /// Reads a descriptor the caller passed, or `None` for a null pointer.
-fn descriptor<T>(pointer: *const T) -> Option<&'static T> {
+pub(crate) fn descriptor<T>(pointer: *const T) -> Option<&'static T> {
     // SAFETY: a non-null descriptor pointer is the caller's valid input, read before the
     // real call as the driver itself does.
     unsafe { pointer.as_ref() }
 }
 
-fn array_key(handle: *const CUarray) -> AllocKey {
-    AllocKey::Array(read(handle as *const usize))
-}
-
 hook! {
     fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CudaArrayDescriptor) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
+        // SAFETY: forwarding the caller's own arguments to the real function.
         let Some(d) = descriptor(desc) else { return unsafe { real(handle, desc) } };
-        let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, 1]);
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes, Target::Current, || unsafe { real(handle, desc) }, || array_key(handle))
+        let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, 0], 0, 1);
+        // SAFETY: forwarding the caller's own arguments to the real function.
+        array_counted(charge, || unsafe { real(handle, desc) }, handle.cast())
     }
 }
 
 hook! {
     fn cuArrayCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
+        // SAFETY: forwarding the caller's own arguments to the real function.
         let Some(d) = descriptor(desc as *const CudaArrayDescriptorV1) else { return unsafe { real(handle, desc) } };
-        let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, 1]);
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes, Target::Current, || unsafe { real(handle, desc) }, || array_key(handle))
+        let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, 0], 0, 1);
+        // SAFETY: forwarding the caller's own arguments to the real function.
+        array_counted(charge, || unsafe { real(handle, desc) }, handle.cast())
     }
 }
 
 hook! {
     fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CudaArray3dDescriptor) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
+        // SAFETY: forwarding the caller's own arguments to the real function.
         let Some(d) = descriptor(desc) else { return unsafe { real(handle, desc) } };
-        let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64]);
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes, Target::Current, || unsafe { real(handle, desc) }, || array_key(handle))
+        let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64], d.flags, 1);
+        // SAFETY: forwarding the caller's own arguments to the real function.
+        array_counted(charge, || unsafe { real(handle, desc) }, handle.cast())
     }
 }
 
 hook! {
     fn cuArray3DCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
+        // SAFETY: forwarding the caller's own arguments to the real function.
         let Some(d) = descriptor(desc as *const CudaArray3dDescriptorV1) else { return unsafe { real(handle, desc) } };
-        let bytes = array_bytes(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64]);
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes, Target::Current, || unsafe { real(handle, desc) }, || array_key(handle))
+        let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64], d.flags, 1);
+        // SAFETY: forwarding the caller's own arguments to the real function.
+        array_counted(charge, || unsafe { real(handle, desc) }, handle.cast())
     }
 }
 
 hook! {
     fn cuArrayDestroy(handle: CUarray) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
+        // SAFETY: forwarding the caller's own arguments to the real function.
         freed(AllocKey::Array(handle as usize), unsafe { real(handle) })
     }
 }
 
 hook! {
     fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CudaArray3dDescriptor, levels: u32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
+        // SAFETY: forwarding the caller's own arguments to the real function.
         let Some(d) = descriptor(desc) else { return unsafe { real(handle, desc, levels) } };
-        let bytes = (0..levels.clamp(1, 64)).fold(0u64, |sum, level| {
-            let side = |n: usize| ((n as u64) >> level).max(1);
-            let depth = if d.depth == 0 { 1 } else { side(d.depth) };
-            sum.saturating_add(array_bytes(d.format, d.num_channels, [side(d.width), if d.height == 0 { 1 } else { side(d.height) }, depth]))
-        });
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes, Target::Current, || unsafe { real(handle, desc, levels) }, || AllocKey::Array(read(handle as *const usize)))
+        let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64], d.flags, levels);
+        // SAFETY: forwarding the caller's own arguments to the real function.
+        array_counted(charge, || unsafe { real(handle, desc, levels) }, handle.cast())
     }
 }
 
 hook! {
     fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
+        // SAFETY: forwarding the caller's own arguments to the real function.
         freed(AllocKey::Array(handle as usize), unsafe { real(handle) })
-    }
-}
-
-// --- virtual memory management ---------------------------------------------------
-
-hook! {
-    /// Physical memory is created here (cuMemMap only maps it), so this is where
-    /// PyTorch's expandable segments and NCCL are counted.
-    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult |real| {
-        let target = match descriptor(prop) {
-            Some(p) if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE => Target::Device(p.location_id),
-            // Host-located (or unknown) allocations do not take device memory.
-            // SAFETY: forwarding the caller's own arguments to the real function (or
-            // writing through out-pointers the real call has just validated).
-            _ => return unsafe { real(handle, bytes, prop, flags) },
-        };
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes as u64, target, || unsafe { real(handle, bytes, prop, flags) }, || AllocKey::Physical(read(handle)))
-    }
-}
-
-hook! {
-    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        freed(AllocKey::Physical(handle), unsafe { real(handle) })
     }
 }
 
@@ -494,5 +443,66 @@ hook! {
             }
             Err(error) => error,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::pool_growth_bound;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn allocations_are_charged_as_the_driver_spends_them() {
+        assert_eq!(charged_size(1), 512);
+        assert_eq!(charged_size(513), 1024);
+        assert_eq!(charged_size(MIB - 1), MIB);
+        assert_eq!(charged_size(MIB), 2 * MIB, "from 1 MiB up: 2 MiB pages");
+        assert_eq!(charged_size(3 * MIB), 4 * MIB);
+        assert_eq!(charged_size(300 * MIB), 300 * MIB);
+        assert_eq!(
+            pool_growth_bound(5 * MIB),
+            32 * MIB,
+            "a pool grows by 32 MiB at least"
+        );
+        assert_eq!(pool_growth_bound(301 * MIB), 302 * MIB);
+    }
+
+    #[test]
+    fn arrays_are_charged_in_2_mib_units_over_every_level() {
+        use vgpu_abi::cuda::array_format::*;
+        // 64×64 FLOAT×4 is 64 KiB of texels: 2 MiB, as measured on the H200.
+        assert_eq!(array_charge(FLOAT, 4, [64, 64, 0], 0, 1), 2 * MIB);
+        // 1024×1024×64 FLOAT, 3 levels: a layered array keeps its 64 layers per level
+        // (336 MiB); a 3D one halves its depth (4 MiB × (64 + 8 + 1) / ... rounded).
+        assert_eq!(
+            array_charge(FLOAT, 1, [1024, 1024, 64], CUDA_ARRAY3D_LAYERED, 3),
+            336 * MIB
+        );
+        let volume = ((1024 * 1024 * 64) + (512 * 512 * 32) + (256 * 256 * 16)) * 4;
+        assert_eq!(
+            array_charge(FLOAT, 1, [1024, 1024, 64], 0, 3),
+            (volume as u64).div_ceil(2 * MIB) * 2 * MIB
+        );
+        // A cubemap: six faces at every level.
+        assert_eq!(
+            array_charge(UNSIGNED_INT8, 4, [1024, 1024, 6], CUDA_ARRAY3D_CUBEMAP, 2),
+            30 * MIB
+        );
+        // 0x50 is UNORM_INT_101010_2 (4 bytes a texel whatever the channels), not 1 byte.
+        assert_eq!(
+            array_charge(UNORM_INT_101010_2, 1, [1024, 1024, 0], 0, 1),
+            4 * MIB
+        );
+        // Block-compressed BC1: 8 bytes per 4×4 block.
+        assert_eq!(array_charge(BC1_UNORM, 4, [4096, 4096, 0], 0, 1), 8 * MIB);
+        // An unknown format: as FLOAT×4, never less.
+        assert_eq!(array_charge(0x51, 1, [1024, 1024, 0], 0, 1), 16 * MIB);
+        assert_eq!(
+            array_charge(0x51, 1, [u64::MAX, 2, 0], 0, 1),
+            u64::MAX,
+            "an overflow refuses"
+        );
     }
 }

@@ -5,4 +5,6 @@ pub mod context;
 pub mod device;
 pub mod launch;
 pub mod memory;
+pub mod pool;
 pub mod procaddress;
+pub mod vmm;

@@ -913,24 +913,9 @@ cuda! {
 // ---------------------------------------------------------------------------------------
 
 use vgpu_abi::cuda::{
-    CudaArray3dDescriptor, CudaArray3dDescriptorV1, CudaArrayDescriptor, CudaArrayDescriptorV1,
-    array_level_bytes,
+    ARRAY_CHARGE_GRANULARITY, CudaArray3dDescriptor, CudaArray3dDescriptorV1, CudaArrayDescriptor,
+    CudaArrayDescriptorV1, array_bytes,
 };
-
-/// Width, height, depth (each at least 1), format, channels -> bytes, with the format
-/// table of `cuda.h` that the shims use too (`vgpu_abi`).
-fn array_bytes(
-    width: u64,
-    height: u64,
-    depth: u64,
-    format: u32,
-    channels: u32,
-) -> Result<u64, CUresult> {
-    if width == 0 || !matches!(channels, 1..=4) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    array_level_bytes(format, channels, width, height, depth).ok_or(CUDA_ERROR_INVALID_VALUE)
-}
 
 fn create_array(
     handle_out: *mut u64,
@@ -941,20 +926,14 @@ fn create_array(
     levels: u32,
     tag: u64,
 ) -> Res {
-    if handle_out.is_null() {
+    if handle_out.is_null() || dims[0] == 0 || !matches!(channels, 1..=4) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let mut bytes = 0u64;
-    let [mut w, mut h, mut d] = dims;
-    for _ in 0..levels.max(1) {
-        bytes = bytes
-            .checked_add(array_bytes(w, h, d, format, channels)?)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        w = (w / 2).max(1);
-        h = if h == 0 { 0 } else { (h / 2).max(1) };
-        d = if d == 0 { 0 } else { (d / 2).max(1) };
-    }
-    let charged = round_up(bytes, ALLOC_ALIGN).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    // The format table and the mip chain of `cuda.h` that the shims use too
+    // (`vgpu_abi`), charged in the driver's 2 MiB units.
+    let bytes =
+        array_bytes(format, channels, dims, flags, levels).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let charged = round_up(bytes, ARRAY_CHARGE_GRANULARITY).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     let ctx = require_current()?;
     let handle = with_registry(|registry| {
         let device = registry.context(ctx)?.device;
@@ -1665,12 +1644,19 @@ cuda! {
         }
     }
 
+    /// Waits for the event, then lets its device's pools release memory (a
+    /// synchronisation point, as for streams and contexts).
     fn cuEventSynchronize(event: u64) {
-        let at = with_registry(|registry| registry.events.get(&event).map(|e| e.at).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
+        let (at, ctx) = with_registry(|registry| registry.events.get(&event).map(|e| (e.at, e.ctx)).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
         if let Some(at) = at {
             sleep_until(at);
         }
-        Ok(())
+        with_registry(|registry| {
+            if let Some(device) = registry.contexts.get(&ctx).map(|c| c.device) {
+                registry.release_pools_at_sync(device);
+            }
+            Ok(())
+        })
     }
 
     fn cuEventElapsedTime(ms: *mut f32, start: u64, end: u64) { elapsed(ms, start, end) }
@@ -1813,11 +1799,16 @@ fn load_module(module_out: *mut u64, entries: Option<HashSet<String>>) -> Res {
     }
     let ctx = require_current()?;
     let handle = with_registry(|registry| {
+        // The driver loads the module's code into device memory, after the context.
+        let charged = registry.sim.config.module_overhead;
+        let device = registry.context(ctx)?.device;
+        registry.charge(device, charged)?;
         let handle = registry.handle(TAG_MODULE);
         registry.modules.insert(
             handle,
             Module {
                 ctx,
+                charged,
                 entries,
                 functions: HashMap::new(),
             },

@@ -81,6 +81,8 @@ pub struct Event {
 
 pub struct Module {
     pub ctx: u64,
+    /// Device memory the loaded code takes (`module_overhead`), charged to the context's card.
+    pub charged: u64,
     /// The entry names the image declares; None when the image format hides them.
     pub entries: Option<HashSet<String>>,
     pub functions: HashMap<String, u64>,
@@ -381,6 +383,9 @@ impl Registry {
     pub fn unload_module(&mut self, module: u64) -> bool {
         match self.modules.remove(&module) {
             Some(removed) => {
+                if let Some(device) = self.contexts.get(&removed.ctx).map(|c| c.device) {
+                    self.uncharge(device, removed.charged);
+                }
                 for function in removed.functions.values() {
                     self.functions.remove(function);
                 }

@@ -1,5 +1,5 @@
 # GPU suite section `quota`: sourced by tests/gpu/run.sh, which defines VGPU, SMI, OUT,
-# WORK, HERE, ROOT, PREFIX and the helpers record, result_of, wait_marker, gpu_mem_of, median.
+# WORK, HERE, ROOT, PREFIX and the helpers record, result_of, wait_marker, gpu_mem_of, host_pid, median.
 
 # quota_case NAME ENV-ASSIGNMENT SCRIPT ARGS...: run under --memory 4GiB, read the
 # process's usage from nvidia-smi outside the namespace while it holds its memory.
@@ -10,7 +10,7 @@ quota_case() {
     timeout 120 "$VGPU" run --memory 4GiB -- env $envset python3 "$@" "$marker" > "$OUT/quota-$name.txt" 2>&1 &
     local job=$!
     local outside=null
-    if wait_marker "$marker" 90; then outside=$(gpu_mem_of "$(cat "$marker")"); fi
+    if wait_marker "$marker" 90; then outside=$(gpu_mem_of "$(host_pid "$(cat "$marker")" "$job")"); fi
     wait $job; local rc=$?
     record quota "$name" "\"rc\": $rc, \"outside_mib\": ${outside:-null}, \"result\": $(result_of "$OUT/quota-$name.txt")"
 }
