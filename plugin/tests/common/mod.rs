@@ -7,6 +7,8 @@
 //! env per container path or name, the first wins).
 #![allow(dead_code)]
 
+pub mod e2e;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
