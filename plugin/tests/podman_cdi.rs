@@ -22,7 +22,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::e2e;
-use common::{CORE, MEMORY, Plugin, TestKubelet};
+use common::{CORE, MEMORY, TestKubelet};
 use vgpu_plugin::config::DeviceListStrategy;
 
 /// Removes this run's spec files however the test ends.
@@ -61,23 +61,8 @@ async fn a_podman_container_gets_its_quota_from_the_cdi_spec() {
     for node in ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"] {
         make_node(&config.dev_root.join(node));
     }
-    e2e::prepare_sim_driver(&config);
-    let source = e2e::sim_source(&mut config);
-    let mut plugin = Plugin::start(&kubelet, config.clone(), source).await;
-    let admitted = kubelet
-        .admit(
-            &mut plugin,
-            "default",
-            "podman",
-            "cuda",
-            &[(MEMORY, 10), (CORE, 30)],
-        )
-        .await
-        .expect("admitted");
-    kubelet
-        .start_container(&mut plugin, &admitted)
-        .await
-        .expect("PreStart");
+    let (config, plugin, admitted) =
+        e2e::started_container(&kubelet, config, &[(MEMORY, 10), (CORE, 30)]).await;
     let response = admitted.merged();
     assert!(
         response.mounts.is_empty() && response.envs.is_empty() && response.devices.is_empty(),

@@ -14,7 +14,7 @@
 mod common;
 
 use common::e2e::{self, bind};
-use common::{CORE, MEMORY, Plugin, TestKubelet};
+use common::{CORE, MEMORY, TestKubelet};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_sees_its_quota_through_the_shims() {
@@ -22,24 +22,12 @@ async fn container_sees_its_quota_through_the_shims() {
         return;
     }
     let kubelet = TestKubelet::start().await;
-    let mut config = kubelet.plugin_config();
-    e2e::prepare_sim_driver(&config);
-    let source = e2e::sim_source(&mut config);
-    let mut plugin = Plugin::start(&kubelet, config.clone(), source).await;
-    let admitted = kubelet
-        .admit(
-            &mut plugin,
-            "default",
-            "e2e",
-            "cuda",
-            &[(CORE, 30), (MEMORY, 10)],
-        )
-        .await
-        .expect("admitted");
-    kubelet
-        .start_container(&mut plugin, &admitted)
-        .await
-        .expect("PreStart");
+    let (config, plugin, admitted) = e2e::started_container(
+        &kubelet,
+        kubelet.plugin_config(),
+        &[(CORE, 30), (MEMORY, 10)],
+    )
+    .await;
     let response = admitted.merged();
 
     // The bundle: host /usr through an overlay (so runc may create mount targets), the

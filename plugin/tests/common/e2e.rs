@@ -145,6 +145,27 @@ pub fn sim_source(config: &mut PluginConfig) -> Arc<dyn DeviceSource> {
     Arc::new(NvmlSource::open(&config.nvml_library).expect("sim NVML"))
 }
 
+/// Starts the plugin with `config` over a prepared sim driver and runs one container's
+/// admission (`requests` in kubelet's order) and PreStartContainer.
+pub async fn started_container(
+    kubelet: &super::TestKubelet,
+    mut config: PluginConfig,
+    requests: &[(&str, usize)],
+) -> (PluginConfig, super::Plugin, super::Admitted) {
+    prepare_sim_driver(&config);
+    let source = sim_source(&mut config);
+    let mut plugin = super::Plugin::start(kubelet, config.clone(), source).await;
+    let admitted = kubelet
+        .admit(&mut plugin, "default", "e2e", "cuda", requests)
+        .await
+        .expect("admitted");
+    kubelet
+        .start_container(&mut plugin, &admitted)
+        .await
+        .expect("PreStart");
+    (config, plugin, admitted)
+}
+
 /// The env a container of the tests runs with beside the response's: the image's own
 /// `LD_LIBRARY_PATH` (it must arrive unchanged), the sim's knobs, the script folder.
 pub fn image_env() -> Vec<String> {
