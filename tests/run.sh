@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian's non-free NVIDIA 535 packages: real export tables and a real nvidia-smi, used
-# as data (they load without a GPU); runc runs real OCI containers; binutils gives nm.
+# as data (they load without a GPU); runc runs real OCI containers, podman (4.3) real
+# containers from CDI specs; binutils gives nm.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     if ! grep -rqs "non-free" /etc/apt/sources.list /etc/apt/sources.list.d/; then
         cat > /etc/apt/sources.list.d/vgpu-nonfree.sources <<'SRC'
@@ -19,7 +20,7 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
     fi
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc binutils gcc python3 python3-pip >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc podman binutils gcc python3 python3-pip >/dev/null
     export VGPU_DEBIAN_DEBS=${VGPU_DEBIAN_DEBS:-$PWD/target/debian-debs}
     mkdir -p "$VGPU_DEBIAN_DEBS"
     (cd "$VGPU_DEBIAN_DEBS" && apt-get download libcuda1 libnvidia-ml1 nvidia-smi >/dev/null 2>&1 || apt-get download libcuda1 libnvidia-ml1 nvidia-smi)

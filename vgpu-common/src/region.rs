@@ -922,58 +922,55 @@ impl Region {
     }
 
     /// Fills the host PID of live slots whose owner runs in another PID namespace, for
-    /// readers that see host PIDs (NVML inside a container reports them): a process in
-    /// `proc_root` (the host's `/proc`) whose PID namespace is the slot's, whose innermost
-    /// `NSpid` is the slot's PID and whose start time is the slot's. Returns how many it
-    /// filled. Cheap when there is nothing to fill: no scan at all.
+    /// readers that see host PIDs (NVML inside a container reports them on older
+    /// drivers): see [`find_host_pids`]. Returns how many it filled. Cheap when there
+    /// is nothing to fill: no scan at all.
     pub fn fill_host_pids(&self, proc_root: &Path) -> usize {
-        let wanted: Vec<(usize, i32, u64, u64)> = (0..self.scan_end())
-            .filter_map(|index| {
-                let slot = self.slot(index);
-                let owner = slot.owner.load(Ordering::SeqCst);
-                let pid_ns = slot.pid_ns.load(Ordering::SeqCst);
-                let unknown =
-                    owner & 0xff == STATE_LIVE && slot.host_pid.load(Ordering::SeqCst) == 0;
-                (unknown && pid_ns != 0 && pid_ns != process::INIT_PID_NS).then(|| {
-                    (
-                        index,
-                        (owner >> 32) as i32,
-                        pid_ns,
-                        slot.start_time.load(Ordering::SeqCst),
-                    )
-                })
-            })
-            .collect();
-        if wanted.is_empty() {
-            return 0;
+        let found = find_host_pids(&RegionBytes::wanting_host_pids(self), proc_root);
+        for &(slot, host_pid) in &found {
+            self.set_host_pid(slot, host_pid);
         }
-        let Ok(entries) = std::fs::read_dir(proc_root) else {
-            return 0;
-        };
-        let mut filled = 0;
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(host_pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Some(ns) = process::pid_namespace_in(proc_root, &host_pid.to_string()) else {
-                continue;
-            };
-            if !wanted.iter().any(|&(_, _, slot_ns, _)| slot_ns == ns) {
-                continue;
-            }
-            let inner =
-                process::ns_pids_in(proc_root, host_pid).and_then(|levels| levels.last().copied());
-            let started = process::start_time_in(proc_root, host_pid);
-            for &(slot_index, pid, slot_ns, slot_start) in &wanted {
-                if slot_ns == ns && inner == Some(pid) && started == Some(slot_start) {
-                    self.set_host_pid(slot_index, host_pid);
-                    filled += 1;
-                }
-            }
-        }
-        filled
+        found.len()
     }
+}
+
+/// A live slot whose owner runs in another PID namespace and has no host PID yet: its
+/// index, PID (in its own namespace), PID namespace and start time.
+pub(crate) type WantedHostPid = (usize, i32, u64, u64);
+
+/// The host PIDs of `wanted` slots: a process in `proc_root` (the host's `/proc`) whose
+/// PID namespace is the slot's, whose innermost `NSpid` is the slot's PID and whose
+/// start time is the slot's. Returns (slot index, host PID) pairs; no scan at all when
+/// nothing is wanted.
+pub(crate) fn find_host_pids(wanted: &[WantedHostPid], proc_root: &Path) -> Vec<(usize, i32)> {
+    let mut found = Vec::new();
+    if wanted.is_empty() {
+        return found;
+    }
+    let Ok(entries) = std::fs::read_dir(proc_root) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(host_pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Some(ns) = process::pid_namespace_in(proc_root, &host_pid.to_string()) else {
+            continue;
+        };
+        if !wanted.iter().any(|&(_, _, slot_ns, _)| slot_ns == ns) {
+            continue;
+        }
+        let inner =
+            process::ns_pids_in(proc_root, host_pid).and_then(|levels| levels.last().copied());
+        let started = process::start_time_in(proc_root, host_pid);
+        for &(slot_index, pid, slot_ns, slot_start) in wanted {
+            if slot_ns == ns && inner == Some(pid) && started == Some(slot_start) {
+                found.push((slot_index, host_pid));
+            }
+        }
+    }
+    found
 }
 
 /// Read access to the bytes of a region, whether a live shared mapping ([`Region`]) or a
@@ -996,6 +993,27 @@ pub(crate) trait RegionBytes {
         // record lies inside the REGION_LEN bytes; Slot is made of atomics, valid for any
         // bit pattern, and 64-byte aligned like the base.
         unsafe { &*(self.base().add(SLOTS_OFFSET) as *const Slot).add(index) }
+    }
+
+    /// The live slots of owners in another PID namespace that have no host PID yet.
+    fn wanting_host_pids(&self) -> Vec<WantedHostPid> {
+        (0..self.scan_end())
+            .filter_map(|index| {
+                let slot = self.slot(index);
+                let owner = slot.owner.load(Ordering::SeqCst);
+                let pid_ns = slot.pid_ns.load(Ordering::SeqCst);
+                let unknown =
+                    owner & 0xff == STATE_LIVE && slot.host_pid.load(Ordering::SeqCst) == 0;
+                (unknown && pid_ns != 0 && pid_ns != process::INIT_PID_NS).then(|| {
+                    (
+                        index,
+                        (owner >> 32) as i32,
+                        pid_ns,
+                        slot.start_time.load(Ordering::SeqCst),
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Validates the header; the reason when it is not a region of ours.

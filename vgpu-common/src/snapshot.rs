@@ -131,6 +131,17 @@ impl RegionSnapshot {
     pub fn slot_limiter(&self, slot: usize, device: usize) -> [u64; SLOT_LIMITER_WORDS] {
         RegionBytes::slot_limiter_words(self, slot, device)
     }
+
+    /// Fills in, with [`write_host_pid`], the host PID of every live process of the copy
+    /// that runs in another PID namespace and has none yet (found in `proc_root`, the
+    /// host's `/proc`, as [`crate::region::Region::fill_host_pids`] finds it). Returns
+    /// how many were written; a file that changed meanwhile only makes a write fail.
+    pub fn fill_host_pids(&self, proc_root: &Path) -> usize {
+        crate::region::find_host_pids(&RegionBytes::wanting_host_pids(self), proc_root)
+            .into_iter()
+            .filter(|&(slot, host_pid)| write_host_pid(&self.path, slot, host_pid).is_ok())
+            .count()
+    }
 }
 
 /// Frees, with `pread`/`pwrite` on the file at `path` (never a mapping), the slots of
