@@ -321,10 +321,7 @@ pub const fn array_level_bytes(
             }
         }
     };
-    match per_plane.div_ceil(denominator).checked_mul(depth) {
-        Some(bytes) => Some(bytes),
-        None => None,
-    }
+    per_plane.div_ceil(denominator).checked_mul(depth)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use object::read::elf::{Dyn, ElfFile, FileHeader, Sym};
-use object::{Endianness, FileKind, elf};
+use object::{Endianness, FileKind, ReadCache, ReadRef, elf};
 
 /// Why the exports of a file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -44,19 +44,24 @@ pub enum ExportError {
 /// suffixes.
 pub fn defined_functions(lib: &Path) -> Result<BTreeSet<String>, ExportError> {
     let data = read(lib)?;
-    match elf_kind(lib, &data)? {
+    match elf_kind(lib, data.as_slice())? {
         FileKind::Elf64 => defined_in::<elf::FileHeader64<Endianness>>(&data),
         _ => defined_in::<elf::FileHeader32<Endianness>>(&data),
     }
     .map_err(|reason| not_elf(lib, reason))
 }
 
-/// The `DT_SONAME` of `lib`, or `None` when it has none.
+/// The `DT_SONAME` of `lib`, or `None` when it has none. Reads only the headers and
+/// tables it needs (a driver library is tens of megabytes; its SONAME a few bytes).
 pub fn soname(lib: &Path) -> Result<Option<String>, ExportError> {
-    let data = read(lib)?;
+    let file = std::fs::File::open(lib).map_err(|source| ExportError::Io {
+        path: lib.to_path_buf(),
+        source,
+    })?;
+    let data = ReadCache::new(file);
     match elf_kind(lib, &data)? {
-        FileKind::Elf64 => soname_in::<elf::FileHeader64<Endianness>>(&data),
-        _ => soname_in::<elf::FileHeader32<Endianness>>(&data),
+        FileKind::Elf64 => soname_in::<elf::FileHeader64<Endianness>, _>(&data),
+        _ => soname_in::<elf::FileHeader32<Endianness>, _>(&data),
     }
     .map_err(|reason| not_elf(lib, reason))
 }
@@ -87,8 +92,10 @@ fn defined_in<Elf: FileHeader<Endian = Endianness>>(
     Ok(names)
 }
 
-fn soname_in<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Option<String>, String> {
-    let file = ElfFile::<Elf>::parse(data).map_err(|error| error.to_string())?;
+fn soname_in<'data, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'data>>(
+    data: R,
+) -> Result<Option<String>, String> {
+    let file = ElfFile::<Elf, R>::parse(data).map_err(|error| error.to_string())?;
     let endian = file.endian();
     let dynamic = file
         .elf_dynamic_table()
@@ -112,7 +119,7 @@ fn soname_in<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Option
     Ok(None)
 }
 
-fn elf_kind(lib: &Path, data: &[u8]) -> Result<FileKind, ExportError> {
+fn elf_kind<'data, R: ReadRef<'data>>(lib: &Path, data: R) -> Result<FileKind, ExportError> {
     match FileKind::parse(data) {
         Ok(kind @ (FileKind::Elf64 | FileKind::Elf32)) => Ok(kind),
         Ok(other) => Err(not_elf(lib, format!("file kind is {other:?}, not ELF"))),

@@ -6,14 +6,24 @@
 //! appears read-only at `/usr/local/vgpu/driver`; the shims are mounted over
 //! `libcuda.so.1` / `libnvidia-ml.so.1` in `/usr/lib/x86_64-linux-gnu`, `/usr/lib64`
 //! and `/usr/local/nvidia/lib64`; the real `nvidia-smi` at `/usr/local/nvidia/bin` and
-//! `/usr/bin`; `LD_LIBRARY_PATH` gains `/usr/local/nvidia/lib64` and
-//! `VGPU_DRIVER_DIR` points at the real libraries inside the mount.
+//! `/usr/bin`; `VGPU_DRIVER_DIR` points at the real libraries inside the mount.
+//!
+//! The real `libcuda` is loaded by path from that folder, but it `dlopen`s its helper
+//! libraries (`libnvidia-ptxjitcompiler.so.1` for PTX JIT, `libnvidia-nvvm.so.4`,
+//! `libnvidia-gpucomp.so.<version>`, ...) by name, and the loader looks for a name in
+//! the caller's search path, never beside the caller. So every other library of the
+//! prepared folder is mounted, under its SONAME, into the same three folders as the
+//! shims: the first two are the loader's default folders on Debian/Ubuntu (multiarch)
+//! and RHEL, the third is on the `LD_LIBRARY_PATH` of NGC images. That is what
+//! NVIDIA's container toolkit does, and it leaves the image's own `LD_LIBRARY_PATH`
+//! alone: the layout sets none.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::exports::soname;
 use crate::prepare::{BIN_SUBDIR, LIB_SUBDIR, SHIM_SUBDIR, SHIMS};
 
 /// The configurable paths of the layout.
@@ -30,8 +40,6 @@ pub struct LayoutPaths {
     pub container_library_dirs: Vec<PathBuf>,
     /// Container paths at which `nvidia-smi` is mounted.
     pub container_nvidia_smi: Vec<PathBuf>,
-    /// Folders put in front of the container's `LD_LIBRARY_PATH`.
-    pub ld_library_path: Vec<PathBuf>,
 }
 
 impl Default for LayoutPaths {
@@ -50,7 +58,6 @@ impl Default for LayoutPaths {
             container_nvidia_smi: ["/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"]
                 .map(PathBuf::from)
                 .to_vec(),
-            ld_library_path: vec![PathBuf::from("/usr/local/nvidia/lib64")],
         }
     }
 }
@@ -69,11 +76,45 @@ pub struct Mount {
 /// Mounts and env for one container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ContainerLayout {
-    /// In mount order: the driver folder, the shims, the tools.
+    /// In mount order: the driver folder, the shims, the helper libraries, the tools.
     pub mounts: Vec<Mount>,
-    /// Env to set (`LD_LIBRARY_PATH` holds only the layout's folders; callers append the
-    /// image's own value).
+    /// Env to set (never `LD_LIBRARY_PATH`: the image keeps its own).
     pub env: BTreeMap<String, String>,
+}
+
+/// A library of the prepared folder that the real driver loads by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HelperLibrary {
+    /// The name it is loaded under (`libnvidia-ptxjitcompiler.so.1`).
+    pub soname: String,
+    /// The file in the prepared folder.
+    pub host_path: PathBuf,
+}
+
+/// Every ELF file of `lib_dir` with a SONAME that no shim covers, by SONAME (links and
+/// temp files are skipped; a missing folder has none).
+pub fn helper_libraries(lib_dir: &Path) -> Vec<HelperLibrary> {
+    let Ok(entries) = std::fs::read_dir(lib_dir) else {
+        return Vec::new();
+    };
+    let mut helpers: Vec<HelperLibrary> = entries
+        .flatten()
+        .filter(|entry| !entry.file_name().to_string_lossy().starts_with('.'))
+        .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
+        .filter_map(|entry| {
+            let host_path = entry.path();
+            let name = soname(&host_path).ok().flatten()?;
+            let shimmed = SHIMS.iter().any(|spec| spec.real_soname == name);
+            let plain = !name.is_empty() && !name.contains('/');
+            (!shimmed && plain).then_some(HelperLibrary {
+                soname: name,
+                host_path,
+            })
+        })
+        .collect();
+    helpers.sort_by(|a, b| a.soname.cmp(&b.soname));
+    helpers.dedup_by(|a, b| a.soname == b.soname);
+    helpers
 }
 
 /// Env var the shims read for the real driver folder.
@@ -93,7 +134,7 @@ impl LayoutPaths {
         }
     }
 
-    /// The whole layout.
+    /// The whole layout (reads the prepared folder's `lib64` for the helper libraries).
     pub fn layout(&self) -> ContainerLayout {
         let read_only = |host_path: PathBuf, container_path: PathBuf| Mount {
             host_path,
@@ -112,23 +153,22 @@ impl LayoutPaths {
                 ));
             }
         }
+        for helper in helper_libraries(&self.host_driver_dir.join(LIB_SUBDIR)) {
+            for dir in &self.container_library_dirs {
+                mounts.push(read_only(
+                    helper.host_path.clone(),
+                    dir.join(&helper.soname),
+                ));
+            }
+        }
         let host_smi = self.host_driver_dir.join(BIN_SUBDIR).join("nvidia-smi");
         for path in &self.container_nvidia_smi {
             mounts.push(read_only(host_smi.clone(), path.clone()));
         }
-        let ld_library_path = self
-            .ld_library_path
-            .iter()
-            .map(|dir| dir.display().to_string())
-            .collect::<Vec<_>>()
-            .join(":");
-        let env = BTreeMap::from([
-            ("LD_LIBRARY_PATH".to_string(), ld_library_path),
-            (
-                DRIVER_DIR_ENV.to_string(),
-                self.container_driver_lib_dir().display().to_string(),
-            ),
-        ]);
+        let env = BTreeMap::from([(
+            DRIVER_DIR_ENV.to_string(),
+            self.container_driver_lib_dir().display().to_string(),
+        )]);
         ContainerLayout { mounts, env }
     }
 
@@ -183,7 +223,10 @@ mod tests {
         }
         assert_eq!(layout.mounts.len(), 1 + 6 + 2);
         assert!(layout.mounts.iter().all(|mount| mount.read_only));
-        assert_eq!(layout.env["LD_LIBRARY_PATH"], "/usr/local/nvidia/lib64");
+        assert!(
+            !layout.env.contains_key("LD_LIBRARY_PATH"),
+            "the image keeps its own LD_LIBRARY_PATH"
+        );
         assert_eq!(
             layout.env["VGPU_DRIVER_DIR"],
             "/usr/local/vgpu/driver/lib64"
@@ -207,10 +250,9 @@ mod tests {
             container_driver_dir: PathBuf::from("/opt/drv"),
             container_library_dirs: vec![PathBuf::from("/lib")],
             container_nvidia_smi: vec![PathBuf::from("/bin/nvidia-smi")],
-            ld_library_path: vec![PathBuf::from("/a"), PathBuf::from("/b")],
         };
         let layout = paths.layout();
-        assert_eq!(layout.env["LD_LIBRARY_PATH"], "/a:/b");
+        assert_eq!(layout.env.len(), 1);
         assert_eq!(layout.env["VGPU_DRIVER_DIR"], "/opt/drv/lib64");
         assert_eq!(layout.mounts.len(), 1 + 2 + 1);
         let existing = paths.layout_existing();
@@ -225,5 +267,103 @@ mod tests {
         );
         let json = serde_json::to_value(&layout).unwrap();
         assert_eq!(json["mounts"][1]["container_path"], "/lib/libcuda.so.1");
+    }
+
+    /// A shared object named `file` with SONAME `soname` (or none), built with `cc`.
+    fn shared_object(dir: &Path, file: &str, soname: Option<&str>) -> PathBuf {
+        let source = dir.join(".fixture.c");
+        std::fs::write(&source, "int vgpu_fixture(void) { return 7; }\n").unwrap();
+        let out = dir.join(file);
+        let mut cc = std::process::Command::new("cc");
+        cc.args(["-shared", "-fPIC", "-o"]).arg(&out).arg(&source);
+        if let Some(soname) = soname {
+            cc.arg(format!("-Wl,-soname,{soname}"));
+        }
+        let status = cc.status().expect("cc runs");
+        assert!(status.success(), "cc built {file}");
+        std::fs::remove_file(&source).unwrap();
+        out
+    }
+
+    #[test]
+    fn every_helper_library_is_mounted_under_its_soname_beside_the_shims() {
+        let host = tempfile::tempdir().unwrap();
+        let lib64 = host.path().join("lib64");
+        std::fs::create_dir_all(&lib64).unwrap();
+        // A prepared folder: versioned files, SONAME links, a dev link, a shimmed
+        // library, one whose SONAME is its versioned name, one without a SONAME, a file
+        // that is not ELF and a leftover temp file of `prepare`.
+        let ptxjit = shared_object(
+            &lib64,
+            "libnvidia-ptxjitcompiler.so.580.159.04",
+            Some("libnvidia-ptxjitcompiler.so.1"),
+        );
+        std::os::unix::fs::symlink(
+            "libnvidia-ptxjitcompiler.so.580.159.04",
+            lib64.join("libnvidia-ptxjitcompiler.so.1"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(
+            "libnvidia-ptxjitcompiler.so.1",
+            lib64.join("libnvidia-ptxjitcompiler.so"),
+        )
+        .unwrap();
+        let gpucomp = shared_object(
+            &lib64,
+            "libnvidia-gpucomp.so.580.159.04",
+            Some("libnvidia-gpucomp.so.580.159.04"),
+        );
+        shared_object(&lib64, "libcuda.so.580.159.04", Some("libcuda.so.1"));
+        shared_object(&lib64, "libnosoname.so", None);
+        std::fs::write(lib64.join("README"), "not a library").unwrap();
+        shared_object(
+            &lib64,
+            ".libnvidia-nvvm.so.4.tmp-1",
+            Some("libnvidia-nvvm.so.4"),
+        );
+        let helpers = helper_libraries(&lib64);
+        assert_eq!(
+            helpers,
+            [
+                HelperLibrary {
+                    soname: "libnvidia-gpucomp.so.580.159.04".into(),
+                    host_path: gpucomp.clone()
+                },
+                HelperLibrary {
+                    soname: "libnvidia-ptxjitcompiler.so.1".into(),
+                    host_path: ptxjit.clone()
+                },
+            ]
+        );
+        let paths = LayoutPaths {
+            host_driver_dir: host.path().to_path_buf(),
+            ..LayoutPaths::default()
+        };
+        let layout = paths.layout();
+        for dir in [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/local/nvidia/lib64",
+        ] {
+            for helper in &helpers {
+                let at = Path::new(dir).join(&helper.soname);
+                let mount = layout
+                    .mounts
+                    .iter()
+                    .find(|mount| mount.container_path == at)
+                    .unwrap_or_else(|| panic!("no mount at {}", at.display()));
+                assert_eq!(mount.host_path, helper.host_path);
+                assert!(mount.read_only);
+            }
+        }
+        assert_eq!(layout.mounts.len(), 1 + 6 + 2 * 3 + 2);
+        assert!(
+            !layout
+                .mounts
+                .iter()
+                .any(|mount| mount.container_path.ends_with("libcuda.so.580.159.04")),
+            "the real libcuda is never put where the loader finds it by name"
+        );
+        assert!(helper_libraries(&host.path().join("none")).is_empty());
     }
 }

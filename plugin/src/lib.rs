@@ -10,6 +10,7 @@
 //! * [`ids`]: the device IDs advertised to kubelet;
 //! * [`state`]: allocations kept on disk (`plugin-state.json`);
 //! * [`allocator`]: card choice, pairing of core and memory, refusals, PreStart;
+//! * [`cdi`]: CDI spec files of allocations (shared with the DRA driver);
 //! * [`container`]: allocation folders, the container config, the Allocate response;
 //! * [`layout`]: the container-side paths (local copy until `vgpu_ldconfig::layout` lands);
 //! * [`kubelet`]: unix-socket gRPC clients (Registration, PodResources);
@@ -18,6 +19,7 @@
 //! * [`metrics`]: Prometheus metrics over plain HTTP.
 
 pub mod allocator;
+pub mod cdi;
 pub mod config;
 pub mod container;
 pub mod daemon;

@@ -229,6 +229,9 @@ async fn container_sees_its_quota_through_the_shims() {
         .map(|(key, value)| format!("{key}={value}"))
         .collect();
     env.push("PATH=/usr/local/bin:/usr/bin:/bin".into());
+    // The image's own loader path (NGC images and framework wheels set one): it must
+    // reach the process unchanged.
+    env.push("LD_LIBRARY_PATH=/opt/image/lib".into());
     env.push("VGPU_SIM_GPUS=2".into());
     let script = r#"
 import os, hashlib, sys
@@ -305,7 +308,7 @@ if os.environ.get('CHECK_NVML') == '1':
         );
     }
     assert!(
-        stdout.contains("ENV /etc/vgpu/vgpu.yaml void /usr/local/nvidia/lib64"),
+        stdout.contains("ENV /etc/vgpu/vgpu.yaml void /opt/image/lib"),
         "{stdout}"
     );
     let config_line = stdout

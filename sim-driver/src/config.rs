@@ -39,6 +39,11 @@ pub const KERNEL_NS_ENV: &str = "VGPU_SIM_KERNEL_NS";
 pub const CONTEXT_OVERHEAD_ENV: &str = "VGPU_SIM_CONTEXT_OVERHEAD";
 /// Env: the cross-process state file.
 pub const STATE_ENV: &str = "VGPU_SIM_STATE";
+/// Env: a library name the sim `dlopen`s, as the real driver loads
+/// `libnvidia-ptxjitcompiler.so.1` by name, before it accepts PTX text; when the loader
+/// cannot find it, loading PTX fails with `CUDA_ERROR_JIT_COMPILER_NOT_FOUND`. Unset,
+/// PTX loads without any helper.
+pub const PTX_JIT_LIBRARY_ENV: &str = "VGPU_SIM_PTX_JIT_LIBRARY";
 
 /// The most GPUs one simulated machine has.
 pub const MAX_GPUS: usize = 16;

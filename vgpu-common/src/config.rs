@@ -3,6 +3,7 @@
 //!
 //! ```yaml
 //! driver_dir: /usr/local/vgpu/driver/lib64   # where the real libcuda.so.1 / libnvidia-ml.so.1 are
+//! container_id: a18f3b2c-7                   # who this container is to the host (1-64 of [A-Za-z0-9._-])
 //! usage_region: /var/lib/vgpu/usage.region   # default: `usage.region` beside this file
 //! card_state_dir: /var/lib/vgpu/cards        # per-card compute state shared by containers (optional)
 //! memory_oversubscribe: false                # see the README before turning this on
@@ -131,6 +132,10 @@ impl DeviceQuota {
 pub struct Config {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_dir: Option<PathBuf>,
+    /// The container's identity for the host side (compute coordination, metrics): the
+    /// device plugin's allocation id, the DRA claim, or `vgpu run`'s state folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_region: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,6 +160,22 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
+}
+
+/// Checks a container id: 1-64 characters of `[A-Za-z0-9._-]`.
+pub fn check_container_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > 64 {
+        return Err(format!("`{id}` must be 1-64 characters long"));
+    }
+    match id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        Some(bad) => Err(format!(
+            "`{id}` may hold only A-Z a-z 0-9 . _ - (not `{bad}`)"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// What `Config::load_from_env` found.
@@ -211,6 +232,9 @@ impl Config {
 
     /// Checks the values serde cannot: ranges, exactly one selector, no duplicates.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(id) = &self.container_id {
+            check_container_id(id).map_err(|reason| format!("container_id: {reason}"))?;
+        }
         if self.devices.len() > MAX_DEVICES {
             return Err(format!(
                 "devices: {} listed, at most {MAX_DEVICES} are supported",
@@ -318,10 +342,11 @@ mod tests {
     #[test]
     fn full_schema_round_trips() {
         let config = parse(
-            "driver_dir: /drv\nutilization_scale: card\ndevices:\n  - uuid: GPU-1\n    memory_limit: 7680MiB\n    core_limit: 30\n    core_mode: soft\n    core_ceiling: 50\n  - index: 1\n    memory_limit: 1073741824\n",
+            "driver_dir: /drv\ncontainer_id: a18f-3.x_y\nutilization_scale: card\ndevices:\n  - uuid: GPU-1\n    memory_limit: 7680MiB\n    core_limit: 30\n    core_mode: soft\n    core_ceiling: 50\n  - index: 1\n    memory_limit: 1073741824\n",
         )
         .expect("valid config");
         assert_eq!(config.driver_dir.as_deref(), Some(Path::new("/drv")));
+        assert_eq!(config.container_id.as_deref(), Some("a18f-3.x_y"));
         assert_eq!(config.devices[0].memory_limit, Some(ByteSize::mib(7680)));
         assert_eq!(config.devices[0].core_mode, CoreMode::Soft);
         assert_eq!(config.devices[1].selector(), DeviceSelector::Index(1));
@@ -362,6 +387,12 @@ mod tests {
             ("devices:\n  - index: 0\n    uuid: GPU-1\n", "not both"),
             ("devices:\n  - index: 0\n  - index: 0\n", "twice"),
             ("devices:\n  - index: 0\n    core_ceiling: 50\n", "soft"),
+            ("container_id: \"\"\n", "container_id"),
+            ("container_id: a/b\n", "container_id"),
+            (
+                &format!("container_id: {}\n", "x".repeat(65)),
+                "container_id",
+            ),
         ] {
             let err = parse(text).expect_err(text).to_string();
             assert!(err.contains(needle), "{text:?} gave {err}");

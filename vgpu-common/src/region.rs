@@ -234,27 +234,58 @@ impl Region {
 
     /// Writes a fresh header; called under the file lock on a zeroed mapping.
     fn initialise(&self, devices: &[RegionDevice]) {
-        let header = self.header_mut();
-        // SAFETY: under the file lock nobody else writes the header; raw writes avoid
-        // forming a &mut that would alias readers' shared references.
-        unsafe {
-            for (record, device) in (*header).devices.iter_mut().zip(devices) {
-                let bytes = device.id.as_bytes();
-                let n = bytes.len().min(UUID_LEN - 1);
-                record.id = [0; UUID_LEN];
-                record.id[..n].copy_from_slice(&bytes[..n]);
-                record.memory_limit = device.memory_limit;
-                record.core_limit = device.core_limit;
-                record.core_mode = device.core_mode;
-            }
-            (*header).version = VERSION;
-            (*header).device_count = devices.len() as u32;
-            (*header).layout = layout_fingerprint();
-            (*header).total_len = REGION_LEN as u64;
-            (*header).magic = MAGIC;
-            (*header).checksum = Region::immutable_checksum(&*header);
-        }
+        // SAFETY: under the file lock nobody else writes the header, and the mapping is
+        // REGION_LEN bytes, page aligned, zeroed.
+        unsafe { write_header(self.header_mut(), devices) };
         std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Writes a fresh region for `devices` at `path` with plain file I/O, never a
+    /// mapping: the host side's creator (plugin PreStart, DRA prepare). The bytes are
+    /// built in a private buffer, written to a temp file beside `path` (mode 0666, so
+    /// every user of the container can map it) and renamed over `path`: a reader sees the
+    /// old file or the new one, never a mix, and a tenant holding the old file open or
+    /// mapped cannot reach the new one.
+    pub fn create_file(path: &Path, devices: &[RegionDevice]) -> Result<(), RegionError> {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        if devices.len() > MAX_DEVICES {
+            return Err(RegionError::TooManyDevices(devices.len()));
+        }
+        let io_error = |source: io::Error| RegionError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        // u64 words: aligned for the header's fields (8 bytes at most).
+        let mut words = vec![0u64; REGION_LEN / 8];
+        // SAFETY: `words` is REGION_LEN zeroed bytes we own, 8-byte aligned, and the
+        // header fits its first page.
+        unsafe { write_header(words.as_mut_ptr().cast::<Header>(), devices) };
+        // SAFETY: the same REGION_LEN initialised bytes, viewed as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), REGION_LEN) };
+        let name = path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "usage.region".into());
+        let temp = path.with_file_name(format!(".{name}.new-{}", std::process::id()));
+        let written = (|| -> io::Result<()> {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o666)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&temp)?;
+            file.set_permissions(std::fs::Permissions::from_mode(0o666))?;
+            file.write_all(bytes)?;
+            file.sync_all()?;
+            std::fs::rename(&temp, path)
+        })();
+        if let Err(source) = written {
+            let _ = std::fs::remove_file(&temp);
+            return Err(io_error(source));
+        }
+        Ok(())
     }
 
     fn check_devices(&self, devices: &[RegionDevice]) -> Result<(), String> {
@@ -486,39 +517,78 @@ impl Region {
                 })
             })
             .collect();
-        if wanted.is_empty() {
-            return 0;
+        let found = find_host_pids(&wanted, proc_root);
+        for &(slot, host_pid) in &found {
+            self.set_host_pid(slot, host_pid);
         }
-        let Ok(entries) = std::fs::read_dir(proc_root) else {
-            return 0;
-        };
-        let mut filled = 0;
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(host_pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Some(ns) = process::pid_namespace_in(proc_root, &host_pid.to_string()) else {
-                continue;
-            };
-            if !wanted.iter().any(|&(_, _, slot_ns, _)| slot_ns == ns) {
-                continue;
-            }
-            let inner =
-                process::ns_pids_in(proc_root, host_pid).and_then(|levels| levels.last().copied());
-            let started = process::start_time_in(proc_root, host_pid);
-            for &(slot_index, pid, slot_ns, slot_start) in &wanted {
-                if slot_ns == ns && inner == Some(pid) && started == Some(slot_start) {
-                    self.set_host_pid(slot_index, host_pid);
-                    filled += 1;
-                }
-            }
-        }
-        filled
+        found.len()
     }
-
 }
 
+/// The host PIDs of container processes: for each wanted `(slot, pid, pid_ns,
+/// start_time)`, the process in `proc_root` (the host's `/proc`) whose PID namespace is
+/// `pid_ns`, whose innermost `NSpid` is `pid` and whose start time is `start_time`.
+/// Returns `(slot, host_pid)` pairs; no scan at all when nothing is wanted.
+pub(crate) fn find_host_pids(
+    wanted: &[(usize, i32, u64, u64)],
+    proc_root: &Path,
+) -> Vec<(usize, i32)> {
+    let mut found = Vec::new();
+    if wanted.is_empty() {
+        return found;
+    }
+    let Ok(entries) = std::fs::read_dir(proc_root) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(host_pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Some(ns) = process::pid_namespace_in(proc_root, &host_pid.to_string()) else {
+            continue;
+        };
+        if !wanted.iter().any(|&(_, _, slot_ns, _)| slot_ns == ns) {
+            continue;
+        }
+        let inner =
+            process::ns_pids_in(proc_root, host_pid).and_then(|levels| levels.last().copied());
+        let started = process::start_time_in(proc_root, host_pid);
+        for &(slot_index, pid, slot_ns, slot_start) in wanted {
+            if slot_ns == ns && inner == Some(pid) && started == Some(slot_start) {
+                found.push((slot_index, host_pid));
+            }
+        }
+    }
+    found
+}
+
+/// Writes the header of a fresh region for `devices` at `header`.
+///
+/// # Safety
+/// `header` points at zeroed, writable memory of at least `HEADER_LEN` bytes, aligned for
+/// `Header`, that nobody else writes meanwhile; raw writes avoid forming a `&mut` that
+/// would alias readers' shared references.
+unsafe fn write_header(header: *mut Header, devices: &[RegionDevice]) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        for (record, device) in (*header).devices.iter_mut().zip(devices) {
+            let bytes = device.id.as_bytes();
+            let n = bytes.len().min(UUID_LEN - 1);
+            record.id = [0; UUID_LEN];
+            record.id[..n].copy_from_slice(&bytes[..n]);
+            record.memory_limit = device.memory_limit;
+            record.core_limit = device.core_limit;
+            record.core_mode = device.core_mode;
+        }
+        (*header).version = VERSION;
+        (*header).device_count = devices.len() as u32;
+        (*header).layout = layout_fingerprint();
+        (*header).total_len = REGION_LEN as u64;
+        (*header).magic = MAGIC;
+        (*header).checksum = Region::immutable_checksum(&*header);
+    }
+}
 
 /// Read access to the bytes of a region, whether a live shared mapping ([`Region`]) or a
 /// private copy ([`crate::snapshot::RegionSnapshot`]): one set of readers for both, so
@@ -687,6 +757,39 @@ mod tests {
     }
 
     #[test]
+    fn the_host_creates_a_region_without_mapping_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("usage.region");
+        // A stale region of a container's earlier run, still mapped by a reader.
+        let (old, _) = Region::open(&path, &devices()).expect("open");
+        let slot = old.attach(&process::current()).expect("attach");
+        old.add_used(slot, 0, 4096);
+        Region::create_file(&path, &devices()).expect("create");
+        assert_eq!(
+            old.device_used(0),
+            4096,
+            "the old file is untouched, only replaced"
+        );
+        let copy = crate::snapshot::RegionSnapshot::read(&path).expect("a valid region");
+        assert_eq!(copy.devices(), devices());
+        assert_eq!(copy.device_used(0), 0, "fresh: no slot carries over");
+        assert!(copy.processes().is_empty());
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o666, "every container user can map it");
+        let (shim, outcome) = Region::open(&path, &devices()).expect("a shim attaches");
+        assert_eq!(outcome, OpenOutcome::Attached);
+        assert_eq!(shim.devices(), devices());
+        let leftovers = std::fs::read_dir(dir.path()).expect("dir").count();
+        assert_eq!(leftovers, 1, "no temp file is left behind");
+        let too_many = vec![RegionDevice::default(); MAX_DEVICES + 1];
+        assert!(matches!(
+            Region::create_file(&path, &too_many),
+            Err(RegionError::TooManyDevices(_))
+        ));
+    }
+
+    #[test]
     fn corrupt_and_foreign_regions_are_rebuilt() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("r");
@@ -763,6 +866,12 @@ mod tests {
         fake(3102, 4026532999, 7, 9999);
         fake(3100, 4026532999, 7, 4242);
         assert_eq!(region.processes()[0].host_pid, 0);
+        // The host side: from a private copy, written back with pwrite.
+        let copy = crate::snapshot::RegionSnapshot::read(region.path()).expect("copy");
+        assert_eq!(copy.fill_host_pids(&proc_root), 1);
+        assert_eq!(region.processes()[0].host_pid, 3100);
+        // The mapping's own path finds the same.
+        region.set_host_pid(slot.index(), 0);
         assert_eq!(region.fill_host_pids(&proc_root), 1);
         assert_eq!(region.processes()[0].host_pid, 3100);
         assert_eq!(

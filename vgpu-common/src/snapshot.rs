@@ -26,7 +26,7 @@ use crate::region::{
 #[derive(Clone, Copy)]
 struct Block([u8; 64]);
 
-const _: () = assert!(REGION_LEN % 64 == 0);
+const _: () = assert!(REGION_LEN.is_multiple_of(64));
 
 /// A validated private copy of a usage region.
 pub struct RegionSnapshot {
@@ -76,9 +76,8 @@ impl RegionSnapshot {
         let mut blocks = vec![Block([0; 64]); REGION_LEN / 64].into_boxed_slice();
         // SAFETY: `blocks` is REGION_LEN initialised bytes that we own exclusively; the
         // slice covers exactly them, and u8 has no invalid values.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(blocks.as_mut_ptr().cast::<u8>(), REGION_LEN)
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(blocks.as_mut_ptr().cast::<u8>(), REGION_LEN) };
         // A file truncated after the length check reads short: that is an error, never
         // a partly zeroed snapshot.
         file.read_exact(bytes).map_err(|source| RegionError::Io {
@@ -114,6 +113,23 @@ impl RegionSnapshot {
     /// Every live process and its counters, as the copy says.
     pub fn processes(&self) -> Vec<ProcessUsage> {
         RegionBytes::processes(self)
+    }
+
+    /// Fills in, with [`write_host_pid`], the host PID of every live process of the copy
+    /// that runs in another PID namespace and has none yet (found in `proc_root`, the
+    /// host's `/proc`, as [`crate::region::Region::fill_host_pids`] finds it). Returns
+    /// how many were written; a file that changed meanwhile only makes a write fail.
+    pub fn fill_host_pids(&self, proc_root: &Path) -> usize {
+        let wanted: Vec<(usize, i32, u64, u64)> = self
+            .processes()
+            .into_iter()
+            .filter(|p| p.host_pid == 0 && p.pid_ns != 0 && p.pid_ns != crate::process::INIT_PID_NS)
+            .map(|p| (p.slot, p.pid, p.pid_ns, p.start_time))
+            .collect();
+        crate::region::find_host_pids(&wanted, proc_root)
+            .into_iter()
+            .filter(|&(slot, host_pid)| write_host_pid(&self.path, slot, host_pid).is_ok())
+            .count()
     }
 }
 
@@ -163,7 +179,11 @@ mod tests {
         let before = copy.processes()[0].host_pid;
         assert_ne!(before, 4242);
         write_host_pid(&path, slot.index(), 4242).expect("pwrite");
-        assert_eq!(region.processes()[0].host_pid, 4242, "the mapping sees the write");
+        assert_eq!(
+            region.processes()[0].host_pid,
+            4242,
+            "the mapping sees the write"
+        );
         assert_eq!(copy.processes()[0].host_pid, before, "the copy is private");
     }
 
@@ -174,18 +194,30 @@ mod tests {
         drop(Region::open(&path, &devices()).expect("open"));
         let file = OpenOptions::new().write(true).open(&path).expect("open");
         file.set_len(4096).expect("truncate");
-        assert!(matches!(RegionSnapshot::read(&path), Err(RegionError::Invalid { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&path),
+            Err(RegionError::Invalid { .. })
+        ));
         assert!(write_host_pid(&path, 0, 1).is_err());
         std::fs::write(&path, vec![0x5a; REGION_LEN]).expect("garbage");
-        assert!(matches!(RegionSnapshot::read(&path), Err(RegionError::Invalid { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&path),
+            Err(RegionError::Invalid { .. })
+        ));
         let fifo = dir.path().join("fifo");
         let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
         // SAFETY: mkfifo on a NUL-terminated path we own.
         assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
         // A FIFO with no writer would block a plain open forever.
-        assert!(matches!(RegionSnapshot::read(&fifo), Err(RegionError::Invalid { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&fifo),
+            Err(RegionError::Invalid { .. })
+        ));
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&path, &link).expect("symlink");
-        assert!(matches!(RegionSnapshot::read(&link), Err(RegionError::Io { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&link),
+            Err(RegionError::Io { .. })
+        ));
     }
 }

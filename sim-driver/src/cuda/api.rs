@@ -1789,7 +1789,30 @@ fn ptx_from_text(text: &str) -> Result<HashSet<String>, CUresult> {
     if !(text.contains(".version") || text.contains(".entry") || text.contains(".target")) {
         return Err(CUDA_ERROR_INVALID_IMAGE);
     }
+    require_jit_compiler()?;
     Ok(ptx_entries(text))
+}
+
+/// Loads the JIT helper named by `VGPU_SIM_PTX_JIT_LIBRARY` by name, through the loader's
+/// search path as the real driver does, so a container layout that hides the driver's
+/// helpers fails over the sim as it fails on a GPU.
+fn require_jit_compiler() -> Result<(), CUresult> {
+    use std::os::unix::ffi::OsStringExt;
+    let Some(name) = std::env::var_os(crate::config::PTX_JIT_LIBRARY_ENV).filter(|n| !n.is_empty())
+    else {
+        return Ok(());
+    };
+    // cuda.h's code (vgpu_abi's CUresult is unsigned, the sim's signed).
+    const NOT_FOUND: CUresult = vgpu_abi::cuda::CUDA_ERROR_JIT_COMPILER_NOT_FOUND as CUresult;
+    let name = std::ffi::CString::new(name.into_vec()).map_err(|_| NOT_FOUND)?;
+    // SAFETY: dlopen of a NUL-terminated name; the handle is never closed, as the driver
+    // keeps its helper loaded.
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        Err(NOT_FOUND)
+    } else {
+        Ok(())
+    }
 }
 
 /// The entry names of an image file.
