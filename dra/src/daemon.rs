@@ -259,7 +259,7 @@ pub async fn start(
 ) -> anyhow::Result<DraHandle> {
     if let Some(socket) = live_device_plugin_socket(&config) {
         anyhow::bail!(
-            "the vgpu device plugin is serving {} on this node: DRA mode and device-plugin mode never run on one node (deploy/README.md); move the node to one mode (its vgpu.io/mode label) first",
+            "the vgpu device plugin is serving {} on this node: DRA mode and device-plugin mode never run on one node (deploy/README.md); remove the device plugin from this node first (label the node vgpu-shim.io/mode=dra and drop its nvidia-device-enable label)",
             socket.display()
         );
     }

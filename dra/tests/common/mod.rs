@@ -335,7 +335,7 @@ pub fn allocated_claim(
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
         "spec": {"devices": {"requests": [{"name": request, "exactly": {
-            "deviceClassName": "vgpu.gpu.vgpu-shim.io",
+            "deviceClassName": "gpu.vgpu-shim.io",
             "capacity": {"requests": {
                 "cores": placement.cores.to_string(),
                 "memory": quantity::bytes(placement.memory).0,
