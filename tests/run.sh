@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian's non-free NVIDIA 535 packages: real export tables and a real nvidia-smi, used
-# as data (they load without a GPU); runc runs real OCI containers; binutils gives nm.
+# as data (they load without a GPU); runc runs real OCI containers, podman (4.3) real
+# containers from CDI specs; binutils gives nm.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     if ! grep -rqs "non-free" /etc/apt/sources.list /etc/apt/sources.list.d/; then
         cat > /etc/apt/sources.list.d/vgpu-nonfree.sources <<'SRC'

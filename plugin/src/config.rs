@@ -14,14 +14,16 @@
 //! memory_unit: 256MiB                     # one vcuda-memory device
 //! policy: binpack                         # or spread
 //! default_core_ceiling: 100               # soft-mode ceiling; omit for hard limits
-//! pairing_window_secs: 30
+//! pairing_window_secs: 30                # a container's two Allocate calls, and a pod's admission
 //! gc_interval_secs: 60
 //! gc_grace_secs: 300
 //! health_interval_secs: 5
 //! kubelet_watch_interval_ms: 1000
 //! metrics_address: 127.0.0.1:9401         # omit or null to turn metrics off
-//! cdi_devices: false                      # also return CDI names `<kind>=<uuid>`
-//! cdi_kind: nvidia.com/gpu
+//! device_list_strategy: mounts           # mounts (Allocate carries the mounts), cdi, or both
+//! cdi_kind: tencent.com/vcuda             # vendor/class of the CDI devices
+//! cdi_spec_dir: /var/run/cdi              # where the CDI specs are written
+//! cdi_spec_format: json                   # or yaml
 //! host_proc: /proc                        # the host's /proc (the DaemonSet runs with hostPID)
 //! ```
 
@@ -31,6 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use vgpu_common::ByteSize;
 
+use crate::cdi::SpecFormat;
 use crate::layout;
 
 /// Where the config is read from when `--config` is not given.
@@ -45,6 +48,35 @@ pub enum Policy {
     Binpack,
     /// The emptiest card: spreads load.
     Spread,
+}
+
+/// How Allocate hands a container its mounts, env and device nodes (NVIDIA's device
+/// plugin calls this `deviceListStrategy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceListStrategy {
+    /// In the Allocate response: every runtime applies them.
+    #[default]
+    Mounts,
+    /// As a CDI device (`cdi_devices` of the response, a spec in `cdi_spec_dir`): for
+    /// kubelet 1.28+ (DevicePluginCDIDevices) with a CDI-enabled runtime.
+    Cdi,
+    /// Both: a runtime without CDI uses the mounts; one with CDI applies the spec's
+    /// identical edits over them (CDI replaces a mount or device node at the same path,
+    /// and an env var of the same name).
+    Both,
+}
+
+impl DeviceListStrategy {
+    /// Whether the response carries the mounts, env and devices.
+    pub fn mounts(self) -> bool {
+        self != DeviceListStrategy::Cdi
+    }
+
+    /// Whether a CDI spec is written and named.
+    pub fn cdi(self) -> bool {
+        self != DeviceListStrategy::Mounts
+    }
 }
 
 /// The plugin config.
@@ -71,8 +103,10 @@ pub struct PluginConfig {
     /// The host's `/proc`, to map containers' PIDs to host PIDs for NVML readers.
     pub host_proc: PathBuf,
     pub metrics_address: Option<SocketAddr>,
-    pub cdi_devices: bool,
+    pub device_list_strategy: DeviceListStrategy,
     pub cdi_kind: String,
+    pub cdi_spec_dir: PathBuf,
+    pub cdi_spec_format: SpecFormat,
     /// Root under which host device nodes are looked up (tests point it elsewhere).
     pub dev_root: PathBuf,
 }
@@ -99,8 +133,10 @@ impl Default for PluginConfig {
             kubelet_watch_interval_ms: 1000,
             host_proc: PathBuf::from("/proc"),
             metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 9401))),
-            cdi_devices: false,
-            cdi_kind: "nvidia.com/gpu".into(),
+            device_list_strategy: DeviceListStrategy::Mounts,
+            cdi_kind: "tencent.com/vcuda".into(),
+            cdi_spec_dir: PathBuf::from(crate::cdi::DEFAULT_SPEC_DIR),
+            cdi_spec_format: SpecFormat::Json,
             dev_root: PathBuf::from("/dev"),
         }
     }
@@ -151,6 +187,7 @@ impl PluginConfig {
                 self.kubelet_socket
             ));
         }
+        crate::cdi::parse_kind(&self.cdi_kind).map_err(|err| format!("cdi_kind: {err}"))?;
         if let Some(ceiling) = self.default_core_ceiling
             && !(1..=100).contains(&ceiling)
         {
@@ -176,6 +213,11 @@ impl PluginConfig {
     /// `<state_dir>/allocations`.
     pub fn allocations_dir(&self) -> PathBuf {
         self.state_dir.join("allocations")
+    }
+
+    /// The CDI spec writer of this config.
+    pub fn cdi_writer(&self) -> Result<crate::cdi::SpecWriter, crate::cdi::CdiError> {
+        crate::cdi::SpecWriter::new(&self.cdi_spec_dir, &self.cdi_kind, self.cdi_spec_format)
     }
 
     /// `<state_dir>/containers`.
@@ -204,13 +246,16 @@ mod tests {
         let config = PluginConfig::from_yaml("", Path::new("p.yaml")).expect("empty is default");
         assert_eq!(config, PluginConfig::default());
         let config = PluginConfig::from_yaml(
-            "policy: spread\nmemory_unit: 512MiB\nmetrics_address: null\n",
+            "policy: spread\nmemory_unit: 512MiB\nmetrics_address: null\ndevice_list_strategy: both\ncdi_spec_format: yaml\n",
             Path::new("p.yaml"),
         )
         .expect("valid");
         assert_eq!(config.policy, Policy::Spread);
         assert_eq!(config.memory_unit, ByteSize::mib(512));
         assert_eq!(config.metrics_address, None);
+        assert_eq!(config.device_list_strategy, DeviceListStrategy::Both);
+        assert!(config.device_list_strategy.mounts() && config.device_list_strategy.cdi());
+        assert_eq!(config.cdi_spec_format, SpecFormat::Yaml);
         assert_eq!(
             PluginConfig::endpoint_name("tencent.com/vcuda-core"),
             "vgpu-vcuda-core.sock"
@@ -227,6 +272,9 @@ mod tests {
             ("default_core_ceiling: 0\n", "default_core_ceiling"),
             ("kubelet_socket: a/b.sock\n", "kubelet_socket"),
             ("gc_interval_secs: 0\n", "gc_interval_secs"),
+            ("device_list_strategy: volume-mounts\n", "volume-mounts"),
+            ("cdi_kind: nvidia.com/x\n", "cdi_kind"),
+            ("cdi_devices: true\n", "cdi_devices"),
         ] {
             let err = PluginConfig::from_yaml(text, Path::new("p.yaml"))
                 .expect_err(text)

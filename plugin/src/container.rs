@@ -1,22 +1,30 @@
 //! What one container gets on disk and in its Allocate response: the allocation folder
 //! (`<state_dir>/allocations/<id>/` with `vgpu.yaml` and `usage.region`), the link
-//! `<state_dir>/containers/<namespace>_<pod>/<container>` to it, and the mounts,
-//! devices, envs and annotations kubelet passes to the runtime.
+//! `<state_dir>/containers/<namespace>_<pod>/<container>` to it, the container edits
+//! (mounts, device nodes, env) and how they reach the runtime: in the response, as a CDI
+//! spec, or both (`device_list_strategy`).
+//!
+//! Each Allocate call gets a folder of its own. At PreStartContainer the container's
+//! folders are made one: the allocation's folder gets the config and a fresh region
+//! (written with file I/O, never mapped: the region is tenant-writable), and every alias
+//! folder gets hard links to the same two files, so whichever response's mounts kubelet
+//! kept, the container sees the same region, with its own `container_id`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use vgpu_common::region::{Region, RegionDevice};
-use vgpu_common::{Config, CoreMode, DeviceQuota};
+use vgpu_common::region::Region;
+use vgpu_common::{Config, DeviceQuota};
 
 use crate::allocator::PreStartPlan;
+use crate::cdi::{ContainerEdits, DeviceNode, Mount as CdiMount};
 use crate::config::PluginConfig;
 use crate::devices::CardInfo;
 use crate::layout;
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 use crate::state::{AllocationRecord, Owner, write_atomically};
 
-/// Annotation with the allocation ID.
+/// Annotation with the allocation ID (of this response's folder).
 pub const ANNOTATION_ALLOCATION: &str = "tencent.com/vcuda-allocation";
 /// Annotation with the card UUIDs.
 pub const ANNOTATION_CARDS: &str = "tencent.com/vcuda-cards";
@@ -25,13 +33,31 @@ pub const ANNOTATION_CORES: &str = "tencent.com/vcuda-core";
 /// Annotation with the number of memory units of this response.
 pub const ANNOTATION_MEMORY: &str = "tencent.com/vcuda-memory";
 
+const CONFIG_FILE: &str = "vgpu.yaml";
+const REGION_FILE: &str = "usage.region";
+/// Cgroup access of the device nodes.
+const DEVICE_PERMISSIONS: &str = "rw";
+
 /// `<state_dir>/allocations/<id>`.
 pub fn allocation_dir(config: &PluginConfig, id: &str) -> PathBuf {
     config.allocations_dir().join(id)
 }
 
-/// Creates the allocation folder with a provisional config (the final one is written at
-/// PreStartContainer), so the file mounts always have a source.
+/// The container config of an allocation: the quota (none yet while provisional,
+/// which hides every GPU) and its identity.
+pub fn container_config(devices: &[DeviceQuota], container_id: &str) -> Config {
+    Config {
+        driver_dir: Some(vgpu_ldconfig::LayoutPaths::default().container_driver_lib_dir()),
+        container_id: Some(container_id.to_string()),
+        usage_region: Some(PathBuf::from(layout::CONTAINER_REGION)),
+        devices: devices.to_vec(),
+        ..Config::default()
+    }
+}
+
+/// Creates the allocation folder with a provisional config that hides every GPU (the
+/// quota is written at PreStartContainer, which kubelet calls before the container
+/// starts) and an empty region, so the file mounts always have a source.
 pub fn create_allocation_dir(
     config: &PluginConfig,
     record: &AllocationRecord,
@@ -39,78 +65,46 @@ pub fn create_allocation_dir(
     let dir = allocation_dir(config, &record.id);
     std::fs::create_dir_all(&dir)
         .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
-    let provisional = Config {
-        driver_dir: Some(vgpu_ldconfig::LayoutPaths::default().container_driver_lib_dir()),
-        usage_region: Some(PathBuf::from(layout::CONTAINER_REGION)),
-        devices: Vec::new(),
-        ..Config::default()
-    };
-    write_atomically(&dir.join("vgpu.yaml"), provisional.to_yaml().as_bytes())?;
-    let region = dir.join("usage.region");
-    if !region.exists() {
-        std::fs::File::create(&region)
-            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", region.display()))?;
-    }
+    let provisional = container_config(&[], &record.id);
+    write_atomically(&dir.join(CONFIG_FILE), provisional.to_yaml().as_bytes())?;
+    Region::create_file(&dir.join(REGION_FILE), &[])?;
     Ok(dir)
 }
 
-fn mount(container: &str, host: &Path, read_only: bool) -> Mount {
-    Mount {
-        container_path: container.to_string(),
-        host_path: host.to_string_lossy().into_owned(),
-        read_only,
-    }
-}
-
-/// The Allocate response of one container request.
-pub fn allocate_response(
+/// Everything the container of `record` is given: the driver layout (real driver
+/// folder, shims and helper libraries over the loader's folders, `nvidia-smi`), its
+/// config and region, the device nodes of its cards and the control nodes, and the env.
+pub fn container_edits(
     config: &PluginConfig,
     record: &AllocationRecord,
     cards: &[&CardInfo],
-    returns_mounts: bool,
-    units: (usize, usize),
-) -> ContainerAllocateResponse {
-    let mut annotations = HashMap::new();
-    annotations.insert(ANNOTATION_ALLOCATION.to_string(), record.id.clone());
-    annotations.insert(ANNOTATION_CARDS.to_string(), record.cards.join(","));
-    if units.0 > 0 {
-        annotations.insert(ANNOTATION_CORES.to_string(), units.0.to_string());
-    }
-    if units.1 > 0 {
-        annotations.insert(ANNOTATION_MEMORY.to_string(), units.1.to_string());
-    }
-    let mut response = ContainerAllocateResponse {
-        annotations,
-        ..ContainerAllocateResponse::default()
-    };
-    if !returns_mounts {
-        return response;
-    }
+) -> ContainerEdits {
     let dir = allocation_dir(config, &record.id);
-    // The driver folder, the shims over every library folder, nvidia-smi and their env:
-    // the layout vgpu-ldconfig describes. Only nvidia-smi is optional (the host may have
-    // none); a missing shim must fail the container's start, never let it run unshimmed.
+    // Only nvidia-smi is optional (the host may have none); a missing shim must fail
+    // the container's start, never let it run unshimmed.
     let mut driver = layout::driver_layout(config).layout();
     driver
         .mounts
         .retain(|m| !m.container_path.ends_with("nvidia-smi") || m.host_path.exists());
-    for driver_mount in &driver.mounts {
-        let container = driver_mount.container_path.to_string_lossy();
-        response.mounts.push(mount(
-            &container,
-            &driver_mount.host_path,
-            driver_mount.read_only,
-        ));
-    }
-    response.envs.extend(driver.env);
-    response.mounts.push(mount(
+    let mut mounts: Vec<CdiMount> = driver
+        .mounts
+        .iter()
+        .map(|m| {
+            CdiMount::bind(
+                &m.host_path,
+                &m.container_path.to_string_lossy(),
+                m.read_only,
+            )
+        })
+        .collect();
+    mounts.push(CdiMount::bind(
+        &dir.join(CONFIG_FILE),
         layout::CONTAINER_CONFIG,
-        &dir.join("vgpu.yaml"),
         true,
     ));
-    response.mounts.push(mount(
+    mounts.push(CdiMount::bind(
+        &dir.join(REGION_FILE),
         layout::CONTAINER_REGION,
-        &dir.join("usage.region"),
         false,
     ));
     let mut nodes: Vec<String> = cards
@@ -124,75 +118,154 @@ pub fn allocate_response(
             .filter_map(|path| path.strip_prefix("/dev/"))
             .map(str::to_string),
     );
-    for node in nodes {
-        let host = config.dev_root.join(&node);
-        if host.exists() {
-            response.devices.push(DeviceSpec {
-                container_path: format!("/dev/{node}"),
-                host_path: host.to_string_lossy().into_owned(),
-                permissions: "rw".into(),
-            });
-        }
-    }
-    response.envs.insert(
+    let device_nodes = nodes
+        .into_iter()
+        .map(|node| (format!("/dev/{node}"), config.dev_root.join(&node)))
+        .filter(|(_, host)| host.exists())
+        .map(|(path, host)| DeviceNode {
+            path,
+            host_path: Some(host.to_string_lossy().into_owned()),
+            node_type: None,
+            major: None,
+            minor: None,
+            permissions: Some(DEVICE_PERMISSIONS.into()),
+        })
+        .collect();
+    let mut env: BTreeMap<String, String> = driver.env;
+    env.insert(
         vgpu_common::config::CONFIG_ENV.to_string(),
         layout::CONTAINER_CONFIG.to_string(),
     );
-    response
-        .envs
-        .insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
-    if config.cdi_devices {
-        for card in cards {
-            response.cdi_devices.push(CdiDevice {
-                name: format!("{}={}", config.cdi_kind, card.uuid),
-            });
-        }
-    }
-    response
+    // So the NVIDIA runtime hook does not mount the GPUs a second time.
+    env.insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
+    let mut edits = ContainerEdits {
+        mounts,
+        device_nodes,
+        ..ContainerEdits::default()
+    };
+    edits.set_env(&env);
+    edits
 }
 
-/// The final container config of a PreStart plan.
-pub fn container_config(devices: &[DeviceQuota]) -> Config {
-    Config {
-        driver_dir: Some(vgpu_ldconfig::LayoutPaths::default().container_driver_lib_dir()),
-        usage_region: Some(PathBuf::from(layout::CONTAINER_REGION)),
-        devices: devices.to_vec(),
-        ..Config::default()
-    }
-}
-
-fn region_devices(devices: &[DeviceQuota]) -> Vec<RegionDevice> {
-    devices
+/// Writes the CDI spec of `record` (its edits, device nodes described from the host);
+/// returns the CDI device name.
+pub fn write_cdi_spec(
+    config: &PluginConfig,
+    record: &AllocationRecord,
+    edits: &ContainerEdits,
+) -> anyhow::Result<String> {
+    let mut described = edits.clone();
+    described.device_nodes = edits
+        .device_nodes
         .iter()
-        .map(|device| RegionDevice {
-            id: device.selector().to_string(),
-            memory_limit: device.memory_limit.map_or(0, |limit| limit.bytes()),
-            core_limit: device.effective_core_limit().unwrap_or(0),
-            core_mode: u32::from(device.core_mode == CoreMode::Soft),
+        .map(|node| {
+            let host = node.host_path.as_deref().unwrap_or(&node.path);
+            DeviceNode::from_host(&node.path, Path::new(host), DEVICE_PERMISSIONS)
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok(config.cdi_writer()?.write(&record.id, &described)?)
 }
 
-/// Writes the config and the region of every folder of the plan, and links the
-/// container's folder to the first.
+/// The Allocate response of one container request: the edits themselves unless the
+/// strategy is CDI alone, and the CDI device name when a spec was written.
+pub fn allocate_response(
+    config: &PluginConfig,
+    record: &AllocationRecord,
+    edits: &ContainerEdits,
+    cdi_name: Option<String>,
+) -> ContainerAllocateResponse {
+    let mut annotations = HashMap::new();
+    annotations.insert(ANNOTATION_ALLOCATION.to_string(), record.id.clone());
+    annotations.insert(ANNOTATION_CARDS.to_string(), record.cards.join(","));
+    if !record.core_ids.is_empty() {
+        annotations.insert(
+            ANNOTATION_CORES.to_string(),
+            record.core_ids.len().to_string(),
+        );
+    }
+    if !record.memory_ids.is_empty() {
+        annotations.insert(
+            ANNOTATION_MEMORY.to_string(),
+            record.memory_ids.len().to_string(),
+        );
+    }
+    let mut response = ContainerAllocateResponse {
+        annotations,
+        ..ContainerAllocateResponse::default()
+    };
+    if config.device_list_strategy.mounts() {
+        response.mounts = edits
+            .mounts
+            .iter()
+            .map(|mount| Mount {
+                container_path: mount.container_path.clone(),
+                host_path: mount.host_path.clone(),
+                read_only: mount.read_only(),
+            })
+            .collect();
+        response.devices = edits
+            .device_nodes
+            .iter()
+            .map(|node| DeviceSpec {
+                container_path: node.path.clone(),
+                host_path: node.host_path.clone().unwrap_or_else(|| node.path.clone()),
+                permissions: node.permissions.clone().unwrap_or_default(),
+            })
+            .collect();
+        response.envs = edits.env_map().into_iter().collect();
+    }
+    if let Some(name) = cdi_name {
+        response.cdi_devices.push(CdiDevice { name });
+    }
+    response
+}
+
+/// Replaces `at` with a hard link to `target` (link beside it, then rename).
+fn hard_link_over(target: &Path, at: &Path) -> anyhow::Result<()> {
+    let name = at
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = at.with_file_name(format!(".{name}.link-{}", std::process::id()));
+    let _ = std::fs::remove_file(&temp);
+    std::fs::hard_link(target, &temp)
+        .and_then(|()| std::fs::rename(&temp, at))
+        .map_err(|err| {
+            let _ = std::fs::remove_file(&temp);
+            anyhow::anyhow!(
+                "cannot link {} to {}: {err}",
+                at.display(),
+                target.display()
+            )
+        })
+}
+
+/// Writes the config and a fresh region of the plan's allocation, makes every alias
+/// folder hold the same two files, and links the container's folder to it.
 pub fn write_prestart(config: &PluginConfig, plan: &PreStartPlan) -> anyhow::Result<PathBuf> {
-    let quota = container_config(&plan.devices);
+    let quota = container_config(&plan.devices, &plan.allocation_id);
     quota
         .validate()
         .map_err(|message| anyhow::anyhow!("the computed config is invalid: {message}"))?;
-    let yaml = quota.to_yaml();
-    let mut first = None;
-    for id in &plan.allocation_ids {
-        let dir = allocation_dir(config, id);
-        std::fs::create_dir_all(&dir)
-            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
-        write_atomically(&dir.join("vgpu.yaml"), yaml.as_bytes())?;
-        Region::open(&dir.join("usage.region"), &region_devices(&plan.devices))?;
-        first.get_or_insert(dir);
+    let dir = allocation_dir(config, &plan.allocation_id);
+    std::fs::create_dir_all(&dir)
+        .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
+    write_atomically(&dir.join(CONFIG_FILE), quota.to_yaml().as_bytes())?;
+    // The container is not running (kubelet calls PreStartContainer before each start):
+    // a fresh region carries over no slot of an earlier run's processes.
+    Region::create_file(&dir.join(REGION_FILE), &quota.region_devices())?;
+    for alias in &plan.alias_ids {
+        let alias_dir = allocation_dir(config, alias);
+        std::fs::create_dir_all(&alias_dir)
+            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", alias_dir.display()))?;
+        for file in [CONFIG_FILE, REGION_FILE] {
+            hard_link_over(&dir.join(file), &alias_dir.join(file))?;
+        }
     }
-    let target = first.ok_or_else(|| anyhow::anyhow!("the plan names no allocation"))?;
-    link_container(config, &plan.owner, &target)?;
-    Ok(target)
+    if let Some(owner) = &plan.owner {
+        link_container(config, owner, &dir)?;
+    }
+    Ok(dir)
 }
 
 /// `<containers>/<namespace>_<pod>/<container>`.
@@ -220,25 +293,45 @@ fn link_container(config: &PluginConfig, owner: &Owner, target: &Path) -> anyhow
         .map_err(|err| anyhow::anyhow!("cannot link {}: {err}", link.display()))
 }
 
-/// Removes a collected allocation's folder and container link.
-pub fn remove_allocation(config: &PluginConfig, record: &AllocationRecord) {
-    let dir = allocation_dir(config, &record.id);
-    if let Err(err) = std::fs::remove_dir_all(&dir)
-        && err.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!(dir = %dir.display(), error = %err, "cannot remove allocation folder");
+/// Removes the CDI spec of each of `ids` (whatever the strategy: it may have changed).
+fn remove_specs<'a>(config: &PluginConfig, ids: impl IntoIterator<Item = &'a String>) {
+    let Ok(writer) = config.cdi_writer() else {
+        return;
+    };
+    for id in ids {
+        if let Err(err) = writer.remove(id) {
+            tracing::warn!(allocation = %id, error = %err, "cannot remove CDI spec");
+        }
     }
+}
+
+/// Removes a collected allocation's folders, CDI specs and container link.
+pub fn remove_allocation(config: &PluginConfig, record: &AllocationRecord) {
+    for id in record.folder_ids() {
+        let dir = allocation_dir(config, id);
+        if let Err(err) = std::fs::remove_dir_all(&dir)
+            && err.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir.display(), error = %err, "cannot remove allocation folder");
+        }
+    }
+    remove_specs(config, record.folder_ids());
     if let Some(owner) = &record.owner {
         let link = container_link(config, owner);
-        let _ = std::fs::remove_file(&link);
+        if std::fs::read_link(&link)
+            .is_ok_and(|target| target == allocation_dir(config, &record.id))
+        {
+            let _ = std::fs::remove_file(&link);
+        }
         if let Some(parent) = link.parent() {
             let _ = std::fs::remove_dir(parent);
         }
     }
 }
 
-/// Allocation folders on disk that the state does not know and that are older than
-/// `grace`: leftovers of a crash between mkdir and the state write.
+/// Allocation folders on disk that the state does not know (`known`: every folder id,
+/// aliases included) and that are older than `grace`: leftovers of a crash between
+/// mkdir and the state write.
 pub fn orphan_dirs(
     config: &PluginConfig,
     known: &[String],
@@ -263,4 +356,20 @@ pub fn orphan_dirs(
         })
         .map(|entry| entry.path())
         .collect()
+}
+
+/// Removes the CDI specs of our kind whose allocation the state does not know and
+/// whose folder is gone; returns how many.
+pub fn remove_orphan_specs(config: &PluginConfig, known: &[String]) -> usize {
+    let Ok(writer) = config.cdi_writer() else {
+        return 0;
+    };
+    let orphans: Vec<String> = writer
+        .names()
+        .into_iter()
+        .filter(|name| !known.contains(name))
+        .filter(|name| !allocation_dir(config, name).exists())
+        .collect();
+    remove_specs(config, &orphans);
+    orphans.len()
 }

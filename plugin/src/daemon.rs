@@ -200,18 +200,13 @@ pub async fn collect_garbage(shared: &Shared) -> anyhow::Result<usize> {
         tracing::info!(allocation = %record.id, owner = ?record.owner, "collected allocation of a container that is gone");
         container::remove_allocation(config, record);
     }
-    let known: Vec<String> = shared
-        .allocator()
-        .state()
-        .allocations
-        .keys()
-        .cloned()
-        .collect();
+    let known: Vec<String> = shared.allocator().state().folder_ids();
     for orphan in container::orphan_dirs(config, &known, Duration::from_secs(config.gc_grace_secs))
     {
         tracing::info!(dir = %orphan.display(), "removing allocation folder unknown to the state");
         let _ = std::fs::remove_dir_all(&orphan);
     }
+    container::remove_orphan_specs(config, &known);
     shared
         .counters
         .collected
@@ -251,10 +246,12 @@ async fn host_pid_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                 .collect()
         };
         let proc_root = shared.config.host_proc.clone();
+        // A private copy of each region, host PIDs written back with pwrite: a tenant
+        // truncating or replacing its region cannot fault or stall this loop.
         let filled = tokio::task::spawn_blocking(move || {
             dirs.iter()
                 .filter_map(|dir| {
-                    vgpu_common::region::Region::open_existing(&dir.join("usage.region")).ok()
+                    vgpu_common::snapshot::RegionSnapshot::read(&dir.join("usage.region")).ok()
                 })
                 .map(|region| region.fill_host_pids(&proc_root))
                 .sum::<usize>()

@@ -18,10 +18,10 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use vgpu_common::Config;
-use vgpu_common::region::Region;
+use vgpu_common::snapshot::RegionSnapshot;
 
 use crate::container;
-use crate::ids::{CORES_PER_CARD, DeviceId};
+use crate::ids::CORES_PER_CARD;
 use crate::service::Shared;
 
 type Labels = Vec<(String, String)>;
@@ -105,7 +105,8 @@ pub fn render(shared: &Shared) -> String {
         let owner = record.owner.as_ref();
         let dir = container::allocation_dir(&shared.config, &record.id);
         let config = Config::load(&dir.join("vgpu.yaml")).ok();
-        let region = Region::open_existing(&dir.join("usage.region")).ok();
+        // A private copy: a tenant-written file is never mapped here.
+        let region = RegionSnapshot::read(&dir.join("usage.region")).ok();
         let live = region
             .as_ref()
             .map(|region| region.processes())
@@ -170,23 +171,13 @@ pub fn render(shared: &Shared) -> String {
         card_healthy
             .get_or_create(&labels)
             .set(i64::from(allocator.unhealthy_reason(&card.uuid).is_none()));
-        let ids = allocator
-            .state()
-            .allocations
-            .values()
-            .flat_map(|record| record.device_ids())
-            .filter_map(|id| DeviceId::parse(id));
-        let (mut cores, mut memory) = (0u64, 0u64);
-        for id in ids.filter(|id| id.uuid == card.uuid) {
-            match id.kind {
-                crate::ids::Kind::Core => cores += 1,
-                crate::ids::Kind::Memory => memory += unit,
-            }
-        }
+        // Device IDs shared by a pod's init container and the container that reuses
+        // them count once.
+        let (cores, memory_units) = allocator.booked_units(&card.uuid);
         card_cores.get_or_create(&labels).set(clamp(cores));
         card_allocated_memory
             .get_or_create(&labels)
-            .set(clamp(memory));
+            .set(clamp(memory_units.saturating_mul(unit)));
         card_used
             .get_or_create(&labels)
             .set(clamp(used_per_card.get(&card.uuid).copied().unwrap_or(0)));

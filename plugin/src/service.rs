@@ -115,19 +115,22 @@ impl ResourceService {
         ids: &[String],
     ) -> Result<crate::proto::deviceplugin::ContainerAllocateResponse, Status> {
         let shared = &self.shared;
-        let conflicts = shared.allocator().conflicts(ids);
-        if !conflicts.is_empty() {
-            // Kubelet reuses IDs once a pod is gone; release our record only if PodResources agrees.
+        let blockers = shared.allocator().blockers(self.kind, ids, now_unix());
+        let mut holders = None;
+        if !blockers.is_empty() {
+            // Kubelet hands out only IDs it holds free: release our records of them that
+            // PodResources no longer lists (a pod that is gone).
             match shared.holders().await {
-                Ok(holders) => {
+                Ok(listed) => {
                     let released = shared
                         .allocator()
-                        .release_stale(&conflicts, &holders, now_unix())
+                        .release_colliding(&blockers, &listed, now_unix())
                         .map_err(|err| Status::internal(err.to_string()))?;
                     for record in &released {
-                        tracing::info!(allocation = %record.id, "released a stale allocation whose devices kubelet reassigned");
+                        tracing::info!(allocation = %record.id, "released a stale allocation whose devices kubelet handed out again");
                         container::remove_allocation(&shared.config, record);
                     }
+                    holders = Some(listed);
                 }
                 Err(status) => tracing::warn!(
                     error = status.message(),
@@ -138,7 +141,7 @@ impl ResourceService {
         let now = now_unix();
         let (decision, cards) = {
             let mut allocator = shared.allocator();
-            let decision = allocator.allocate(self.kind, ids, now)?;
+            let decision = allocator.allocate(self.kind, ids, holders.as_ref(), now)?;
             let cards: Vec<_> = allocator
                 .cards()
                 .iter()
@@ -147,28 +150,34 @@ impl ResourceService {
                 .collect();
             (decision, cards)
         };
-        if decision.returns_mounts
-            && let Err(err) = container::create_allocation_dir(&shared.config, &decision.record)
-        {
-            shared.allocator().forget(&decision.record.id);
-            return Err(Status::internal(err.to_string()));
-        }
-        let units = match self.kind {
-            Kind::Core => (ids.len(), 0),
-            Kind::Memory => (0, ids.len()),
-        };
+        let record = &decision.record;
         let card_refs: Vec<_> = cards.iter().collect();
+        let edits = container::container_edits(&shared.config, record, &card_refs);
+        let written = container::create_allocation_dir(&shared.config, record).and_then(|_| {
+            if shared.config.device_list_strategy.cdi() {
+                container::write_cdi_spec(&shared.config, record, &edits).map(Some)
+            } else {
+                Ok(None)
+            }
+        });
+        let cdi_name = match written {
+            Ok(name) => name,
+            Err(err) => {
+                shared.allocator().forget(&record.id);
+                container::remove_allocation(&shared.config, record);
+                return Err(Status::internal(err.to_string()));
+            }
+        };
         tracing::info!(
-            kind = ?self.kind, allocation = %decision.record.id, cards = ?decision.record.cards,
-            count = ids.len(), mounts = decision.returns_mounts, "allocated"
+            kind = ?self.kind, allocation = %record.id, cards = ?record.cards,
+            count = ids.len(), reuses = ?record.reuses, cdi = ?cdi_name, "allocated"
         );
         shared.counters.allocations.fetch_add(1, Ordering::Relaxed);
         Ok(container::allocate_response(
             &shared.config,
-            &decision.record,
-            &card_refs,
-            decision.returns_mounts,
-            units,
+            record,
+            &edits,
+            cdi_name,
         ))
     }
 }
@@ -220,6 +229,9 @@ impl DevicePlugin for ResourceService {
         &self,
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        // Which call's card the second half should follow: PodResources tells (a
+        // failure only makes the guess coarser).
+        let holders = self.shared.holders().await.ok();
         let now = now_unix();
         let allocator = self.shared.allocator();
         let container_responses = request
@@ -232,6 +244,7 @@ impl DevicePlugin for ResourceService {
                     &wanted.available_device_i_ds,
                     &wanted.must_include_device_i_ds,
                     usize::try_from(wanted.allocation_size).unwrap_or(0),
+                    holders.as_ref(),
                     now,
                 ),
             })
@@ -268,28 +281,30 @@ impl DevicePlugin for ResourceService {
             .holders()
             .await
             .map_err(|status| self.refuse(status))?;
-        let plan = self
+        let plans = self
             .shared
             .allocator()
-            .plan_prestart(&ids, &holders)
+            .plan_prestart(self.kind, &ids, &holders)
             .map_err(|status| self.refuse(status))?;
-        let dir = container::write_prestart(&self.shared.config, &plan).map_err(|err| {
-            self.refuse(Status::internal(format!(
-                "cannot write the container config: {err}"
-            )))
-        })?;
+        for plan in &plans {
+            let dir = container::write_prestart(&self.shared.config, plan).map_err(|err| {
+                self.refuse(Status::internal(format!(
+                    "cannot write the container config: {err}"
+                )))
+            })?;
+            tracing::info!(
+                allocation = %plan.allocation_id, aliases = ?plan.alias_ids, owner = ?plan.owner,
+                dir = %dir.display(), "container config written"
+            );
+        }
         self.shared
             .allocator()
-            .commit_owner(&plan)
+            .commit_prestart(&plans, now_unix())
             .map_err(|err| self.refuse(Status::internal(err.to_string())))?;
         self.shared
             .counters
             .prestarts
             .fetch_add(1, Ordering::Relaxed);
-        tracing::info!(
-            namespace = %plan.owner.namespace, pod = %plan.owner.pod, container = %plan.owner.container,
-            dir = %dir.display(), "container config written"
-        );
         Ok(Response::new(PreStartContainerResponse {}))
     }
 }

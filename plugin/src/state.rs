@@ -27,22 +27,34 @@ impl Owner {
     }
 }
 
-/// One container's devices, as Allocate calls built it.
+/// The devices of one Allocate call, and after PreStartContainer those of the whole
+/// container (its other resource's record folded in, that record's folder kept as an
+/// alias of this one).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocationRecord {
     pub id: String,
-    /// Order of creation (newest is highest).
+    /// Order of creation (newest is highest): one per Allocate call, so a container's two
+    /// calls are neighbours.
     pub sequence: u64,
     /// Card UUIDs, in order (several only for whole-card requests).
     pub cards: Vec<String>,
     pub core_ids: Vec<String>,
     pub memory_ids: Vec<String>,
-    /// Seconds since the epoch at the first Allocate.
+    /// Seconds since the epoch at the Allocate call.
     pub created_unix: u64,
-    /// True when this allocation's Allocate response carried the mounts.
-    pub mounts_returned: bool,
+    /// The container, when PodResources named it at PreStartContainer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<Owner>,
+    /// Seconds since the epoch at the last PreStartContainer; `None` until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepared_unix: Option<u64>,
+    /// The earliest record whose device IDs this one shares: kubelet hands an init
+    /// container's devices to the pod's next container (`devicesToReuse`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuses: Option<String>,
+    /// Folders of the records folded into this one; they hold the same files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
 }
 
 impl AllocationRecord {
@@ -55,6 +67,24 @@ impl AllocationRecord {
     /// Every device ID held.
     pub fn device_ids(&self) -> impl Iterator<Item = &String> {
         self.core_ids.iter().chain(self.memory_ids.iter())
+    }
+
+    /// The IDs of one resource.
+    pub fn ids(&self, kind: crate::ids::Kind) -> &[String] {
+        match kind {
+            crate::ids::Kind::Core => &self.core_ids,
+            crate::ids::Kind::Memory => &self.memory_ids,
+        }
+    }
+
+    /// The record that began this one's group of shared IDs (itself when it shares none).
+    pub fn reuse_root(&self) -> &str {
+        self.reuses.as_deref().unwrap_or(&self.id)
+    }
+
+    /// This record's folder and its aliases.
+    pub fn folder_ids(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.id).chain(self.aliases.iter())
     }
 }
 
@@ -78,6 +108,14 @@ impl Default for PluginState {
 }
 
 impl PluginState {
+    /// Every allocation folder the state knows (records and their aliases).
+    pub fn folder_ids(&self) -> Vec<String> {
+        self.allocations
+            .values()
+            .flat_map(|record| record.folder_ids().cloned())
+            .collect()
+    }
+
     /// Reads the state; a missing file is an empty state, a corrupt one an error (the
     /// daemon refuses to start rather than forget allocations).
     pub fn load(path: &Path) -> anyhow::Result<PluginState> {
@@ -155,16 +193,19 @@ mod tests {
                 core_ids: vec!["GPU-1-core-0".into()],
                 memory_ids: vec![],
                 created_unix: 5,
-                mounts_returned: true,
                 owner: Some(Owner {
                     namespace: "ns".into(),
                     pod: "p".into(),
                     container: "c".into(),
                 }),
+                prepared_unix: Some(6),
+                reuses: None,
+                aliases: vec!["a2".into()],
             },
         );
         state.save(&path).expect("save");
         assert_eq!(PluginState::load(&path).expect("load"), state);
+        assert_eq!(state.folder_ids(), ["a1", "a2"]);
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
         assert_eq!(leftovers.len(), 1, "no temp file is left behind");
         std::fs::write(&path, b"{ not json").expect("write");

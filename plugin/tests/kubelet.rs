@@ -8,15 +8,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{CORE, MEMORY, TestKubelet, plugin_client};
+use common::{
+    CORE, MEMORY, TestKubelet, allocate, card_of, device_list, host_path_of, plugin_client,
+    preferred, prestart, scrape,
+};
 use tonic::Code;
 use vgpu_common::{ByteSize, Config, CoreMode};
 use vgpu_plugin::devices::FakeSource;
-use vgpu_plugin::proto::deviceplugin::{
-    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
-    ContainerPreferredAllocationRequest, Empty, PreStartContainerRequest,
-    PreferredAllocationRequest,
-};
+use vgpu_plugin::proto::deviceplugin::{ContainerAllocateResponse, Empty};
 
 const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB
 
@@ -37,76 +36,8 @@ async fn started(
     (plugin, cores, memory)
 }
 
-async fn device_list(client: &mut Client) -> Vec<vgpu_plugin::proto::deviceplugin::Device> {
-    let mut stream = client
-        .list_and_watch(Empty {})
-        .await
-        .expect("ListAndWatch")
-        .into_inner();
-    stream
-        .message()
-        .await
-        .expect("stream")
-        .expect("first list")
-        .devices
-}
-
 fn ids(devices: &[vgpu_plugin::proto::deviceplugin::Device]) -> Vec<String> {
     devices.iter().map(|device| device.id.clone()).collect()
-}
-
-async fn preferred(client: &mut Client, available: &[String], size: i32) -> Vec<String> {
-    let request = PreferredAllocationRequest {
-        container_requests: vec![ContainerPreferredAllocationRequest {
-            available_device_i_ds: available.to_vec(),
-            must_include_device_i_ds: vec![],
-            allocation_size: size,
-        }],
-    };
-    let mut reply = client
-        .get_preferred_allocation(request)
-        .await
-        .expect("GetPreferredAllocation")
-        .into_inner();
-    assert_eq!(reply.container_responses.len(), 1);
-    reply.container_responses.remove(0).device_i_ds
-}
-
-async fn allocate(
-    client: &mut Client,
-    ids: &[String],
-) -> Result<ContainerAllocateResponse, tonic::Status> {
-    let request = AllocateRequest {
-        container_requests: vec![ContainerAllocateRequest {
-            devices_ids: ids.to_vec(),
-        }],
-    };
-    client
-        .allocate(request)
-        .await
-        .map(|reply| reply.into_inner().container_responses.remove(0))
-}
-
-async fn prestart(client: &mut Client, ids: &[String]) -> Result<(), tonic::Status> {
-    client
-        .pre_start_container(PreStartContainerRequest {
-            devices_ids: ids.to_vec(),
-        })
-        .await
-        .map(|_| ())
-}
-
-fn card_of(id: &str) -> String {
-    vgpu_plugin::ids::DeviceId::parse(id).expect("our ID").uuid
-}
-
-fn host_path_of<'a>(response: &'a ContainerAllocateResponse, container_path: &str) -> &'a str {
-    &response
-        .mounts
-        .iter()
-        .find(|mount| mount.container_path == container_path)
-        .unwrap_or_else(|| panic!("no mount at {container_path}"))
-        .host_path
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,19 +144,13 @@ async fn fractional_request_lands_on_one_card_with_its_quota() {
         .await
         .expect("core allocate");
 
-    // Exactly one of the two responses carries the mounts, both name one allocation.
-    assert!(
-        !memory_response.mounts.is_empty(),
-        "the first Allocate of a pair returns the mounts"
-    );
-    assert!(
-        core_response.mounts.is_empty(),
-        "the joined Allocate returns none (no duplicate mounts)"
-    );
+    // Each response carries the mounts of its own folder (kubelet keeps one mount per
+    // container path); PreStart makes the two folders hold the same files.
+    assert!(!memory_response.mounts.is_empty() && !core_response.mounts.is_empty());
     let allocation = memory_response.annotations["tencent.com/vcuda-allocation"].clone();
-    assert_eq!(
-        core_response.annotations["tencent.com/vcuda-allocation"],
-        allocation
+    assert_ne!(
+        core_response.annotations["tencent.com/vcuda-allocation"], allocation,
+        "every call has its own folder until PreStart folds them"
     );
     assert_eq!(memory_response.envs["VGPU_CONFIG"], "/etc/vgpu/vgpu.yaml");
     assert_eq!(memory_response.envs["NVIDIA_VISIBLE_DEVICES"], "void");
@@ -275,6 +200,24 @@ async fn fractional_request_lands_on_one_card_with_its_quota() {
         .expect("PreStart memory (idempotent)");
     let config = Config::load(std::path::Path::new(&config_mount.host_path)).expect("final config");
     assert_eq!(
+        config.container_id.as_deref(),
+        Some(allocation.as_str()),
+        "the container's identity is its allocation (the memory call came first)"
+    );
+    use std::os::unix::fs::MetadataExt;
+    for file in ["/etc/vgpu/vgpu.yaml", "/etc/vgpu/usage.region"] {
+        let inode = |response: &ContainerAllocateResponse| {
+            std::fs::metadata(host_path_of(response, file))
+                .expect("folder file")
+                .ino()
+        };
+        assert_eq!(
+            inode(&memory_response),
+            inode(&core_response),
+            "{file}: whichever response's mount kubelet keeps, the same file"
+        );
+    }
+    assert_eq!(
         config.driver_dir.as_deref(),
         Some(std::path::Path::new("/usr/local/vgpu/driver/lib64"))
     );
@@ -318,21 +261,6 @@ async fn fractional_request_lands_on_one_card_with_its_quota() {
     );
     assert!(metrics.contains("vgpu_card_allocated_cores{"), "{metrics}");
     plugin.stop().await;
-}
-
-async fn scrape(address: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address)
-        .await
-        .expect("connect metrics");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("write");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.expect("read");
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,15 @@
 //! A stand-in kubelet for the integration tests: real tonic Registration and
 //! PodResourcesLister servers on unix sockets in a temp folder, plus helpers to start
-//! the plugin against it and to talk to the plugin as kubelet does.
+//! the plugin against it and to talk to the plugin as kubelet does: the device plugin
+//! calls of one container's admission (ListAndWatch, GetPreferredAllocation, Allocate,
+//! each resource recorded in PodResources as soon as its Allocate returns),
+//! PreStartContainer, and the merge of a container's responses (one mount, device and
+//! env per container path or name, the first wins).
 #![allow(dead_code)]
 
+pub mod e2e;
+
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,7 +22,11 @@ use vgpu_plugin::PluginConfig;
 use vgpu_plugin::kubelet::connect_unix;
 use vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use vgpu_plugin::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
-use vgpu_plugin::proto::deviceplugin::{Empty, RegisterRequest};
+use vgpu_plugin::proto::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
+    ContainerPreferredAllocationRequest, Empty, PreStartContainerRequest,
+    PreferredAllocationRequest, RegisterRequest,
+};
 use vgpu_plugin::proto::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
@@ -179,26 +190,62 @@ impl TestKubelet {
         cores: &[String],
         memory: &[String],
     ) {
-        let mut devices = Vec::new();
-        for (resource, ids) in [(CORE, cores), (MEMORY, memory)] {
-            if !ids.is_empty() {
-                devices.push(ContainerDevices {
-                    resource_name: resource.into(),
-                    device_ids: ids.to_vec(),
-                    topology: None,
+        self.set_container(namespace, pod, container, cores, memory);
+    }
+
+    /// Sets the devices of `container` of `namespace/pod` (adding the pod or container
+    /// when missing), as kubelet records each resource right after its Allocate.
+    pub fn set_container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        cores: &[String],
+        memory: &[String],
+    ) {
+        let devices: Vec<ContainerDevices> = [(CORE, cores), (MEMORY, memory)]
+            .into_iter()
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|(resource, ids)| ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: ids.to_vec(),
+                topology: None,
+            })
+            .collect();
+        let mut pods = self.pods.0.lock().expect("lock");
+        let position = match pods
+            .iter()
+            .position(|p| p.namespace == namespace && p.name == pod)
+        {
+            Some(position) => position,
+            None => {
+                pods.push(PodResources {
+                    name: pod.into(),
+                    namespace: namespace.into(),
+                    containers: vec![],
                 });
+                pods.len() - 1
             }
-        }
-        self.pods.0.lock().expect("lock").push(PodResources {
-            name: pod.into(),
-            namespace: namespace.into(),
-            containers: vec![ContainerResources {
+        };
+        let containers = &mut pods[position].containers;
+        match containers.iter_mut().find(|c| c.name == container) {
+            Some(existing) => existing.devices = devices,
+            None => containers.push(ContainerResources {
                 name: container.into(),
                 devices,
                 cpu_ids: vec![],
                 memory: vec![],
-            }],
-        });
+            }),
+        }
+    }
+
+    /// Removes a pod from PodResources (kubelet forgets a pod that is gone).
+    pub fn remove_pod(&self, namespace: &str, pod: &str) {
+        self.pods
+            .0
+            .lock()
+            .expect("lock")
+            .retain(|p| !(p.namespace == namespace && p.name == pod));
     }
 
     pub fn clear_pods(&self) {
@@ -237,4 +284,256 @@ impl Drop for TestKubelet {
 /// A DevicePlugin client on a plugin socket, as kubelet dials it.
 pub async fn plugin_client(socket: &Path) -> DevicePluginClient<tonic::transport::Channel> {
     DevicePluginClient::new(connect_unix(socket).await.expect("connect to plugin"))
+}
+
+pub type Client = DevicePluginClient<tonic::transport::Channel>;
+
+/// A running plugin and a client on each of its sockets (cores, memory).
+pub struct Plugin {
+    pub handle: vgpu_plugin::PluginHandle,
+    pub cores: Client,
+    pub memory: Client,
+}
+
+impl Plugin {
+    /// Starts the plugin with `config` against `kubelet` and waits for both registrations.
+    pub async fn start(
+        kubelet: &TestKubelet,
+        config: PluginConfig,
+        source: Arc<dyn vgpu_plugin::DeviceSource>,
+    ) -> Plugin {
+        let before = kubelet.registrations().len();
+        let handle = vgpu_plugin::start(config, source)
+            .await
+            .expect("plugin starts");
+        kubelet.wait_registrations(before + 2).await;
+        let cores = plugin_client(&handle.sockets()[0]).await;
+        let memory = plugin_client(&handle.sockets()[1]).await;
+        Plugin {
+            handle,
+            cores,
+            memory,
+        }
+    }
+
+    pub fn client(&mut self, resource: &str) -> &mut Client {
+        if resource == CORE {
+            &mut self.cores
+        } else {
+            &mut self.memory
+        }
+    }
+}
+
+/// The first ListAndWatch list of a resource.
+pub async fn device_list(client: &mut Client) -> Vec<vgpu_plugin::proto::deviceplugin::Device> {
+    let mut stream = client
+        .list_and_watch(Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
+    stream
+        .message()
+        .await
+        .expect("stream")
+        .expect("first list")
+        .devices
+}
+
+/// Every device ID of a resource.
+pub async fn list_ids(client: &mut Client) -> Vec<String> {
+    device_list(client)
+        .await
+        .into_iter()
+        .map(|device| device.id)
+        .collect()
+}
+
+pub async fn preferred(client: &mut Client, available: &[String], size: usize) -> Vec<String> {
+    let request = PreferredAllocationRequest {
+        container_requests: vec![ContainerPreferredAllocationRequest {
+            available_device_i_ds: available.to_vec(),
+            must_include_device_i_ds: vec![],
+            allocation_size: size as i32,
+        }],
+    };
+    let mut reply = client
+        .get_preferred_allocation(request)
+        .await
+        .expect("GetPreferredAllocation")
+        .into_inner();
+    assert_eq!(reply.container_responses.len(), 1);
+    reply.container_responses.remove(0).device_i_ds
+}
+
+pub async fn allocate(
+    client: &mut Client,
+    ids: &[String],
+) -> Result<ContainerAllocateResponse, Status> {
+    let request = AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: ids.to_vec(),
+        }],
+    };
+    client
+        .allocate(request)
+        .await
+        .map(|reply| reply.into_inner().container_responses.remove(0))
+}
+
+pub async fn prestart(client: &mut Client, ids: &[String]) -> Result<(), Status> {
+    client
+        .pre_start_container(PreStartContainerRequest {
+            devices_ids: ids.to_vec(),
+        })
+        .await
+        .map(|_| ())
+}
+
+/// One container as kubelet admitted it.
+#[derive(Clone, Debug, Default)]
+pub struct Admitted {
+    pub cores: Vec<String>,
+    pub memory: Vec<String>,
+    /// The Allocate responses, in call order.
+    pub responses: Vec<ContainerAllocateResponse>,
+}
+
+impl Admitted {
+    /// The responses merged as kubelet merges them for the runtime: one mount and
+    /// device per container path and one value per env name, the first wins; every
+    /// CDI device and annotation.
+    pub fn merged(&self) -> ContainerAllocateResponse {
+        let mut merged = ContainerAllocateResponse::default();
+        let mut mounts = BTreeSet::new();
+        let mut devices = BTreeSet::new();
+        for response in &self.responses {
+            for mount in &response.mounts {
+                if mounts.insert(mount.container_path.clone()) {
+                    merged.mounts.push(mount.clone());
+                }
+            }
+            for device in &response.devices {
+                if devices.insert(device.container_path.clone()) {
+                    merged.devices.push(device.clone());
+                }
+            }
+            for (merged, theirs) in [
+                (&mut merged.envs, &response.envs),
+                (&mut merged.annotations, &response.annotations),
+            ] {
+                for (key, value) in theirs {
+                    merged.entry(key.clone()).or_insert_with(|| value.clone());
+                }
+            }
+            merged
+                .cdi_devices
+                .extend(response.cdi_devices.iter().cloned());
+        }
+        merged
+    }
+}
+
+impl TestKubelet {
+    /// Every device ID some container holds.
+    pub fn held_ids(&self) -> BTreeSet<String> {
+        self.pods
+            .0
+            .lock()
+            .expect("lock")
+            .iter()
+            .flat_map(|pod| pod.containers.iter())
+            .flat_map(|container| container.devices.iter())
+            .flat_map(|devices| devices.device_ids.iter().cloned())
+            .collect()
+    }
+
+    /// Kubelet's admission of one container: for each `(resource, count)` in order, the
+    /// free devices (listed minus held), GetPreferredAllocation, Allocate, and the
+    /// devices recorded in PodResources at once. An Allocate refusal is returned with
+    /// what was admitted before it.
+    pub async fn admit(
+        &self,
+        plugin: &mut Plugin,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        requests: &[(&str, usize)],
+    ) -> Result<Admitted, (Admitted, Status)> {
+        let mut admitted = Admitted::default();
+        for &(resource, count) in requests {
+            let client = plugin.client(resource);
+            let held = self.held_ids();
+            let available: Vec<String> = list_ids(client)
+                .await
+                .into_iter()
+                .filter(|id| !held.contains(id))
+                .collect();
+            let ids = preferred(client, &available, count).await;
+            match allocate(client, &ids).await {
+                Ok(response) => admitted.responses.push(response),
+                Err(status) => return Err((admitted, status)),
+            }
+            if resource == CORE {
+                admitted.cores = ids;
+            } else {
+                admitted.memory = ids;
+            }
+            self.set_container(namespace, pod, container, &admitted.cores, &admitted.memory);
+        }
+        Ok(admitted)
+    }
+
+    /// Kubelet starting a container: PreStartContainer for each resource it holds.
+    pub async fn start_container(
+        &self,
+        plugin: &mut Plugin,
+        admitted: &Admitted,
+    ) -> Result<(), Status> {
+        if !admitted.cores.is_empty() {
+            prestart(&mut plugin.cores, &admitted.cores).await?;
+        }
+        if !admitted.memory.is_empty() {
+            prestart(&mut plugin.memory, &admitted.memory).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The host path mounted at `container_path`.
+pub fn host_path_of<'a>(response: &'a ContainerAllocateResponse, container_path: &str) -> &'a str {
+    &response
+        .mounts
+        .iter()
+        .find(|mount| mount.container_path == container_path)
+        .unwrap_or_else(|| panic!("no mount at {container_path}"))
+        .host_path
+}
+
+/// The card of one of our device IDs.
+pub fn card_of(id: &str) -> String {
+    vgpu_plugin::ids::DeviceId::parse(id).expect("our ID").uuid
+}
+
+/// The final container config behind a container's merged response.
+pub fn config_of(admitted: &Admitted) -> vgpu_common::Config {
+    let merged = admitted.merged();
+    vgpu_common::Config::load(Path::new(host_path_of(&merged, "/etc/vgpu/vgpu.yaml")))
+        .expect("container config")
+}
+
+/// `GET /metrics` over plain HTTP/1.1; the body and headers.
+pub async fn scrape(address: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect metrics");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("read");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text
 }

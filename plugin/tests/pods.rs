@@ -1,0 +1,336 @@
+//! What pods get, against the stand-in kubelet (real gRPC): the two Allocate calls of a
+//! container are never joined to another pod's, so a memory-only pod or a whole-card
+//! pod without memory leaves nothing the next pod trips over; an init container's
+//! devices handed to the app container again (`devicesToReuse`) work and each gets its
+//! own allocation; and a tenant truncating its usage region in a loop neither crashes
+//! nor stalls the plugin.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{CORE, MEMORY, Plugin, TestKubelet, card_of, config_of, host_path_of};
+use tonic::Code;
+use vgpu_common::{ByteSize, CoreMode};
+use vgpu_plugin::devices::FakeSource;
+
+const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB
+
+async fn plugin(kubelet: &TestKubelet, cards: u32) -> Plugin {
+    Plugin::start(
+        kubelet,
+        kubelet.plugin_config(),
+        Arc::new(FakeSource::uniform(cards, CARD_MEMORY)),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_only_pod_does_not_break_the_next_pod_on_its_card() {
+    let kubelet = TestKubelet::start().await;
+    let mut plugin = plugin(&kubelet, 1).await;
+    let stray = kubelet
+        .admit(&mut plugin, "default", "stray", "main", &[(MEMORY, 2)])
+        .await
+        .expect("kubelet cannot know it is memory alone");
+    // The next pod, cores first: its cores are the very next call after the stray half.
+    let tenant = kubelet
+        .admit(
+            &mut plugin,
+            "default",
+            "tenant",
+            "cuda",
+            &[(CORE, 30), (MEMORY, 10)],
+        )
+        .await
+        .expect("admitted");
+    assert_eq!(card_of(&tenant.cores[0]), card_of(&stray.memory[0]));
+    kubelet
+        .start_container(&mut plugin, &tenant)
+        .await
+        .expect("the second pod starts");
+    let config = config_of(&tenant);
+    assert_eq!(config.devices.len(), 1);
+    assert_eq!(config.devices[0].core_limit, Some(30));
+    assert_eq!(config.devices[0].memory_limit, Some(ByteSize::mib(2560)));
+    // And once more with memory first, after another memory-only pod.
+    let stray2 = kubelet
+        .admit(&mut plugin, "default", "stray2", "main", &[(MEMORY, 1)])
+        .await
+        .expect("admitted");
+    let other = kubelet
+        .admit(
+            &mut plugin,
+            "default",
+            "other",
+            "cuda",
+            &[(MEMORY, 2), (CORE, 20)],
+        )
+        .await
+        .expect("admitted");
+    kubelet
+        .start_container(&mut plugin, &other)
+        .await
+        .expect("starts");
+    let config = config_of(&other);
+    assert_eq!(config.devices[0].core_limit, Some(20));
+    assert_eq!(config.devices[0].memory_limit, Some(ByteSize::mib(512)));
+    // The memory-only pods themselves are refused at start, saying what to change.
+    for stray in [&stray, &stray2] {
+        let refused = kubelet
+            .start_container(&mut plugin, stray)
+            .await
+            .expect_err("memory alone");
+        assert_eq!(refused.code(), Code::FailedPrecondition);
+        assert!(
+            refused
+                .message()
+                .contains("add tencent.com/vcuda-core: N (1-99 for part of a card, 100 per whole card) to this container's limits"),
+            "{}",
+            refused.message()
+        );
+    }
+    plugin.handle.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_card_pod_without_memory_does_not_break_the_next_pod() {
+    let kubelet = TestKubelet::start().await;
+    let mut plugin = plugin(&kubelet, 2).await;
+    let trainer = kubelet
+        .admit(&mut plugin, "ml", "trainer", "main", &[(CORE, 100)])
+        .await
+        .expect("whole card");
+    let whole = card_of(&trainer.cores[0]);
+    // The next pod asks for memory first: it must not be drawn onto the card held whole.
+    let tenant = kubelet
+        .admit(
+            &mut plugin,
+            "default",
+            "tenant",
+            "cuda",
+            &[(MEMORY, 4), (CORE, 30)],
+        )
+        .await
+        .expect("admitted");
+    assert_ne!(card_of(&tenant.memory[0]), whole);
+    assert_eq!(card_of(&tenant.cores[0]), card_of(&tenant.memory[0]));
+    kubelet
+        .start_container(&mut plugin, &tenant)
+        .await
+        .expect("the second pod starts");
+    assert_eq!(config_of(&tenant).devices[0].core_limit, Some(30));
+    kubelet
+        .start_container(&mut plugin, &trainer)
+        .await
+        .expect("the whole-card pod starts");
+    let config = config_of(&trainer);
+    assert_eq!(config.devices[0].uuid.as_deref(), Some(whole.as_str()));
+    assert_eq!(config.devices[0].core_limit, None);
+    assert_eq!(config.devices[0].memory_limit, None);
+    // A pod of cores without memory is refused at start with what to add.
+    let lonely = kubelet
+        .admit(&mut plugin, "default", "lonely", "main", &[(CORE, 10)])
+        .await
+        .expect("admitted");
+    let refused = kubelet
+        .start_container(&mut plugin, &lonely)
+        .await
+        .expect_err("cores alone");
+    assert!(
+        refused
+            .message()
+            .contains("add tencent.com/vcuda-memory: M (M x 256MiB of that card)"),
+        "{}",
+        refused.message()
+    );
+    plugin.handle.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_init_containers_devices_are_reused_by_the_app_container() {
+    let kubelet = TestKubelet::start().await;
+    let mut plugin = plugin(&kubelet, 1).await;
+    // Admission: the init container, then the app container with the very same IDs
+    // (kubelet's devicesToReuse), each resource allocated again. (The stand-in records
+    // the init container in PodResources as it goes, as kubelets that list init
+    // containers do; below it is taken out again, as the others never list it.)
+    let init = kubelet
+        .admit(
+            &mut plugin,
+            "default",
+            "job",
+            "init",
+            &[(CORE, 30), (MEMORY, 10)],
+        )
+        .await
+        .expect("init container");
+    let mut app = common::Admitted {
+        cores: init.cores.clone(),
+        memory: init.memory.clone(),
+        responses: Vec::new(),
+    };
+    for (resource, ids) in [(MEMORY, &init.memory), (CORE, &init.cores)] {
+        let response = common::allocate(plugin.client(resource), ids)
+            .await
+            .expect("reused IDs are handed out again during admission");
+        app.responses.push(response);
+    }
+    // PodResources lists regular containers only: the app container holds the IDs.
+    kubelet.remove_pod("default", "job");
+    kubelet.set_container("default", "job", "app", &app.cores, &app.memory);
+    let init_folder = host_path_of(&init.merged(), "/etc/vgpu/vgpu.yaml").to_string();
+    let app_folder = host_path_of(&app.merged(), "/etc/vgpu/vgpu.yaml").to_string();
+    assert_ne!(init_folder, app_folder, "each container has its own state");
+    kubelet
+        .start_container(&mut plugin, &init)
+        .await
+        .expect("the init container starts");
+    let init_config = config_of(&init);
+    assert_eq!(init_config.devices[0].core_limit, Some(30));
+    assert_eq!(
+        init_config.devices[0].memory_limit,
+        Some(ByteSize::mib(2560))
+    );
+    kubelet
+        .start_container(&mut plugin, &app)
+        .await
+        .expect("then the app container, with the same devices");
+    let app_config = config_of(&app);
+    assert_eq!(app_config.devices, init_config.devices, "the same quota");
+    assert_ne!(
+        app_config.container_id, init_config.container_id,
+        "and its own identity"
+    );
+    // Metrics count the shared devices once.
+    let metrics = common::scrape(plugin.handle.metrics_address().expect("metrics")).await;
+    assert!(
+        metrics.contains("vgpu_card_allocated_cores{card=\"GPU-fake-0\",index=\"0\"} 30"),
+        "{metrics}"
+    );
+    // Once a container of the pod has started, the IDs are no longer handed out.
+    let refused = common::allocate(&mut plugin.cores, &init.cores)
+        .await
+        .expect_err("held by a started container");
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("already allocated"),
+        "{}",
+        refused.message()
+    );
+    // The app container restarts: its PreStart is answered again, the quota unchanged.
+    kubelet
+        .start_container(&mut plugin, &app)
+        .await
+        .expect("restart");
+    assert_eq!(config_of(&app).devices[0].core_mode, CoreMode::Hard);
+    plugin.handle.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_truncating_its_region_in_a_loop_neither_crashes_nor_stalls_the_plugin() {
+    let kubelet = TestKubelet::start().await;
+    let mut plugin = plugin(&kubelet, 2).await;
+    let tenant = kubelet
+        .admit(
+            &mut plugin,
+            "default",
+            "tenant",
+            "cuda",
+            &[(CORE, 30), (MEMORY, 4)],
+        )
+        .await
+        .expect("admitted");
+    kubelet
+        .start_container(&mut plugin, &tenant)
+        .await
+        .expect("starts");
+    let region = std::path::PathBuf::from(host_path_of(&tenant.merged(), "/etc/vgpu/usage.region"));
+    // The tenant's side: it holds the file read-write (its mount) and truncates,
+    // regrows and scribbles on it as fast as it can, as the region's own processes could.
+    let stop = Arc::new(AtomicBool::new(false));
+    let vandal = {
+        let stop = stop.clone();
+        let region = region.clone();
+        std::thread::spawn(move || {
+            use std::io::{Seek, Write};
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&region)
+                .expect("the tenant's own file");
+            let full = vgpu_common::region::REGION_LEN as u64;
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = file.set_len(0);
+                let _ = file.set_len(full / 3);
+                let _ = file.set_len(full);
+                let _ = file.rewind();
+                let _ = file.write_all(&[0x5a; 4096]);
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let address = plugin.handle.metrics_address().expect("metrics");
+    let started = Instant::now();
+    let mut scrapes = 0;
+    let mut allocations = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let text = tokio::time::timeout(Duration::from_secs(5), common::scrape(address))
+            .await
+            .expect("metrics answer while the region is being truncated");
+        assert!(text.contains("vgpu_card_allocated_cores"), "{text}");
+        scrapes += 1;
+        // Allocate and ListAndWatch keep answering too.
+        let other = kubelet
+            .admit(
+                &mut plugin,
+                "default",
+                &format!("other-{allocations}"),
+                "main",
+                &[(CORE, 1), (MEMORY, 1)],
+            )
+            .await;
+        assert!(
+            other.is_ok(),
+            "Allocate answers: {:?}",
+            other.err().map(|e| e.1)
+        );
+        allocations += 1;
+        if allocations >= 20 {
+            kubelet.clear_pods();
+            kubelet.set_container("default", "tenant", "cuda", &tenant.cores, &tenant.memory);
+            vgpu_plugin::daemon::collect_garbage(plugin.handle.shared())
+                .await
+                .expect("gc");
+            allocations = 0;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds = vandal.join().expect("vandal");
+    assert!(rounds > 100, "the file was truncated {rounds} times");
+    assert!(scrapes > 5, "{scrapes} scrapes");
+    // The host-PID loop (every second) read the same file meanwhile; the process is still
+    // here, so nothing faulted. A FIFO in place of the region does not stall a scrape.
+    std::fs::remove_file(&region).expect("rm");
+    let name = std::ffi::CString::new(region.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: mkfifo on a NUL-terminated path in our temp folder.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o666) }, 0);
+    tokio::time::timeout(Duration::from_secs(5), common::scrape(address))
+        .await
+        .expect("a FIFO does not stall the metrics");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::timeout(Duration::from_secs(5), common::scrape(address))
+        .await
+        .expect("nor the host-PID loop");
+    // The tenant's PreStart again (a restart) replaces the FIFO with a fresh region.
+    kubelet
+        .start_container(&mut plugin, &tenant)
+        .await
+        .expect("restart");
+    assert!(vgpu_common::snapshot::RegionSnapshot::read(&region).is_ok());
+    plugin.handle.stop().await;
+}
