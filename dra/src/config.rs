@@ -228,7 +228,9 @@ impl DraConfig {
             shim_dir: self.shim_dir.clone(),
             nvml_library: self.nvml_library.clone(),
             dev_root: self.dev_root.clone(),
-            cdi_devices: false,
+            cdi_kind: self.cdi_kind.clone(),
+            cdi_spec_dir: self.cdi_dir.clone(),
+            cdi_spec_format: vgpu_plugin::cdi::SpecFormat::Json,
             default_core_ceiling: self.default_core_ceiling,
             metrics_address: None,
             ..PluginConfig::default()

@@ -18,7 +18,7 @@ use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota};
 use vgpu_kube::claims::{AllocatedShare, ClaimAllocation};
 use vgpu_kube::pods::{CeilingLookup, PodReader};
 use vgpu_kube::slices::{CORES_PER_CARD, device_name};
-use vgpu_plugin::cdi::{ContainerEdits, DeviceNode, Mount, SpecFormat, SpecWriter};
+use vgpu_plugin::cdi::SpecWriter;
 use vgpu_plugin::state::{AllocationRecord, write_atomically};
 use vgpu_plugin::{CardInfo, PluginConfig, container};
 
@@ -168,47 +168,20 @@ pub async fn claim_ceiling(
     asked.into_iter().min().or(default)
 }
 
-/// The device plugin's Allocate response for these cards, as CDI container edits.
-pub fn container_edits(
-    plugin: &PluginConfig,
-    container_id: &str,
-    cards: &[CardInfo],
-) -> anyhow::Result<ContainerEdits> {
-    let record = AllocationRecord {
+/// The device plugin's record of a prepared request, for its folder and edits writers.
+fn allocation_record(container_id: &str, cards: &[CardInfo]) -> AllocationRecord {
+    AllocationRecord {
         id: container_id.to_string(),
         sequence: 0,
         cards: cards.iter().map(|card| card.uuid.clone()).collect(),
         core_ids: Vec::new(),
         memory_ids: Vec::new(),
         created_unix: 0,
-        mounts_returned: true,
         owner: None,
-    };
-    let refs: Vec<&CardInfo> = cards.iter().collect();
-    let response = container::allocate_response(plugin, &record, &refs, true, (0, 0));
-    let mut edits = ContainerEdits {
-        mounts: response
-            .mounts
-            .iter()
-            .map(|mount| {
-                Mount::bind(
-                    std::path::Path::new(&mount.host_path),
-                    &mount.container_path,
-                    mount.read_only,
-                )
-            })
-            .collect(),
-        ..ContainerEdits::default()
-    };
-    for device in &response.devices {
-        edits.device_nodes.push(DeviceNode::from_host(
-            &device.container_path,
-            std::path::Path::new(&device.host_path),
-            &device.permissions,
-        )?);
+        prepared_unix: None,
+        reuses: None,
+        aliases: Vec::new(),
     }
-    edits.set_env(&response.envs.into_iter().collect::<BTreeMap<_, _>>());
-    Ok(edits)
 }
 
 /// Prepares and unprepares claims; owns the checkpoint.
@@ -228,9 +201,10 @@ impl Preparer {
         cards: Vec<CardInfo>,
         checkpoint: Checkpoint,
     ) -> anyhow::Result<Preparer> {
-        let cdi = SpecWriter::new(&config.cdi_dir, &config.cdi_kind, SpecFormat::Json)?;
+        let plugin = config.plugin_view();
+        let cdi = plugin.cdi_writer()?;
         Ok(Preparer {
-            plugin: config.plugin_view(),
+            plugin,
             config,
             cards,
             cdi,
@@ -352,8 +326,7 @@ impl Preparer {
     }
 
     fn write_request(&self, plan: &RequestPlan) -> anyhow::Result<String> {
-        let mut quota: Config = container::container_config(&plan.quotas);
-        quota.container_id = Some(plan.container_id.clone());
+        let quota: Config = container::container_config(&plan.quotas, &plan.container_id);
         quota
             .validate()
             .map_err(|message| anyhow::anyhow!("the computed config is invalid: {message}"))?;
@@ -365,8 +338,12 @@ impl Preparer {
             &dir.join("usage.region"),
             &quota.region_devices(),
         )?;
-        let edits = container_edits(&self.plugin, &plan.container_id, &plan.cards)?;
-        Ok(self.cdi.write(&plan.container_id, &edits)?)
+        // The device plugin's edits for these cards: driver layout, config, region,
+        // device nodes, env; written as its CDI spec.
+        let record = allocation_record(&plan.container_id, &plan.cards);
+        let cards: Vec<&CardInfo> = plan.cards.iter().collect();
+        let edits = container::container_edits(&self.plugin, &record, &cards);
+        container::write_cdi_spec(&self.plugin, &record, &edits)
     }
 
     fn remove_request(&self, container_id: &str) {
