@@ -16,7 +16,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota};
 use vgpu_kube::claims::{AllocatedShare, ClaimAllocation};
-use vgpu_kube::pods::{CeilingLookup, PodReader};
+use vgpu_kube::pods::{CeilingLookup, PodReader, apply_ceiling};
 use vgpu_kube::slices::{CORES_PER_CARD, device_name};
 use vgpu_plugin::cdi::SpecWriter;
 use vgpu_plugin::state::{AllocationRecord, write_atomically};
@@ -61,22 +61,21 @@ pub fn container_id(claim_uid: &str, request: &str) -> String {
 /// card's whole compute, absent memory its whole memory. A ceiling makes a partial
 /// share soft, never below its own cores (the device plugin's rule).
 pub fn share_quota(card: &CardInfo, share: &AllocatedShare, ceiling: Option<u32>) -> DeviceQuota {
-    let cores = share
-        .cores
-        .filter(|cores| *cores < CORES_PER_CARD)
-        .map(|cores| cores as u32);
-    let (core_mode, core_ceiling) = match (cores, ceiling) {
-        (Some(cores), Some(ceiling)) => (CoreMode::Soft, Some(ceiling.max(cores))),
-        _ => (CoreMode::Hard, None),
-    };
-    DeviceQuota {
+    let mut quota = DeviceQuota {
         uuid: Some(card.uuid.clone()),
         index: None,
         memory_limit: share.memory.filter(|bytes| *bytes > 0).map(ByteSize),
-        core_limit: cores,
-        core_mode,
-        core_ceiling,
+        core_limit: share
+            .cores
+            .filter(|cores| *cores < CORES_PER_CARD)
+            .map(|cores| cores as u32),
+        core_mode: CoreMode::Hard,
+        core_ceiling: None,
+    };
+    if let Some(ceiling) = ceiling {
+        apply_ceiling(&mut quota, ceiling);
     }
+    quota
 }
 
 /// One request of a claim, ready to be written.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+use vgpu_common::{CoreMode, DeviceQuota};
 
 /// The annotation.
 pub const CORE_LIMIT_ANNOTATION: &str = "tencent.com/vcuda-core-limit";
@@ -35,6 +36,15 @@ pub fn core_ceiling_of(pod: &Pod) -> Result<Option<u32>, String> {
         _ => Err(format!(
             "{CORE_LIMIT_ANNOTATION}: `{text}` is not a whole number in 1-100"
         )),
+    }
+}
+
+/// gpu-manager's rule for a ceiling: a partial share (1-99 cores) becomes `soft` with
+/// `core_ceiling = max(ceiling, its cores)`; a whole card (no core limit) is left alone.
+pub fn apply_ceiling(device: &mut DeviceQuota, ceiling: u32) {
+    if let Some(cores) = device.effective_core_limit() {
+        device.core_mode = CoreMode::Soft;
+        device.core_ceiling = Some(ceiling.max(cores));
     }
 }
 
@@ -162,6 +172,19 @@ mod tests {
             json["metadata"]["annotations"] = serde_json::json!({ CORE_LIMIT_ANNOTATION: value });
         }
         serde_json::from_value(json).expect("pod")
+    }
+
+    #[test]
+    fn a_ceiling_softens_partial_shares_only() {
+        let mut partial = DeviceQuota::unlimited_index(0);
+        partial.core_limit = Some(60);
+        apply_ceiling(&mut partial, 40);
+        assert_eq!((partial.core_mode, partial.core_ceiling), (CoreMode::Soft, Some(60)));
+        apply_ceiling(&mut partial, 90);
+        assert_eq!(partial.core_ceiling, Some(90));
+        let mut whole = DeviceQuota::unlimited_index(0);
+        apply_ceiling(&mut whole, 50);
+        assert_eq!((whole.core_mode, whole.core_ceiling), (CoreMode::Hard, None));
     }
 
     #[test]
