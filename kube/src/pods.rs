@@ -179,12 +179,18 @@ mod tests {
         let mut partial = DeviceQuota::unlimited_index(0);
         partial.core_limit = Some(60);
         apply_ceiling(&mut partial, 40);
-        assert_eq!((partial.core_mode, partial.core_ceiling), (CoreMode::Soft, Some(60)));
+        assert_eq!(
+            (partial.core_mode, partial.core_ceiling),
+            (CoreMode::Soft, Some(60))
+        );
         apply_ceiling(&mut partial, 90);
         assert_eq!(partial.core_ceiling, Some(90));
         let mut whole = DeviceQuota::unlimited_index(0);
         apply_ceiling(&mut whole, 50);
-        assert_eq!((whole.core_mode, whole.core_ceiling), (CoreMode::Hard, None));
+        assert_eq!(
+            (whole.core_mode, whole.core_ceiling),
+            (CoreMode::Hard, None)
+        );
     }
 
     #[test]

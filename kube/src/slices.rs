@@ -455,6 +455,7 @@ impl SlicePublisher {
                 wait.min(pause)
             });
             tokio::pin!(deadline);
+            let mut watch_ended = false;
             loop {
                 tokio::select! {
                     _ = &mut deadline => break,
@@ -485,10 +486,19 @@ impl SlicePublisher {
                                 break;
                             }
                             Some(Ok(kube::api::WatchEvent::Error(_)) | Err(_)) | None => {
-                                events = None;
+                                // The watch ended (its timeout, or the server went away):
+                                // check the slices and watch again, after a pause.
+                                watch_ended = true;
+                                break;
                             }
                         }
                     }
+                }
+            }
+            if watch_ended {
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.wait_for(|stopped| *stopped) => return,
                 }
             }
         }
