@@ -22,6 +22,7 @@
 //! health_interval_secs: 5
 //! registration_watch_interval_ms: 1000
 //! slice_resync_secs: 600
+//! host_proc: /proc                            # the host's /proc (the DaemonSet runs with hostPID)
 //! dev_root: /dev
 //! ```
 
@@ -63,6 +64,8 @@ pub struct DraConfig {
     pub health_interval_secs: u64,
     pub registration_watch_interval_ms: u64,
     pub slice_resync_secs: u64,
+    /// The host's `/proc`, to map containers' PIDs to host PIDs for NVML readers.
+    pub host_proc: PathBuf,
     pub dev_root: PathBuf,
 }
 
@@ -92,6 +95,7 @@ impl Default for DraConfig {
             health_interval_secs: 5,
             registration_watch_interval_ms: 1000,
             slice_resync_secs: 600,
+            host_proc: plugin.host_proc,
             dev_root: PathBuf::from("/dev"),
         }
     }
@@ -228,6 +232,7 @@ impl DraConfig {
             shim_dir: self.shim_dir.clone(),
             nvml_library: self.nvml_library.clone(),
             dev_root: self.dev_root.clone(),
+            host_proc: self.host_proc.clone(),
             cdi_kind: self.cdi_kind.clone(),
             cdi_spec_dir: self.cdi_dir.clone(),
             cdi_spec_format: vgpu_plugin::cdi::SpecFormat::Json,

@@ -203,6 +203,41 @@ async fn supervise(
     }
 }
 
+/// Every second, fills in the host PIDs of container processes in each prepared
+/// request's usage region (from a private copy, written back with pwrite, as the
+/// device plugin does), so NVML inside the container can list its processes.
+async fn host_pid_loop(
+    preparer: Arc<Preparer>,
+    proc_root: PathBuf,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+        let regions: Vec<PathBuf> = preparer
+            .prepared()
+            .values()
+            .flat_map(|claim| claim.requests.iter())
+            .map(|request| {
+                preparer
+                    .allocation_dir(&request.container_id)
+                    .join("usage.region")
+            })
+            .collect();
+        let proc_root = proc_root.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for region in regions {
+                if let Ok(copy) = vgpu_common::snapshot::RegionSnapshot::read(&region) {
+                    copy.fill_host_pids(&proc_root);
+                }
+            }
+        })
+        .await;
+    }
+}
+
 fn health_loop(
     source: Arc<dyn DeviceSource>,
     cards: Vec<CardInfo>,
@@ -326,6 +361,11 @@ pub async fn start(
             publisher.run(devices, resync, stop).await
         }));
     }
+    tasks.push(tokio::spawn(host_pid_loop(
+        preparer.clone(),
+        config.host_proc.clone(),
+        stop_receiver.clone(),
+    )));
     let health_stop = Arc::new(AtomicBool::new(false));
     let health_thread = {
         let stop = health_stop.clone();
