@@ -337,6 +337,13 @@ pub async fn start(
         .collect();
     let (publish, devices) = watch::channel(gpu_devices(&cards, &details, &unhealthy));
     let preparer = Arc::new(Preparer::new(config.clone(), cards.clone(), checkpoint)?);
+    let swept = preparer.sweep_orphans();
+    if swept > 0 {
+        tracing::info!(
+            swept,
+            "removed prepared requests the checkpoint does not know"
+        );
+    }
     let service = Arc::new(DraService {
         config: config.clone(),
         preparer: preparer.clone(),

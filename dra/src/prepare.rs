@@ -357,6 +357,44 @@ impl Preparer {
         }
     }
 
+    /// Folder and CDI spec names on disk: every allocation folder and every spec of
+    /// this driver's CDI kind.
+    fn names_on_disk(&self) -> Vec<String> {
+        let mut names = self.cdi.names();
+        if let Ok(entries) = std::fs::read_dir(self.plugin.allocations_dir()) {
+            names.extend(
+                entries
+                    .flatten()
+                    .filter_map(|entry| entry.file_name().into_string().ok()),
+            );
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// At start: removes folders and specs that no checkpointed claim names (left by a
+    /// crash between writing them and checkpointing; kubelet was never told of them and
+    /// prepares the claim again). Returns how many names were swept.
+    pub fn sweep_orphans(&self) -> usize {
+        let known: Vec<String> = self
+            .book()
+            .claims
+            .values()
+            .flat_map(|claim| claim.requests.iter().map(|r| r.container_id.clone()))
+            .collect();
+        let orphans: Vec<String> = self
+            .names_on_disk()
+            .into_iter()
+            .filter(|name| !known.contains(name))
+            .collect();
+        for name in &orphans {
+            tracing::info!(name = %name, "removing a prepared request no checkpointed claim names");
+            self.remove_request(name);
+        }
+        orphans.len()
+    }
+
     /// Undoes `uid`: its CDI specs, allocation folders and checkpoint entry. A claim
     /// this plugin never prepared is a success, after sweeping anything named after
     /// its UID (left by a crash between writing and checkpointing).
@@ -371,17 +409,11 @@ impl Preparer {
             }
             None => {
                 let prefix = format!("{}-", sanitize(uid));
-                let mut names = self.cdi.names();
-                if let Ok(entries) = std::fs::read_dir(self.plugin.allocations_dir()) {
-                    names.extend(
-                        entries
-                            .flatten()
-                            .filter_map(|entry| entry.file_name().into_string().ok()),
-                    );
-                }
-                names.sort();
-                names.dedup();
-                for name in names.iter().filter(|name| name.starts_with(&prefix)) {
+                for name in self
+                    .names_on_disk()
+                    .iter()
+                    .filter(|name| name.starts_with(&prefix))
+                {
                     tracing::info!(name = %name, "removing leftovers of a claim never checkpointed");
                     self.remove_request(name);
                 }

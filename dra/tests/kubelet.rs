@@ -361,10 +361,20 @@ async fn four_sim_gpus_slices_placement_prepare_and_restart() {
     drop(v1);
     drop(beta);
     plugin.stop().await;
+    // A crash between writing a request and checkpointing it leaves a folder and a spec
+    // nobody was told of: the restart sweeps them.
+    let orphan_id = "33333333-cccc-4ccc-8ccc-000000000000-gpu";
+    let orphan = config.state_dir.join("allocations").join(orphan_id);
+    std::fs::create_dir_all(&orphan).expect("orphan folder");
+    let orphan_spec = kubelet
+        .path("cdi")
+        .join(format!("vgpu-shim.io-gpu_{orphan_id}.json"));
+    std::fs::write(&orphan_spec, "{}").expect("orphan spec");
     server.set_down(true);
     let plugin = vgpu_dra::start(config.clone(), source.clone(), details)
         .await
         .expect("restart");
+    assert!(!orphan.exists() && !orphan_spec.exists(), "orphans swept");
     let info = kubelet.register().await;
     let mut v1 = kubelet.v1(&info.endpoint).await;
     assert_eq!(plugin.preparer().prepared().len(), 2);
