@@ -25,6 +25,9 @@
 //! cdi_spec_dir: /var/run/cdi              # where the CDI specs are written
 //! cdi_spec_format: json                   # or yaml
 //! host_proc: /proc                        # the host's /proc (the DaemonSet runs with hostPID)
+//! pod_annotations: true                   # read tencent.com/vcuda-core-limit at PreStart
+//! node_name: null                         # this node (default: env NODE_NAME); pods elsewhere are ignored
+//! api_server_url: null                    # plain HTTP, no credentials: tests only (default: in-cluster)
 //! ```
 
 use std::net::SocketAddr;
@@ -107,6 +110,11 @@ pub struct PluginConfig {
     pub cdi_kind: String,
     pub cdi_spec_dir: PathBuf,
     pub cdi_spec_format: SpecFormat,
+    /// Read `tencent.com/vcuda-core-limit` from the pod at PreStartContainer.
+    pub pod_annotations: bool,
+    pub node_name: Option<String>,
+    /// The API server without credentials (tests' stand-in); `None`: in-cluster.
+    pub api_server_url: Option<String>,
     /// Root under which host device nodes are looked up (tests point it elsewhere).
     pub dev_root: PathBuf,
 }
@@ -137,6 +145,9 @@ impl Default for PluginConfig {
             cdi_kind: "tencent.com/vcuda".into(),
             cdi_spec_dir: PathBuf::from(crate::cdi::DEFAULT_SPEC_DIR),
             cdi_spec_format: SpecFormat::Json,
+            pod_annotations: true,
+            node_name: None,
+            api_server_url: None,
             dev_root: PathBuf::from("/dev"),
         }
     }

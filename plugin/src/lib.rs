@@ -9,6 +9,7 @@
 //! * [`devices`]: device discovery and health behind [`devices::DeviceSource`] (NVML or fake);
 //! * [`ids`]: the device IDs advertised to kubelet;
 //! * [`state`]: allocations kept on disk (`plugin-state.json`);
+//! * [`annotations`]: `tencent.com/vcuda-core-limit` read from the pod at PreStart;
 //! * [`allocator`]: card choice, pairing of core and memory, refusals, PreStart;
 //! * [`cdi`]: CDI spec files of allocations (shared with the DRA driver);
 //! * [`container`]: allocation folders, the container config, the Allocate response;
@@ -19,6 +20,7 @@
 //! * [`metrics`]: Prometheus metrics over plain HTTP.
 
 pub mod allocator;
+pub mod annotations;
 pub mod cdi;
 pub mod config;
 pub mod container;

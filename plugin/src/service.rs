@@ -40,6 +40,8 @@ pub struct Shared {
     /// Bumped whenever a card's health changes.
     pub health: watch::Sender<u64>,
     pub counters: Counters,
+    /// The pods' `tencent.com/vcuda-core-limit`, read at PreStart.
+    pub ceilings: crate::annotations::PodCeilings,
 }
 
 /// Seconds since the epoch.
@@ -53,10 +55,11 @@ impl Shared {
     pub fn new(allocator: Allocator) -> Arc<Shared> {
         let config = allocator.config().clone();
         Arc::new(Shared {
-            config,
             allocator: Mutex::new(allocator),
             health: watch::Sender::new(0),
             counters: Counters::default(),
+            ceilings: crate::annotations::PodCeilings::new(&config),
+            config,
         })
     }
 
@@ -281,11 +284,12 @@ impl DevicePlugin for ResourceService {
             .holders()
             .await
             .map_err(|status| self.refuse(status))?;
-        let plans = self
+        let mut plans = self
             .shared
             .allocator()
             .plan_prestart(self.kind, &ids, &holders)
             .map_err(|status| self.refuse(status))?;
+        self.shared.ceilings.apply(&mut plans).await;
         for plan in &plans {
             let dir = container::write_prestart(&self.shared.config, plan).map_err(|err| {
                 self.refuse(Status::internal(format!(

@@ -1,0 +1,133 @@
+//! Prepared claims kept on disk in `dra-state.json`, so a restarted plugin answers a
+//! repeated NodePrepareResources with the same devices and can still undo a claim
+//! prepared before the restart. Written atomically (the device plugin's temp file,
+//! fsync, rename, fsync of the folder) before kubelet hears the answer.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use vgpu_plugin::state::write_atomically;
+
+/// Layout version of the state file.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// One device entry of a NodePrepareResources answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedDevice {
+    pub request_names: Vec<String>,
+    pub pool_name: String,
+    pub device_name: String,
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// One prepared request: its container config folder and CDI device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedRequest {
+    pub request: String,
+    /// The config's `container_id`, the allocation folder's and the CDI device's name.
+    pub container_id: String,
+    /// Card UUIDs with their consumed (cores, memory bytes); `None` is the whole card.
+    pub cards: Vec<(String, Option<u64>, Option<u64>)>,
+    /// The soft ceiling written, if any.
+    pub core_ceiling: Option<u32>,
+}
+
+/// One prepared claim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedClaim {
+    pub namespace: String,
+    pub name: String,
+    pub devices: Vec<PreparedDevice>,
+    pub requests: Vec<PreparedRequest>,
+}
+
+/// The whole file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub version: u32,
+    /// By claim UID.
+    pub claims: BTreeMap<String, PreparedClaim>,
+}
+
+impl Default for Checkpoint {
+    fn default() -> Checkpoint {
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            claims: BTreeMap::new(),
+        }
+    }
+}
+
+impl Checkpoint {
+    /// Reads the file; missing is empty, corrupt is an error (the plugin refuses to
+    /// start rather than forget what it prepared).
+    pub fn load(path: &Path) -> anyhow::Result<Checkpoint> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Checkpoint::default());
+            }
+            Err(err) => anyhow::bail!("cannot read {}: {err}", path.display()),
+        };
+        let checkpoint: Checkpoint = serde_json::from_str(&text)
+            .map_err(|err| anyhow::anyhow!("{} is corrupt: {err}", path.display()))?;
+        if checkpoint.version != CHECKPOINT_VERSION {
+            anyhow::bail!(
+                "{}: checkpoint version {} (this build reads {CHECKPOINT_VERSION})",
+                path.display(),
+                checkpoint.version
+            );
+        }
+        Ok(checkpoint)
+    }
+
+    /// Writes the file atomically.
+    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
+        write_atomically(path, &serde_json::to_vec_pretty(self)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_corruption() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("dra-state.json");
+        assert_eq!(
+            Checkpoint::load(&path).expect("missing"),
+            Checkpoint::default()
+        );
+        let mut checkpoint = Checkpoint::default();
+        checkpoint.claims.insert(
+            "uid-1".into(),
+            PreparedClaim {
+                namespace: "ns".into(),
+                name: "c".into(),
+                devices: vec![PreparedDevice {
+                    request_names: vec!["gpu".into()],
+                    pool_name: "node".into(),
+                    device_name: "gpu-0".into(),
+                    cdi_device_ids: vec!["vgpu-shim.io/gpu=uid-1-gpu".into()],
+                }],
+                requests: vec![PreparedRequest {
+                    request: "gpu".into(),
+                    container_id: "uid-1-gpu".into(),
+                    cards: vec![("GPU-0".into(), Some(30), Some(2560 << 20))],
+                    core_ceiling: Some(50),
+                }],
+            },
+        );
+        checkpoint.save(&path).expect("save");
+        assert_eq!(Checkpoint::load(&path).expect("load"), checkpoint);
+        std::fs::write(&path, b"{").expect("write");
+        assert!(
+            Checkpoint::load(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("corrupt")
+        );
+    }
+}

@@ -1,0 +1,299 @@
+//! The DRA plugin's own YAML config (`--config`, default `/etc/vgpu/dra.yaml`). Every
+//! key is optional except where the environment supplies it (`node_name` from
+//! `NODE_NAME`); unknown keys are errors that name the key.
+//!
+//! ```yaml
+//! driver_name: gpu.vgpu-shim.io                # DeviceClass selectors name it
+//! node_name: node-a                            # default: env NODE_NAME (the downward API)
+//! plugins_registry_dir: /var/lib/kubelet/plugins_registry   # <driver>-reg.sock
+//! plugin_dir: /var/lib/kubelet/plugins/gpu.vgpu-shim.io     # dra.sock
+//! state_dir: /var/lib/vgpu/dra                 # dra-state.json, allocations/
+//! cdi_dir: /var/run/cdi                        # one spec per prepared request
+//! cdi_kind: vgpu-shim.io/gpu
+//! host_driver_dir: /var/lib/vgpu/driver        # prepared by `vgpu-ldconfig prepare`
+//! shim_dir: /var/lib/vgpu/driver/shim
+//! nvml_library: libnvidia-ml.so.1
+//! device_plugin_dir: /var/lib/kubelet/device-plugins   # refuse to start beside vgpu-plugin
+//! device_plugin_sockets: [vgpu-vcuda-core.sock, vgpu-vcuda-memory.sock]
+//! unhealthy: taint                             # or `remove` (the device leaves the slice)
+//! default_core_ceiling: null                   # soft ceiling for pods without the annotation
+//! kubeconfig: null                             # default: the pod's service account (else KUBECONFIG)
+//! api_server_url: null                         # plain HTTP, no credentials: tests' stand-in only
+//! health_interval_secs: 5
+//! registration_watch_interval_ms: 1000
+//! slice_resync_secs: 600
+//! host_proc: /proc                            # the host's /proc (the DaemonSet runs with hostPID)
+//! dev_root: /dev
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use vgpu_kube::ClientSource;
+use vgpu_kube::slices::UnhealthyPolicy;
+use vgpu_plugin::PluginConfig;
+
+/// Where the config is read from when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/vgpu/dra.yaml";
+/// The driver name this project publishes under.
+pub const DEFAULT_DRIVER_NAME: &str = "gpu.vgpu-shim.io";
+/// Env var with the node name (set from `spec.nodeName` in the DaemonSet).
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+/// The DRA plugin config.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DraConfig {
+    pub driver_name: String,
+    pub node_name: Option<String>,
+    pub plugins_registry_dir: PathBuf,
+    /// Default: `/var/lib/kubelet/plugins/<driver_name>`.
+    pub plugin_dir: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    pub cdi_dir: PathBuf,
+    pub cdi_kind: String,
+    pub host_driver_dir: PathBuf,
+    pub shim_dir: PathBuf,
+    pub nvml_library: PathBuf,
+    pub device_plugin_dir: PathBuf,
+    pub device_plugin_sockets: Vec<String>,
+    pub unhealthy: UnhealthyPolicy,
+    pub default_core_ceiling: Option<u32>,
+    pub kubeconfig: Option<PathBuf>,
+    pub api_server_url: Option<String>,
+    pub health_interval_secs: u64,
+    pub registration_watch_interval_ms: u64,
+    pub slice_resync_secs: u64,
+    /// The host's `/proc`, to map containers' PIDs to host PIDs for NVML readers.
+    pub host_proc: PathBuf,
+    pub dev_root: PathBuf,
+}
+
+impl Default for DraConfig {
+    fn default() -> DraConfig {
+        let plugin = PluginConfig::default();
+        DraConfig {
+            driver_name: DEFAULT_DRIVER_NAME.into(),
+            node_name: None,
+            plugins_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
+            plugin_dir: None,
+            state_dir: PathBuf::from("/var/lib/vgpu/dra"),
+            cdi_dir: PathBuf::from(vgpu_plugin::cdi::DEFAULT_SPEC_DIR),
+            cdi_kind: "vgpu-shim.io/gpu".into(),
+            host_driver_dir: plugin.host_driver_dir,
+            shim_dir: plugin.shim_dir,
+            nvml_library: plugin.nvml_library,
+            device_plugin_dir: plugin.device_plugin_dir,
+            device_plugin_sockets: [&plugin.core_resource, &plugin.memory_resource]
+                .iter()
+                .map(|resource| PluginConfig::endpoint_name(resource))
+                .collect(),
+            unhealthy: UnhealthyPolicy::Taint,
+            default_core_ceiling: None,
+            kubeconfig: None,
+            api_server_url: None,
+            health_interval_secs: 5,
+            registration_watch_interval_ms: 1000,
+            slice_resync_secs: 600,
+            host_proc: plugin.host_proc,
+            dev_root: PathBuf::from("/dev"),
+        }
+    }
+}
+
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+impl DraConfig {
+    /// Parses and checks YAML text (`origin` labels errors); fills `node_name` from
+    /// `NODE_NAME` when the file does not set it.
+    pub fn from_yaml(text: &str, origin: &Path) -> anyhow::Result<DraConfig> {
+        let mut config: DraConfig = if text.trim().is_empty() {
+            DraConfig::default()
+        } else {
+            serde_norway::from_str(text)
+                .map_err(|err| anyhow::anyhow!("{}: {err}", origin.display()))?
+        };
+        if config.node_name.is_none() {
+            config.node_name = std::env::var(NODE_NAME_ENV).ok().filter(|n| !n.is_empty());
+        }
+        config
+            .validate()
+            .map_err(|message| anyhow::anyhow!("{}: {message}", origin.display()))?;
+        Ok(config)
+    }
+
+    /// Reads one file; the missing default file means the defaults.
+    pub fn load(path: &Path) -> anyhow::Result<DraConfig> {
+        if !path.exists() && path == Path::new(DEFAULT_CONFIG_PATH) {
+            return DraConfig::from_yaml("", path);
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| anyhow::anyhow!("cannot read {}: {err}", path.display()))?;
+        DraConfig::from_yaml(&text, path)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !is_dns_subdomain(&self.driver_name) || !self.driver_name.contains('.') {
+            return Err(format!(
+                "driver_name: `{}` is not a lower-case DNS subdomain such as gpu.vgpu-shim.io",
+                self.driver_name
+            ));
+        }
+        match &self.node_name {
+            None => {
+                return Err(format!(
+                    "node_name: not set and {NODE_NAME_ENV} is empty (the DaemonSet sets it from spec.nodeName)"
+                ));
+            }
+            Some(node) if !is_dns_subdomain(node) => {
+                return Err(format!("node_name: `{node}` is not a DNS subdomain"));
+            }
+            Some(_) => {}
+        }
+        if self.kubeconfig.is_some() && self.api_server_url.is_some() {
+            return Err("kubeconfig and api_server_url: set one, not both".into());
+        }
+        vgpu_plugin::cdi::parse_kind(&self.cdi_kind).map_err(|err| format!("cdi_kind: {err}"))?;
+        if let Some(ceiling) = self.default_core_ceiling
+            && !(1..=100).contains(&ceiling)
+        {
+            return Err(format!("default_core_ceiling: {ceiling} is outside 1-100"));
+        }
+        for (key, value) in [
+            ("health_interval_secs", self.health_interval_secs),
+            (
+                "registration_watch_interval_ms",
+                self.registration_watch_interval_ms,
+            ),
+            ("slice_resync_secs", self.slice_resync_secs),
+        ] {
+            if value == 0 {
+                return Err(format!("{key}: must be more than 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the API server is.
+    pub fn api_server(&self) -> ClientSource {
+        match (&self.kubeconfig, &self.api_server_url) {
+            (Some(path), _) => ClientSource::Kubeconfig(path.clone()),
+            (None, Some(url)) => ClientSource::Url(url.clone()),
+            (None, None) => ClientSource::Infer,
+        }
+    }
+
+    /// The node name (present after validation).
+    pub fn node(&self) -> &str {
+        self.node_name.as_deref().unwrap_or_default()
+    }
+
+    /// `<plugin_dir>` or `/var/lib/kubelet/plugins/<driver>`.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.plugin_dir
+            .clone()
+            .unwrap_or_else(|| Path::new("/var/lib/kubelet/plugins").join(&self.driver_name))
+    }
+
+    /// The DRA service socket kubelet dials (`PluginInfo.endpoint`).
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir().join("dra.sock")
+    }
+
+    /// The registration socket kubelet's plugin watcher finds.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.plugins_registry_dir
+            .join(format!("{}-reg.sock", self.driver_name))
+    }
+
+    /// `<state_dir>/dra-state.json`.
+    pub fn state_file(&self) -> PathBuf {
+        self.state_dir.join("dra-state.json")
+    }
+
+    /// The device plugin's view of the same folders, so the allocation-folder and
+    /// mount code of `vgpu-plugin` serves both modes.
+    pub fn plugin_view(&self) -> PluginConfig {
+        PluginConfig {
+            state_dir: self.state_dir.clone(),
+            host_driver_dir: self.host_driver_dir.clone(),
+            shim_dir: self.shim_dir.clone(),
+            nvml_library: self.nvml_library.clone(),
+            dev_root: self.dev_root.clone(),
+            host_proc: self.host_proc.clone(),
+            cdi_kind: self.cdi_kind.clone(),
+            cdi_spec_dir: self.cdi_dir.clone(),
+            cdi_spec_format: vgpu_plugin::cdi::SpecFormat::Json,
+            default_core_ceiling: self.default_core_ceiling,
+            metrics_address: None,
+            ..PluginConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_bad_keys() {
+        let config =
+            DraConfig::from_yaml("node_name: node-a\n", Path::new("d.yaml")).expect("valid");
+        assert_eq!(config.driver_name, DEFAULT_DRIVER_NAME);
+        assert_eq!(
+            config.registration_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins_registry/gpu.vgpu-shim.io-reg.sock")
+        );
+        assert_eq!(
+            config.dra_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins/gpu.vgpu-shim.io/dra.sock")
+        );
+        assert_eq!(
+            config.device_plugin_sockets,
+            vec!["vgpu-vcuda-core.sock", "vgpu-vcuda-memory.sock"]
+        );
+        let config = DraConfig::from_yaml(
+            "node_name: n\napi_server_url: http://127.0.0.1:1\nunhealthy: remove\n",
+            Path::new("d.yaml"),
+        )
+        .expect("valid");
+        assert_eq!(
+            config.api_server(),
+            ClientSource::Url("http://127.0.0.1:1".into())
+        );
+        assert_eq!(config.unhealthy, UnhealthyPolicy::Remove);
+        for (text, needle) in [
+            ("node_name: n\ndriver: x\n", "driver"),
+            ("node_name: n\ndriver_name: Bad_Name\n", "driver_name"),
+            ("node_name: N_1\n", "node_name"),
+            ("node_name: n\ncdi_kind: nokind\n", "cdi_kind"),
+            (
+                "node_name: n\ndefault_core_ceiling: 0\n",
+                "default_core_ceiling",
+            ),
+            ("node_name: n\nunhealthy: ignore\n", "ignore"),
+            ("node_name: n\nslice_resync_secs: 0\n", "slice_resync_secs"),
+            (
+                "node_name: n\nkubeconfig: /k\napi_server_url: http://127.0.0.1:1\n",
+                "not both",
+            ),
+        ] {
+            let err = DraConfig::from_yaml(text, Path::new("d.yaml"))
+                .expect_err(text)
+                .to_string();
+            assert!(err.contains(needle), "{text:?} gave {err}");
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! The DRA plugin's life: refuse to run beside the device plugin, discover cards, load
+//! the checkpoint, serve the DRA socket (v1 and v1beta1) and then the registration
+//! socket, keep both served (a removed socket is served again, so kubelet's plugin
+//! watcher finds it again), watch card health, keep the node's ResourceSlices current,
+//! and on stop remove the sockets (kubelet then deregisters the driver).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use vgpu_kube::slices::{GpuDevice, SlicePublisher};
+use vgpu_plugin::{CardInfo, DeviceSource};
+
+use crate::cards::{Describe, Details, gpu_devices};
+use crate::checkpoint::Checkpoint;
+use crate::config::DraConfig;
+use crate::prepare::Preparer;
+use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
+use crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
+use crate::proto::registration::registration_server::RegistrationServer;
+use crate::registration::{RegistrationBook, RegistrationService};
+use crate::service::{DraService, DraV1, DraV1beta1};
+
+/// A device-plugin socket that answers: the device plugin runs on this node.
+pub fn live_device_plugin_socket(config: &DraConfig) -> Option<PathBuf> {
+    config
+        .device_plugin_sockets
+        .iter()
+        .map(|name| config.device_plugin_dir.join(name))
+        .find(|path| std::os::unix::net::UnixStream::connect(path).is_ok())
+}
+
+/// A running DRA plugin.
+pub struct DraHandle {
+    preparer: Arc<Preparer>,
+    registration: Arc<RegistrationBook>,
+    cards: watch::Receiver<Vec<GpuDevice>>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    health_stop: Arc<AtomicBool>,
+    health_thread: Option<std::thread::JoinHandle<()>>,
+    sockets: [PathBuf; 2],
+}
+
+impl DraHandle {
+    pub fn preparer(&self) -> &Arc<Preparer> {
+        &self.preparer
+    }
+
+    /// What kubelet said about registration.
+    pub fn registration(&self) -> &Arc<RegistrationBook> {
+        &self.registration
+    }
+
+    /// The cards as the slices describe them now (health included).
+    pub fn devices(&self) -> Vec<GpuDevice> {
+        self.cards.borrow().clone()
+    }
+
+    /// The DRA socket and the registration socket.
+    pub fn sockets(&self) -> &[PathBuf; 2] {
+        &self.sockets
+    }
+
+    /// Stops serving, removes the sockets (the checkpoint, folders and CDI specs stay:
+    /// the prepared claims belong to running pods) and waits for the background work.
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks.drain(..) {
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("a background task did not stop within 5s");
+            }
+        }
+        self.health_stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.health_thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        for socket in &self.sockets {
+            let _ = std::fs::remove_file(socket);
+        }
+        tracing::info!("stopped");
+    }
+}
+
+struct Served {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    inode: u64,
+}
+
+fn inode(path: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(path).ok().map(|meta| meta.ino())
+}
+
+fn serve(path: &Path, router: tonic::transport::server::Router) -> anyhow::Result<Served> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", parent.display()))?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)
+        .map_err(|err| anyhow::anyhow!("cannot listen on {}: {err}", path.display()))?;
+    let inode = inode(path).unwrap_or(0);
+    let (stop, mut stopped) = watch::channel(false);
+    let shown = path.display().to_string();
+    let task = tokio::spawn(async move {
+        let result = router
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                let _ = stopped.wait_for(|stopped| *stopped).await;
+            })
+            .await;
+        if let Err(err) = result {
+            tracing::error!(socket = %shown, error = %err, "gRPC server failed");
+        }
+    });
+    Ok(Served { stop, task, inode })
+}
+
+async fn stop_served(served: Served) {
+    let _ = served.stop.send(true);
+    if tokio::time::timeout(Duration::from_secs(5), served.task)
+        .await
+        .is_err()
+    {
+        tracing::warn!("a gRPC server did not stop within 5s");
+    }
+}
+
+/// Keeps the DRA socket and then the registration socket served until `stop`.
+async fn supervise(
+    config: DraConfig,
+    service: Arc<DraService>,
+    registration: Arc<RegistrationBook>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let tick = Duration::from_millis(config.registration_watch_interval_ms);
+    let dra_socket = config.dra_socket();
+    let registration_socket = config.registration_socket();
+    let mut dra: Option<Served> = None;
+    let mut reg: Option<Served> = None;
+    loop {
+        let alive = |served: &Option<Served>, path: &Path| {
+            served
+                .as_ref()
+                .is_some_and(|s| inode(path) == Some(s.inode) && !s.task.is_finished())
+        };
+        if !alive(&dra, &dra_socket) {
+            if let Some(old) = dra.take() {
+                tracing::info!(socket = %dra_socket.display(), "DRA socket removed; serving again");
+                stop_served(old).await;
+            }
+            let router = tonic::transport::Server::builder()
+                .add_service(V1Server::new(DraV1(service.clone())))
+                .add_service(V1beta1Server::new(DraV1beta1(service.clone())));
+            match serve(&dra_socket, router) {
+                Ok(served) => dra = Some(served),
+                Err(err) => {
+                    tracing::error!(error = %format!("{err:#}"), "cannot serve the DRA socket")
+                }
+            }
+        }
+        // Registration only once the DRA socket answers: kubelet dials it right after GetInfo.
+        if dra.is_some() && !alive(&reg, &registration_socket) {
+            if let Some(old) = reg.take() {
+                tracing::info!(socket = %registration_socket.display(), "registration socket removed; serving again");
+                stop_served(old).await;
+            }
+            let router = tonic::transport::Server::builder().add_service(RegistrationServer::new(
+                RegistrationService {
+                    driver: config.driver_name.clone(),
+                    endpoint: dra_socket.clone(),
+                    book: registration.clone(),
+                },
+            ));
+            match serve(&registration_socket, router) {
+                Ok(served) => {
+                    tracing::info!(socket = %registration_socket.display(), "waiting for kubelet's plugin watcher");
+                    reg = Some(served)
+                }
+                Err(err) => {
+                    tracing::error!(error = %format!("{err:#}"), "cannot serve the registration socket")
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        }
+    }
+    // Registration first, so kubelet stops calling before the DRA socket goes.
+    for served in [reg, dra].into_iter().flatten() {
+        stop_served(served).await;
+    }
+}
+
+/// Every second, fills in the host PIDs of container processes in each prepared
+/// request's usage region (from a private copy, written back with pwrite, as the
+/// device plugin does), so NVML inside the container can list its processes.
+async fn host_pid_loop(
+    preparer: Arc<Preparer>,
+    proc_root: PathBuf,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+        let regions: Vec<PathBuf> = preparer
+            .prepared()
+            .values()
+            .flat_map(|claim| claim.requests.iter())
+            .map(|request| {
+                preparer
+                    .allocation_dir(&request.container_id)
+                    .join("usage.region")
+            })
+            .collect();
+        let proc_root = proc_root.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for region in regions {
+                if let Ok(copy) = vgpu_common::snapshot::RegionSnapshot::read(&region) {
+                    copy.fill_host_pids(&proc_root);
+                }
+            }
+        })
+        .await;
+    }
+}
+
+fn health_loop(
+    source: Arc<dyn DeviceSource>,
+    cards: Vec<CardInfo>,
+    details: BTreeMap<String, Details>,
+    interval: Duration,
+    publish: watch::Sender<Vec<GpuDevice>>,
+    stop: Arc<AtomicBool>,
+) {
+    let slice = interval.min(Duration::from_millis(500));
+    let mut critical: BTreeMap<String, String> = BTreeMap::new();
+    let mut last_probe = std::time::Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        let hit =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.wait_critical(slice)))
+                .unwrap_or_default();
+        // Critical Xids are sticky until the plugin restarts (as in the device plugin).
+        critical.extend(hit);
+        if last_probe.elapsed() < interval && critical.is_empty() {
+            continue;
+        }
+        last_probe = std::time::Instant::now();
+        let mut unhealthy = critical.clone();
+        for card in &cards {
+            if let Err(reason) = source.probe(&card.uuid) {
+                unhealthy.entry(card.uuid.clone()).or_insert(reason);
+            }
+        }
+        let devices = gpu_devices(&cards, &details, &unhealthy);
+        publish.send_if_modified(|current| {
+            if *current == devices {
+                return false;
+            }
+            for (old, new) in current.iter().zip(&devices) {
+                match (&old.unhealthy, &new.unhealthy) {
+                    (None, Some(reason)) => {
+                        tracing::warn!(card = %new.uuid, %reason, "card unhealthy")
+                    }
+                    (Some(_), None) => tracing::info!(card = %new.uuid, "card healthy again"),
+                    _ => {}
+                }
+            }
+            *current = devices;
+            true
+        });
+    }
+}
+
+/// Starts the plugin. Returns once the DRA and registration sockets are served; the
+/// slices are published in the background (and retried while the API server is away).
+pub async fn start(
+    config: DraConfig,
+    source: Arc<dyn DeviceSource>,
+    describe: Arc<dyn Describe>,
+) -> anyhow::Result<DraHandle> {
+    if let Some(socket) = live_device_plugin_socket(&config) {
+        anyhow::bail!(
+            "the vgpu device plugin is serving {} on this node: DRA mode and device-plugin mode never run on one node (deploy/README.md); remove the device plugin from this node first (label the node vgpu-shim.io/mode=dra and drop its nvidia-device-enable label)",
+            socket.display()
+        );
+    }
+    let cards = source.discover()?;
+    if cards.is_empty() {
+        tracing::warn!("no GPUs found: publishing an empty pool");
+    }
+    let plugin = config.plugin_view();
+    for dir in [
+        config.state_dir.clone(),
+        plugin.allocations_dir(),
+        config.plugin_dir(),
+        config.plugins_registry_dir.clone(),
+        config.cdi_dir.clone(),
+    ] {
+        std::fs::create_dir_all(&dir)
+            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
+    }
+    let checkpoint = Checkpoint::load(&config.state_file())?;
+    tracing::info!(
+        cards = cards.len(),
+        prepared = checkpoint.claims.len(),
+        driver = %config.driver_name,
+        node = %config.node(),
+        "starting"
+    );
+    let client = vgpu_kube::connect(&config.api_server()).await?;
+    let details: BTreeMap<String, Details> = cards
+        .iter()
+        .map(|card| (card.uuid.clone(), describe.details(&card.uuid)))
+        .collect();
+    let unhealthy: BTreeMap<String, String> = cards
+        .iter()
+        .filter_map(|card| {
+            source
+                .probe(&card.uuid)
+                .err()
+                .map(|why| (card.uuid.clone(), why))
+        })
+        .collect();
+    let (publish, devices) = watch::channel(gpu_devices(&cards, &details, &unhealthy));
+    let preparer = Arc::new(Preparer::new(config.clone(), cards.clone(), checkpoint)?);
+    let swept = preparer.sweep_orphans();
+    if swept > 0 {
+        tracing::info!(
+            swept,
+            "removed prepared requests the checkpoint does not know"
+        );
+    }
+    let service = Arc::new(DraService {
+        config: config.clone(),
+        preparer: preparer.clone(),
+        client: Some(client.clone()),
+    });
+    let registration = Arc::new(RegistrationBook::default());
+    let (stop, stop_receiver) = watch::channel(false);
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(supervise(
+        config.clone(),
+        service,
+        registration.clone(),
+        stop_receiver.clone(),
+    )));
+    {
+        let publisher =
+            SlicePublisher::new(client, &config.driver_name, config.node(), config.unhealthy);
+        let devices = devices.clone();
+        let resync = Duration::from_secs(config.slice_resync_secs);
+        let stop = stop_receiver.clone();
+        tasks.push(tokio::spawn(async move {
+            publisher.run(devices, resync, stop).await
+        }));
+    }
+    tasks.push(tokio::spawn(host_pid_loop(
+        preparer.clone(),
+        config.host_proc.clone(),
+        stop_receiver.clone(),
+    )));
+    let health_stop = Arc::new(AtomicBool::new(false));
+    let health_thread = {
+        let stop = health_stop.clone();
+        let interval = Duration::from_secs(config.health_interval_secs);
+        std::thread::Builder::new()
+            .name("vgpu-dra-health".into())
+            .spawn(move || health_loop(source, cards, details, interval, publish, stop))?
+    };
+    let sockets = [config.dra_socket(), config.registration_socket()];
+    for _ in 0..100 {
+        if sockets.iter().all(|socket| socket.exists()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(DraHandle {
+        preparer,
+        registration,
+        cards: devices,
+        stop,
+        tasks,
+        health_stop,
+        health_thread: Some(health_thread),
+        sockets,
+    })
+}

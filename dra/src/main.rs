@@ -1,0 +1,52 @@
+//! The `vgpu-dra-plugin` daemon: loads the config, opens NVML, runs the DRA kubelet
+//! plugin until SIGTERM or SIGINT, then removes its sockets.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use vgpu_dra::DraConfig;
+use vgpu_dra::cards::NvmlDetails;
+use vgpu_plugin::devices::NvmlSource;
+
+#[derive(Parser)]
+#[command(
+    name = "vgpu-dra-plugin",
+    about = "DRA kubelet plugin: shareable GPUs with consumable cores and memory, enforced by the vgpu-shim shims"
+)]
+struct Args {
+    /// Plugin config (YAML); a missing default file means built-in defaults.
+    #[arg(long, default_value = vgpu_dra::config::DEFAULT_CONFIG_PATH)]
+    config: PathBuf,
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let config = DraConfig::load(&args.config)?;
+    let source = Arc::new(NvmlSource::open(&config.nvml_library)?);
+    let details = Arc::new(NvmlDetails::open(&config.nvml_library)?);
+    let plugin = vgpu_dra::start(config, source, details).await?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
+    plugin.stop().await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VGPU_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! The pluginregistration v1 Registration service that kubelet's plugin watcher calls
+//! on `<plugins_registry>/<driver>-reg.sock`: GetInfo names a `DRAPlugin`, its DRA
+//! socket and the services it serves (`v1.DRAPlugin`, `v1beta1.DRAPlugin`);
+//! NotifyRegistrationStatus reports kubelet's verdict, which is logged and counted.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tonic::{Request, Response, Status};
+
+use crate::proto::registration::registration_server::Registration;
+use crate::proto::registration::{
+    DRA_PLUGIN_TYPE, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use crate::proto::{dra_v1, dra_v1beta1};
+
+/// What kubelet said about registration.
+#[derive(Default)]
+pub struct RegistrationBook {
+    pub accepted: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+/// The Registration service.
+pub struct RegistrationService {
+    pub driver: String,
+    pub endpoint: PathBuf,
+    pub book: Arc<RegistrationBook>,
+}
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: DRA_PLUGIN_TYPE.into(),
+            name: self.driver.clone(),
+            endpoint: self.endpoint.to_string_lossy().into_owned(),
+            supported_versions: vec![dra_v1::SERVICE.into(), dra_v1beta1::SERVICE.into()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            self.book.accepted.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(driver = %self.driver, "kubelet registered the DRA plugin");
+        } else {
+            self.book.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(driver = %self.driver, error = %status.error, "kubelet refused the DRA plugin");
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
