@@ -483,7 +483,7 @@ mod tests {
         assert_eq!(long_a.len(), 64);
         assert_ne!(long_a, long_b);
         for id in [long_a, long_b, container_id("weird uid!", "x")] {
-            vgpu_common::config::check_container_id(&id).expect("valid id");
+            vgpu_common::config::validate_container_id(&id).expect("valid id");
         }
     }
 
