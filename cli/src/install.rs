@@ -48,7 +48,11 @@ pub fn run(args: &InstallArgs) -> Result<()> {
     if std::fs::canonicalize(&exe).ok() != std::fs::canonicalize(&bin).ok() {
         copy(&exe, &bin)?;
     }
-    println!("installed into {}", args.prefix.display());
+    println!(
+        "installed {} into {}",
+        vgpu_build_info::banner("vgpu"),
+        args.prefix.display()
+    );
     println!("  {}  (CUDA shim)", lib64.join("libcuda.so.1").display());
     println!(
         "  {}  (NVML shim)",

@@ -11,6 +11,7 @@ use vgpu_plugin::devices::NvmlSource;
 #[derive(Parser)]
 #[command(
     name = "vgpu-plugin",
+    version = vgpu_build_info::VERSION_LINE,
     about = "Kubernetes device plugin for tencent.com/vcuda-core and tencent.com/vcuda-memory"
 )]
 struct Args {
@@ -28,6 +29,7 @@ fn load_config(path: &std::path::Path) -> anyhow::Result<PluginConfig> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    tracing::info!("{}", vgpu_build_info::banner("vgpu-plugin"));
     let config = load_config(&args.config)?;
     let source = Arc::new(NvmlSource::open(&config.nvml_library)?);
     let plugin = vgpu_plugin::start(config, source).await?;
