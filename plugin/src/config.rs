@@ -23,7 +23,12 @@
 //! cdi_devices: false                      # also return CDI names `<kind>=<uuid>`
 //! cdi_kind: nvidia.com/gpu
 //! host_proc: /proc                        # the host's /proc (the DaemonSet runs with hostPID)
+//! check_foreign_plugins: true             # refuse to start beside another plugin of our resources
+//! config_watch_interval_ms: 2000          # how often the config file is checked for changes
 //! ```
+//!
+//! A change of the config file makes the running plugin exit cleanly, so kubelet
+//! restarts it with the new config ([`crate::reload`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -75,6 +80,10 @@ pub struct PluginConfig {
     pub cdi_kind: String,
     /// Root under which host device nodes are looked up (tests point it elsewhere).
     pub dev_root: PathBuf,
+    /// Refuse to start when another device plugin serves our resource names on the node.
+    pub check_foreign_plugins: bool,
+    /// How often the config file is read again to notice a change.
+    pub config_watch_interval_ms: u64,
 }
 
 impl Default for PluginConfig {
@@ -102,6 +111,8 @@ impl Default for PluginConfig {
             cdi_devices: false,
             cdi_kind: "nvidia.com/gpu".into(),
             dev_root: PathBuf::from("/dev"),
+            check_foreign_plugins: true,
+            config_watch_interval_ms: 2000,
         }
     }
 }
@@ -160,6 +171,7 @@ impl PluginConfig {
             ("gc_interval_secs", self.gc_interval_secs),
             ("health_interval_secs", self.health_interval_secs),
             ("kubelet_watch_interval_ms", self.kubelet_watch_interval_ms),
+            ("config_watch_interval_ms", self.config_watch_interval_ms),
         ] {
             if value == 0 {
                 return Err(format!("{key}: must be more than 0"));

@@ -38,17 +38,7 @@ async fn started(
 }
 
 async fn device_list(client: &mut Client) -> Vec<vgpu_plugin::proto::deviceplugin::Device> {
-    let mut stream = client
-        .list_and_watch(Empty {})
-        .await
-        .expect("ListAndWatch")
-        .into_inner();
-    stream
-        .message()
-        .await
-        .expect("stream")
-        .expect("first list")
-        .devices
+    common::listed_devices(client).await
 }
 
 fn ids(devices: &[vgpu_plugin::proto::deviceplugin::Device]) -> Vec<String> {
@@ -312,7 +302,7 @@ async fn fractional_request_lands_on_one_card_with_its_quota() {
     );
     assert!(
         metrics.contains(&format!(
-            "pod=\"tenant\",container=\"cuda\",card=\"{card}\"}} 2684354560"
+            "pod=\"tenant\",container=\"cuda\",UUID=\"{card}\"}} 2684354560"
         )),
         "{metrics}"
     );

@@ -238,3 +238,68 @@ impl Drop for TestKubelet {
 pub async fn plugin_client(socket: &Path) -> DevicePluginClient<tonic::transport::Channel> {
     DevicePluginClient::new(connect_unix(socket).await.expect("connect to plugin"))
 }
+
+/// The devices of the first ListAndWatch answer.
+pub async fn listed_devices(
+    client: &mut DevicePluginClient<tonic::transport::Channel>,
+) -> Vec<vgpu_plugin::proto::deviceplugin::Device> {
+    let mut stream = client
+        .list_and_watch(Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
+    stream
+        .message()
+        .await
+        .expect("stream")
+        .expect("first list")
+        .devices
+}
+
+/// The device IDs of the first ListAndWatch answer.
+pub async fn listed_ids(client: &mut DevicePluginClient<tonic::transport::Channel>) -> Vec<String> {
+    listed_devices(client)
+        .await
+        .into_iter()
+        .map(|device| device.id)
+        .collect()
+}
+
+/// Allocate for one container asking for `ids`.
+pub async fn allocate_one(
+    client: &mut DevicePluginClient<tonic::transport::Channel>,
+    ids: &[String],
+) -> Result<vgpu_plugin::proto::deviceplugin::ContainerAllocateResponse, Status> {
+    let request = vgpu_plugin::proto::deviceplugin::AllocateRequest {
+        container_requests: vec![vgpu_plugin::proto::deviceplugin::ContainerAllocateRequest {
+            devices_ids: ids.to_vec(),
+        }],
+    };
+    client
+        .allocate(request)
+        .await
+        .map(|reply| reply.into_inner().container_responses.remove(0))
+}
+
+/// `GET path` on the plugin's metrics server: (status code, body).
+pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect metrics");
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("read");
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    (code, body.to_string())
+}
