@@ -464,3 +464,64 @@ async fn the_binary_logs_its_version_and_exits_when_its_configmap_changes() {
         "sockets removed on the way out"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_mount_the_version_folder_current_names_at_their_start() {
+    let kubelet = TestKubelet::start().await;
+    let config = kubelet.plugin_config();
+    // What `vgpu-ldconfig prepare` leaves: two version folders, `current` at the newer.
+    for version in ["535.261.03", "580.159.04"] {
+        let shim = config.host_driver_dir.join(version).join("shim");
+        std::fs::create_dir_all(&shim).expect("mkdir");
+        std::fs::write(shim.join("libcuda_shim.so"), version).expect("shim");
+        std::fs::write(shim.join("libnvml_shim.so"), version).expect("shim");
+    }
+    std::os::unix::fs::symlink("535.261.03", config.host_driver_dir.join("current")).expect("link");
+    let plugin = vgpu_plugin::start(config.clone(), Arc::new(FakeSource::uniform(1, 4 << 30)))
+        .await
+        .expect("plugin");
+    kubelet.wait_registrations(2).await;
+    let mut cores = plugin_client(&plugin.sockets()[0]).await;
+    let all = listed_ids(&mut cores).await;
+    let mount_of = |response: &vgpu_plugin::proto::deviceplugin::ContainerAllocateResponse,
+                    at: &str| {
+        response
+            .mounts
+            .iter()
+            .find(|mount| mount.container_path == at)
+            .map(|mount| PathBuf::from(&mount.host_path))
+            .expect("mount")
+    };
+    let before = allocate_one(&mut cores, &all[..30])
+        .await
+        .expect("allocate");
+    assert_eq!(
+        mount_of(&before, "/usr/local/vgpu/driver"),
+        config.host_driver_dir.join("535.261.03")
+    );
+    assert_eq!(
+        mount_of(&before, "/usr/lib64/libcuda.so.1"),
+        config
+            .host_driver_dir
+            .join("535.261.03/shim/libcuda_shim.so")
+    );
+    // A driver upgrade switches `current`: the next container gets the new folder, the
+    // first keeps what it mounted.
+    let staging = config.host_driver_dir.join("current.tmp");
+    std::os::unix::fs::symlink("580.159.04", &staging).expect("link");
+    std::fs::rename(&staging, config.host_driver_dir.join("current")).expect("switch");
+    let later = allocate_one(&mut cores, &all[30..60])
+        .await
+        .expect("allocate");
+    assert_eq!(
+        mount_of(&later, "/usr/local/vgpu/driver"),
+        config.host_driver_dir.join("580.159.04")
+    );
+    assert_eq!(
+        mount_of(&later, "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
+        config
+            .host_driver_dir
+            .join("580.159.04/shim/libnvml_shim.so")
+    );
+    plugin.stop().await;
+}
