@@ -18,7 +18,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        runc podman crun debootstrap binutils libc-bin gcc python3 python3-pip >/dev/null
+        runc podman debootstrap binutils libc-bin gcc python3 python3-pip >/dev/null
     export VGPU_DEBIAN_DEBS=${VGPU_DEBIAN_DEBS:-$PWD/target/debian-debs}
     mkdir -p "$VGPU_DEBIAN_DEBS"
     (cd "$VGPU_DEBIAN_DEBS" && apt-get download libcuda1 libnvidia-ml1 nvidia-smi >/dev/null 2>&1 || apt-get download libcuda1 libnvidia-ml1 nvidia-smi)
