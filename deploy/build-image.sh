@@ -81,7 +81,7 @@ mkdir -p "$CONTEXT"
 PREFIX=$CONTEXT/usr/local/vgpu
 "$BUILT/vgpu" install --prefix "$PREFIX" >&2
 for binary in vgpu-plugin vgpu-ldconfig; do
-    install -m 0755 "$BUILT/$binary" "$PREFIX/bin/$binary"
+    [ -x "$PREFIX/bin/$binary" ] || { log "vgpu install left out $binary"; exit 1; }
 done
 mkdir -p "$PREFIX/shim"
 for shim in libcuda_shim.so libnvml_shim.so; do

@@ -83,10 +83,7 @@ fn nothing_is_added_where_non_free_is_on_already_and_no_url_is_invented() {
     let release = dir.path().join("os-release");
     assert_eq!(run(&apt, &release, "nonfree"), "");
     // A machine with no Debian source of its release: no stanza, no mirror.
-    let bare = machine(&[(
-        "sources.list",
-        "deb file:/srv/debian trixie main\n",
-    )]);
+    let bare = machine(&[("sources.list", "deb file:/srv/debian trixie main\n")]);
     let apt = bare.path().join("apt");
     assert_eq!(run(&apt, &release, "nonfree"), "");
     assert_eq!(run(&apt, &release, "mirror"), "");
