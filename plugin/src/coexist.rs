@@ -6,10 +6,11 @@
 //! The signal needs two facts, because either alone can be stale:
 //! * a *live* foreign socket in the device-plugin folder: one that is not kubelet's nor
 //!   ours and that accepts a connection (a socket file left by a dead plugin refuses);
-//! * that it serves one of our names: its ListAndWatch devices are among the devices
-//!   kubelet's checkpoint (`kubelet_internal_checkpoint`, `RegisteredDevices`) lists for
-//!   that name, or, without a checkpoint entry, its file name is gpu-manager's
-//!   (`vcore.sock`, `vmemory.sock`).
+//! * that it serves one of our names: kubelet's checkpoint
+//!   (`kubelet_internal_checkpoint`, `RegisteredDevices`) lists devices that are not
+//!   ours under that name, and the socket's ListAndWatch offers them; or its file name
+//!   is gpu-manager's (`vcore.sock`, `vmemory.sock`). Other plugins' sockets are only
+//!   asked for their devices when the checkpoint gives a reason to.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::config::PluginConfig;
+use crate::ids::DeviceId;
 use crate::kubelet::connect_unix;
 use crate::proto::deviceplugin::Empty;
 use crate::proto::deviceplugin::device_plugin_client::DevicePluginClient;
@@ -110,7 +112,21 @@ pub async fn foreign_plugins(config: &PluginConfig) -> Vec<Foreign> {
     ]
     .into();
     let our_resources = [&config.core_resource, &config.memory_resource];
-    let registered = registered_devices(&config.device_plugin_dir);
+    // Devices kubelet registered under our names that are not ours (ours from an
+    // earlier run of this plugin do not count).
+    let registered: BTreeMap<String, BTreeSet<String>> =
+        registered_devices(&config.device_plugin_dir)
+            .into_iter()
+            .filter(|(resource, _)| our_resources.iter().any(|ours| *ours == resource))
+            .map(|(resource, ids)| {
+                let foreign = ids
+                    .into_iter()
+                    .filter(|id| DeviceId::parse(id).is_none())
+                    .collect::<BTreeSet<String>>();
+                (resource, foreign)
+            })
+            .filter(|(_, ids)| !ids.is_empty())
+            .collect();
     let Ok(entries) = std::fs::read_dir(&config.device_plugin_dir) else {
         return Vec::new();
     };
@@ -134,7 +150,11 @@ pub async fn foreign_plugins(config: &PluginConfig) -> Vec<Foreign> {
         ) {
             continue;
         }
-        let devices = advertised(&socket).await;
+        let devices = if registered.is_empty() {
+            None
+        } else {
+            advertised(&socket).await
+        };
         let mut matched = false;
         if let Some(devices) = &devices {
             for resource in our_resources {
