@@ -117,7 +117,7 @@ pub async fn foreign_plugins(config: &PluginConfig) -> Vec<Foreign> {
     let registered: BTreeMap<String, BTreeSet<String>> =
         registered_devices(&config.device_plugin_dir)
             .into_iter()
-            .filter(|(resource, _)| our_resources.iter().any(|ours| *ours == resource))
+            .filter(|(resource, _)| our_resources.contains(&resource))
             .map(|(resource, ids)| {
                 let foreign = ids
                     .into_iter()
