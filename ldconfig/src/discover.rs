@@ -299,35 +299,13 @@ fn discover_in(
         }
     };
 
-    // Candidates in search order: extra folders, the cache, the well-known folders.
-    let mut candidates: Vec<(String, PathBuf)> = Vec::new();
-    let folder_candidates = |dirs: &[PathBuf],
-                             candidates: &mut Vec<(String, PathBuf)>,
-                             skipped: &mut Vec<String>,
-                             report_missing: bool| {
-        for dir in dirs {
-            let Ok(entries) = std::fs::read_dir(root.outer(dir)) else {
-                if report_missing {
-                    skipped.push(format!("{}: not a readable folder", dir.display()));
-                }
-                continue;
-            };
-            let mut names: Vec<String> = entries
-                .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-                .filter(|name| is_wanted_soname(name))
-                .collect();
-            names.sort();
-            candidates.extend(names.into_iter().map(|name| {
-                let path = dir.join(&name);
-                (name, path)
-            }));
-        }
-    };
-    folder_candidates(
-        &options.extra_dirs,
-        &mut candidates,
-        &mut driver.skipped,
-        true,
+    // Candidates in search order: extra folders, the cache, the well-known folders
+    // (only the extra folders, which someone named, are reported when unreadable).
+    let (mut candidates, unreadable) = folder_candidates(root, &options.extra_dirs);
+    driver.skipped.extend(
+        unreadable
+            .iter()
+            .map(|dir| format!("{}: not a readable folder", dir.display())),
     );
     candidates.extend(
         cache
@@ -336,12 +314,7 @@ fn discover_in(
             .filter(|entry| is_wanted_soname(&entry.name))
             .map(|entry| (entry.name.clone(), entry.path.clone())),
     );
-    folder_candidates(
-        &options.library_dirs,
-        &mut candidates,
-        &mut driver.skipped,
-        false,
-    );
+    candidates.extend(folder_candidates(root, &options.library_dirs).0);
 
     // Per SONAME: every candidate resolved once, in order; the kernel's version wins.
     let mut by_soname: Vec<(String, Vec<DriverLibrary>)> = Vec::new();
@@ -430,6 +403,26 @@ fn discover_in(
         ));
     }
     Ok(driver)
+}
+
+/// The wanted libraries in `dirs` (paths of `root`), as (SONAME, path) in folder order
+/// and name order within a folder; and the folders that could not be read.
+fn folder_candidates(root: &Root, dirs: &[PathBuf]) -> (Vec<(String, PathBuf)>, Vec<PathBuf>) {
+    let mut found = Vec::new();
+    let mut unreadable = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(root.outer(dir)) else {
+            unreadable.push(dir.clone());
+            continue;
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter(|name| is_wanted_soname(name))
+            .collect();
+        names.sort();
+        found.extend(names.into_iter().map(|name| (name.clone(), dir.join(name))));
+    }
+    (found, unreadable)
 }
 
 /// Every path at which the loader could find `name` for a 64-bit process: each
