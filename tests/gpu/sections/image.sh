@@ -1,8 +1,9 @@
 # GPU suite section `image` (issue 11): `vgpu-ldconfig prepare` against this machine's
 # real driver, the way the DaemonSet's init container runs it. Sourced by
 # tests/gpu/run.sh, which defines VGPU, SMI, OUT, WORK, HERE, ROOT, PREFIX, log and
-# record. Budget: 40 s (each step under `timeout`; three preparations of about 1 GB of
-# driver files, one re-run, nvidia-smi, two export checks).
+# record. Budget: 40 s. Expect about 15 s; the timeouts cap it at 44 s: the version
+# query 5 s, four preparations of 7 s at most (three copy the driver's files, well
+# under 1 GB; the re-run copies nothing), nvidia-smi 5 s, two export checks 3 s each.
 #
 # Records (section `image`):
 #   prepare-auto       discovery from `/` as the host root, nothing named
@@ -23,7 +24,7 @@ section_image() {
         return
     fi
     local root=${IMAGE_HOST_ROOT:-/}
-    local want=${IMAGE_DRIVER_VERSION:-$(timeout 10 "$SMI" --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)}
+    local want=${IMAGE_DRIVER_VERSION:-$(timeout 5 "$SMI" --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)}
     local shims=$PREFIX/lib64 dest=$WORK/image rc start seconds
     mkdir -p "$dest"
     # `image_prepare NAME MODE ARGS...`: one run, judged by image_check.py (MODE prepare
@@ -32,7 +33,7 @@ section_image() {
         local name=$1 mode=$2
         shift 2
         start=$(date +%s.%N)
-        timeout 15 "$@" > "$OUT/image-$name.json" 2> "$OUT/image-$name.err"
+        timeout 7 "$@" > "$OUT/image-$name.json" 2> "$OUT/image-$name.err"
         rc=$?
         seconds=$(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$start" "$(date +%s.%N)")
         record image "$name" "$(python3 "$HERE/image_check.py" "$mode" "$OUT/image-$name.json" "$want" "$rc" "$seconds")"
@@ -54,7 +55,7 @@ section_image() {
 
     # In the prepared folder: its nvidia-smi on its own copies of the libraries.
     local prepared=$dest/auto/current
-    LD_DEBUG=libs LD_LIBRARY_PATH=$prepared/lib64 timeout 15 "$prepared/bin/nvidia-smi" -L \
+    LD_DEBUG=libs LD_LIBRARY_PATH=$prepared/lib64 timeout 5 "$prepared/bin/nvidia-smi" -L \
         > "$OUT/image-smi.txt" 2> "$OUT/image-smi-ld.txt"
     rc=$?
     local gpus nvml_from
@@ -65,9 +66,9 @@ section_image() {
     record image prepared-nvidia-smi "\"verdict\": \"$verdict\", \"figure\": \"rc $rc, $gpus GPU(s) listed, NVML from ${nvml_from:-unknown}\", \"rc\": $rc, \"gpus\": $gpus"
 
     local cuda_rc nvml_rc
-    timeout 10 "$ldc" check --real "$prepared/lib64/libcuda.so.1" --shim "$prepared/shim/libcuda_shim.so" > "$OUT/image-check-cuda.txt" 2>&1
+    timeout 3 "$ldc" check --real "$prepared/lib64/libcuda.so.1" --shim "$prepared/shim/libcuda_shim.so" > "$OUT/image-check-cuda.txt" 2>&1
     cuda_rc=$?
-    timeout 10 "$ldc" check --real "$prepared/lib64/libnvidia-ml.so.1" --shim "$prepared/shim/libnvml_shim.so" > "$OUT/image-check-nvml.txt" 2>&1
+    timeout 3 "$ldc" check --real "$prepared/lib64/libnvidia-ml.so.1" --shim "$prepared/shim/libnvml_shim.so" > "$OUT/image-check-nvml.txt" 2>&1
     nvml_rc=$?
     verdict=FAIL
     [ "$cuda_rc" = 0 ] && [ "$nvml_rc" = 0 ] && verdict=PASS
