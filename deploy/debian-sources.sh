@@ -10,7 +10,9 @@
 #                                       debootstrap needs); nothing when there is none
 #
 # A source belongs to this release when one of its suites is VERSION_CODENAME (from
-# os-release) or VERSION_CODENAME-something, and it carries `main`. Both deb822
+# os-release) or VERSION_CODENAME-something other than -security, and it carries
+# `main`. The security archive is left as it is: it carries newer builds of the NVIDIA
+# driver than the release, and the tests' fixture packages are the release's. Both deb822
 # (*.sources) and one-line (sources.list, *.list) files are read; disabled stanzas
 # (`Enabled: no`) and our own output file are skipped. APT_ETC (default /etc/apt) and
 # OS_RELEASE (default /etc/os-release) point elsewhere for tests.
@@ -90,6 +92,7 @@ release_suites() {
     local suite kept=""
     for suite in $1; do
         case "$suite" in
+            "$2"-security) ;;
             "$2" | "$2"-*) kept="$kept${kept:+ }$suite" ;;
         esac
     done

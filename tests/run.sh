@@ -19,9 +19,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         runc podman debootstrap binutils libc-bin gcc python3 python3-pip >/dev/null
+    # The version the checked-in export lists (symbols/*.535.261.03.txt) were made from.
     export VGPU_DEBIAN_DEBS=${VGPU_DEBIAN_DEBS:-$PWD/target/debian-debs}
     mkdir -p "$VGPU_DEBIAN_DEBS"
-    (cd "$VGPU_DEBIAN_DEBS" && apt-get download libcuda1 libnvidia-ml1 nvidia-smi >/dev/null 2>&1 || apt-get download libcuda1 libnvidia-ml1 nvidia-smi)
+    nvidia=(libcuda1=535.261.03-1 libnvidia-ml1=535.261.03-1 nvidia-smi=535.261.03-1)
+    (cd "$VGPU_DEBIAN_DEBS" && apt-get download "${nvidia[@]}" >/dev/null 2>&1 || apt-get download "${nvidia[@]}")
 fi
 
 # From PyPI: clients nobody here wrote (NVIDIA's cuda-bindings and nvidia-ml-py), and
