@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! PREFIX/bin/vgpu
+//! PREFIX/bin/vgpu-ldconfig, vgpu-plugin when built beside vgpu
 //! PREFIX/lib64/libcuda.so.1         the CUDA shim     (libcuda.so -> libcuda.so.1)
 //! PREFIX/lib64/libnvidia-ml.so.1    the NVML shim     (libnvidia-ml.so -> libnvidia-ml.so.1)
 //! PREFIX/sim/lib64/libvgpu_sim.so   the simulated driver

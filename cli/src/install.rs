@@ -1,6 +1,7 @@
 //! `vgpu install --prefix DIR`: a ready driver folder of the shims (and the sim driver
-//! and the `vgpu` binary), in the layout `artifacts` describes. Self-contained: it can be
-//! copied to another machine of the same architecture.
+//! and the `vgpu` binary, with `vgpu-ldconfig` and `vgpu-plugin` when they were built
+//! beside it), in the layout `artifacts` describes. Self-contained: it can be copied to
+//! another machine of the same architecture.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,9 @@ pub struct InstallArgs {
     #[arg(long)]
     prefix: PathBuf,
 }
+
+/// Binaries installed beside `vgpu` when they were built beside it.
+const SIBLING_TOOLS: [&str; 3] = ["vgpu-ldconfig", "vgpu-plugin", "vgpu-dra-plugin"];
 
 fn copy(from: &Path, to: &Path) -> Result<()> {
     if let Some(parent) = to.parent() {
@@ -48,7 +52,22 @@ pub fn run(args: &InstallArgs) -> Result<()> {
     if std::fs::canonicalize(&exe).ok() != std::fs::canonicalize(&bin).ok() {
         copy(&exe, &bin)?;
     }
-    println!("installed into {}", args.prefix.display());
+    // The node tools built beside vgpu (a Cargo target folder) come along, so a prefix
+    // can also prepare a driver folder (`vgpu-ldconfig prepare --shim-dir PREFIX/lib64`).
+    let mut tools = Vec::new();
+    for tool in SIBLING_TOOLS {
+        let from = exe.with_file_name(tool);
+        let to = args.prefix.join("bin").join(tool);
+        if from.is_file() && std::fs::canonicalize(&from).ok() != std::fs::canonicalize(&to).ok() {
+            copy(&from, &to)?;
+            tools.push(to);
+        }
+    }
+    println!(
+        "installed {} into {}",
+        vgpu_build_info::banner("vgpu"),
+        args.prefix.display()
+    );
     println!("  {}  (CUDA shim)", lib64.join("libcuda.so.1").display());
     println!(
         "  {}  (NVML shim)",
@@ -61,5 +80,8 @@ pub fn run(args: &InstallArgs) -> Result<()> {
         );
     }
     println!("  {}", bin.display());
+    for tool in &tools {
+        println!("  {}", tool.display());
+    }
     Ok(())
 }

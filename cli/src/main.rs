@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(
     name = "vgpu",
-    version,
+    version = vgpu_build_info::VERSION_LINE,
     about = "Share one NVIDIA GPU between containers with hard memory and compute quotas"
 )]
 struct Cli {

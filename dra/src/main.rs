@@ -12,6 +12,7 @@ use vgpu_plugin::devices::NvmlSource;
 #[derive(Parser)]
 #[command(
     name = "vgpu-dra-plugin",
+    version = vgpu_build_info::VERSION_LINE,
     about = "DRA kubelet plugin: shareable GPUs with consumable cores and memory, enforced by the vgpu-shim shims"
 )]
 struct Args {
@@ -21,6 +22,7 @@ struct Args {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    tracing::info!("{}", vgpu_build_info::banner("vgpu-dra-plugin"));
     let config = DraConfig::load(&args.config)?;
     let source = Arc::new(NvmlSource::open(&config.nvml_library)?);
     let details = Arc::new(NvmlDetails::open(&config.nvml_library)?);

@@ -2,12 +2,19 @@
 //!
 //! * `check --real LIB|--real-list FILE --shim LIB`: exports the shim lacks, exit 1 if any;
 //! * `exports LIB [--soname]`: a library's defined dynamic symbols (symbols/*.txt format);
-//! * `scan [--cache PATH] [--extra-dir DIR]... [--json]`: the host driver found;
-//! * `prepare --dest DIR --shim-dir DIR [--cache PATH] [--extra-dir DIR]... [--force] [--verify]`;
+//! * `scan [SOURCE] [--json]`: the host driver found;
+//! * `prepare --dest DIR --shim-dir DIR [SOURCE] [--allow-missing-exports] [--keep-previous N] [--force] [--verify]`;
 //! * `layout [--host-driver-dir DIR] [--json]`: the container mounts and env.
 //!
+//! SOURCE is where the driver is looked for: `--host-root DIR` (the host's `/` as this
+//! process sees it, `/host` in the init container), `--driver-root DIR` (a host path:
+//! the GPU Operator's `/run/nvidia/driver`; by default that when it holds a driver,
+//! else `/`), `--cache FILE`, `--extra-dir DIR`..., `--tool-dir DIR`...,
+//! `--proc-version FILE`.
+//!
 //! Errors are one line on stderr and exit status 2 (1 is reserved for "check found
-//! missing exports").
+//! missing exports"); a refused deployment prints one line per missing export and the
+//! fix.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,15 +23,20 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
 use vgpu_ldconfig::check::CheckReport;
-use vgpu_ldconfig::discover::{DiscoverOptions, discover};
+use vgpu_ldconfig::discover::{
+    CacheSource, DiscoverOptions, HostDriver, PROC_DRIVER_VERSION, discover,
+};
 use vgpu_ldconfig::exports::{defined_functions, read_symbol_list, soname};
 use vgpu_ldconfig::layout::LayoutPaths;
-use vgpu_ldconfig::prepare::{PrepareOptions, prepare};
+use vgpu_ldconfig::prepare::{
+    DEFAULT_KEEP_PREVIOUS, PrepareError, PrepareOptions, PrepareOutcome, prepare,
+};
+use vgpu_ldconfig::versions::{CURRENT_LINK, prepared_dir};
 
 #[derive(Parser)]
 #[command(
     name = "vgpu-ldconfig",
-    version,
+    version = vgpu_build_info::VERSION_LINE,
     about = "Host NVIDIA driver discovery, driver folder preparation and the shim export check"
 )]
 struct Cli {
@@ -77,9 +89,16 @@ enum Command {
         shim_dir: PathBuf,
         #[command(flatten)]
         source: Source,
-        /// Replace a folder prepared for another driver version.
+        /// Rebuild a version folder whose manifest is corrupt.
         #[arg(long)]
         force: bool,
+        /// Deploy even when a shim lacks exports of the host driver (programs that look
+        /// a missing name up directly will not find it).
+        #[arg(long)]
+        allow_missing_exports: bool,
+        /// Version folders kept besides the current one (the one in use before first).
+        #[arg(long, default_value_t = DEFAULT_KEEP_PREVIOUS)]
+        keep_previous: usize,
         /// Rehash every file instead of trusting size and modification time.
         #[arg(long)]
         verify: bool,
@@ -101,12 +120,47 @@ enum Command {
 /// Where to look for the driver.
 #[derive(Args)]
 struct Source {
-    /// The loader cache to read.
-    #[arg(long, default_value = "/etc/ld.so.cache")]
-    cache: PathBuf,
-    /// Folders searched before the cache (LD_LIBRARY_PATH folders are added after these).
+    /// The host's `/` as this process sees it (`/host` when the host is mounted there).
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
+    /// The driver's own root, a host path (default: /run/nvidia/driver when it holds a
+    /// driver, else /).
+    #[arg(long)]
+    driver_root: Option<PathBuf>,
+    /// The loader cache to read, a path of this process (default: the driver root's
+    /// /etc/ld.so.cache, when it has one); its entries are paths of the driver root.
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Library folders searched before the cache, host paths (this process's
+    /// LD_LIBRARY_PATH folders follow when the host root is /).
     #[arg(long = "extra-dir")]
     extra_dirs: Vec<PathBuf>,
+    /// Tool folders searched first, host paths.
+    #[arg(long = "tool-dir")]
+    tool_dirs: Vec<PathBuf>,
+    /// The kernel module's version file.
+    #[arg(long, default_value = PROC_DRIVER_VERSION)]
+    proc_version: PathBuf,
+}
+
+impl Source {
+    fn options(&self) -> DiscoverOptions {
+        let mut options = DiscoverOptions::host(&self.host_root);
+        if let Some(root) = &self.driver_root {
+            options.driver_roots = vec![root.clone()];
+        }
+        if let Some(cache) = &self.cache {
+            options.cache = CacheSource::File(cache.clone());
+        }
+        options
+            .extra_dirs
+            .splice(0..0, self.extra_dirs.iter().cloned());
+        options
+            .tool_dirs
+            .splice(0..0, self.tool_dirs.iter().cloned());
+        options.proc_version = Some(self.proc_version.clone());
+        options
+    }
 }
 
 fn main() -> ExitCode {
@@ -114,8 +168,16 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(code) => code,
         Err(error) => {
-            // The library's errors already name their cause, so only the top is printed.
-            eprintln!("vgpu-ldconfig: {error}");
+            // The library's errors already name their cause, so only the top is printed
+            // (a refused deployment: one line per missing export, then the fix).
+            match error.downcast_ref::<PrepareError>() {
+                Some(refused) => {
+                    for line in refused.lines() {
+                        eprintln!("vgpu-ldconfig: {line}");
+                    }
+                }
+                None => eprintln!("vgpu-ldconfig: {error}"),
+            }
             ExitCode::from(2)
         }
     }
@@ -142,33 +204,16 @@ fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Scan { source, json } => {
-            let driver = discover(&DiscoverOptions::host(&source.cache, &source.extra_dirs)?)?;
+            let driver = discover(&source.options())?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&driver)?);
             } else {
-                println!(
-                    "driver version: {}",
-                    driver.version.as_deref().unwrap_or("unknown")
-                );
-                if let Some(source) = driver.version_source {
-                    println!(
-                        "version from: {}",
-                        serde_json::to_value(source)?.as_str().unwrap_or("?")
-                    );
-                }
-                for library in &driver.libraries {
-                    println!(
-                        "library {} => {} ({})",
-                        library.soname,
-                        library.found_at.display(),
-                        library.real_path.display()
-                    );
-                }
-                for (tool, path) in &driver.tools {
-                    println!("tool {tool} => {}", path.display());
-                }
+                print_driver(&driver);
                 for line in &driver.skipped {
                     println!("skipped {line}");
+                }
+                for line in &driver.warnings {
+                    println!("warning: {line}");
                 }
                 if driver.library("libcuda.so.1").is_none() {
                     println!("no libcuda.so.1 found");
@@ -183,39 +228,32 @@ fn run(command: Command) -> Result<ExitCode> {
             force,
             verify,
             json,
+            allow_missing_exports,
+            keep_previous,
         } => {
-            let driver = discover(&DiscoverOptions::host(&source.cache, &source.extra_dirs)?)?;
+            if !json {
+                println!("{}", vgpu_build_info::banner("vgpu-ldconfig"));
+            }
+            let driver = discover(&source.options())?;
+            for line in &driver.warnings {
+                eprintln!("vgpu-ldconfig: warning: {line}");
+            }
+            if !json {
+                print_driver(&driver);
+            }
             let outcome = prepare(&PrepareOptions {
                 dest: dest.clone(),
                 shim_dir,
                 driver,
                 force,
                 verify,
+                allow_missing_exports,
+                keep_previous,
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&outcome)?);
             } else {
-                for report in &outcome.checks {
-                    println!("check: {report}");
-                }
-                for path in &outcome.removed {
-                    println!("removed {path}");
-                }
-                for path in &outcome.changed {
-                    println!("wrote {path}");
-                }
-                let state = if outcome.changed.is_empty() && outcome.removed.is_empty() {
-                    "already up to date"
-                } else {
-                    "prepared"
-                };
-                println!(
-                    "{}: driver {} {state} ({} files, {} links)",
-                    dest.display(),
-                    outcome.manifest.version,
-                    outcome.manifest.files.len(),
-                    outcome.manifest.links.len()
-                );
+                print_outcome(&dest, &outcome);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -227,6 +265,8 @@ fn run(command: Command) -> Result<ExitCode> {
             if let Some(dir) = host_driver_dir {
                 paths.host_driver_dir = dir;
             }
+            // What a container started now mounts: the version `current` names.
+            paths.host_driver_dir = prepared_dir(&paths.host_driver_dir);
             let layout = paths.layout();
             if json {
                 println!("{}", serde_json::to_string_pretty(&layout)?);
@@ -246,6 +286,78 @@ fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// What discovery found, for a person.
+fn print_driver(driver: &HostDriver) {
+    println!(
+        "driver version: {} (driver root {})",
+        driver.version.as_deref().unwrap_or("unknown"),
+        driver.driver_root.display()
+    );
+    if let Some(source) = driver.version_source {
+        println!(
+            "version from: {}",
+            serde_json::to_value(source)
+                .ok()
+                .and_then(|value| value.as_str().map(str::to_string))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(cache) = &driver.cache_file {
+        println!("loader cache: {}", cache.display());
+    }
+    for library in &driver.libraries {
+        println!(
+            "library {} => {} ({})",
+            library.soname,
+            library.found_at.display(),
+            library.real_path.display()
+        );
+    }
+    for (tool, path) in &driver.tools {
+        println!("tool {tool} => {}", path.display());
+    }
+}
+
+/// What `prepare` did, for a person; the last line says where `current` points.
+fn print_outcome(dest: &Path, outcome: &PrepareOutcome) {
+    for report in &outcome.checks {
+        if report.is_complete() {
+            println!("check: {report}");
+        } else {
+            println!(
+                "check: deploying anyway (--allow-missing-exports): {}",
+                report
+            );
+        }
+    }
+    for path in &outcome.removed {
+        println!("removed {path}");
+    }
+    for path in &outcome.changed {
+        println!("wrote {path}");
+    }
+    if let Some(replaced) = &outcome.replaced {
+        println!("replaced driver {replaced} (kept for containers that still use it)");
+    }
+    for version in &outcome.pruned {
+        println!("removed the folder of driver {version}");
+    }
+    let state =
+        if outcome.changed.is_empty() && outcome.removed.is_empty() && outcome.replaced.is_none() {
+            "already up to date"
+        } else {
+            "prepared"
+        };
+    println!(
+        "{} -> {}: driver {} {state} ({} files, {} links)",
+        dest.join(CURRENT_LINK).display(),
+        outcome.version_dir.display(),
+        outcome.manifest.version,
+        outcome.manifest.files.len(),
+        outcome.manifest.links.len()
+    );
 }
 
 fn check(real: Option<&Path>, real_list: Option<&Path>, shim: &Path) -> Result<ExitCode> {

@@ -1,31 +1,37 @@
-//! Assembling the driver folder the shims forward to:
+//! Assembling the driver folder the shims forward to, one folder per driver version
+//! under DEST ([`crate::versions`]: `DEST/current` names the one in use):
 //!
 //! ```text
-//! DEST/lib64/libcuda.so.580.159.04          real file, copied
-//! DEST/lib64/libcuda.so.1 -> libcuda.so.580.159.04
-//! DEST/lib64/libcuda.so   -> libcuda.so.1   (same for NVML and the other libraries)
-//! DEST/bin/nvidia-smi                       real tools, when found
-//! DEST/shim/libcuda_shim.so                 the checked shims
-//! DEST/shim/libnvml_shim.so
-//! DEST/driver.json                          manifest: version, files, sizes, sha256
+//! DEST/580.159.04/lib64/libcuda.so.580.159.04          real file, copied
+//! DEST/580.159.04/lib64/libcuda.so.1 -> libcuda.so.580.159.04
+//! DEST/580.159.04/lib64/libcuda.so   -> libcuda.so.1   (same for NVML and the others)
+//! DEST/580.159.04/bin/nvidia-smi                       real tools, when found
+//! DEST/580.159.04/shim/libcuda_shim.so                 the checked shims
+//! DEST/580.159.04/shim/libnvml_shim.so
+//! DEST/580.159.04/driver.json                          manifest: version, files, sha256
+//! DEST/current -> 580.159.04
 //! ```
 //!
 //! Before anything is written, each shim is checked against the real library it
-//! replaces: a shim that lacks an export of the host driver is refused, since an
-//! application resolving that name would fail with "function not found". The step is
-//! idempotent (unchanged files are not rewritten; a copy whose size and modification
-//! time match the manifest's record is trusted without rehashing unless `verify`) and refuses to replace a folder
-//! prepared for another driver version unless forced. Files are written to a temporary
-//! name and renamed into place, so a container never sees a half-copied library.
+//! replaces: a shim that lacks an export of the host driver is refused (an application
+//! resolving that name would fail with "function not found"), unless the caller allows
+//! it. The step is idempotent (unchanged files are not rewritten; a copy whose size and
+//! modification time match the manifest's record is trusted without rehashing unless
+//! `verify`). Another driver version gets a folder of its own and `current` is switched
+//! once that folder is complete, so a host driver upgrade replaces the prepared driver
+//! at the next start while containers keep the folder they mounted; the previous
+//! version is kept, older ones are removed. Files are written to a temporary name and
+//! renamed into place, so a container never sees a half-copied library.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::check::CheckReport;
-use crate::discover::HostDriver;
+use crate::discover::{HostDriver, is_version};
 use crate::exports::{ExportError, defined_functions};
 use crate::sha256::file_digest_hex;
+use crate::versions;
 
 /// Subfolder of the real libraries.
 pub const LIB_SUBDIR: &str = "lib64";
@@ -82,18 +88,8 @@ pub enum PrepareError {
         looked_for: String,
     },
     /// A shim lacks exports of the real library.
-    #[error("{}", shim_lacks_message(.0))]
+    #[error("{}", shim_lacks_summary(.0))]
     ShimLacksExports(Vec<CheckReport>),
-    /// The folder holds another driver version.
-    #[error("{dest} was prepared for driver {existing}, not {wanted}; pass --force to replace it")]
-    DifferentVersion {
-        /// The folder.
-        dest: PathBuf,
-        /// Version in its manifest.
-        existing: String,
-        /// Version discovered now.
-        wanted: String,
-    },
     /// The existing manifest is unreadable.
     #[error("existing manifest {path} is corrupt ({reason}); pass --force to replace it")]
     BadManifest {
@@ -117,12 +113,43 @@ pub enum PrepareError {
     },
 }
 
-fn shim_lacks_message(reports: &[CheckReport]) -> String {
+fn shim_lacks_summary(reports: &[CheckReport]) -> String {
     let lines: Vec<String> = reports
         .iter()
-        .map(|report| format!("shim {report}"))
+        .map(|report| {
+            format!(
+                "{} lacks {} of the {} exports of {}",
+                report.shim,
+                report.missing.len(),
+                report.real_count,
+                report.real
+            )
+        })
         .collect();
     format!("refusing to deploy: {}", lines.join("; "))
+}
+
+/// What an operator does about shims that lack exports of the host driver.
+pub const MISSING_EXPORTS_FIX: &str = "fix: use a vgpu-shim image built for this driver (add its export lists with `symbols/add-driver.sh LIBCUDA LIBNVML` and rebuild), or pass --allow-missing-exports to deploy anyway (programs that look a missing name up directly will not find it)";
+
+impl PrepareError {
+    /// The error as lines for an operator: one line for most errors; for shims that
+    /// lack exports the summary, one line per missing name, and the fix.
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            PrepareError::ShimLacksExports(reports) => {
+                let mut lines = vec![self.to_string()];
+                for report in reports {
+                    for name in &report.missing {
+                        lines.push(format!("missing in {}: {name}", report.shim));
+                    }
+                }
+                lines.push(MISSING_EXPORTS_FIX.to_string());
+                lines
+            }
+            other => vec![other.to_string()],
+        }
+    }
 }
 
 /// What to prepare.
@@ -134,8 +161,13 @@ pub struct PrepareOptions {
     pub shim_dir: PathBuf,
     /// What discovery found.
     pub driver: HostDriver,
-    /// Replace a folder prepared for another driver version (or with a corrupt manifest).
+    /// Rebuild a version folder whose manifest is corrupt.
     pub force: bool,
+    /// Deploy shims that lack exports of the real libraries (the check is still run and
+    /// reported in [`PrepareOutcome::checks`]).
+    pub allow_missing_exports: bool,
+    /// Version folders kept besides the current one (the previous current first).
+    pub keep_previous: usize,
     /// Hash every source and copy even when size and modification time say a copy is
     /// current (the default trusts them, as make and rsync do).
     pub verify: bool,
@@ -206,16 +238,26 @@ impl Manifest {
     }
 }
 
+/// Version folders kept besides the current one unless told otherwise.
+pub const DEFAULT_KEEP_PREVIOUS: usize = 1;
+
 /// What `prepare` did.
 #[derive(Debug, Clone, Serialize)]
 pub struct PrepareOutcome {
-    /// The manifest now in the folder.
+    /// The manifest now in the version folder.
     pub manifest: Manifest,
-    /// Paths (relative) written or re-linked this run; empty when nothing changed.
+    /// The version folder (`DEST/<version>`), which `DEST/current` now names.
+    pub version_dir: PathBuf,
+    /// The version `DEST/current` named before, when it was another one.
+    pub replaced: Option<String>,
+    /// Version folders removed this run.
+    pub pruned: Vec<String>,
+    /// Paths (relative to the version folder) written or re-linked this run; empty when
+    /// nothing changed.
     pub changed: Vec<String>,
-    /// Paths (relative) of a previous deployment removed this run.
+    /// Paths (relative) of an earlier preparation of this version removed this run.
     pub removed: Vec<String>,
-    /// The export checks that passed.
+    /// The export checks (all complete, unless missing exports were allowed).
     pub checks: Vec<CheckReport>,
 }
 
@@ -262,26 +304,20 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
         .filter(|report| !report.is_complete())
         .cloned()
         .collect();
-    if !failed.is_empty() {
+    if !failed.is_empty() && !options.allow_missing_exports {
         return Err(PrepareError::ShimLacksExports(failed));
     }
+    if !is_version(&version) {
+        return Err(PrepareError::NoVersion);
+    }
 
-    let dest = &options.dest;
+    let base = &options.dest;
+    let dest = &base.join(&version);
     let previous = match Manifest::read(dest) {
         Ok(previous) => previous,
         Err(PrepareError::BadManifest { .. }) if options.force => None,
         Err(error) => return Err(error),
     };
-    if let Some(previous) = &previous
-        && previous.version != version
-        && !options.force
-    {
-        return Err(PrepareError::DifferentVersion {
-            dest: dest.clone(),
-            existing: previous.version.clone(),
-            wanted: version,
-        });
-    }
 
     // Plan: (relative destination, source) for files; (relative link, target) for links.
     let mut file_plan: Vec<(String, PathBuf)> = Vec::new();
@@ -418,8 +454,17 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
         write_atomically(&dest.join(MANIFEST_FILE), format!("{text}\n").as_bytes())?;
         changed.push(MANIFEST_FILE.to_string());
     }
+    // The version folder is complete: switch to it, then drop what is no longer needed.
+    let before = versions::switch_current(base, &manifest.version)
+        .map_err(|error| io("cannot switch", &base.join(versions::CURRENT_LINK), error))?;
+    let replaced = before.filter(|before| *before != manifest.version);
+    let pruned = versions::prune(base, replaced.as_deref(), options.keep_previous)
+        .map_err(|error| io("cannot remove an old version in", base, error))?;
     Ok(PrepareOutcome {
         manifest,
+        version_dir: dest.clone(),
+        replaced,
+        pruned,
         changed,
         removed,
         checks,

@@ -4,18 +4,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::{DEBIAN_VERSION, build_shim, symbol_list, symbols_file, unpack_debian_driver};
+use common::{
+    DEBIAN_VERSION, build_shim, symbol_list, symbols_file, unpack_debian_driver, vgpu_ldconfig,
+};
 use vgpu_ldconfig::cache::build::{X86_64_LIBC6, new_format};
-
-fn vgpu_ldconfig(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vgpu-ldconfig"))
-        .args(args)
-        .env_remove("LD_LIBRARY_PATH")
-        .output()
-        .unwrap()
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8(bytes.to_vec()).unwrap()
@@ -158,10 +151,37 @@ fn scan_prepare_and_layout_from_the_command_line() {
     let refused = vgpu_ldconfig(&prepare_args);
     assert_eq!(refused.status.code(), Some(2));
     let stderr = text(&refused.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    let nvml_count = symbol_list(&format!("libnvidia-ml.so.{DEBIAN_VERSION}.txt")).len();
+    // The summary, one line per missing name, the fix; every line prefixed.
+    assert_eq!(lines.len(), 1 + (nvml_count - 1) + 1, "{stderr}");
+    assert!(lines.iter().all(|line| line.starts_with("vgpu-ldconfig: ")));
+    assert!(lines[0].contains("refusing to deploy"), "{stderr}");
     assert!(
-        stderr.contains("refusing to deploy") && stderr.contains("nvmlDeviceGetMemoryInfo"),
+        lines.contains(
+            &format!(
+                "vgpu-ldconfig: missing in {}: nvmlDeviceGetMemoryInfo",
+                shims.join("libnvml_shim.so").display()
+            )
+            .as_str()
+        ),
         "{stderr}"
     );
+    assert!(lines[lines.len() - 1].contains("--allow-missing-exports"));
+    assert!(!dest.exists(), "nothing written when refused");
+    // Going on anyway is one explicit option.
+    let anyway_dest = work.path().join("anyway");
+    let mut anyway_args = prepare_args.to_vec();
+    anyway_args[2] = path(&anyway_dest);
+    anyway_args.push("--allow-missing-exports");
+    let anyway = vgpu_ldconfig(&anyway_args);
+    assert!(anyway.status.success(), "{}", text(&anyway.stderr));
+    assert!(
+        text(&anyway.stdout).contains("deploying anyway (--allow-missing-exports)"),
+        "{}",
+        text(&anyway.stdout)
+    );
+    assert!(anyway_dest.join("current/shim/libnvml_shim.so").is_file());
 
     let nvml_names = symbol_list(&format!("libnvidia-ml.so.{DEBIAN_VERSION}.txt"));
     build_shim(
@@ -170,8 +190,16 @@ fn scan_prepare_and_layout_from_the_command_line() {
     );
     let done = vgpu_ldconfig(&prepare_args);
     assert!(done.status.success(), "{}", text(&done.stderr));
-    assert!(text(&done.stdout).contains("prepared"));
-    assert!(dest.join("lib64/libnvidia-ml.so.1").exists());
+    let stdout = text(&done.stdout);
+    assert!(
+        stdout.starts_with(&format!(
+            "vgpu-ldconfig {} (commit ",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "the version is the first line: {stdout}"
+    );
+    assert!(stdout.contains("prepared"));
+    assert!(dest.join("current/lib64/libnvidia-ml.so.1").exists());
     let again = vgpu_ldconfig(&prepare_args);
     assert!(
         text(&again.stdout).contains("already up to date"),
@@ -186,7 +214,10 @@ fn scan_prepare_and_layout_from_the_command_line() {
         layout["env"]["VGPU_DRIVER_DIR"],
         "/usr/local/vgpu/driver/lib64"
     );
-    assert_eq!(layout["mounts"][0]["host_path"], path(&dest));
+    // What a container started now mounts: the version folder `current` names.
+    let version_dir = vgpu_ldconfig::prepared_dir(&dest);
+    assert_ne!(version_dir, dest);
+    assert_eq!(layout["mounts"][0]["host_path"], path(&version_dir));
     let plain = text(&vgpu_ldconfig(&["layout"]).stdout);
     assert!(
         plain.contains(
@@ -207,4 +238,16 @@ fn exports_prints_the_symbols_list_format() {
     assert_eq!(text(&output.stdout), checked_in);
     let output = vgpu_ldconfig(&["exports", "--soname", path(&cuda)]);
     assert_eq!(text(&output.stdout), "libcuda.so.1\n");
+}
+
+#[test]
+fn version_names_the_workspace_version_and_the_commit() {
+    let output = vgpu_ldconfig(&["--version"]);
+    assert!(output.status.success());
+    let line = text(&output.stdout);
+    assert_eq!(
+        line.trim(),
+        format!("vgpu-ldconfig {}", vgpu_build_info::VERSION_LINE)
+    );
+    assert!(line.contains(&format!("(commit {})", vgpu_build_info::COMMIT)));
 }

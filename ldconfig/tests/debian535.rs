@@ -1,15 +1,15 @@
 //! Against the real Debian 535 driver: the export reader reproduces the checked-in lists,
 //! and `prepare` builds the driver folder from a hand-built loader cache, refusing a shim
-//! that lacks exports.
+//! that lacks exports, and gives another driver version a folder of its own.
 
 mod common;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use common::{DEBIAN_VERSION, build_shim, symbol_list, unpack_debian_driver};
+use common::{DEBIAN_VERSION, build_shim, sha256sum, symbol_list, unpack_debian_driver};
 use vgpu_ldconfig::cache::build::{X86_64_LIBC6, new_format};
-use vgpu_ldconfig::discover::{DiscoverOptions, VersionSource, discover};
+use vgpu_ldconfig::discover::{CacheSource, DiscoverOptions, VersionSource, discover};
 use vgpu_ldconfig::exports::{defined_functions, soname};
 use vgpu_ldconfig::prepare::{Manifest, PrepareError, PrepareOptions, prepare};
 use vgpu_ldconfig::{loader_paths, parse_cache, read_cache};
@@ -54,23 +54,10 @@ fn write_cache(dir: &Path, lib_dir: &Path) -> PathBuf {
 
 fn options_for(cache: &Path, tool_dir: &Path) -> DiscoverOptions {
     DiscoverOptions {
-        cache: read_cache(cache).unwrap(),
+        cache: CacheSource::Entries(read_cache(cache).unwrap()),
         tool_dirs: vec![tool_dir.to_path_buf()],
         ..DiscoverOptions::default()
     }
-}
-
-fn sha256sum(path: &Path) -> String {
-    let output = std::process::Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .unwrap();
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
 }
 
 #[test]
@@ -94,15 +81,18 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
 
     let cuda_names = symbol_list(&format!("libcuda.so.{DEBIAN_VERSION}.txt"));
     let nvml_names = symbol_list(&format!("libnvidia-ml.so.{DEBIAN_VERSION}.txt"));
-    let dest = work.path().join("driver");
+    let base = work.path().join("driver");
+    let dest = base.join(DEBIAN_VERSION);
     let shims = work.path().join("shims");
     std::fs::create_dir(&shims).unwrap();
     let options = |driver| PrepareOptions {
-        dest: dest.clone(),
+        dest: base.clone(),
         shim_dir: shims.clone(),
         driver,
         force: false,
         verify: false,
+        allow_missing_exports: false,
+        keep_previous: 1,
     };
 
     // 1. No shims at all.
@@ -131,15 +121,44 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
             .any(|name| name == "cuMemAlloc_v2")
     );
     assert!(!reports[0].missing.iter().any(|name| name == "cuInit"));
-    let message = error.to_string();
+    // For an operator: the summary, one line per missing name, the fix.
+    let lines = error.lines();
+    assert!(lines[0].starts_with("refusing to deploy: "), "{lines:?}");
     assert!(
-        message.contains("cuMemAlloc_v2") && message.contains("cuArray3DCreate"),
-        "{message}"
+        lines[0].contains("lacks 617 of the 620 exports"),
+        "{lines:?}"
     );
+    assert_eq!(lines.len(), 1 + 617 + 1);
+    for name in ["cuMemAlloc_v2", "cuArray3DCreate"] {
+        assert!(
+            lines
+                .iter()
+                .any(|line| line.ends_with(&format!(": {name}"))),
+            "{name} has no line"
+        );
+    }
+    assert!(lines.last().unwrap().contains("--allow-missing-exports"));
     assert!(
-        !dest.exists(),
+        !base.exists(),
         "nothing may be written when the check fails"
     );
+    // Unless told to go on anyway: the check is still reported.
+    let anyway_base = work.path().join("anyway");
+    let anyway = prepare(&PrepareOptions {
+        dest: anyway_base.clone(),
+        allow_missing_exports: true,
+        ..options(driver.clone())
+    })
+    .unwrap();
+    assert_eq!(
+        anyway
+            .checks
+            .iter()
+            .filter(|report| !report.is_complete())
+            .count(),
+        1
+    );
+    assert!(anyway_base.join("current/shim/libcuda_shim.so").is_file());
 
     // 3. A shim with every name (plus an extra) passes, and the folder is laid out.
     build_shim(
@@ -152,6 +171,13 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
     let outcome = prepare(&options(driver.clone())).unwrap();
     assert!(outcome.checks.iter().all(|report| report.is_complete()));
     assert_eq!(outcome.checks.len(), 2);
+    assert_eq!(outcome.version_dir, dest);
+    assert_eq!(outcome.replaced, None);
+    assert_eq!(
+        std::fs::read_link(base.join("current")).unwrap(),
+        Path::new(DEBIAN_VERSION)
+    );
+    assert_eq!(vgpu_ldconfig::prepared_dir(&base), dest);
     let lib64 = dest.join("lib64");
     let cuda_file = format!("libcuda.so.{DEBIAN_VERSION}");
     let nvml_file = format!("libnvidia-ml.so.{DEBIAN_VERSION}");
@@ -272,7 +298,8 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
         sha256sum(&driver_files.lib_dir.join(&nvml_file))
     );
 
-    // 5. Another driver version is refused unless forced; forcing removes the old files.
+    // 5. Another driver version gets a folder of its own; `current` switches to it and
+    // the first is kept for the containers that mounted it.
     let other = work.path().join("other");
     std::fs::create_dir(&other).unwrap();
     std::fs::copy(
@@ -293,27 +320,42 @@ fn prepare_builds_the_driver_folder_and_guards_exports() {
     })
     .unwrap();
     assert_eq!(other_driver.version.as_deref(), Some("999.1.2"));
-    let error = prepare(&options(other_driver.clone())).unwrap_err();
-    assert!(
-        matches!(&error, PrepareError::DifferentVersion { existing, wanted, .. } if existing == DEBIAN_VERSION && wanted == "999.1.2"),
-        "{error}"
+    let upgraded = prepare(&options(other_driver)).unwrap();
+    assert_eq!(upgraded.manifest.version, "999.1.2");
+    assert_eq!(upgraded.replaced.as_deref(), Some(DEBIAN_VERSION));
+    assert!(upgraded.pruned.is_empty());
+    assert_eq!(upgraded.version_dir, base.join("999.1.2"));
+    assert_eq!(
+        std::fs::read_link(base.join("999.1.2/lib64/libcuda.so.1")).unwrap(),
+        Path::new("libcuda.so.999.1.2")
     );
+    assert_eq!(
+        std::fs::read_link(base.join("current")).unwrap(),
+        Path::new("999.1.2")
+    );
+    // The old folder is untouched: a container that mounted it still has every file.
+    assert!(lib64.join(&cuda_file).is_file());
+    assert!(dest.join("bin/nvidia-smi").is_file());
+    assert_eq!(
+        sha256sum(&lib64.join(&cuda_file)),
+        sha256sum(&driver_files.lib_dir.join(&cuda_file))
+    );
+
+    // 6. A corrupt manifest of a version folder is refused unless forced.
+    std::fs::write(base.join("999.1.2/driver.json"), b"{ not json").unwrap();
+    let again = discover(&DiscoverOptions {
+        extra_dirs: vec![other.clone()],
+        ..DiscoverOptions::default()
+    })
+    .unwrap();
+    let error = prepare(&options(again.clone())).unwrap_err();
+    assert!(matches!(error, PrepareError::BadManifest { .. }), "{error}");
     assert!(error.to_string().contains("--force"));
     let forced = prepare(&PrepareOptions {
         force: true,
-        ..options(other_driver)
+        ..options(again)
     })
     .unwrap();
     assert_eq!(forced.manifest.version, "999.1.2");
-    assert!(
-        forced.removed.contains(&format!("lib64/{cuda_file}")),
-        "{:?}",
-        forced.removed
-    );
-    assert!(forced.removed.contains(&"bin/nvidia-smi".to_string()));
-    assert!(!lib64.join(&cuda_file).exists());
-    assert_eq!(
-        std::fs::read_link(lib64.join("libcuda.so.1")).unwrap(),
-        Path::new("libcuda.so.999.1.2")
-    );
+    assert!(Manifest::read(&base.join("999.1.2")).unwrap().is_some());
 }

@@ -28,7 +28,12 @@
 //! pod_annotations: true                   # read tencent.com/vcuda-core-limit at PreStart
 //! node_name: null                         # this node (default: env NODE_NAME); pods elsewhere are ignored
 //! api_server_url: null                    # plain HTTP, no credentials: tests only (default: in-cluster)
+//! check_foreign_plugins: true             # refuse to start beside another plugin of our resources
+//! config_watch_interval_ms: 2000          # how often the config file is checked for changes
 //! ```
+//!
+//! A change of the config file makes the running plugin exit cleanly, so kubelet
+//! restarts it with the new config ([`crate::reload`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -117,6 +122,10 @@ pub struct PluginConfig {
     pub api_server_url: Option<String>,
     /// Root under which host device nodes are looked up (tests point it elsewhere).
     pub dev_root: PathBuf,
+    /// Refuse to start when another device plugin serves our resource names on the node.
+    pub check_foreign_plugins: bool,
+    /// How often the config file is read again to notice a change.
+    pub config_watch_interval_ms: u64,
 }
 
 impl Default for PluginConfig {
@@ -149,6 +158,8 @@ impl Default for PluginConfig {
             node_name: None,
             api_server_url: None,
             dev_root: PathBuf::from("/dev"),
+            check_foreign_plugins: true,
+            config_watch_interval_ms: 2000,
         }
     }
 }
@@ -208,6 +219,7 @@ impl PluginConfig {
             ("gc_interval_secs", self.gc_interval_secs),
             ("health_interval_secs", self.health_interval_secs),
             ("kubelet_watch_interval_ms", self.kubelet_watch_interval_ms),
+            ("config_watch_interval_ms", self.config_watch_interval_ms),
         ] {
             if value == 0 {
                 return Err(format!("{key}: must be more than 0"));

@@ -1,8 +1,11 @@
-//! The daemon's life: discover cards, load the state, serve one socket per resource in
-//! the device-plugin folder and Register each (serving before registering), watch that
-//! folder (kubelet deletes plugin sockets when it restarts: the socket is re-created and
-//! registered again; a new kubelet.sock also triggers re-registration), probe health,
-//! collect garbage, serve metrics, and on stop remove the sockets.
+//! The daemon's life: discover cards, refuse to start beside another plugin serving
+//! our resource names ([`crate::coexist`]), load the state, serve one socket per
+//! resource in the device-plugin folder and Register each (serving before
+//! registering), watch that folder (kubelet deletes plugin sockets when it restarts:
+//! the socket is re-created and registered again; a new kubelet.sock also triggers
+//! re-registration), probe health, collect garbage, follow every usage region once a
+//! second (host PIDs, running totals), serve metrics and `/healthz`, and on stop
+//! remove the sockets.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
@@ -17,19 +20,25 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::allocator::{Allocator, HolderIndex};
+use crate::coexist;
 use crate::config::PluginConfig;
 use crate::container;
 use crate::devices::DeviceSource;
+use crate::health::ServingStatus;
 use crate::ids::Kind;
 use crate::kubelet;
 use crate::metrics;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 use crate::service::{ResourceService, Shared, now_unix};
 use crate::state::PluginState;
+use crate::usage::UsageTotals;
+use vgpu_common::snapshot::RegionSnapshot;
 
 /// A running plugin.
 pub struct PluginHandle {
     shared: Arc<Shared>,
+    usage: Arc<UsageTotals>,
+    status: Arc<ServingStatus>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     health_stop: Arc<AtomicBool>,
@@ -42,6 +51,16 @@ impl PluginHandle {
     /// The shared book (tests and metrics read it).
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// The running totals of the containers' counters.
+    pub fn usage(&self) -> &Arc<UsageTotals> {
+        &self.usage
+    }
+
+    /// What `/healthz` answers.
+    pub fn serving_status(&self) -> &Arc<ServingStatus> {
+        &self.status
     }
 
     /// Where metrics are served, once bound (port 0 in the config picks a free one).
@@ -71,6 +90,9 @@ impl PluginHandle {
         }
         for socket in &self.sockets {
             let _ = std::fs::remove_file(socket);
+        }
+        if let Err(err) = self.usage.save(true) {
+            tracing::warn!(error = %err, "cannot keep the usage totals");
         }
         tracing::info!("stopped");
     }
@@ -131,6 +153,7 @@ async fn stop_server(server: RunningServer) {
 async fn supervise(
     shared: Arc<Shared>,
     resources: Vec<(Kind, String, PathBuf)>,
+    status: Arc<ServingStatus>,
     mut stop: watch::Receiver<bool>,
 ) {
     let config = shared.config.clone();
@@ -180,6 +203,19 @@ async fn supervise(
                 }
             }
         }
+        let states: Vec<(bool, bool)> = servers
+            .iter()
+            .zip(&registered)
+            .map(|(server, registered)| {
+                (
+                    server
+                        .as_ref()
+                        .is_some_and(|server| !server.task.is_finished()),
+                    *registered,
+                )
+            })
+            .collect();
+        status.record_pass(&states);
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
             _ = stop.wait_for(|stopped| *stopped) => break,
@@ -227,34 +263,48 @@ async fn garbage_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Every second, fills in the host PIDs of container processes in every usage region
-/// (their slots know only the PID inside the container's PID namespace), so that NVML
-/// inside the container, which reports host PIDs, can list the container's processes.
-async fn host_pid_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+/// Every second, reads every usage region (a private copy each): fills in the host
+/// PIDs of container processes (their slots know only the PID inside the container's
+/// PID namespace), so that NVML inside the container, which reports host PIDs, can list
+/// the container's processes; and folds the processes' counters into the running
+/// totals, so a process that exits between two scrapes still counts.
+async fn region_loop(
+    shared: Arc<Shared>,
+    usage: Arc<UsageTotals>,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = stop.wait_for(|stopped| *stopped) => return,
         }
-        let dirs: Vec<std::path::PathBuf> = {
-            let allocator = shared.allocator();
-            allocator
-                .state()
-                .allocations
-                .keys()
-                .map(|id| container::allocation_dir(&shared.config, id))
-                .collect()
-        };
-        let proc_root = shared.config.host_proc.clone();
-        // A private copy of each region, host PIDs written back with pwrite: a tenant
-        // truncating or replacing its region cannot fault or stall this loop.
+        // Copied under the lock; the files are read after it is released.
+        let allocations: Vec<(String, usize)> = shared
+            .allocator()
+            .state()
+            .allocations
+            .values()
+            .map(|record| (record.id.clone(), record.cards.len()))
+            .collect();
+        let config = shared.config.clone();
+        let usage = usage.clone();
         let filled = tokio::task::spawn_blocking(move || {
-            dirs.iter()
-                .filter_map(|dir| {
-                    vgpu_common::snapshot::RegionSnapshot::read(&dir.join("usage.region")).ok()
-                })
-                .map(|region| region.fill_host_pids(&proc_root))
-                .sum::<usize>()
+            let mut filled = 0;
+            for (id, devices) in &allocations {
+                let path = container::allocation_dir(&config, id).join("usage.region");
+                let Ok(snapshot) = RegionSnapshot::read(&path) else {
+                    continue;
+                };
+                let processes = snapshot.processes();
+                filled += snapshot.fill_host_pids(&config.host_proc);
+                usage.observe(id, &processes, *devices);
+            }
+            let known: Vec<String> = allocations.into_iter().map(|(id, _)| id).collect();
+            usage.retain(&known);
+            if let Err(err) = usage.save(false) {
+                tracing::warn!(error = %err, "cannot keep the usage totals");
+            }
+            filled
         })
         .await
         .unwrap_or(0);
@@ -315,6 +365,13 @@ pub async fn start(
         std::fs::create_dir_all(dir)
             .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
     }
+    if config.check_foreign_plugins {
+        let foreign = coexist::foreign_plugins(&config).await;
+        if !foreign.is_empty() {
+            let lines: Vec<String> = foreign.iter().map(coexist::Foreign::refusal).collect();
+            anyhow::bail!("{}", lines.join("; "));
+        }
+    }
     let state = PluginState::load(&config.state_file())?;
     tracing::info!(
         cards = cards.len(),
@@ -344,6 +401,12 @@ pub async fn start(
         ),
     ];
     let sockets: Vec<PathBuf> = resources.iter().map(|(_, _, path)| path.clone()).collect();
+    let names: Vec<String> = resources.iter().map(|(_, name, _)| name.clone()).collect();
+    let status = Arc::new(ServingStatus::new(
+        &names,
+        Duration::from_millis(config.kubelet_watch_interval_ms),
+    ));
+    let usage = Arc::new(UsageTotals::load(&config.state_dir));
     let mut tasks = Vec::new();
     let metrics_address = match config.metrics_address {
         Some(address) => {
@@ -351,10 +414,15 @@ pub async fn start(
                 .await
                 .map_err(|err| anyhow::anyhow!("cannot serve metrics on {address}: {err}"))?;
             let bound = listener.local_addr()?;
-            tracing::info!(address = %bound, "serving metrics at /metrics");
+            tracing::info!(address = %bound, "serving /metrics and /healthz");
+            let sources = metrics::Sources {
+                shared: shared.clone(),
+                usage: usage.clone(),
+                status: status.clone(),
+            };
             tasks.push(tokio::spawn(metrics::serve(
                 listener,
-                shared.clone(),
+                sources,
                 stop_receiver.clone(),
             )));
             Some(bound)
@@ -366,14 +434,16 @@ pub async fn start(
     tasks.push(tokio::spawn(supervise(
         shared.clone(),
         resources,
+        status.clone(),
         stop_receiver.clone(),
     )));
     tasks.push(tokio::spawn(garbage_loop(
         shared.clone(),
         stop_receiver.clone(),
     )));
-    tasks.push(tokio::spawn(host_pid_loop(
+    tasks.push(tokio::spawn(region_loop(
         shared.clone(),
+        usage.clone(),
         stop_receiver.clone(),
     )));
     let health_stop = Arc::new(AtomicBool::new(false));
@@ -393,6 +463,8 @@ pub async fn start(
     }
     Ok(PluginHandle {
         shared,
+        usage,
+        status,
         stop,
         tasks,
         health_stop,

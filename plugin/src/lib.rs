@@ -17,22 +17,30 @@
 //! * [`kubelet`]: unix-socket gRPC clients (Registration, PodResources);
 //! * [`service`]: the DevicePlugin gRPC service of one resource;
 //! * [`daemon`]: sockets, registration, re-registration, GC, shutdown;
-//! * [`metrics`]: Prometheus metrics over plain HTTP.
+//! * [`coexist`]: refusing to start beside another plugin serving our resource names;
+//! * [`usage`]: running totals of each container's counters, monotonic across exits;
+//! * [`health`]: what `/healthz` answers;
+//! * [`reload`]: noticing a changed config file (the plugin then exits to be restarted);
+//! * [`metrics`]: Prometheus metrics and `/healthz` over plain HTTP.
 
 pub mod allocator;
 pub mod annotations;
 pub mod cdi;
+pub mod coexist;
 pub mod config;
 pub mod container;
 pub mod daemon;
 pub mod devices;
+pub mod health;
 pub mod ids;
 pub mod kubelet;
 pub mod layout;
 pub mod metrics;
 pub mod proto;
+pub mod reload;
 pub mod service;
 pub mod state;
+pub mod usage;
 
 pub use config::PluginConfig;
 pub use daemon::{PluginHandle, start};

@@ -1,16 +1,20 @@
-//! The `vgpu-plugin` daemon: loads the plugin config, opens NVML, runs the device
-//! plugin until SIGTERM or SIGINT, then removes its sockets.
+//! The `vgpu-plugin` daemon: logs its version, loads the plugin config, opens NVML,
+//! runs the device plugin until SIGTERM or SIGINT or until its config file changes (a
+//! ConfigMap update: it then exits cleanly and kubelet restarts it with the new one),
+//! then removes its sockets.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
-use vgpu_plugin::PluginConfig;
 use vgpu_plugin::devices::NvmlSource;
+use vgpu_plugin::reload::{Change, ConfigWatch};
 
 #[derive(Parser)]
 #[command(
     name = "vgpu-plugin",
+    version = vgpu_build_info::VERSION_LINE,
     about = "Kubernetes device plugin for tencent.com/vcuda-core and tencent.com/vcuda-memory"
 )]
 struct Args {
@@ -19,22 +23,38 @@ struct Args {
     config: PathBuf,
 }
 
-fn load_config(path: &std::path::Path) -> anyhow::Result<PluginConfig> {
-    if !path.exists() && path == std::path::Path::new(vgpu_plugin::config::DEFAULT_CONFIG_PATH) {
-        tracing::info!(path = %path.display(), "no config file; using defaults");
-        return Ok(PluginConfig::default());
+/// Returns once the config file holds another valid config.
+async fn config_changed(mut watch: ConfigWatch, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        match watch.poll() {
+            Change::None => {}
+            Change::Valid(_) => return,
+            Change::Invalid(reason) => {
+                tracing::error!("{reason}; keeping the config in effect until the file is fixed")
+            }
+        }
     }
-    PluginConfig::load(path)
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let config = load_config(&args.config)?;
+    tracing::info!("{}", vgpu_build_info::banner("vgpu-plugin"));
+    let default_path = args.config == Path::new(vgpu_plugin::config::DEFAULT_CONFIG_PATH);
+    let (config, watch) = ConfigWatch::load(&args.config, default_path)?;
+    if default_path && !args.config.exists() {
+        tracing::info!(path = %args.config.display(), "no config file; using defaults");
+    }
+    let every = Duration::from_millis(config.config_watch_interval_ms);
     let source = Arc::new(NvmlSource::open(&config.nvml_library)?);
     let plugin = vgpu_plugin::start(config, source).await?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        _ = config_changed(watch, every) => tracing::info!(
+            config = %args.config.display(),
+            "the config file changed: stopping, so that kubelet restarts the plugin with the new config"
+        ),
     }
     plugin.stop().await;
     Ok(())

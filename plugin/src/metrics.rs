@@ -1,11 +1,26 @@
-//! Prometheus metrics over plain HTTP (`GET /metrics`, hyper's HTTP/1 server): per card
-//! (memory, allocated cores and memory, health) and per container (limits, memory used,
-//! processes, kernel launches and GPU busy time read from its usage region), plus the
-//! plugin's own counters. The registry is rebuilt on every scrape from the live state.
+//! Prometheus metrics and the health probe over plain HTTP (hyper's HTTP/1 server):
+//! `GET /metrics` and `GET /healthz` ([`crate::health`]).
+//!
+//! Series, named to join the dashboards operators have (dcgm-exporter's label names):
+//! * per card, labels `UUID`, `gpu` (host index): `vgpu_card_memory_bytes`,
+//!   `vgpu_card_healthy`, `vgpu_card_allocated_cores`, `vgpu_card_allocated_memory_bytes`,
+//!   `vgpu_card_used_memory_bytes`;
+//! * per container and card, labels `namespace`, `pod`, `container`, `UUID`:
+//!   `vgpu_container_memory_limit_bytes`, `vgpu_container_core_limit` (percent of the
+//!   card), `vgpu_container_memory_used_bytes`, `vgpu_container_processes`, and the
+//!   counters `vgpu_container_kernel_launches_total` and
+//!   `vgpu_container_gpu_busy_seconds_total`, running totals that never drop when a
+//!   process exits ([`crate::usage`]);
+//! * `vgpu_build_info{version, commit}` (always 1) and `vgpu_plugin_events_total{event}`.
+//!
+//! A scrape copies what it needs from the allocator under its lock and releases it
+//! before any file is read; every usage region is read through
+//! [`RegionSnapshot::read`] (a private copy, never a mapping of a tenant's file).
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
@@ -21,8 +36,11 @@ use vgpu_common::Config;
 use vgpu_common::snapshot::RegionSnapshot;
 
 use crate::container;
+use crate::health::ServingStatus;
 use crate::ids::CORES_PER_CARD;
 use crate::service::Shared;
+use crate::state::Owner;
+use crate::usage::UsageTotals;
 
 type Labels = Vec<(String, String)>;
 
@@ -42,9 +60,70 @@ fn clamp(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
+/// One card, as the allocator books it.
+struct CardRow {
+    uuid: String,
+    index: u32,
+    memory_total: u64,
+    healthy: bool,
+    cores: u64,
+    memory: u64,
+}
+
+/// One started container (PreStart named its owner), as the allocator books it.
+struct ContainerRow {
+    id: String,
+    owner: Owner,
+    cards: Vec<String>,
+}
+
+/// What a scrape needs, copied under the allocator's lock: no file is read meanwhile.
+fn copy_book(shared: &Shared) -> (Vec<CardRow>, Vec<ContainerRow>, Vec<String>) {
+    let unit = shared.config.memory_unit.bytes();
+    let allocator = shared.allocator();
+    let allocations = &allocator.state().allocations;
+    let cards = allocator
+        .cards()
+        .iter()
+        .map(|card| {
+            // Device IDs shared by a pod's init container and the container that
+            // reuses them count once.
+            let (cores, memory_units) = allocator.booked_units(&card.uuid);
+            CardRow {
+                uuid: card.uuid.clone(),
+                index: card.index,
+                memory_total: card.memory_total,
+                healthy: allocator.unhealthy_reason(&card.uuid).is_none(),
+                cores,
+                memory: memory_units.saturating_mul(unit),
+            }
+        })
+        .collect();
+    let containers = allocations
+        .values()
+        .filter_map(|record| {
+            Some(ContainerRow {
+                id: record.id.clone(),
+                owner: record.owner.clone()?,
+                cards: record.cards.clone(),
+            })
+        })
+        .collect();
+    let known = allocations.keys().cloned().collect();
+    (cards, containers, known)
+}
+
 /// The text exposition of all metrics.
-pub fn render(shared: &Shared) -> String {
+pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
+    let (cards, containers, known) = copy_book(shared);
+    usage.retain(&known);
+
     let mut registry = Registry::with_prefix("vgpu");
+    let build_info = gauge_family(
+        &mut registry,
+        "build_info",
+        "The plugin's version and commit (always 1)",
+    );
     let card_memory = gauge_family(
         &mut registry,
         "card_memory_bytes",
@@ -74,7 +153,7 @@ pub fn render(shared: &Shared) -> String {
     let core_limit = gauge_family(
         &mut registry,
         "container_core_limit",
-        "Core limit of the container on the card (100: not throttled)",
+        "Core limit of the container on the card, percent of its SMs (100: not throttled)",
     );
     let memory_used = gauge_family(
         &mut registry,
@@ -89,44 +168,39 @@ pub fn render(shared: &Shared) -> String {
     let launches = counter_family(
         &mut registry,
         "container_kernel_launches",
-        "Kernel launches seen by the compute limiter",
+        "Kernel launches the compute limiter saw, all the container's processes so far",
     );
-    let busy = counter_family(
-        &mut registry,
-        "container_gpu_busy_nanoseconds",
-        "GPU busy time measured by the compute limiter",
+    let busy = Family::<Labels, Counter<f64, AtomicU64>>::default();
+    registry.register(
+        "container_gpu_busy_seconds",
+        "GPU busy time the compute limiter measured, all the container's processes so far",
+        busy.clone(),
     );
     let plugin = counter_family(&mut registry, "plugin_events", "Plugin events by kind");
 
-    let allocator = shared.allocator();
-    let unit = shared.config.memory_unit.bytes();
-    let mut used_per_card: std::collections::BTreeMap<String, u64> = Default::default();
-    for record in allocator.state().allocations.values() {
-        let owner = record.owner.as_ref();
-        let dir = container::allocation_dir(&shared.config, &record.id);
+    build_info
+        .get_or_create(&vec![
+            ("version".into(), vgpu_build_info::VERSION.into()),
+            ("commit".into(), vgpu_build_info::COMMIT.into()),
+        ])
+        .set(1);
+
+    let mut used_per_card: BTreeMap<String, u64> = BTreeMap::new();
+    for row in &containers {
+        let dir = container::allocation_dir(&shared.config, &row.id);
         let config = Config::load(&dir.join("vgpu.yaml")).ok();
-        // A private copy: a tenant-written file is never mapped here.
-        let region = RegionSnapshot::read(&dir.join("usage.region")).ok();
-        let live = region
-            .as_ref()
-            .map(|region| region.processes())
-            .unwrap_or_default();
-        for (position, uuid) in record.cards.iter().enumerate() {
+        let snapshot = RegionSnapshot::read(&dir.join("usage.region")).ok();
+        let live = snapshot.as_ref().map(RegionSnapshot::processes);
+        let totals = match &live {
+            Some(live) => usage.observe(&row.id, live, row.cards.len()),
+            None => usage.totals(&row.id),
+        };
+        for (position, uuid) in row.cards.iter().enumerate() {
             let labels: Labels = vec![
-                ("allocation".into(), record.id.clone()),
-                (
-                    "namespace".into(),
-                    owner.map(|o| o.namespace.clone()).unwrap_or_default(),
-                ),
-                (
-                    "pod".into(),
-                    owner.map(|o| o.pod.clone()).unwrap_or_default(),
-                ),
-                (
-                    "container".into(),
-                    owner.map(|o| o.container.clone()).unwrap_or_default(),
-                ),
-                ("card".into(), uuid.clone()),
+                ("namespace".into(), row.owner.namespace.clone()),
+                ("pod".into(), row.owner.pod.clone()),
+                ("container".into(), row.owner.container.clone()),
+                ("UUID".into(), uuid.clone()),
             ];
             let quota = config.as_ref().and_then(|config| {
                 config
@@ -142,47 +216,38 @@ pub fn render(shared: &Shared) -> String {
                     .get_or_create(&labels)
                     .set(i64::from(quota.core_limit.unwrap_or(CORES_PER_CARD)));
             }
-            if let Some(region) = &region {
-                let used = region.device_used(position);
+            if let (Some(snapshot), Some(live)) = (&snapshot, &live) {
+                let used = snapshot.device_used(position);
                 memory_used.get_or_create(&labels).set(clamp(used));
                 *used_per_card.entry(uuid.clone()).or_default() += used;
                 processes.get_or_create(&labels).set(live.len() as i64);
-                let launched: u64 = live
-                    .iter()
-                    .filter_map(|process| process.launches.get(position))
-                    .sum();
-                let busy_ns: u64 = live
-                    .iter()
-                    .filter_map(|process| process.busy_ns.get(position))
-                    .sum();
-                launches.get_or_create(&labels).inc_by(launched);
-                busy.get_or_create(&labels).inc_by(busy_ns);
+            }
+            if let Some(total) = totals.get(position) {
+                launches.get_or_create(&labels).inc_by(total.launches);
+                busy.get_or_create(&labels)
+                    .inc_by(total.busy_ns as f64 / 1e9);
             }
         }
     }
-    for card in allocator.cards() {
+    for card in &cards {
         let labels: Labels = vec![
-            ("card".into(), card.uuid.clone()),
-            ("index".into(), card.index.to_string()),
+            ("UUID".into(), card.uuid.clone()),
+            ("gpu".into(), card.index.to_string()),
         ];
         card_memory
             .get_or_create(&labels)
             .set(clamp(card.memory_total));
         card_healthy
             .get_or_create(&labels)
-            .set(i64::from(allocator.unhealthy_reason(&card.uuid).is_none()));
-        // Device IDs shared by a pod's init container and the container that reuses
-        // them count once.
-        let (cores, memory_units) = allocator.booked_units(&card.uuid);
-        card_cores.get_or_create(&labels).set(clamp(cores));
+            .set(i64::from(card.healthy));
+        card_cores.get_or_create(&labels).set(clamp(card.cores));
         card_allocated_memory
             .get_or_create(&labels)
-            .set(clamp(memory_units.saturating_mul(unit)));
+            .set(clamp(card.memory));
         card_used
             .get_or_create(&labels)
             .set(clamp(used_per_card.get(&card.uuid).copied().unwrap_or(0)));
     }
-    drop(allocator);
     let counters = &shared.counters;
     for (event, value) in [
         ("allocations", &counters.allocations),
@@ -202,40 +267,60 @@ pub fn render(shared: &Shared) -> String {
     text
 }
 
+/// What the metrics server answers from.
+#[derive(Clone)]
+pub struct Sources {
+    pub shared: Arc<Shared>,
+    pub usage: Arc<UsageTotals>,
+    pub status: Arc<ServingStatus>,
+}
+
 async fn answer(
-    shared: Arc<Shared>,
+    sources: Sources,
     request: Request<Incoming>,
 ) -> Result<Response<String>, Infallible> {
-    let response = if request.method() == Method::GET && request.uri().path() == "/metrics" {
-        let body = tokio::task::spawn_blocking(move || render(&shared))
-            .await
-            .unwrap_or_default();
-        Response::builder()
-            .header(
-                "content-type",
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )
-            .body(body)
-    } else {
-        Response::builder()
+    let get = request.method() == Method::GET;
+    let response = match request.uri().path() {
+        "/metrics" if get => {
+            let body = tokio::task::spawn_blocking(move || render(&sources.shared, &sources.usage))
+                .await
+                .unwrap_or_default();
+            Response::builder()
+                .header(
+                    "content-type",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )
+                .body(body)
+        }
+        "/healthz" if get => {
+            let (status, body) = match sources.status.verdict() {
+                Ok(summary) => (StatusCode::OK, summary),
+                Err(reasons) => (StatusCode::SERVICE_UNAVAILABLE, reasons),
+            };
+            Response::builder()
+                .status(status)
+                .header("content-type", "text/plain; charset=utf-8")
+                .body(format!("{body}\n"))
+        }
+        _ => Response::builder()
             .status(StatusCode::NOT_FOUND)
-            .body("only GET /metrics is served\n".to_string())
+            .body("only GET /metrics and GET /healthz are served\n".to_string()),
     };
     Ok(response.unwrap_or_else(|_| Response::new(String::new())))
 }
 
-/// Serves `GET /metrics` until `stop`.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+/// Serves `GET /metrics` and `GET /healthz` until `stop`.
+pub async fn serve(listener: TcpListener, sources: Sources, mut stop: watch::Receiver<bool>) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stopped| *stopped) => return,
         };
         let Ok((stream, _)) = accepted else { continue };
-        let shared = shared.clone();
+        let sources = sources.clone();
         tokio::spawn(async move {
             let service =
-                hyper::service::service_fn(move |request| answer(shared.clone(), request));
+                hyper::service::service_fn(move |request| answer(sources.clone(), request));
             if let Err(err) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await

@@ -132,3 +132,204 @@ fn the_example_pod_is_the_seeds_and_the_readme_points_at_real_files() {
         );
     }
 }
+
+fn daemonset_pod(docs: &[Value]) -> &Value {
+    &of_kind(docs, "DaemonSet")["spec"]["template"]["spec"]
+}
+
+fn strings(value: &Value) -> Vec<&str> {
+    value
+        .as_sequence()
+        .map(|items| items.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_manifests_name_the_versioned_image_that_build_image_makes() {
+    let expected = format!("vgpu-shim/vgpu-plugin:{}", env!("CARGO_PKG_VERSION"));
+    let docs = documents("vgpu-plugin.yaml");
+    let pod = daemonset_pod(&docs);
+    let mut images = Vec::new();
+    for list in ["initContainers", "containers"] {
+        for container in pod[list].as_sequence().expect(list) {
+            images.push(container["image"].as_str().expect("image"));
+        }
+    }
+    assert_eq!(images, [expected.as_str(), expected.as_str()]);
+    assert_eq!(
+        of_kind(&docs, "DaemonSet")["metadata"]["labels"]["app.kubernetes.io/version"].as_str(),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    let folders = [repo().join("deploy"), repo().join("deploy/dra")];
+    for entry in folders
+        .iter()
+        .flat_map(|folder| std::fs::read_dir(folder).expect("deploy").flatten())
+        .filter(|entry| entry.path().is_file())
+    {
+        let text = std::fs::read_to_string(entry.path()).expect("read");
+        assert!(
+            !text.contains(":latest"),
+            "{} names a latest tag",
+            entry.path().display()
+        );
+    }
+    // What deploy/build-image.sh tags (podman adds localhost/ to a name without registry).
+    let output = std::process::Command::new("bash")
+        .arg(repo().join("deploy/build-image.sh"))
+        .arg("--print-ref")
+        .output()
+        .expect("bash");
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        format!("localhost/{expected}")
+    );
+}
+
+#[test]
+fn the_daemonset_grants_only_what_the_plugin_uses() {
+    let docs = documents("vgpu-plugin.yaml");
+    let pod = daemonset_pod(&docs);
+    assert!(
+        !pod["hostNetwork"].as_bool().unwrap_or(false),
+        "metrics are served on the pod IP, not every node address"
+    );
+    // The API token: not automounted, projected into the plugin container only.
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
+    assert_eq!(
+        of_kind(&docs, "ServiceAccount")["automountServiceAccountToken"].as_bool(),
+        Some(false)
+    );
+    let token_path = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let mounts_of = |container: &Value| -> Vec<String> {
+        container["volumeMounts"]
+            .as_sequence()
+            .map(|mounts| {
+                mounts
+                    .iter()
+                    .filter_map(|m| m["mountPath"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let init = &pod["initContainers"][0];
+    let plugin = &pod["containers"][0];
+    assert!(!mounts_of(init).iter().any(|path| path == token_path));
+    assert!(mounts_of(plugin).iter().any(|path| path == token_path));
+    let token = pod["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .find(|volume| volume["name"].as_str() == Some("api-token"))
+        .expect("api-token volume");
+    assert!(token["projected"]["sources"][0]["serviceAccountToken"].is_mapping());
+
+    // RBAC: read pods (the soft-ceiling annotation), nothing else.
+    let rules = of_kind(&docs, "ClusterRole")["rules"]
+        .as_sequence()
+        .expect("rules");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(strings(&rules[0]["resources"]), ["pods"]);
+    assert_eq!(strings(&rules[0]["verbs"]), ["get", "list", "watch"]);
+
+    // The init container runs with no privilege; the namespace admits the plugin's.
+    let init_security = &init["securityContext"];
+    assert_eq!(init_security["privileged"].as_bool(), Some(false));
+    assert_eq!(strings(&init_security["capabilities"]["drop"]), ["ALL"]);
+    assert_eq!(
+        init_security["readOnlyRootFilesystem"].as_bool(),
+        Some(true)
+    );
+    assert!(strings(&init["command"]).contains(&"--host-root=/host"));
+    assert_eq!(
+        plugin["securityContext"]["privileged"].as_bool(),
+        Some(true)
+    );
+    assert_eq!(
+        of_kind(&docs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+            .as_str(),
+        Some("privileged")
+    );
+    // gpu-manager's taint is tolerated.
+    assert!(
+        pod["tolerations"]
+            .as_sequence()
+            .expect("tolerations")
+            .iter()
+            .any(|t| t["key"].as_str() == Some("tencent.com/vcuda-core")
+                && t["operator"].as_str() == Some("Exists"))
+    );
+    for container in [init, plugin] {
+        let resources = &container["resources"];
+        assert!(
+            resources["requests"]["cpu"].is_string()
+                && resources["requests"]["memory"].is_string()
+                && resources["limits"]["memory"].is_string(),
+            "{:?} lacks requests or a memory limit",
+            container["name"]
+        );
+    }
+}
+
+#[test]
+fn probes_service_and_servicemonitor_reach_the_metrics_port() {
+    let docs = documents("vgpu-plugin.yaml");
+    let text = of_kind(&docs, "ConfigMap")["data"]["plugin.yaml"]
+        .as_str()
+        .expect("plugin.yaml");
+    let config = PluginConfig::from_yaml(text, std::path::Path::new("configmap")).expect("config");
+    assert!(
+        config
+            .nvml_library
+            .starts_with(config.host_driver_dir.join("current")),
+        "NVML from the prepared driver in use"
+    );
+    let port = config.metrics_address.expect("metrics on").port();
+    let pod = daemonset_pod(&docs);
+    let plugin = &pod["containers"][0];
+    let named: Vec<(&str, i64)> = plugin["ports"]
+        .as_sequence()
+        .expect("ports")
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().expect("name"),
+                p["containerPort"].as_i64().expect("port"),
+            )
+        })
+        .collect();
+    assert_eq!(named, [("metrics", i64::from(port))]);
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(plugin[probe]["httpGet"]["path"].as_str(), Some("/healthz"));
+        assert_eq!(plugin[probe]["httpGet"]["port"].as_str(), Some("metrics"));
+    }
+    let service = of_kind(&docs, "Service");
+    let pod_labels = &of_kind(&docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in service["spec"]["selector"].as_mapping().expect("selector") {
+        assert_eq!(&pod_labels[key.as_str().expect("key")], value);
+    }
+    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    assert_eq!(
+        service["spec"]["ports"][0]["targetPort"].as_str(),
+        Some("metrics")
+    );
+    let monitors = documents("servicemonitor.yaml");
+    let monitor = of_kind(&monitors, "ServiceMonitor");
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .expect("matchLabels")
+    {
+        assert_eq!(
+            &service["metadata"]["labels"][key.as_str().expect("key")],
+            value
+        );
+    }
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["port"], service["spec"]["ports"][0]["name"]);
+    assert_eq!(endpoint["path"].as_str(), Some("/metrics"));
+    assert_eq!(
+        endpoint["honorLabels"].as_bool(),
+        Some(true),
+        "keeps the tenants' namespace/pod/container labels"
+    );
+}

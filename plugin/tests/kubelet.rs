@@ -255,7 +255,7 @@ async fn fractional_request_lands_on_one_card_with_its_quota() {
     );
     assert!(
         metrics.contains(&format!(
-            "pod=\"tenant\",container=\"cuda\",card=\"{card}\"}} 2684354560"
+            "pod=\"tenant\",container=\"cuda\",UUID=\"{card}\"}} 2684354560"
         )),
         "{metrics}"
     );

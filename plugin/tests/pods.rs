@@ -207,7 +207,7 @@ async fn an_init_containers_devices_are_reused_by_the_app_container() {
     // Metrics count the shared devices once.
     let metrics = common::scrape(plugin.handle.metrics_address().expect("metrics")).await;
     assert!(
-        metrics.contains("vgpu_card_allocated_cores{card=\"GPU-fake-0\",index=\"0\"} 30"),
+        metrics.contains("vgpu_card_allocated_cores{UUID=\"GPU-fake-0\",gpu=\"0\"} 30"),
         "{metrics}"
     );
     // Once a container of the pod has started, the IDs are no longer handed out.

@@ -53,9 +53,29 @@ impl ShimBuild {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{}", self.soname);
         // Our own calls to our own exports (hook addresses handed out by
         // cuGetProcAddress) must bind inside the shim.
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+        println!(
+            "cargo:rustc-cdylib-link-arg=-Wl,{}",
+            symbolic_binding_flag(std::env::var("RUSTC_LINKER").ok().as_deref())
+        );
         // Exit and fork handlers point into the shim: it must never be unmapped.
         println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    }
+}
+
+/// The linker flag that binds the shim's references to its own exported functions
+/// locally. GNU ld and lld take `-Bsymbolic-functions`; zig's linker (cargo-zigbuild,
+/// which the image build uses to target glibc 2.17) knows only `-Bsymbolic`, which also
+/// binds exported data. A shim exports functions only (every export is a trampoline or
+/// a hook), so for a shim the two bind exactly the same references.
+pub fn symbolic_binding_flag(linker: Option<&str>) -> &'static str {
+    let is_zig = linker
+        .and_then(|path| Path::new(path).file_name())
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.starts_with("zigcc") || name == "zig");
+    if is_zig {
+        "-Bsymbolic"
+    } else {
+        "-Bsymbolic-functions"
     }
 }
 
@@ -255,5 +275,26 @@ mod tests {
         assert!(text.contains("crate::hooks::memory::cuB"));
         assert!(text.contains("[rip + {slots} + 16]"));
         assert!(text.contains("pub const COUNT: usize = 3;"));
+    }
+
+    #[test]
+    fn zig_links_with_bsymbolic_everything_else_with_bsymbolic_functions() {
+        for (linker, flag) in [
+            (None, "-Bsymbolic-functions"),
+            (Some("cc"), "-Bsymbolic-functions"),
+            (
+                Some("/usr/bin/x86_64-linux-gnu-gcc"),
+                "-Bsymbolic-functions",
+            ),
+            (
+                Some(
+                    "/root/.cache/cargo-zigbuild/0.24.1/wrappers/b848/zigcc-x86_64-unknown-linux-gnu.2.17-b9e2.sh",
+                ),
+                "-Bsymbolic",
+            ),
+            (Some("zig"), "-Bsymbolic"),
+        ] {
+            assert_eq!(symbolic_binding_flag(linker), flag, "{linker:?}");
+        }
     }
 }

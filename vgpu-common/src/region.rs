@@ -920,18 +920,6 @@ impl Region {
         }
         freed
     }
-
-    /// Fills the host PID of live slots whose owner runs in another PID namespace, for
-    /// readers that see host PIDs (NVML inside a container reports them on older
-    /// drivers): see [`find_host_pids`]. Returns how many it filled. Cheap when there
-    /// is nothing to fill: no scan at all.
-    pub fn fill_host_pids(&self, proc_root: &Path) -> usize {
-        let found = find_host_pids(&RegionBytes::wanting_host_pids(self), proc_root);
-        for &(slot, host_pid) in &found {
-            self.set_host_pid(slot, host_pid);
-        }
-        found.len()
-    }
 }
 
 /// A live slot whose owner runs in another PID namespace and has no host PID yet: its
@@ -1552,11 +1540,15 @@ mod tests {
         fake(3101, 4026533000, 7, 4242);
         fake(3102, 4026532999, 7, 9999);
         fake(3100, 4026532999, 7, 4242);
-        assert_eq!(region.processes()[0].host_pid, 0);
-        assert_eq!(region.fill_host_pids(&proc_root), 1);
-        assert_eq!(region.processes()[0].host_pid, 3100);
+        // The host reads a private copy and writes the PID with pwrite.
+        let path = dir.path().join("r");
+        let copy = crate::snapshot::RegionSnapshot::read(&path).expect("copy");
+        assert_eq!(copy.processes()[0].host_pid, 0);
+        assert_eq!(copy.fill_host_pids(&proc_root), 1);
+        assert_eq!(region.processes()[0].host_pid, 3100, "the mapping sees the write");
+        let copy = crate::snapshot::RegionSnapshot::read(&path).expect("copy");
         assert_eq!(
-            region.fill_host_pids(&proc_root),
+            copy.fill_host_pids(&proc_root),
             0,
             "nothing left to fill: no scan"
         );

@@ -522,18 +522,32 @@ pub fn config_of(admitted: &Admitted) -> vgpu_common::Config {
         .expect("container config")
 }
 
-/// `GET /metrics` over plain HTTP/1.1; the body and headers.
-pub async fn scrape(address: std::net::SocketAddr) -> String {
+/// `GET path` on the plugin's metrics server: (status code, body).
+pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address)
         .await
         .expect("connect metrics");
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
         .await
         .expect("write");
     let mut text = String::new();
     stream.read_to_string(&mut text).await.expect("read");
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    (code, body.to_string())
+}
+
+/// `GET /metrics`, which must answer 200: the body.
+pub async fn scrape(address: std::net::SocketAddr) -> String {
+    let (code, body) = http_get(address, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    body
 }
