@@ -4,7 +4,8 @@
 //! ```yaml
 //! driver_dir: /usr/local/vgpu/driver/lib64   # where the real libcuda.so.1 / libnvidia-ml.so.1 are
 //! usage_region: /var/lib/vgpu/usage.region   # default: `usage.region` beside this file
-//! card_state_dir: /var/lib/vgpu/cards        # per-card compute state shared by containers (optional)
+//! container_id: alloc-1234                   # who this container is to compute coordination (1-64 of A-Za-z0-9._-)
+//! card_state_dir: /etc/vgpu/cards            # the host's per-card compute views, read-only (optional)
 //! memory_oversubscribe: false                # see the README before turning this on
 //! utilization_scale: limit                   # `limit` (30 cores busy reads 100%) or `card` (reads 30%)
 //! devices:
@@ -37,6 +38,14 @@ pub const DEFAULT_DRIVER_DIR: &str = "/usr/local/vgpu/driver/lib64";
 pub const DEFAULT_REGION_NAME: &str = "usage.region";
 /// The most devices one container config may list.
 pub const MAX_DEVICES: usize = 16;
+
+/// Whether `id` is a valid `container_id`: 1-64 characters of `[A-Za-z0-9._-]`.
+pub fn valid_container_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
 
 /// How the compute limit treats idle capacity.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +144,9 @@ pub struct Config {
     pub usage_region: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub card_state_dir: Option<PathBuf>,
+    /// The container's identity for compute coordination (1-64 of `[A-Za-z0-9._-]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
     #[serde(default)]
     pub memory_oversubscribe: bool,
     #[serde(default)]
@@ -211,6 +223,13 @@ impl Config {
 
     /// Checks the values serde cannot: ranges, exactly one selector, no duplicates.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(id) = &self.container_id
+            && !valid_container_id(id)
+        {
+            return Err(format!(
+                "container_id: `{id}` must be 1-64 characters of A-Z a-z 0-9 . _ -"
+            ));
+        }
         if self.devices.len() > MAX_DEVICES {
             return Err(format!(
                 "devices: {} listed, at most {MAX_DEVICES} are supported",
@@ -329,6 +348,19 @@ mod tests {
         assert_eq!(config.utilization_scale, UtilizationScale::Card);
         let again = parse(&config.to_yaml()).expect("re-parse");
         assert_eq!(again, config);
+    }
+
+    #[test]
+    fn container_ids_are_checked() {
+        let config = parse("container_id: alloc-12.a_b\n").expect("valid id");
+        assert_eq!(config.container_id.as_deref(), Some("alloc-12.a_b"));
+        for bad in ["\"\"", "a/b", "\"with space\"", &"x".repeat(65)] {
+            let err = parse(&format!("container_id: {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("container_id"), "{bad}: {err}");
+        }
+        assert!(valid_container_id(&"x".repeat(64)));
     }
 
     #[test]

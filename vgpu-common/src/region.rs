@@ -4,9 +4,12 @@
 //!
 //! Layout (version 1), all little-endian, fixed size:
 //! - a 4 KiB header: magic, version, a layout fingerprint, the length, the devices and
-//!   their limits, and a checksum over those immutable fields;
+//!   their limits, a checksum over those immutable fields, and per device a block of
+//!   `CONTAINER_LIMITER_WORDS` atomics that the compute limiter shares between the
+//!   container's processes (their meaning: `vgpu_common::limiter_words`);
 //! - `MAX_SLOTS` process slots, one cache-line-aligned record each, holding the owner
-//!   (PID, state), its start time and PID namespace, and per-device counters.
+//!   (PID, state), its start time and PID namespace, per-device counters, and per device
+//!   `SLOT_LIMITER_WORDS` atomics the compute limiter publishes for its process.
 //!
 //! Accounting is lock-free, so a process that dies at any instruction can never leave a
 //! lock held. To reserve, a process adds to its own slot and then sums every slot: the
@@ -27,7 +30,11 @@ use crate::process::{self, Identity};
 /// Process slots per container.
 pub const MAX_SLOTS: usize = 256;
 /// Layout version; bump on any change of the structs below.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// Atomics per device in the container-wide compute limiter block.
+pub const CONTAINER_LIMITER_WORDS: usize = 16;
+/// Atomics per device in each slot's compute limiter block.
+pub const SLOT_LIMITER_WORDS: usize = 4;
 const MAGIC: [u8; 8] = *b"VGPUREG\0";
 const HEADER_LEN: usize = 4096;
 const UUID_LEN: usize = 96;
@@ -70,6 +77,8 @@ pub(crate) struct Header {
     high_water: AtomicU32,
     _reserved: u32,
     devices: [DeviceRecord; MAX_DEVICES],
+    /// The compute limiter's container-wide words, per device (not in the checksum).
+    limiter: [[AtomicU64; CONTAINER_LIMITER_WORDS]; MAX_DEVICES],
 }
 
 /// Per-process counters, one set per device.
@@ -90,6 +99,8 @@ pub(crate) struct Slot {
     busy_ns: [AtomicU64; MAX_DEVICES],
     /// Kernel launches seen.
     launches: [AtomicU64; MAX_DEVICES],
+    /// The compute limiter's words for this process, per device.
+    limiter: [[AtomicU64; SLOT_LIMITER_WORDS]; MAX_DEVICES],
 }
 
 const SLOTS_OFFSET: usize = HEADER_LEN;
@@ -328,6 +339,9 @@ impl Region {
             slot.context[device].store(0, Ordering::SeqCst);
             slot.busy_ns[device].store(0, Ordering::SeqCst);
             slot.launches[device].store(0, Ordering::SeqCst);
+            for word in &slot.limiter[device] {
+                word.store(0, Ordering::SeqCst);
+            }
         }
     }
 
@@ -402,6 +416,17 @@ impl Region {
             slot.busy_ns[device].fetch_add(busy_ns, Ordering::Relaxed);
             slot.launches[device].fetch_add(launches, Ordering::Relaxed);
         }
+    }
+
+    /// The compute limiter's container-wide words for `device` (an index past the
+    /// devices gets the last device's block, which no limiter uses).
+    pub fn container_limiter(&self, device: usize) -> &[AtomicU64; CONTAINER_LIMITER_WORDS] {
+        &self.header().limiter[device.min(MAX_DEVICES - 1)]
+    }
+
+    /// The compute limiter's words of one slot for `device`.
+    pub fn slot_limiter(&self, slot: SlotId, device: usize) -> &[AtomicU64; SLOT_LIMITER_WORDS] {
+        &self.slot(slot.0).limiter[device.min(MAX_DEVICES - 1)]
     }
 
     /// Records the host PID of a slot's owner (host daemon).
@@ -516,9 +541,7 @@ impl Region {
         }
         filled
     }
-
 }
-
 
 /// Read access to the bytes of a region, whether a live shared mapping ([`Region`]) or a
 /// private copy ([`crate::snapshot::RegionSnapshot`]): one set of readers for both, so
@@ -601,6 +624,18 @@ pub(crate) trait RegionBytes {
         (0..self.scan_end())
             .map(|index| self.slot(index).used[device].load(Ordering::SeqCst))
             .fold(0u64, u64::saturating_add)
+    }
+
+    /// A copy of the compute limiter's container-wide words for `device`.
+    fn container_limiter_words(&self, device: usize) -> [u64; CONTAINER_LIMITER_WORDS] {
+        let block = &self.header().limiter[device.min(MAX_DEVICES - 1)];
+        std::array::from_fn(|word| block[word].load(Ordering::SeqCst))
+    }
+
+    /// A copy of the compute limiter's words of slot `index` for `device`.
+    fn slot_limiter_words(&self, index: usize, device: usize) -> [u64; SLOT_LIMITER_WORDS] {
+        let block = &self.slot(index).limiter[device.min(MAX_DEVICES - 1)];
+        std::array::from_fn(|word| block[word].load(Ordering::SeqCst))
     }
 
     /// Every live process and its counters.

@@ -18,7 +18,8 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::region::{
-    MAX_SLOTS, ProcessUsage, REGION_LEN, RegionBytes, RegionDevice, RegionError, host_pid_offset,
+    CONTAINER_LIMITER_WORDS, MAX_SLOTS, ProcessUsage, REGION_LEN, RegionBytes, RegionDevice,
+    RegionError, SLOT_LIMITER_WORDS, host_pid_offset,
 };
 
 /// One 64-byte-aligned block of the copy (the region's slots are 64-byte aligned).
@@ -76,9 +77,8 @@ impl RegionSnapshot {
         let mut blocks = vec![Block([0; 64]); REGION_LEN / 64].into_boxed_slice();
         // SAFETY: `blocks` is REGION_LEN initialised bytes that we own exclusively; the
         // slice covers exactly them, and u8 has no invalid values.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(blocks.as_mut_ptr().cast::<u8>(), REGION_LEN)
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(blocks.as_mut_ptr().cast::<u8>(), REGION_LEN) };
         // A file truncated after the length check reads short: that is an error, never
         // a partly zeroed snapshot.
         file.read_exact(bytes).map_err(|source| RegionError::Io {
@@ -114,6 +114,16 @@ impl RegionSnapshot {
     /// Every live process and its counters, as the copy says.
     pub fn processes(&self) -> Vec<ProcessUsage> {
         RegionBytes::processes(self)
+    }
+
+    /// The compute limiter's container-wide words for `device`, as the copy says.
+    pub fn container_limiter(&self, device: usize) -> [u64; CONTAINER_LIMITER_WORDS] {
+        RegionBytes::container_limiter_words(self, device)
+    }
+
+    /// The compute limiter's words of slot `slot` for `device`, as the copy says.
+    pub fn slot_limiter(&self, slot: usize, device: usize) -> [u64; SLOT_LIMITER_WORDS] {
+        RegionBytes::slot_limiter_words(self, slot, device)
     }
 }
 
@@ -163,8 +173,40 @@ mod tests {
         let before = copy.processes()[0].host_pid;
         assert_ne!(before, 4242);
         write_host_pid(&path, slot.index(), 4242).expect("pwrite");
-        assert_eq!(region.processes()[0].host_pid, 4242, "the mapping sees the write");
+        assert_eq!(
+            region.processes()[0].host_pid,
+            4242,
+            "the mapping sees the write"
+        );
         assert_eq!(copy.processes()[0].host_pid, before, "the copy is private");
+    }
+
+    #[test]
+    fn limiter_words_are_shared_copied_and_cleared_with_their_slot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        let slot = region.attach(&process::current()).expect("attach");
+        region.container_limiter(0)[3].store(77, std::sync::atomic::Ordering::SeqCst);
+        region.slot_limiter(slot, 0)[1].store(99, std::sync::atomic::Ordering::SeqCst);
+        let (other, _) = Region::open(&path, &devices()).expect("second mapping");
+        assert_eq!(
+            other.container_limiter(0)[3].load(std::sync::atomic::Ordering::SeqCst),
+            77
+        );
+        let copy = RegionSnapshot::read(&path).expect("snapshot");
+        assert_eq!(copy.container_limiter(0)[3], 77);
+        assert_eq!(copy.slot_limiter(slot.index(), 0)[1], 99);
+        assert_eq!(copy.slot_limiter(slot.index(), 1), [0; SLOT_LIMITER_WORDS]);
+        // Out-of-range indices are clamped, never out of bounds.
+        let _ = copy.container_limiter(usize::MAX);
+        let _ = copy.slot_limiter(usize::MAX, usize::MAX);
+        region.detach(slot);
+        let slot = region.attach(&process::current()).expect("attach again");
+        assert_eq!(
+            region.slot_limiter(slot, 0)[1].load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
     }
 
     #[test]
@@ -174,18 +216,30 @@ mod tests {
         drop(Region::open(&path, &devices()).expect("open"));
         let file = OpenOptions::new().write(true).open(&path).expect("open");
         file.set_len(4096).expect("truncate");
-        assert!(matches!(RegionSnapshot::read(&path), Err(RegionError::Invalid { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&path),
+            Err(RegionError::Invalid { .. })
+        ));
         assert!(write_host_pid(&path, 0, 1).is_err());
         std::fs::write(&path, vec![0x5a; REGION_LEN]).expect("garbage");
-        assert!(matches!(RegionSnapshot::read(&path), Err(RegionError::Invalid { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&path),
+            Err(RegionError::Invalid { .. })
+        ));
         let fifo = dir.path().join("fifo");
         let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
         // SAFETY: mkfifo on a NUL-terminated path we own.
         assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
         // A FIFO with no writer would block a plain open forever.
-        assert!(matches!(RegionSnapshot::read(&fifo), Err(RegionError::Invalid { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&fifo),
+            Err(RegionError::Invalid { .. })
+        ));
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&path, &link).expect("symlink");
-        assert!(matches!(RegionSnapshot::read(&link), Err(RegionError::Io { .. })));
+        assert!(matches!(
+            RegionSnapshot::read(&link),
+            Err(RegionError::Io { .. })
+        ));
     }
 }
