@@ -32,11 +32,13 @@ pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_JIT_COMPILER_NOT_FOUND: CUresult = 221;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, the first of the stream-capture errors.
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
 /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, the last of the contiguous capture errors.
 pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
 pub const CUDA_ERROR_CAPTURED_EVENT: CUresult = 907;
@@ -321,10 +323,7 @@ pub const fn array_level_bytes(
             }
         }
     };
-    match per_plane.div_ceil(denominator).checked_mul(depth) {
-        Some(bytes) => Some(bytes),
-        None => None,
-    }
+    per_plane.div_ceil(denominator).checked_mul(depth)
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use crate::region::{
 #[derive(Clone, Copy)]
 struct Block([u8; 64]);
 
-const _: () = assert!(REGION_LEN % 64 == 0);
+const _: () = assert!(REGION_LEN.is_multiple_of(64));
 
 /// A validated private copy of a usage region.
 pub struct RegionSnapshot {
