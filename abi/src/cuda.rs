@@ -68,6 +68,36 @@ pub const CU_STREAM_CAPTURE_MODE_GLOBAL: u32 = 0;
 pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: u32 = 1;
 pub const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
 
+// --- launches ------------------------------------------------------------------------
+
+/// `CUlaunchConfig` (CUDA 12.0+).
+#[repr(C)]
+pub struct CUlaunchConfig {
+    pub grid_dim: [core::ffi::c_uint; 3],
+    pub block_dim: [core::ffi::c_uint; 3],
+    pub shared_mem_bytes: core::ffi::c_uint,
+    pub stream: CUstream,
+    pub attrs: *mut c_void,
+    pub num_attrs: core::ffi::c_uint,
+}
+
+/// `CUDA_LAUNCH_PARAMS` (`cuLaunchCooperativeKernelMultiDevice`).
+#[repr(C)]
+pub struct CudaLaunchParams {
+    pub function: CUfunction,
+    pub grid_dim: [core::ffi::c_uint; 3],
+    pub block_dim: [core::ffi::c_uint; 3],
+    pub shared_mem_bytes: core::ffi::c_uint,
+    pub stream: CUstream,
+    pub kernel_params: *mut *mut c_void,
+}
+
+const _: () = assert!(core::mem::size_of::<CUlaunchConfig>() == 56);
+const _: () = assert!(core::mem::size_of::<CudaLaunchParams>() == 56);
+
+/// `CU_STREAM_NON_BLOCKING` (`cuStreamCreate` flags).
+pub const CU_STREAM_NON_BLOCKING: u32 = 0x1;
+
 // --- memory --------------------------------------------------------------------------
 
 /// `CUmemLocationType`.

@@ -8,7 +8,6 @@
 //! well as from host daemons, so nothing here panics on bad input, spawns threads or
 //! writes to stdout.
 
-pub mod cardstate;
 pub mod cardview;
 pub mod clock;
 pub mod config;

@@ -22,6 +22,11 @@ pub mod container {
     pub const HORIZON_NS: usize = 1;
     /// The rate in force, parts per million of the card (0: not set yet, use the limit).
     pub const RATE_PPM: usize = 2;
+    /// The time until which every launch of the container waits: a launch that finds
+    /// the bucket in debt sets it to when the bucket will have refilled part of its
+    /// window, so that the container's streams resume together (and overlap, as they
+    /// do bare) rather than one at a time as each sliver of budget comes back.
+    pub const HELD_UNTIL_NS: usize = 3;
 }
 
 /// Per-process words (`Region::slot_limiter(slot, device)`), written by the process that
