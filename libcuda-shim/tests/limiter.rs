@@ -202,14 +202,19 @@ fn spec(config: &Path, limit: u32, mode: CoreMode, ceiling: Option<u32>) -> Cont
             .expect("name")
             .to_string(),
         region: dir.join("usage.region"),
-        devices: vec![Entitlement {
-            uuid: CARD.into(),
-            region_index: 0,
-            core_limit: limit,
-            mode,
-            ceiling,
-        }],
+        devices: on_the_card(limit, mode, ceiling),
     }
+}
+
+/// What the host gave a container on the simulated card.
+fn on_the_card(limit: u32, mode: CoreMode, ceiling: Option<u32>) -> Vec<Entitlement> {
+    vec![Entitlement {
+        uuid: CARD.into(),
+        region_index: 0,
+        core_limit: limit,
+        mode,
+        ceiling,
+    }]
 }
 
 /// The host side: a coordinator ticking every 50 ms in a thread until dropped.
@@ -662,6 +667,217 @@ fn a_forked_child_of_a_throttled_process_neither_hangs_nor_crashes() {
     assert!(stdout.contains("LIMITER-NOTE fork=ok"), "{stdout}");
 }
 
+/// One "pod" of the deployed layout: the host's allocation folder (config, region) and
+/// what the container sees at the one path every pod has (`<scratch>/pod`, a bind mount
+/// in the child's own mount namespace), with the host's card views read-only beneath.
+struct Pod {
+    host_dir: PathBuf,
+    spec: ContainerSpec,
+}
+
+impl Machine {
+    /// The path every pod sees its files at.
+    fn pod_path(&self) -> PathBuf {
+        self.scratch.0.join("pod")
+    }
+
+    fn pod(&self, id: &str, limit: u32, mode: CoreMode, ceiling: Option<u32>) -> Pod {
+        let host_dir = self.scratch.0.join(format!("alloc-{id}"));
+        std::fs::create_dir_all(host_dir.join("cards")).expect("alloc dir");
+        std::fs::create_dir_all(self.pod_path()).expect("mount point");
+        std::fs::create_dir_all(self.cards()).expect("cards");
+        let inside = self.pod_path();
+        let mode_line = match mode {
+            CoreMode::Hard => String::new(),
+            CoreMode::Soft => "    core_mode: soft\n".to_string(),
+        };
+        let ceiling_line = ceiling
+            .map(|c| format!("    core_ceiling: {c}\n"))
+            .unwrap_or_default();
+        std::fs::write(
+            host_dir.join("vgpu.yaml"),
+            format!(
+                "container_id: {id}\ncard_state_dir: {}\ndevices:\n  - uuid: {CARD}\n    memory_limit: 8GiB\n    core_limit: {limit}\n{mode_line}{ceiling_line}",
+                inside.join("cards").display()
+            ),
+        )
+        .expect("config");
+        Pod {
+            spec: ContainerSpec {
+                id: id.into(),
+                region: host_dir.join("usage.region"),
+                devices: on_the_card(limit, mode, ceiling),
+            },
+            host_dir,
+        }
+    }
+
+    /// Starts `pod`'s container: its own mount namespace, its folder at the pod path,
+    /// the host's card views read-only inside it.
+    fn spawn_pod(&self, pod: &Pod, role: Role) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        let inside = self.pod_path();
+        let mut command = self.command(&inside.join("vgpu.yaml"), role);
+        let c = |path: &Path| CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+        let (source, target) = (c(&pod.host_dir), c(&inside));
+        let (cards, cards_target) = (c(&self.cards()), c(&inside.join("cards")));
+        // SAFETY: only async-signal-safe syscalls between fork and exec, on strings made
+        // before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                let fail = || Err(std::io::Error::last_os_error());
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return fail();
+                }
+                let none = std::ptr::null();
+                if libc::mount(
+                    c"none".as_ptr(),
+                    c"/".as_ptr(),
+                    none,
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    none.cast(),
+                ) != 0
+                    || libc::mount(
+                        source.as_ptr(),
+                        target.as_ptr(),
+                        none,
+                        libc::MS_BIND,
+                        none.cast(),
+                    ) != 0
+                    || libc::mount(
+                        cards.as_ptr(),
+                        cards_target.as_ptr(),
+                        none,
+                        libc::MS_BIND,
+                        none.cast(),
+                    ) != 0
+                    || libc::mount(
+                        none,
+                        cards_target.as_ptr(),
+                        none,
+                        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+                        none.cast(),
+                    ) != 0
+                {
+                    return fail();
+                }
+                Ok(())
+            });
+        }
+        command.env("LIMITER_CARDS_CHECK", inside.join("cards"));
+        command.spawn().expect("spawn pod")
+    }
+}
+
+/// Issue 12's deployed layout: every pod's config, region and card views at the same
+/// paths, its identity only its `container_id`, the views host-owned and read-only.
+/// A hard-40 pod and two soft pods (30, ceiling 60) on one card: the hard limit holds
+/// and the soft pods fall back to their share (before: 40 + 60 + 60). Then a tenant
+/// that claims absurd figures in its own region cannot push a soft neighbour below its
+/// share, nor keep it from the idle card with claims that cannot be true.
+#[test]
+fn pods_on_one_card_coordinate_through_the_hosts_views_only() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "pods_on_one_card_coordinate_through_the_hosts_views_only: skipped: needs root for mount namespaces"
+        );
+        return;
+    }
+    let _serial = serial();
+    let machine = Machine::new("deployed");
+    let hard = machine.pod("hard-40", 40, CoreMode::Hard, None);
+    let soft_a = machine.pod("soft-a", 30, CoreMode::Soft, Some(60));
+    let soft_b = machine.pod("soft-b", 30, CoreMode::Soft, Some(60));
+    let hostile = machine.pod("hostile", 10, CoreMode::Hard, None);
+    // The hostile tenant's region, written as a tenant can (it is in its container).
+    let (region, _) = vgpu_common::region::Region::open(
+        &hostile.spec.region,
+        &[vgpu_common::region::RegionDevice {
+            id: CARD.into(),
+            memory_limit: 8 << 30,
+            core_limit: 10,
+            core_mode: 0,
+        }],
+    )
+    .expect("hostile region");
+    let slot = region
+        .attach(&vgpu_common::process::current())
+        .expect("hostile slot");
+    let claim = |active_ns: u64| {
+        region.slot_limiter(slot, 0)[vgpu_common::limiter_words::slot::ACTIVE_NS]
+            .store(active_ns, Ordering::SeqCst);
+    };
+    claim(monotonic_ns() + 3600 * 1_000_000_000);
+    region.add_busy(slot, 0, u64::MAX / 4, 0);
+    let host = Host::start(
+        &machine.cards(),
+        vec![
+            hard.spec.clone(),
+            soft_a.spec.clone(),
+            soft_b.spec.clone(),
+            hostile.spec.clone(),
+        ],
+    );
+    let role = Role::plain("k_1ms", 2500);
+    let children = [
+        machine.spawn_pod(&hard, role),
+        machine.spawn_pod(&soft_a, role),
+        machine.spawn_pod(&soft_b, role),
+    ];
+    let [hard_run, a_run, b_run] = children.map(finish);
+    for run in [&hard_run, &a_run, &b_run] {
+        assert_eq!(run.note("cards_writable"), Some("no"), "{run:?}");
+    }
+    let (h, a, b) = (hard_run.mean(5, 25), a_run.mean(5, 25), b_run.mean(5, 25));
+    eprintln!(
+        "hard 40: {h:.1}%, soft 30/60: {a:.1}% and {b:.1}%, card busy {}%",
+        b_run.card_util
+    );
+    assert!((h - 40.0).abs() <= 5.0, "the hard limit holds: {h:.1}%");
+    assert!(
+        (a - 30.0).abs() <= 5.0 && (b - 30.0).abs() <= 5.0,
+        "soft pods at their share: {a:.1}% and {b:.1}%"
+    );
+    // Alone but for the hostile tenant, whose activity claims lie in the future: not
+    // believed, so the soft pod uses the idle card up to its ceiling. Then the tenant
+    // claims activity now: believed, and the soft pod drops to its share, not below.
+    let alone = machine.spawn_pod(&soft_a, Role::plain("k_1ms", 2400));
+    std::thread::sleep(Duration::from_millis(1200));
+    let claiming = Arc::new(AtomicBool::new(true));
+    std::thread::scope(|scope| {
+        let flag = claiming.clone();
+        let claim = &claim;
+        scope.spawn(move || {
+            while flag.load(Ordering::Relaxed) {
+                claim(monotonic_ns());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let alone = finish(alone);
+        claiming.store(false, Ordering::Relaxed);
+        let (idle, claimed) = (alone.mean(3, 11), alone.mean(16, 24));
+        eprintln!(
+            "soft 30/60 beside a hostile tenant: {idle:.1}% while its claims lie, {claimed:.1}% once it claims work now"
+        );
+        assert!(
+            (idle - 60.0).abs() <= 5.0,
+            "claims from the future ignored: {idle:.1}%: {alone:?}"
+        );
+        assert!(
+            (claimed - 30.0).abs() <= 5.0,
+            "never below its share: {claimed:.1}%: {alone:?}"
+        );
+    });
+    let problems = host.stop();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("hostile") && p.contains("future")),
+        "{problems:?}"
+    );
+}
+
 // --- the child side -------------------------------------------------------------------
 
 type H = *mut c_void;
@@ -1036,6 +1252,16 @@ fn child_process_entry() {
     let region_busy = region_busy_ns(&std::env::var("VGPU_CONFIG").expect("config"));
     if *mode == "fork" {
         notes.push(format!("fork={}", fork_and_launch(&cuda, kernel)));
+    }
+    if let Some(cards) = std::env::var_os("LIMITER_CARDS_CHECK") {
+        // A tenant can neither write a view nor add one.
+        let probe = PathBuf::from(cards).join(format!("{CARD}.card"));
+        let writable = std::fs::OpenOptions::new().write(true).open(&probe).is_ok()
+            || std::fs::write(probe.with_extension("forged"), b"x").is_ok();
+        notes.push(format!(
+            "cards_writable={}",
+            if writable { "yes" } else { "no" }
+        ));
     }
     for note in notes {
         println!("LIMITER-NOTE {note}");

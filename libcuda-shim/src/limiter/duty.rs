@@ -27,9 +27,26 @@ pub fn percent_ppm(percent: u32) -> u64 {
     percent.clamp(1, 100) as u64 * 10_000
 }
 
+/// `100 / percent` in 32.32 fixed point, for every whole percent: rates are whole
+/// percents, and a launch's charge then takes a multiply, not a 128-bit division.
+const WALL_PER_GPU: [u64; 101] = {
+    let mut table = [0u64; 101];
+    let mut percent = 1;
+    while percent <= 100 {
+        table[percent] = (100u64 << 32) / percent as u64;
+        percent += 1;
+    }
+    table
+};
+
 /// GPU time `cost_ns` at `rate_ppm`, as wall time.
 fn wall_of(cost_ns: u64, rate_ppm: u64) -> u64 {
-    (cost_ns as u128 * FULL_PPM as u128 / rate_ppm.max(1) as u128).min(u64::MAX as u128) as u64
+    let wall = if rate_ppm.is_multiple_of(10_000) && (10_000..=FULL_PPM).contains(&rate_ppm) {
+        (cost_ns as u128 * WALL_PER_GPU[(rate_ppm / 10_000) as usize] as u128) >> 32
+    } else {
+        cost_ns as u128 * FULL_PPM as u128 / rate_ppm.max(1) as u128
+    };
+    wall.min(u64::MAX as u128) as u64
 }
 
 /// The bucket after spending `cost_ns` of GPU time (negative: giving back an
@@ -90,19 +107,21 @@ pub struct Estimate {
 
 const COST_BITS: u32 = 40;
 const COST_MASK: u64 = (1 << COST_BITS) - 1;
+/// Where the launches-since-sample counter starts in a packed estimate (its top bits).
+pub const SINCE_SHIFT: u32 = COST_BITS + 8;
 
 impl Estimate {
     pub fn pack(self) -> u64 {
         self.cost_ns.min(COST_MASK)
             | (self.samples.min(0xff) as u64) << COST_BITS
-            | (self.since_sample.min(0xffff) as u64) << (COST_BITS + 8)
+            | (self.since_sample.min(0xffff) as u64) << SINCE_SHIFT
     }
 
     pub fn unpack(word: u64) -> Estimate {
         Estimate {
             cost_ns: word & COST_MASK,
             samples: ((word >> COST_BITS) & 0xff) as u32,
-            since_sample: (word >> (COST_BITS + 8)) as u32 & 0xffff,
+            since_sample: (word >> SINCE_SHIFT) as u32 & 0xffff,
         }
     }
 
@@ -306,6 +325,22 @@ mod tests {
         // Owed time is kept in GPU time: at 50% it takes 20 ms.
         let paid = rescale(paid, now, percent_ppm(25), percent_ppm(50), 20 * MS);
         assert_eq!(delay(paid, now), 20 * MS);
+    }
+
+    #[test]
+    fn whole_percent_rates_take_the_table_and_agree_with_division() {
+        for percent in 1..=100u32 {
+            for cost in [1u64, 999, 100_000, 7 * MS, MAX_DEBT_NS] {
+                let rate = percent_ppm(percent);
+                let exact = cost as u128 * FULL_PPM as u128 / rate as u128;
+                let table = wall_of(cost, rate) as u128;
+                assert!(
+                    exact - table <= 1,
+                    "{cost} ns at {percent}%: {table} vs {exact}"
+                );
+            }
+        }
+        assert_eq!(wall_of(1_000, 123_456), 8_100, "other rates divide");
     }
 
     #[test]

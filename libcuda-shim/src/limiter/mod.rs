@@ -86,6 +86,9 @@ const ESTIMATE_SLOTS: usize = 4096;
 const STREAM_SLOTS: usize = 256;
 /// The stream key of the legacy default stream.
 const LEGACY_KEY: u64 = 1;
+/// Bits of busy ns in `DeviceLimiter::unpublished` (4.9 hours; it is emptied every
+/// publish tick).
+const BUSY_BITS: u32 = 44;
 const PER_THREAD_KEY_BIT: u64 = 1 << 62;
 
 /// What one launch is, for costing: a kernel (its function handle) or a graph.
@@ -270,11 +273,12 @@ struct DeviceLimiter {
     mine: Option<&'static [AtomicU64; SLOT_LIMITER_WORDS]>,
     estimates: Estimates,
     streams: Streams,
-    /// The latest projected end of this process's streams (the legacy stream waits for
-    /// its blocking streams; this is the conservative stand-in).
-    local_horizon: AtomicU64,
     next_publish_ns: AtomicU64,
     next_sample_ns: AtomicU64,
+    /// Busy time and launches not yet added to the region (one atomic per launch on
+    /// this process's own memory; the region gets them at each publish tick): busy ns
+    /// in the low `BUSY_BITS`, launches above.
+    unpublished: AtomicU64,
     /// Pending samples of kernels that had no estimate yet.
     unknown_in_flight: AtomicUsize,
     /// Where the host's card views are, and who this container is in them.
@@ -478,9 +482,9 @@ fn build_devices(enforcer: &'static Enforcer, devices: &[Visible]) -> Vec<Device
                 mine: slot.map(|slot| enforcer.region.slot_limiter(slot, visible.region_index)),
                 estimates: Estimates::new(ESTIMATE_SLOTS),
                 streams: Streams::new(STREAM_SLOTS),
-                local_horizon: AtomicU64::new(0),
                 next_publish_ns: AtomicU64::new(0),
                 next_sample_ns: AtomicU64::new(0),
+                unpublished: AtomicU64::new(0),
                 unknown_in_flight: AtomicUsize::new(0),
                 card_dir: enforcer.config.card_state_dir.clone(),
                 container_id: enforcer.config.container_id.clone(),
@@ -543,28 +547,29 @@ impl DeviceLimiter {
             target.key(),
             now_ns,
             cost_ns,
-            self.floor(target),
+            self.floor(target, now_ns),
             self.shared.horizon(now_ns),
             || target.is_blocking(),
         );
         let (added, before) = self.shared.extend(placed.start, placed.end, now_ns);
-        self.local_horizon.fetch_max(placed.end, Ordering::AcqRel);
         self.shared.charge(added as i64, now_ns, rate);
-        if let Some(slot) = self.slot {
-            self.region
-                .add_busy(slot, self.visible.region_index, added, 1);
-        }
+        self.unpublished.fetch_add(
+            added.min((1 << BUSY_BITS) - 1) + (1 << BUSY_BITS),
+            Ordering::Relaxed,
+        );
         self.stamp_active(now_ns);
         (placed.start, before)
     }
 
-    /// What a stream of `target`'s kind waits for before its work starts: the legacy
-    /// stream for this process's other streams; a blocking stream for the legacy one.
-    fn floor(&self, target: Target) -> impl Fn(bool) -> u64 + '_ {
+    /// What a stream of `target`'s kind waits for before its work starts at `now_ns`:
+    /// the legacy stream for all of its context's blocking streams (the container's
+    /// horizon stands in; other processes' work does not overlap a context's on a card
+    /// without MPS anyway); a blocking stream for the legacy one.
+    fn floor(&self, target: Target, now_ns: u64) -> impl Fn(bool) -> u64 + '_ {
         let legacy = target.is_legacy();
         move |blocking: bool| {
             if legacy {
-                self.local_horizon.load(Ordering::Acquire)
+                self.shared.horizon(now_ns)
             } else if blocking {
                 self.streams.busy_until(LEGACY_KEY)
             } else {
@@ -585,7 +590,7 @@ impl DeviceLimiter {
         }
         let start = self
             .streams
-            .would_start(target.key(), now_ns, self.floor(target));
+            .would_start(target.key(), now_ns, self.floor(target, now_ns));
         let added = duty::union_increment(
             start,
             start.saturating_add(cost_ns),
@@ -732,11 +737,23 @@ impl DeviceLimiter {
         }
     }
 
-    /// Stamps this process's heartbeat and, in soft mode, takes the rate the card's view
-    /// grants (the limit when there is no fresh view that names this container).
+    /// Stamps this process's heartbeat, adds its busy time and launches to the region,
+    /// and, in soft mode, takes the rate the card's view grants (the limit when there is
+    /// no fresh view that names this container).
     fn publish(&self, now_ns: u64) {
         if let Some(words) = self.mine {
             words[slot_words::HEARTBEAT_NS].store(now_ns, Ordering::Relaxed);
+        }
+        let unpublished = self.unpublished.swap(0, Ordering::AcqRel);
+        if unpublished != 0
+            && let Some(slot) = self.slot
+        {
+            self.region.add_busy(
+                slot,
+                self.visible.region_index,
+                unpublished & ((1 << BUSY_BITS) - 1),
+                unpublished >> BUSY_BITS,
+            );
         }
         if !self.soft {
             return;
@@ -834,9 +851,14 @@ impl DeviceLimiter {
             // one (and it says something sane), else where its projection put it.
             let clock = match slow.clocks.entry(sample.context) {
                 std::collections::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
-                std::collections::hash_map::Entry::Vacant(entry) => {
+                // Its stream must be made in the sample's own context.
+                std::collections::hash_map::Entry::Vacant(entry)
+                    if crate::current::current()
+                        .is_some_and(|(context, _)| context == sample.context) =>
+                {
                     GpuClock::new().map(|c| entry.insert(c))
                 }
+                std::collections::hash_map::Entry::Vacant(_) => None,
             };
             let pool = slow.pools.entry(sample.context).or_default();
             let real_end = clock
@@ -865,16 +887,9 @@ impl DeviceLimiter {
                 correction -= (projected_end - end) as i64;
                 self.streams
                     .pull_back(sample.stream_key, projected_end, end);
-                let _ = self.local_horizon.compare_exchange(
-                    projected_end,
-                    end,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
             }
             self.shared.charge(correction, now_ns, rate);
             self.streams.extend(sample.stream_key, end);
-            self.local_horizon.fetch_max(end, Ordering::AcqRel);
             if correction > 0
                 && let Some(slot) = self.slot
             {

@@ -145,6 +145,11 @@ impl<'a> Shared<'a> {
     /// the horizon before it.
     pub fn extend(&self, start: u64, end: u64, now_ns: u64) -> (u64, u64) {
         let word = &self.words[HORIZON_NS];
+        let seen = word.load(Ordering::Acquire);
+        if end <= seen && seen <= now_ns.saturating_add(HORIZON_SANE_NS) {
+            // Within the queued work: nothing to add, nothing to write.
+            return (0, seen);
+        }
         let mut before = word.fetch_max(end, Ordering::AcqRel);
         if before > now_ns.saturating_add(HORIZON_SANE_NS) {
             // Garbage from a broken write: start over from this launch.

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::duty::Estimate;
+use super::duty::{Estimate, SINCE_SHIFT};
 
 /// How many slots a lookup probes.
 const PROBE: usize = 16;
@@ -59,26 +59,35 @@ impl Estimates {
     pub fn count_launch(&self, key: u64, sample_allowed: bool) -> Option<(Estimate, bool)> {
         let index = self.find(key)?;
         let value = &self.values[index];
-        let mut current = value.load(Ordering::Relaxed);
-        loop {
-            let estimate = Estimate::unpack(current);
-            if estimate.samples == 0 {
-                // Claimed and not measured yet: unknown.
-                return None;
-            }
-            let (counted, due) = estimate.count_launch(sample_allowed);
-            match value.compare_exchange_weak(
-                current,
-                counted.pack(),
+        // One add counts the launch (the counter is the word's top bits, so it can only
+        // wrap around to zero, which is harmless); only a launch that finds a sample due
+        // tries to claim it, so concurrent launches take it once.
+        let before = value.fetch_add(1 << SINCE_SHIFT, Ordering::AcqRel);
+        let estimate = Estimate::unpack(before);
+        if estimate.samples == 0 {
+            // Claimed and not measured yet: unknown.
+            return None;
+        }
+        let (counted, due) = estimate.count_launch(sample_allowed);
+        if !due {
+            return Some((counted, false));
+        }
+        let claimed = Estimate::unpack(before.wrapping_add(1 << SINCE_SHIFT));
+        let reset = Estimate {
+            since_sample: 0,
+            ..claimed
+        };
+        // The key may have been evicted meanwhile; the answer is still one that key had
+        // a moment ago, which is all an estimate is.
+        let won = value
+            .compare_exchange(
+                before.wrapping_add(1 << SINCE_SHIFT),
+                reset.pack(),
                 Ordering::AcqRel,
                 Ordering::Relaxed,
-            ) {
-                // The key may have been evicted meanwhile; the answer is still one that
-                // key had a moment ago, which is all an estimate is.
-                Ok(_) => return Some((counted, due)),
-                Err(actual) => current = actual,
-            }
-        }
+            )
+            .is_ok();
+        Some((counted, won))
     }
 
     /// The estimate of `key` without counting a launch.
