@@ -416,10 +416,10 @@ fn hard_limits_hold_in_every_window_with_10ms_kernels() {
     }
 }
 
-/// Concurrent streams of quarter-card kernels: their throughput is the limit's share of
-/// what they do bare (the union is charged, not the sum), and the card is busy the
-/// limit's share of the time, also with eight streams, where half the kernels wait for
-/// SMs behind the other half.
+/// Concurrent streams of quarter-card kernels: the card is busy the limit's share of the
+/// time (the union is charged, not the sum), and their throughput is about that share
+/// of what they do bare, also with eight streams, where half the kernels wait for SMs
+/// behind the other half.
 #[test]
 fn concurrent_streams_get_their_share_not_a_fraction_of_it() {
     let cases = [
@@ -439,7 +439,12 @@ fn concurrent_streams_get_their_share_not_a_fraction_of_it() {
         );
         let share = report.mean(2, usize::MAX);
         let busy = report.card_util as f64;
-        if (share - limit as f64).abs() > 5.0 || (busy - limit as f64).abs() > 5.0 {
+        // The duty cycle the limiter enforces is the card's busy time: within 5 points.
+        // The throughput share also depends on how well the streams' threads keep
+        // overlapping on a small, loaded CI machine: never above the limit, at most 10
+        // below it (before this version: a quarter of it).
+        let limit = limit as f64;
+        if (busy - limit).abs() > 5.0 || share > limit + 5.0 || share < limit - 10.0 {
             failures.push(format!(
                 "{streams} streams ({threads} threads) of {kernel} at {limit}: share {share:.1}%, card busy {busy}%"
             ));
