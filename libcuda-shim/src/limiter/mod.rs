@@ -53,7 +53,9 @@ use shared::Shared;
 use tables::{Estimates, Streams};
 
 /// Bucket window: the burst a limited container may take at once is `limit` of this,
-/// so no 100 ms stretch exceeds the limit by more than a tenth of it.
+/// so no 100 ms stretch exceeds the limit by more than a fifth of it. Long enough that a
+/// burst holds several rounds of kernels on concurrent streams (each round's ragged
+/// edge costs a little overlap), short enough for a 100 ms window to see the limit.
 const WINDOW_NS: u64 = 20_000_000;
 /// A launch held back by the limit waits until the bucket has refilled this much wall
 /// time's worth, so that all the container's streams resume together and overlap: with
