@@ -32,11 +32,13 @@ pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_JIT_COMPILER_NOT_FOUND: CUresult = 221;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, the first of the stream-capture errors.
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
 /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, the last of the contiguous capture errors.
 pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
 pub const CUDA_ERROR_CAPTURED_EVENT: CUresult = 907;
@@ -65,6 +67,36 @@ pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: u32 = 2;
 pub const CU_STREAM_CAPTURE_MODE_GLOBAL: u32 = 0;
 pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: u32 = 1;
 pub const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
+
+// --- launches ------------------------------------------------------------------------
+
+/// `CUlaunchConfig` (CUDA 12.0+).
+#[repr(C)]
+pub struct CUlaunchConfig {
+    pub grid_dim: [core::ffi::c_uint; 3],
+    pub block_dim: [core::ffi::c_uint; 3],
+    pub shared_mem_bytes: core::ffi::c_uint,
+    pub stream: CUstream,
+    pub attrs: *mut c_void,
+    pub num_attrs: core::ffi::c_uint,
+}
+
+/// `CUDA_LAUNCH_PARAMS` (`cuLaunchCooperativeKernelMultiDevice`).
+#[repr(C)]
+pub struct CudaLaunchParams {
+    pub function: CUfunction,
+    pub grid_dim: [core::ffi::c_uint; 3],
+    pub block_dim: [core::ffi::c_uint; 3],
+    pub shared_mem_bytes: core::ffi::c_uint,
+    pub stream: CUstream,
+    pub kernel_params: *mut *mut c_void,
+}
+
+const _: () = assert!(core::mem::size_of::<CUlaunchConfig>() == 56);
+const _: () = assert!(core::mem::size_of::<CudaLaunchParams>() == 56);
+
+/// `CU_STREAM_NON_BLOCKING` (`cuStreamCreate` flags).
+pub const CU_STREAM_NON_BLOCKING: u32 = 0x1;
 
 // --- memory --------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 //! shims (`install`), show what a process sees (`probe`, `smi`).
 
 mod artifacts;
+mod coordinate;
 mod install;
 mod pidns;
 mod probe;

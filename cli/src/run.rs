@@ -296,6 +296,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
 
     let quota_given = args.memory.is_some() || args.cores.is_some() || !args.devices.is_empty();
     let mut region = None;
+    // With a compute limit: the config and region the host's coordinator needs.
+    let mut coordinated = None;
     let mut command = Command::new(&args.command[0]);
     command.args(&args.command[1..]);
     if quota_given {
@@ -309,10 +311,13 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             .map(|text| parse_device(text, args.memory, args.cores, args.core_mode))
             .collect::<Result<Vec<_>>>()?;
         let region_path = work.path.join("usage.region");
+        let compute = devices.iter().any(|d| d.effective_core_limit().is_some());
+        let host = crate::coordinate::host_dir();
         let config = Config {
             container_id: Some(container_id(args.state_dir.as_deref(), &work.path)),
             driver_dir: Some(plan.driver_dir.clone()),
             usage_region: Some(region_path.clone()),
+            card_state_dir: compute.then(|| crate::coordinate::cards_dir(&host)),
             devices,
             ..Config::default()
         };
@@ -345,6 +350,9 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         command
             .env("VGPU_CONFIG", &config_path)
             .env_remove("VGPU_DRIVER_DIR");
+        if compute {
+            coordinated = Some((config, host));
+        }
     } else {
         // No quota: the shims forward only.
         command
@@ -368,6 +376,24 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     for (shim, public) in &plan.covers {
         bind(shim, public)?;
     }
+    // After the binds (a thread would stop the namespace change): register with the
+    // host's compute coordination, resolving index selectors through the real NVML.
+    let _coordination = match &coordinated {
+        Some((config, host)) => {
+            let uuid_of = crate::coordinate::uuid_by_index(&plan.driver_dir.join(LIBS[1]));
+            let region = work.path.join("usage.region");
+            let spec = vgpu_common::coordinator::ContainerSpec::from_config(config, &region, uuid_of);
+            match spec.map(|spec| crate::coordinate::start(host, &spec)) {
+                Some(Ok(coordination)) => Some(coordination),
+                Some(Err(error)) => {
+                    eprintln!("vgpu: {error:#}; containers on these cards do not coordinate");
+                    None
+                }
+                None => None,
+            }
+        }
+        None => None,
+    };
 
     let status = if args.host_pid {
         run_here(&mut command, &args.command[0])

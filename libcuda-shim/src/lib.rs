@@ -3,8 +3,10 @@
 //!
 //! - `forward` (generated from `symbols/libcuda.so.*.txt`): the slot table and one naked
 //!   trampoline per export the shim does not hook.
-//! - `hooks`: the hooked exports, grouped by job (devices, contexts, memory, proc
-//!   address lookup, launches).
+//! - `hooks`: the hooked exports, grouped by job (devices, contexts and which is
+//!   current, memory, proc address lookup, launches, stream capture).
+//! - `limiter`: the compute limiter behind the launch hooks; `current`: the per-thread
+//!   cache of the current context and device it reads.
 //! - `state`: what the shim learned at load: the real library, the config, the usage
 //!   region, the visible devices and this process's allocations.
 //! - `stubs`: what a slot points to when there is nothing real to call.
@@ -16,6 +18,7 @@
 
 mod cuda;
 mod ledger;
+mod current;
 mod limiter;
 mod forward {
     include!(concat!(env!("OUT_DIR"), "/forward.rs"));

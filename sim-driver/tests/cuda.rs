@@ -2143,3 +2143,280 @@ isolated!(
         free(&sim, held);
     }
 );
+
+fn launch_grid(sim: &Sim, function: u64, blocks: u32, stream: u64) -> i32 {
+    call!(
+        sim,
+        "cuLaunchKernel",
+        fn(u64, u32, u32, u32, u32, u32, u32, u32, u64, *mut *mut c_void, *mut *mut c_void),
+        function,
+        blocks,
+        1,
+        1,
+        128,
+        1,
+        1,
+        0,
+        stream,
+        std::ptr::null_mut(),
+        std::ptr::null_mut()
+    )
+}
+
+fn new_stream(sim: &Sim) -> u64 {
+    let mut stream = 0u64;
+    assert_eq!(
+        call!(sim, "cuStreamCreate", fn(*mut u64, u32), &mut stream, 1),
+        SUCCESS
+    );
+    stream
+}
+
+fn new_event(sim: &Sim) -> u64 {
+    let mut event = 0u64;
+    assert_eq!(
+        call!(sim, "cuEventCreate", fn(*mut u64, u32), &mut event, 0),
+        SUCCESS
+    );
+    event
+}
+
+fn elapsed_ms(sim: &Sim, start: u64, end: u64) -> f32 {
+    assert_eq!(call!(sim, "cuEventSynchronize", fn(u64), end), SUCCESS);
+    let mut ms = 0f32;
+    assert_eq!(
+        call!(
+            sim,
+            "cuEventElapsedTime",
+            fn(*mut f32, u64, u64),
+            &mut ms,
+            start,
+            end
+        ),
+        SUCCESS
+    );
+    ms
+}
+
+isolated!(
+    kernels_share_the_cards_sms,
+    kernels_share_the_cards_sms_inner,
+    [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_SMS", "132")],
+    {
+        let sim = Sim::load();
+        init(&sim);
+        create_context(&sim, 0);
+        let (_, k20ms, _) = load_functions(&sim);
+        // Eight streams of quarter-card (33-block) 20 ms kernels: four fit at once, the
+        // other four wait for their SMs, and their events time the wait as well.
+        let streams: Vec<u64> = (0..8).map(|_| new_stream(&sim)).collect();
+        let events: Vec<(u64, u64)> = (0..8).map(|_| (new_event(&sim), new_event(&sim))).collect();
+        let wall = Instant::now();
+        for (stream, (start, end)) in streams.iter().zip(&events) {
+            assert_eq!(
+                call!(sim, "cuEventRecord", fn(u64, u64), *start, *stream),
+                SUCCESS
+            );
+            assert_eq!(launch_grid(&sim, k20ms, 33, *stream), SUCCESS);
+            assert_eq!(
+                call!(sim, "cuEventRecord", fn(u64, u64), *end, *stream),
+                SUCCESS
+            );
+        }
+        let mut times: Vec<f32> = events
+            .iter()
+            .map(|(s, e)| elapsed_ms(&sim, *s, *e))
+            .collect();
+        times.sort_by(f32::total_cmp);
+        assert!(
+            times[..4].iter().all(|ms| (ms - 20.0).abs() < 1.0),
+            "{times:?}"
+        );
+        assert!(
+            times[4..].iter().all(|ms| (ms - 40.0).abs() < 1.0),
+            "{times:?}"
+        );
+        assert!(wall.elapsed().as_secs_f64() >= 0.039);
+        // Small kernels on several streams still overlap.
+        let wall = Instant::now();
+        for stream in &streams {
+            assert_eq!(launch_grid(&sim, k20ms, 8, *stream), SUCCESS);
+        }
+        assert_eq!(call!(sim, "cuCtxSynchronize", fn()), SUCCESS);
+        let took = wall.elapsed().as_secs_f64();
+        assert!((0.019..0.035).contains(&took), "{took} s");
+    }
+);
+
+isolated!(
+    stream_capture_makes_graphs_that_launch,
+    stream_capture_makes_graphs_that_launch_inner,
+    [("VGPU_SIM_GPUS", "1")],
+    {
+        const CAPTURE_UNSUPPORTED: i32 = 900;
+        const CAPTURE_INVALIDATED: i32 = 901;
+        const CAPTURED_EVENT: i32 = 907;
+        const ILLEGAL_STATE: i32 = 401;
+        let sim = Sim::load();
+        init(&sim);
+        let ctx = create_context(&sim, 0);
+        let (k100us, k20ms, _) = load_functions(&sim);
+        let stream = new_stream(&sim);
+        let status = |stream: u64| {
+            let mut status = 9u32;
+            assert_eq!(
+                call!(
+                    sim,
+                    "cuStreamIsCapturing",
+                    fn(u64, *mut u32),
+                    stream,
+                    &mut status
+                ),
+                SUCCESS
+            );
+            status
+        };
+        let mut graph = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuStreamEndCapture",
+                fn(u64, *mut u64),
+                stream,
+                &mut graph
+            ),
+            ILLEGAL_STATE
+        );
+        // Relaxed capture: kernels become nodes, nothing runs, events are captured.
+        assert_eq!(
+            call!(sim, "cuStreamBeginCapture_v2", fn(u64, u32), stream, 2),
+            SUCCESS
+        );
+        assert_eq!(status(stream), 1);
+        let wall = Instant::now();
+        let event = new_event(&sim);
+        for _ in 0..2 {
+            assert_eq!(launch(&sim, k20ms, stream), SUCCESS);
+        }
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), event, stream),
+            SUCCESS
+        );
+        assert_eq!(call!(sim, "cuEventQuery", fn(u64), event), CAPTURED_EVENT);
+        assert_eq!(
+            call!(
+                sim,
+                "cuStreamEndCapture",
+                fn(u64, *mut u64),
+                stream,
+                &mut graph
+            ),
+            SUCCESS
+        );
+        assert!(
+            wall.elapsed().as_secs_f64() < 0.02,
+            "captured kernels do not run"
+        );
+        assert_eq!(status(stream), 0);
+        let mut exec = 0u64;
+        assert_eq!(
+            call!(
+                sim,
+                "cuGraphInstantiateWithFlags",
+                fn(*mut u64, u64, u64),
+                &mut exec,
+                graph,
+                0
+            ),
+            SUCCESS
+        );
+        // A launch runs the graph's kernels one after the other: 40 ms.
+        let (start, end) = (new_event(&sim), new_event(&sim));
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), start, stream),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuGraphLaunch", fn(u64, u64), exec, stream),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), end, stream),
+            SUCCESS
+        );
+        let ms = elapsed_ms(&sim, start, end);
+        assert!((ms - 40.0).abs() < 1.0, "{ms}");
+        // Global capture: another thread's event query is refused and breaks it, unless
+        // that thread is in relaxed mode.
+        assert_eq!(
+            call!(sim, "cuStreamBeginCapture_v2", fn(u64, u32), stream, 0),
+            SUCCESS
+        );
+        assert_eq!(launch(&sim, k100us, stream), SUCCESS);
+        let probe = new_event(&sim);
+        let query_from_thread = |relaxed: bool| {
+            std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        assert_eq!(call!(sim, "cuCtxSetCurrent", fn(u64), ctx), SUCCESS);
+                        let mut mode = if relaxed { 2u32 } else { 0 };
+                        assert_eq!(
+                            call!(
+                                sim,
+                                "cuThreadExchangeStreamCaptureMode",
+                                fn(*mut u32),
+                                &mut mode
+                            ),
+                            SUCCESS
+                        );
+                        call!(sim, "cuEventQuery", fn(u64), probe)
+                    })
+                    .join()
+                    .expect("thread")
+            })
+        };
+        assert_eq!(query_from_thread(true), SUCCESS);
+        assert_eq!(
+            status(stream),
+            1,
+            "a relaxed thread leaves the capture alone"
+        );
+        assert_eq!(query_from_thread(false), CAPTURE_UNSUPPORTED);
+        assert_eq!(status(stream), 2, "invalidated");
+        assert_eq!(
+            call!(
+                sim,
+                "cuStreamEndCapture",
+                fn(u64, *mut u64),
+                stream,
+                &mut graph
+            ),
+            CAPTURE_INVALIDATED
+        );
+        assert_eq!(graph, 0);
+        // Querying the capturing stream itself is refused even in relaxed mode.
+        assert_eq!(
+            call!(sim, "cuStreamBeginCapture_v2", fn(u64, u32), stream, 2),
+            SUCCESS
+        );
+        assert_eq!(
+            call!(sim, "cuStreamQuery", fn(u64), stream),
+            CAPTURE_UNSUPPORTED
+        );
+        assert_eq!(
+            call!(
+                sim,
+                "cuStreamEndCapture",
+                fn(u64, *mut u64),
+                stream,
+                &mut graph
+            ),
+            CAPTURE_INVALIDATED
+        );
+        assert_eq!(
+            call!(sim, "cuStreamBeginCapture_v2", fn(u64, u32), 0u64, 2),
+            CAPTURE_UNSUPPORTED,
+            "the legacy stream cannot be captured"
+        );
+    }
+);

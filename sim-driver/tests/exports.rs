@@ -77,7 +77,7 @@ fn every_cuda_export_is_reachable_through_get_proc_address() {
         .collect();
     for base in &bases {
         for version in [
-            2000, 3020, 4000, 7000, 11000, 11040, 12000, 12050, 12080, 13000,
+            2000, 3020, 4000, 7000, 10000, 10010, 11000, 11040, 12000, 12050, 12080, 13000,
         ] {
             for flags in [0u64, 2] {
                 let name = std::ffi::CString::new(base.as_str()).unwrap();

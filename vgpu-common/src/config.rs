@@ -5,7 +5,7 @@
 //! container_id: alloc-3f2a9c                 # who this container is (1-64 of [A-Za-z0-9._-])
 //! driver_dir: /usr/local/vgpu/driver/lib64   # where the real libcuda.so.1 / libnvidia-ml.so.1 are
 //! usage_region: /var/lib/vgpu/usage.region   # default: `usage.region` beside this file
-//! card_state_dir: /var/lib/vgpu/cards        # per-card compute state shared by containers (optional)
+//! card_state_dir: /etc/vgpu/cards            # the host's per-card compute views, read-only (optional)
 //! memory_oversubscribe: false                # see the README before turning this on
 //! utilization_scale: limit                   # `limit` (30 cores busy reads 100%) or `card` (reads 30%)
 //! devices:
@@ -447,6 +447,19 @@ mod tests {
         assert_eq!(config.utilization_scale, UtilizationScale::Card);
         let again = parse(&config.to_yaml()).expect("re-parse");
         assert_eq!(again, config);
+    }
+
+    #[test]
+    fn container_ids_are_checked() {
+        let config = parse("container_id: alloc-12.a_b\n").expect("valid id");
+        assert_eq!(config.container_id.as_deref(), Some("alloc-12.a_b"));
+        for bad in ["\"\"", "a/b", "\"with space\"", &"x".repeat(65)] {
+            let err = parse(&format!("container_id: {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("container_id"), "{bad}: {err}");
+        }
+        assert!(validate_container_id(&"x".repeat(64)).is_ok());
     }
 
     #[test]

@@ -1,12 +1,18 @@
 //! Shared pieces of vgpu-shim: the per-container quota config (`config`), byte sizes
-//! (`size`), the cross-process usage region (`region`) and process identity (`process`).
+//! (`size`), the cross-process usage region (`region`, and the host's private copy of
+//! it, `snapshot`), process identity (`process`), and compute coordination: what the
+//! limiter's region words mean (`limiter_words`), the host-owned per-card view
+//! (`cardview`) and the host-side coordinator that writes it (`coordinator`).
 //!
 //! Everything here is used from inside application processes (through the shims) as
 //! well as from host daemons, so nothing here panics on bad input, spawns threads or
 //! writes to stdout.
 
-pub mod cardstate;
+pub mod cardview;
+pub mod clock;
 pub mod config;
+pub mod coordinator;
+pub mod limiter_words;
 pub mod mapped;
 pub mod process;
 pub mod region;

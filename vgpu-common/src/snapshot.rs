@@ -262,6 +262,34 @@ mod tests {
     }
 
     #[test]
+    fn limiter_words_are_shared_copied_and_cleared_with_their_slot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        let slot = region.attach(&process::current()).expect("attach");
+        region.container_limiter(0)[3].store(77, std::sync::atomic::Ordering::SeqCst);
+        region.slot_limiter(slot, 0)[1].store(99, std::sync::atomic::Ordering::SeqCst);
+        let (other, _) = Region::open(&path, &devices()).expect("second mapping");
+        assert_eq!(
+            other.container_limiter(0)[3].load(std::sync::atomic::Ordering::SeqCst),
+            77
+        );
+        let copy = RegionSnapshot::read(&path).expect("snapshot");
+        assert_eq!(copy.container_limiter(0)[3], 77);
+        assert_eq!(copy.slot_limiter(slot.index(), 0)[1], 99);
+        assert_eq!(copy.slot_limiter(slot.index(), 1), [0; SLOT_LIMITER_WORDS]);
+        // Out-of-range indices are clamped, never out of bounds.
+        let _ = copy.container_limiter(usize::MAX);
+        let _ = copy.slot_limiter(usize::MAX, usize::MAX);
+        region.detach(slot);
+        let slot = region.attach(&process::current()).expect("attach again");
+        assert_eq!(
+            region.slot_limiter(slot, 0)[1].load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
+    }
+
+    #[test]
     fn truncated_foreign_and_special_files_are_refused_without_a_signal() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("r");

@@ -1,6 +1,7 @@
 //! Context creation and destruction: a hidden device gets no context, a new context's
 //! overhead is measured from the real driver and counted, and a destroyed context
-//! credits back everything that was allocated in it.
+//! credits back everything that was allocated in it. Each also keeps the per-thread
+//! current-context cache true (`crate::current`).
 
 use std::ffi::c_void;
 
@@ -30,6 +31,10 @@ fn create_context(
     let existing_primary = primary && primary_is_active(device);
     let meter = (!existing_primary).then(|| ContextMeter::start(enforcer, &visible.uuid));
     let result = create();
+    if result == CUDA_SUCCESS && !context.is_null() {
+        // SAFETY: the real call succeeded and wrote the context.
+        crate::current::created(unsafe { *context }, device, primary);
+    }
     if result == CUDA_SUCCESS
         && let Some(meter) = meter
         && !context.is_null()
@@ -53,6 +58,9 @@ fn primary_is_active(device: CUdevice) -> bool {
 
 /// After a primary context release or reset: if it is gone, credit it back.
 fn primary_maybe_gone(device: CUdevice, result: CUresult) -> CUresult {
+    if result == CUDA_SUCCESS {
+        crate::current::contexts_gone();
+    }
     if result == CUDA_SUCCESS
         && let Ok(Some(enforcer)) = enforcer()
         && let Some(visible) = enforcer.visible(device)
@@ -65,6 +73,10 @@ fn primary_maybe_gone(device: CUdevice, result: CUresult) -> CUresult {
 }
 
 fn destroyed(context: CUcontext, result: CUresult) -> CUresult {
+    if result == CUDA_SUCCESS {
+        crate::current::forget(context as usize);
+        crate::hooks::capture::forget_finished();
+    }
     if result == CUDA_SUCCESS
         && let Ok(Some(enforcer)) = enforcer()
     {

@@ -2,42 +2,15 @@
 //! cuLaunchKernelEx(_ptsz), cuLaunchCooperativeKernel(_ptsz),
 //! cuLaunchCooperativeKernelMultiDevice, the legacy cuLaunch, cuLaunchGrid and
 //! cuLaunchGridAsync, and cuGraphLaunch(_ptsz) (a graph is costed as one unit, so graphs
-//! are no escape from the limit). Signatures are the driver API's (`cuda.h`). With no
-//! compute limit each hook is one atomic load and a branch in front of the real call.
+//! are no escape from the limit). Signatures are the driver API's (`cuda.h`; the launch
+//! structs are `vgpu_abi`'s). With no compute limit each hook is one atomic load and a
+//! branch in front of the real call.
 
 use std::ffi::{c_int, c_uint, c_void};
 
 use crate::cuda::*;
 use crate::hook;
 use crate::limiter::{self, Target, Work};
-
-pub type CUfunction = *mut c_void;
-pub type CUgraphExec = *mut c_void;
-
-/// `CUlaunchConfig` (CUDA 12.0+).
-#[repr(C)]
-pub struct CUlaunchConfig {
-    pub grid_dim: [c_uint; 3],
-    pub block_dim: [c_uint; 3],
-    pub shared_mem_bytes: c_uint,
-    pub stream: CUstream,
-    pub attrs: *mut c_void,
-    pub num_attrs: c_uint,
-}
-
-/// `CUDA_LAUNCH_PARAMS`.
-#[repr(C)]
-pub struct CudaLaunchParams {
-    pub function: CUfunction,
-    pub grid_dim: [c_uint; 3],
-    pub block_dim: [c_uint; 3],
-    pub shared_mem_bytes: c_uint,
-    pub stream: CUstream,
-    pub kernel_params: *mut *mut c_void,
-}
-
-const _: () = assert!(std::mem::size_of::<CUlaunchConfig>() == 56);
-const _: () = assert!(std::mem::size_of::<CudaLaunchParams>() == 56);
 
 fn on(stream: CUstream) -> Target {
     Target {

@@ -1,7 +1,9 @@
 //! The hooked exports. Every `fn cu...(` in this folder is an export the generator will
 //! not give a trampoline; `hook!` makes it an exported, panic-guarded C function.
 
+pub mod capture;
 pub mod context;
+pub mod context_current;
 pub mod device;
 pub mod launch;
 pub mod memory;

@@ -1,235 +1,171 @@
-//! The compute limiter's arithmetic, with no FFI and no clock of its own (every method
-//! takes `now` in nanoseconds), so it is tested with a fake clock:
+//! The compute limiter's arithmetic, with no FFI, no atomics and no clock of its own
+//! (every function takes `now` in nanoseconds), so it is tested with a fake clock.
 //!
-//! - `DutyCycle`: a token bucket of GPU time. It fills at `percent` of wall time, holds
-//!   at most `percent` of one window (the burst), and each launch spends what it costs.
-//!   A launch waits while the bucket is in debt, so busy time / wall time converges on
-//!   the limit, and a kernel longer than the window is paid for after it ran (its cost
-//!   puts the bucket in debt; the next launch waits the debt off).
-//! - `Estimates`: what one launch of a kernel (or a graph) costs, learned from sampled
-//!   measurements, so most launches need no measurement of their own.
-//! - `RecentBusy`: the busy and demand fractions over the last publish interval.
-//! - `effective_percent`: what soft and hard mode allow, given contention.
-
-use std::collections::HashMap;
-
-use vgpu_common::CoreMode;
+//! - The token bucket is kept as one number, `paid_until`: the wall time up to which the
+//!   container's allowance is spent (a "generic cell rate" bucket). At rate `r` a launch
+//!   of cost `c` moves it to `max(paid_until, now - window) + c / r`; a launch waits
+//!   while it is in the future. That is a bucket of capacity `r * window` filling at
+//!   `r`, in one word, so every thread and process of a container can share it with a
+//!   compare-and-swap.
+//! - The union: a launch whose projected run is `[start, end)` adds to the container's
+//!   busy time only what lies beyond the horizon of work already queued (the latest
+//!   projected end of any of its streams): `max(0, end - max(start, horizon))`. Kernels
+//!   overlapping on several streams are counted once, as the card spends them.
+//! - `Estimate`: what one launch of a kernel (or a graph) costs, learned from sampled
+//!   measurements, packed into one word so a lock-free table can hold it.
 
 /// Nanoseconds per second.
 pub const SECOND_NS: u64 = 1_000_000_000;
-/// The most debt the bucket carries: a pathological kernel can never cause a wait
-/// longer than this divided by the rate.
-pub const MAX_DEBT_NS: i64 = 4 * SECOND_NS as i64;
+/// The most debt the bucket carries, in GPU time: a pathological kernel can never cause
+/// a wait longer than this divided by the rate.
+pub const MAX_DEBT_NS: u64 = 4 * SECOND_NS;
+/// Parts per million of the card at 100%.
+pub const FULL_PPM: u64 = 1_000_000;
 
-/// A token bucket of GPU time.
-#[derive(Clone, Debug)]
-pub struct DutyCycle {
-    /// Fill rate, parts per million of wall time.
-    rate_ppm: u64,
-    window_ns: u64,
-    /// GPU nanoseconds that may still be spent; negative is debt.
-    tokens_ns: i64,
-    last_ns: u64,
-}
-
-impl DutyCycle {
-    /// A full bucket for `percent` (1-100) of the card over windows of `window_ns`.
-    pub fn new(percent: u32, window_ns: u64, now_ns: u64) -> DutyCycle {
-        let mut bucket = DutyCycle {
-            rate_ppm: 0,
-            window_ns: window_ns.max(1),
-            tokens_ns: 0,
-            last_ns: now_ns,
-        };
-        bucket.rate_ppm = percent_ppm(percent);
-        bucket.tokens_ns = bucket.capacity();
-        bucket
-    }
-
-    fn capacity(&self) -> i64 {
-        (self.window_ns as u128 * self.rate_ppm as u128 / 1_000_000) as i64
-    }
-
-    /// The current rate, percent.
-    pub fn percent(&self) -> u32 {
-        (self.rate_ppm / 10_000) as u32
-    }
-
-    /// Changes the rate (soft mode moving between its ceiling and its share); what was
-    /// earned so far is kept, the burst shrinks to the new capacity.
-    pub fn set_percent(&mut self, percent: u32, now_ns: u64) {
-        self.refill(now_ns);
-        self.rate_ppm = percent_ppm(percent);
-        self.tokens_ns = self.tokens_ns.min(self.capacity());
-    }
-
-    fn refill(&mut self, now_ns: u64) {
-        let elapsed = now_ns.saturating_sub(self.last_ns);
-        self.last_ns = self.last_ns.max(now_ns);
-        let earned =
-            (elapsed as u128 * self.rate_ppm as u128 / 1_000_000).min(i64::MAX as u128) as i64;
-        self.tokens_ns = self.tokens_ns.saturating_add(earned).min(self.capacity());
-    }
-
-    /// Spends `cost_ns` of GPU time (a launch, or the correction once a measurement
-    /// settles; negative gives back an over-estimate).
-    pub fn charge(&mut self, cost_ns: i64, now_ns: u64) {
-        self.refill(now_ns);
-        self.tokens_ns = self
-            .tokens_ns
-            .saturating_sub(cost_ns)
-            .clamp(-MAX_DEBT_NS, self.capacity());
-    }
-
-    /// How long the next launch must wait: 0 when the bucket is not in debt.
-    pub fn delay(&mut self, now_ns: u64) -> u64 {
-        self.refill(now_ns);
-        if self.tokens_ns >= 0 || self.rate_ppm == 0 {
-            return 0;
-        }
-        ((-self.tokens_ns) as u128 * 1_000_000).div_ceil(self.rate_ppm as u128) as u64
-    }
-
-    /// GPU time that may still be spent now (negative is debt).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub fn tokens(&mut self, now_ns: u64) -> i64 {
-        self.refill(now_ns);
-        self.tokens_ns
-    }
-}
-
-fn percent_ppm(percent: u32) -> u64 {
+/// `percent` (clamped to 1-100) in parts per million.
+pub fn percent_ppm(percent: u32) -> u64 {
     percent.clamp(1, 100) as u64 * 10_000
 }
 
-/// What soft and hard mode allow: hard always `limit`; soft `ceiling` (default 100) while
-/// no other container on the card is busy, `limit` as soon as one is.
-pub fn effective_percent(mode: CoreMode, limit: u32, ceiling: Option<u32>, contended: bool) -> u32 {
-    match mode {
-        CoreMode::Hard => limit,
-        CoreMode::Soft if contended => limit,
-        CoreMode::Soft => ceiling.unwrap_or(100).max(limit),
+/// `100 / percent` in 32.32 fixed point, for every whole percent: rates are whole
+/// percents, and a launch's charge then takes a multiply, not a 128-bit division.
+const WALL_PER_GPU: [u64; 101] = {
+    let mut table = [0u64; 101];
+    let mut percent = 1;
+    while percent <= 100 {
+        table[percent] = (100u64 << 32) / percent as u64;
+        percent += 1;
     }
+    table
+};
+
+/// GPU time `cost_ns` at `rate_ppm`, as wall time.
+fn wall_of(cost_ns: u64, rate_ppm: u64) -> u64 {
+    let wall = if rate_ppm.is_multiple_of(10_000) && (10_000..=FULL_PPM).contains(&rate_ppm) {
+        (cost_ns as u128 * WALL_PER_GPU[(rate_ppm / 10_000) as usize] as u128) >> 32
+    } else {
+        cost_ns as u128 * FULL_PPM as u128 / rate_ppm.max(1) as u128
+    };
+    wall.min(u64::MAX as u128) as u64
 }
 
-/// A learned cost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Estimate {
-    pub cost_ns: u64,
-    pub samples: u32,
-    /// Launches since the last sample was taken.
-    pub since_sample: u32,
+/// The bucket after spending `cost_ns` of GPU time (negative: giving back an
+/// over-estimate) at `now_ns`: never fuller than one window, never deeper in debt than
+/// `MAX_DEBT_NS`.
+pub fn charge(paid_until: u64, now_ns: u64, cost_ns: i64, rate_ppm: u64, window_ns: u64) -> u64 {
+    let full = now_ns.saturating_sub(window_ns);
+    let from = paid_until.max(full);
+    let moved = if cost_ns >= 0 {
+        from.saturating_add(wall_of(cost_ns as u64, rate_ppm))
+    } else {
+        from.saturating_sub(wall_of(cost_ns.unsigned_abs(), rate_ppm))
+    };
+    moved
+        .max(full)
+        .min(now_ns.saturating_add(wall_of(MAX_DEBT_NS, rate_ppm)))
 }
 
-/// Per-kernel (or per-graph) costs learned from sampled measurements: an exponential
-/// average that follows a change of input size within a few samples.
-#[derive(Debug, Default)]
-pub struct Estimates {
-    by_key: HashMap<u64, Estimate>,
+/// How long a launch must wait: 0 unless the bucket is in debt.
+pub fn delay(paid_until: u64, now_ns: u64) -> u64 {
+    paid_until.saturating_sub(now_ns)
 }
 
-/// One process's part of its container's `percent` when `processes` of the container
-/// are active on the card: an even split, at least 1%.
-pub fn share_of(percent: u32, processes: u32) -> u32 {
-    (percent / processes.max(1)).max(1)
+/// The bucket after a rate change from `old_ppm` to `new_ppm`: what was saved (or owed)
+/// in GPU time is kept; the burst becomes the new rate's window.
+pub fn rescale(paid_until: u64, now_ns: u64, old_ppm: u64, new_ppm: u64, window_ns: u64) -> u64 {
+    let full = now_ns.saturating_sub(window_ns);
+    let from = paid_until.max(full);
+    let rescaled = if from >= now_ns {
+        let owed_gpu = (from - now_ns) as u128 * old_ppm as u128 / FULL_PPM as u128;
+        now_ns.saturating_add(wall_of(owed_gpu as u64, new_ppm))
+    } else {
+        let saved_gpu = (now_ns - from) as u128 * old_ppm as u128 / FULL_PPM as u128;
+        now_ns.saturating_sub(wall_of(saved_gpu as u64, new_ppm))
+    };
+    rescaled.max(full)
+}
+
+/// What a launch projected to run over `[start, end)` adds to the union of the
+/// container's queued work, whose latest projected end was `horizon`.
+pub fn union_increment(start: u64, end: u64, horizon: u64) -> u64 {
+    end.saturating_sub(start.max(horizon))
 }
 
 /// Launches between two samples of a short kernel.
 pub const SAMPLE_EVERY: u32 = 8;
 /// Kernels at least this long are measured every launch (the events cost nothing next to them).
 pub const ALWAYS_SAMPLE_NS: u64 = 1_000_000;
-/// The most keys remembered (a program that makes kernels forever must not grow us).
-const MAX_KEYS: usize = 4096;
 
-impl Estimates {
-    pub fn get(&self, key: u64) -> Option<Estimate> {
-        self.by_key.get(&key).copied()
-    }
-
-    /// Whether this launch of `key` should be measured, and counts the launch.
-    pub fn should_sample(&mut self, key: u64) -> bool {
-        match self.by_key.get_mut(&key) {
-            None => true,
-            Some(estimate) => {
-                estimate.since_sample += 1;
-                estimate.since_sample >= SAMPLE_EVERY || estimate.cost_ns >= ALWAYS_SAMPLE_NS
-            }
-        }
-    }
-
-    /// Folds in one measurement of `key`.
-    pub fn record(&mut self, key: u64, measured_ns: u64) {
-        if self.by_key.len() >= MAX_KEYS && !self.by_key.contains_key(&key) {
-            self.by_key.clear();
-        }
-        let estimate = self.by_key.entry(key).or_insert(Estimate {
-            cost_ns: measured_ns,
-            samples: 0,
-            since_sample: 0,
-        });
-        estimate.cost_ns = if estimate.samples == 0 {
-            measured_ns
-        } else {
-            (estimate.cost_ns * 3 + measured_ns) / 4
-        };
-        estimate.samples = estimate.samples.saturating_add(1);
-        estimate.since_sample = 0;
-    }
-}
-
-/// Busy and demand over the current publish interval.
-#[derive(Clone, Debug)]
-pub struct RecentBusy {
-    started_ns: u64,
-    busy_ns: u64,
-    waited_ns: u64,
-    launches: u64,
-}
-
-/// One closed interval's figures.
+/// A learned cost, packed into one word: the cost (40 bits of ns, up to 18 minutes), the
+/// number of samples (8 bits, saturating) and the launches since the last sample (16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Interval {
-    pub busy_permille: u32,
-    pub demand_permille: u32,
-    pub launches: u64,
+pub struct Estimate {
+    pub cost_ns: u64,
+    pub samples: u32,
+    pub since_sample: u32,
 }
 
-impl RecentBusy {
-    pub fn new(now_ns: u64) -> RecentBusy {
-        RecentBusy {
-            started_ns: now_ns,
-            busy_ns: 0,
-            waited_ns: 0,
-            launches: 0,
+const COST_BITS: u32 = 40;
+const COST_MASK: u64 = (1 << COST_BITS) - 1;
+/// Where the launches-since-sample counter starts in a packed estimate (its top bits).
+pub const SINCE_SHIFT: u32 = COST_BITS + 8;
+
+impl Estimate {
+    pub fn pack(self) -> u64 {
+        self.cost_ns.min(COST_MASK)
+            | (self.samples.min(0xff) as u64) << COST_BITS
+            | (self.since_sample.min(0xffff) as u64) << SINCE_SHIFT
+    }
+
+    pub fn unpack(word: u64) -> Estimate {
+        Estimate {
+            cost_ns: word & COST_MASK,
+            samples: ((word >> COST_BITS) & 0xff) as u32,
+            since_sample: (word >> SINCE_SHIFT) as u32 & 0xffff,
         }
     }
 
-    pub fn add_busy(&mut self, busy_ns: u64) {
-        self.busy_ns = self.busy_ns.saturating_add(busy_ns);
-    }
-
-    pub fn add_wait(&mut self, waited_ns: u64) {
-        self.waited_ns = self.waited_ns.saturating_add(waited_ns);
-    }
-
-    pub fn add_launch(&mut self) {
-        self.launches += 1;
-    }
-
-    /// Closes the interval if it is at least `length_ns` old.
-    pub fn close(&mut self, now_ns: u64, length_ns: u64) -> Option<Interval> {
-        let elapsed = now_ns.saturating_sub(self.started_ns);
-        if elapsed < length_ns || elapsed == 0 {
-            return None;
+    /// The first measurement.
+    pub fn first(measured_ns: u64) -> Estimate {
+        Estimate {
+            cost_ns: measured_ns,
+            samples: 1,
+            since_sample: 0,
         }
-        let permille = |ns: u64| (ns.saturating_mul(1000) / elapsed).min(1000) as u32;
-        let interval = Interval {
-            busy_permille: permille(self.busy_ns),
-            demand_permille: permille(self.busy_ns.saturating_add(self.waited_ns)),
-            launches: self.launches,
+    }
+
+    /// Folds in a measurement: an exponential average, quick to settle over the first
+    /// samples (a quarter of each), then steadier (a sixteenth): kernels that wait for
+    /// SMs behind the container's own measure in two modes, and a noisy cost would make
+    /// the union of concurrent streams' projections (a maximum) read long.
+    pub fn record(self, measured_ns: u64) -> Estimate {
+        let weight = if self.samples < 8 { 4 } else { 16 };
+        Estimate {
+            cost_ns: if self.samples == 0 {
+                measured_ns
+            } else {
+                (self
+                    .cost_ns
+                    .saturating_mul(weight - 1)
+                    .saturating_add(measured_ns))
+                    / weight
+            },
+            samples: self.samples.saturating_add(1),
+            since_sample: 0,
+        }
+    }
+
+    /// Counts one launch; `Some(counted)` with the sample counter reset when this launch
+    /// should be measured (every launch of a long kernel, one in `SAMPLE_EVERY` of a
+    /// short one, once `sample_allowed`), else the counted estimate and false.
+    pub fn count_launch(self, sample_allowed: bool) -> (Estimate, bool) {
+        let since = self.since_sample.saturating_add(1);
+        let due = self.cost_ns >= ALWAYS_SAMPLE_NS || (since >= SAMPLE_EVERY && sample_allowed);
+        let counted = Estimate {
+            since_sample: if due { 0 } else { since },
+            ..self
         };
-        *self = RecentBusy::new(now_ns);
-        Some(interval)
+        (counted, due)
     }
 }
 
@@ -238,47 +174,72 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+    const WINDOW: u64 = 10 * MS;
 
-    /// A GPU with one stream and a program that launches `kernel_ns` kernels back to back
-    /// as fast as the limiter lets it, with the cost charged at launch (what the shim does
-    /// once a kernel's cost is learned). Returns each kernel's [start, end) on the GPU.
-    fn run(percent: u32, kernel_ns: u64, wall_ns: u64) -> Vec<(u64, u64)> {
-        let mut bucket = DutyCycle::new(percent, 10 * MS, 0);
-        let (mut host, mut gpu_free) = (0u64, 0u64);
+    /// A GPU with `streams` concurrent streams and a program that launches `kernel_ns`
+    /// kernels round-robin as fast as the limiter lets it, charging each launch its union
+    /// increment (what the shim does once a kernel's cost is learned). Returns each
+    /// kernel's [start, end) on the GPU.
+    fn run(percent: u32, kernel_ns: u64, streams: usize, wall_ns: u64) -> Vec<(u64, u64)> {
+        let rate = percent_ppm(percent);
+        let mut paid = 0u64;
+        let mut horizon = 0u64;
+        let mut host = 1_000 * SECOND_NS;
+        let t0 = host;
+        let mut busy_until = vec![0u64; streams];
         let mut kernels = Vec::new();
-        while host < wall_ns {
-            host += bucket.delay(host);
-            // The host may not run ahead of the GPU by more than a small queue.
-            let start = host.max(gpu_free);
-            gpu_free = start + kernel_ns;
-            kernels.push((start, gpu_free));
-            bucket.charge(kernel_ns as i64, host);
+        let mut next = 0;
+        while host < t0 + wall_ns {
+            host += delay(paid, host);
+            let stream = next % streams;
+            next += 1;
+            let start = host.max(busy_until[stream]);
+            let end = start + kernel_ns;
+            busy_until[stream] = end;
+            kernels.push((start - t0, end - t0));
+            let increment = union_increment(start, end, horizon);
+            horizon = horizon.max(end);
+            paid = charge(paid, host, increment as i64, rate, WINDOW);
             host += 5_000; // launch overhead
-            if gpu_free > host + 2 * kernel_ns {
-                host = gpu_free - 2 * kernel_ns;
+            // The host may not run ahead of the GPU by more than a small queue per stream.
+            let queue_end = *busy_until.iter().min().unwrap_or(&0);
+            if queue_end > host + 2 * kernel_ns {
+                host = queue_end - 2 * kernel_ns;
             }
         }
         kernels
     }
 
-    fn busy_in(kernels: &[(u64, u64)], from: u64, to: u64) -> u64 {
-        kernels
+    /// Busy time of the union of `kernels` within [from, to).
+    fn union_in(kernels: &[(u64, u64)], from: u64, to: u64) -> u64 {
+        let mut spans: Vec<(u64, u64)> = kernels
             .iter()
-            .map(|&(s, e)| e.min(to).saturating_sub(s.max(from)))
-            .sum()
+            .map(|&(s, e)| (s.max(from), e.min(to)))
+            .filter(|(s, e)| s < e)
+            .collect();
+        spans.sort_unstable();
+        let (mut busy, mut reach) = (0, 0);
+        for (s, e) in spans {
+            busy += e.saturating_sub(s.max(reach));
+            reach = reach.max(e);
+        }
+        busy
     }
 
     #[test]
-    fn converges_on_the_limit_for_short_and_long_kernels() {
+    fn converges_on_the_limit_for_short_and_long_kernels_on_any_number_of_streams() {
         for percent in [10, 30, 50, 70] {
             for kernel in [100_000, MS, 10 * MS] {
-                let kernels = run(percent, kernel, 2 * SECOND_NS);
-                let fraction =
-                    busy_in(&kernels, 0, 2 * SECOND_NS) as f64 / (2 * SECOND_NS) as f64 * 100.0;
-                assert!(
-                    (fraction - percent as f64).abs() <= 2.0,
-                    "{percent}% with {kernel} ns kernels gave {fraction:.1}%"
-                );
+                for streams in [1, 2, 4, 8] {
+                    let kernels = run(percent, kernel, streams, 2 * SECOND_NS);
+                    let fraction = union_in(&kernels, 0, 2 * SECOND_NS) as f64
+                        / (2 * SECOND_NS) as f64
+                        * 100.0;
+                    assert!(
+                        (fraction - percent as f64).abs() <= 2.0,
+                        "{percent}% with {kernel} ns kernels on {streams} streams gave {fraction:.1}%"
+                    );
+                }
             }
         }
     }
@@ -287,10 +248,10 @@ mod tests {
     fn hard_limit_holds_in_every_100ms_window() {
         for percent in [10, 30, 70] {
             for kernel in [100_000, MS, 10 * MS] {
-                let kernels = run(percent, kernel, 2 * SECOND_NS);
+                let kernels = run(percent, kernel, 4, 2 * SECOND_NS);
                 let worst = (0..19)
                     .map(|i| {
-                        busy_in(&kernels, i * 100 * MS, (i + 1) * 100 * MS) as f64
+                        union_in(&kernels, i * 100 * MS, (i + 1) * 100 * MS) as f64
                             / (100 * MS) as f64
                             * 100.0
                     })
@@ -304,106 +265,121 @@ mod tests {
     }
 
     #[test]
+    fn overlapping_kernels_are_charged_once() {
+        // Four streams, each a 100 us kernel queued at once: 100 us of union, not 400.
+        let (mut horizon, mut charged) = (0, 0);
+        for _ in 0..4 {
+            charged += union_increment(1_000, 101_000, horizon);
+            horizon = horizon.max(101_000);
+        }
+        assert_eq!(charged, 100_000);
+        // Staggered by 30 us: 100 + 3 x 30.
+        let (mut horizon, mut charged) = (0, 0);
+        for i in 0..4 {
+            let start = 1_000 + i * 30_000;
+            charged += union_increment(start, start + 100_000, horizon);
+            horizon = horizon.max(start + 100_000);
+        }
+        assert_eq!(charged, 190_000);
+        // Past the horizon, the whole kernel; a gap does not count.
+        assert_eq!(union_increment(500_000, 600_000, 200_000), 100_000);
+    }
+
+    #[test]
     fn a_kernel_longer_than_the_window_is_paid_after() {
-        let mut bucket = DutyCycle::new(30, 20 * MS, 0);
-        assert_eq!(bucket.delay(0), 0);
-        bucket.charge((50 * MS) as i64, 0);
+        let now = 100 * SECOND_NS;
+        let paid = charge(0, now, 50 * MS as i64, percent_ppm(30), 20 * MS);
         // 50 ms against a 6 ms burst at 30%: (50 - 6) / 0.3 ms of waiting.
-        let wait = bucket.delay(0);
+        let wait = delay(paid, now);
         assert!(
             (wait as i64 - (44 * MS * 10 / 3) as i64).abs() < 1_000,
             "{wait}"
         );
-        assert_eq!(bucket.delay(wait), 0);
+        assert_eq!(delay(paid, now + wait), 0);
     }
 
     #[test]
     fn debt_is_bounded_and_idle_time_does_not_bank_beyond_the_burst() {
-        let mut bucket = DutyCycle::new(10, 20 * MS, 0);
-        bucket.charge(100 * SECOND_NS as i64, 0);
-        assert_eq!(bucket.tokens(0), -MAX_DEBT_NS);
-        assert_eq!(bucket.delay(0), MAX_DEBT_NS as u64 * 10);
-        // A long idle spell refills only the burst: 10% of 20 ms.
-        assert_eq!(bucket.tokens(1000 * SECOND_NS), 2 * MS as i64);
+        let now = 100 * SECOND_NS;
+        let rate = percent_ppm(10);
+        let paid = charge(0, now, 100 * SECOND_NS as i64, rate, 20 * MS);
+        assert_eq!(delay(paid, now), MAX_DEBT_NS * 10);
+        // A long idle spell refills only the burst: 10% of 20 ms = 2 ms of GPU time, so
+        // 3 ms at once leaves 1 ms of debt (10 ms of wall time).
+        let later = paid + 1000 * SECOND_NS;
+        let paid = charge(paid, later, 3 * MS as i64, rate, 20 * MS);
+        assert_eq!(delay(paid, later), 10 * MS);
+        // Giving back never fills beyond the burst either.
+        let paid = charge(paid, later, -(100 * MS as i64), rate, 20 * MS);
+        assert_eq!(paid, later - 20 * MS);
     }
 
     #[test]
     fn rate_changes_keep_the_debt_and_shrink_the_burst() {
-        let mut bucket = DutyCycle::new(100, 20 * MS, 0);
-        assert_eq!(bucket.tokens(0), 20 * MS as i64);
-        bucket.set_percent(25, 0);
-        assert_eq!(bucket.tokens(0), 5 * MS as i64);
-        bucket.charge((15 * MS) as i64, 0);
-        assert_eq!(bucket.delay(0), 40 * MS);
-        assert_eq!(bucket.percent(), 25);
+        let now = 100 * SECOND_NS;
+        // Full at 100% (20 ms of GPU time); at 25% the burst is 5 ms.
+        let paid = rescale(0, now, FULL_PPM, percent_ppm(25), 20 * MS);
+        let paid = charge(paid, now, 15 * MS as i64, percent_ppm(25), 20 * MS);
+        // 15 ms spent of a 5 ms burst: 10 ms of GPU time owed, 40 ms at 25%.
+        assert_eq!(delay(paid, now), 40 * MS);
+        // Owed time is kept in GPU time: at 50% it takes 20 ms.
+        let paid = rescale(paid, now, percent_ppm(25), percent_ppm(50), 20 * MS);
+        assert_eq!(delay(paid, now), 20 * MS);
     }
 
     #[test]
-    fn soft_mode_uses_its_ceiling_only_while_uncontended() {
-        assert_eq!(effective_percent(CoreMode::Hard, 30, None, false), 30);
-        assert_eq!(effective_percent(CoreMode::Soft, 30, None, false), 100);
-        assert_eq!(effective_percent(CoreMode::Soft, 30, Some(50), false), 50);
-        assert_eq!(effective_percent(CoreMode::Soft, 30, Some(50), true), 30);
-    }
-
-    #[test]
-    fn estimates_sample_new_short_and_long_kernels_as_designed() {
-        let mut estimates = Estimates::default();
-        assert!(estimates.should_sample(1), "an unknown kernel is measured");
-        estimates.record(1, 100_000);
-        let sampled = (0..SAMPLE_EVERY * 4).filter(|_| {
-            let sample = estimates.should_sample(1);
-            if sample {
-                estimates.record(1, 100_000);
+    fn whole_percent_rates_take_the_table_and_agree_with_division() {
+        for percent in 1..=100u32 {
+            for cost in [1u64, 999, 100_000, 7 * MS, MAX_DEBT_NS] {
+                let rate = percent_ppm(percent);
+                let exact = cost as u128 * FULL_PPM as u128 / rate as u128;
+                let table = wall_of(cost, rate) as u128;
+                assert!(
+                    exact - table <= 1,
+                    "{cost} ns at {percent}%: {table} vs {exact}"
+                );
             }
-            sample
-        });
-        assert_eq!(
-            sampled.count(),
-            4,
-            "one short launch in {SAMPLE_EVERY} is measured"
-        );
-        estimates.record(2, 10 * MS);
-        assert!(
-            estimates.should_sample(2) && estimates.should_sample(2),
-            "long kernels are measured every launch"
-        );
-        // The average follows a change of size.
-        for _ in 0..12 {
-            estimates.record(1, 300_000);
         }
-        let cost = estimates.get(1).map(|e| e.cost_ns).unwrap_or(0);
-        assert!((290_000..=300_000).contains(&cost), "{cost}");
+        assert_eq!(wall_of(1_000, 123_456), 8_100, "other rates divide");
     }
 
     #[test]
-    fn a_containers_limit_is_split_among_its_active_processes() {
-        assert_eq!(share_of(60, 1), 60);
-        assert_eq!(share_of(60, 2), 30);
-        assert_eq!(share_of(10, 3), 3);
-        assert_eq!(share_of(2, 8), 1, "never zero");
-        assert_eq!(share_of(30, 0), 30);
-    }
-
-    #[test]
-    fn recent_busy_reports_fractions_per_interval() {
-        let mut recent = RecentBusy::new(0);
-        recent.add_busy(6 * MS);
-        recent.add_wait(10 * MS);
-        recent.add_launch();
-        assert_eq!(recent.close(10 * MS, 20 * MS), None);
-        let interval = recent.close(20 * MS, 20 * MS).expect("closed");
-        assert_eq!(
-            interval,
-            Interval {
-                busy_permille: 300,
-                demand_permille: 800,
-                launches: 1
-            }
+    fn estimates_pack_sample_and_follow_a_change() {
+        let estimate = Estimate::first(100_000);
+        assert_eq!(Estimate::unpack(estimate.pack()), estimate);
+        let mut current = estimate;
+        let mut sampled = 0;
+        for _ in 0..SAMPLE_EVERY * 4 {
+            let (counted, due) = current.count_launch(true);
+            current = if due {
+                sampled += 1;
+                counted.record(100_000)
+            } else {
+                counted
+            };
+        }
+        assert_eq!(sampled, 4, "one short launch in {SAMPLE_EVERY} is measured");
+        let (held, due) = Estimate {
+            since_sample: SAMPLE_EVERY,
+            ..current
+        }
+        .count_launch(false);
+        assert!(
+            !due && held.since_sample > SAMPLE_EVERY,
+            "waits for a sample slot"
         );
-        assert_eq!(
-            recent.close(40 * MS, 20 * MS).map(|i| i.busy_permille),
-            Some(0)
+        assert!(
+            Estimate::first(2 * MS).count_launch(false).1,
+            "long kernels: every launch"
         );
+        for _ in 0..48 {
+            current = current.record(300_000);
+        }
+        assert!(
+            (290_000..=300_000).contains(&current.cost_ns),
+            "{current:?}"
+        );
+        let huge = Estimate::first(u64::MAX);
+        assert_eq!(Estimate::unpack(huge.pack()).cost_ns, COST_MASK);
     }
 }

@@ -1,50 +1,69 @@
-//! The compute (SM) limiter: throttles kernel launches so that the GPU time this
-//! process's work takes, divided by wall time, stays at the container's `core_limit`.
+//! The compute (SM) limiter: throttles kernel launches so that the GPU time a
+//! container's work takes on a card, divided by wall time, stays at its `core_limit`.
 //!
-//! It measures the work itself, not NVML samples: a sampled launch is bracketed by two
-//! CUDA events recorded on its own stream (the real `cuEventRecord`), and once the end
-//! event completes `cuEventElapsedTime` gives what the kernel (or graph) really took.
-//! That teaches a per-kernel cost (`duty::Estimates`), so most launches are charged at
-//! launch from the estimate, with no events at all; each later sample corrects the
-//! bucket by measured minus charged. A `duty::DutyCycle` bucket over 10 ms windows then
-//! makes each launch wait while the process is in debt. Nothing sleeps with a lock held.
+//! Busy time is the union of the container's kernels on the card, not their sum: each
+//! stream keeps a projected "busy until" (a launch on stream `s` at host time `t` with
+//! cost `c` runs over `[max(t, busy_until_s), +c)`), the container keeps the latest
+//! projected end of any of its streams (the horizon), and a launch is charged only what
+//! it adds beyond the horizon (`duty::union_increment`). Four streams of kernels that
+//! overlap on the card pay once, as the card spends it.
 //!
-//! Around it: soft mode reads the per-card state (`vgpu_common::cardstate`) to learn
-//! whether another container is busy, every process publishes its busy fraction there,
-//! and measured busy time goes into the usage region (`Region::add_busy`).
+//! Costs are measured, not guessed from NVML: a sampled launch is bracketed by two CUDA
+//! events on its own stream, and once the end event completes `cuEventElapsedTime` says
+//! what it took (resource waits behind the container's own kernels included, which is
+//! what makes the union of projections match the card when kernels do not all fit).
+//! That teaches a per-kernel cost (`tables::Estimates`) from which every other launch is
+//! charged; a settled sample corrects the bucket by what its measured run adds to the
+//! union beyond what its estimate did.
 //!
-//! Safety rails: no throttling (and no events) while the stream captures a graph, in a
-//! forked child until it rebuilds, or once the process is exiting; a capture in global
-//! mode on another thread is respected by switching this thread to relaxed capture
-//! mode around our own event queries. No thread is started, so none can fail to start.
+//! The bucket, the horizon and the rate live in the container's usage region
+//! (`shared::Shared`), so all processes of a container spend one budget. A launch that
+//! is not sampled takes no lock and makes no driver call: a few atomics, one clock read
+//! (the current device comes from `crate::current`, captures from
+//! `hooks::capture::possible`). Sampled launches, waits and the publish tick (every
+//! `PUBLISH_NS`: activity for the host's coordinator, and in soft mode the card's view)
+//! take the slow path.
+//!
+//! Safety rails: nothing is throttled or timed while the launch's stream captures a
+//! graph, in a forked child until it rebuilds, or once the process is exiting; our own
+//! event calls run in relaxed capture mode while any capture is under way. No thread is
+//! started and nothing sleeps with a lock held.
 
 pub mod duty;
+mod shared;
+mod tables;
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use vgpu_common::CoreMode;
-use vgpu_common::cardstate::{self, CardState, EntryId, Report};
-use vgpu_shimgen::runtime;
+use vgpu_common::cardview::{self, CardView};
+use vgpu_common::clock::monotonic_ns;
+use vgpu_common::limiter_words::slot as slot_words;
+use vgpu_common::region::{Region, SLOT_LIMITER_WORDS, SlotId};
 
 use crate::cuda::*;
 use crate::debug;
+use crate::hooks::capture;
 use crate::state::{Enforcer, Visible, enforcer, real};
-use duty::{DutyCycle, Estimates, RecentBusy};
+use shared::Shared;
+use tables::{Estimates, Streams};
 
-pub type CUevent = *mut c_void;
-
-/// Bucket window: the burst a limited process may take at once is `limit` of this, so
-/// no 100 ms stretch exceeds the limit by more than a tenth of it.
-const WINDOW_NS: u64 = 10_000_000;
-/// How often a process publishes to the card state and re-reads contention.
+/// Bucket window: the burst a limited container may take at once is `limit` of this,
+/// so no 100 ms stretch exceeds the limit by more than a fifth of it. Long enough that a
+/// burst holds several rounds of kernels on concurrent streams (each round's ragged
+/// edge costs a little overlap), short enough for a 100 ms window to see the limit.
+const WINDOW_NS: u64 = 20_000_000;
+/// A launch held back by the limit waits until the bucket has refilled this much wall
+/// time's worth, so that all the container's streams resume together and overlap: with
+/// a trickle of budget, only one of them would get through at a time. Less than the
+/// window, so that oversleeping by up to a quarter of it loses nothing.
+const REFILL_NS: u64 = WINDOW_NS * 3 / 4;
+/// How often a process publishes its activity and, in soft mode, reads the card view.
 const PUBLISH_NS: u64 = 20_000_000;
-/// Another container counts as busy when it had work this recently.
-const CONTENDED_WITHIN_NS: u64 = 200_000_000;
 /// The longest single sleep: rate changes and exit are noticed within this.
 const SLEEP_SLICE_NS: u64 = 20_000_000;
 /// The shortest sleep: shorter ones cost more in wake-up latency than they throttle;
@@ -53,15 +72,26 @@ const MIN_SLEEP_NS: u64 = 500_000;
 /// How long a launch waits for the first measurement of an unknown kernel before it
 /// goes ahead unmeasured.
 const FIRST_MEASURE_PATIENCE_NS: u64 = 2_000_000_000;
+/// Samples of short kernels on a device are at least this far apart (a long kernel is
+/// sampled every launch): with launches of a few microseconds, one in eight would cost
+/// more in event calls than the launch itself.
+const MIN_SAMPLE_GAP_NS: u64 = 200_000;
+/// Finished samples are read at most this often.
+const SETTLE_EVERY_NS: u64 = 200_000;
+/// The activity word is written at most this often.
+const ACTIVE_STAMP_NS: u64 = 1_000_000;
 /// Unsettled samples kept at most; beyond it launches are charged from estimates only.
 const MAX_PENDING: usize = 256;
 /// Events kept ready per context.
 const POOL_TARGET: usize = 32;
-
-const CU_STREAM_PER_THREAD: usize = 0x2;
-const CUDA_ERROR_NOT_READY: CUresult = 600;
-const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
-const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
+const ESTIMATE_SLOTS: usize = 4096;
+const STREAM_SLOTS: usize = 256;
+/// The stream key of the legacy default stream.
+const LEGACY_KEY: u64 = 1;
+/// Bits of busy ns in `DeviceLimiter::unpublished` (4.9 hours; it is emptied every
+/// publish tick).
+const BUSY_BITS: u32 = 44;
+const PER_THREAD_KEY_BIT: u64 = 1 << 62;
 
 /// What one launch is, for costing: a kernel (its function handle) or a graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,10 +101,12 @@ pub enum Work {
 }
 
 impl Work {
+    /// A nonzero key per kernel or graph.
     fn key(self) -> u64 {
         match self {
+            Work::Kernel(0) => 1 << 61,
             Work::Kernel(function) => function as u64,
-            Work::Graph(exec) => exec as u64 ^ (1 << 63),
+            Work::Graph(exec) => exec as u64 | (1 << 63),
         }
     }
 }
@@ -94,6 +126,38 @@ impl Target {
         } else {
             self.stream
         }
+    }
+
+    fn is_per_thread(self) -> bool {
+        self.stream() as usize == CU_STREAM_PER_THREAD
+    }
+
+    fn is_legacy(self) -> bool {
+        matches!(self.stream() as usize, 0 | CU_STREAM_LEGACY)
+    }
+
+    /// The key of its projection: the legacy stream, the calling thread's per-thread
+    /// stream, or the stream handle.
+    fn key(self) -> u64 {
+        if self.is_legacy() {
+            LEGACY_KEY
+        } else if self.is_per_thread() {
+            PER_THREAD_KEY_BIT | crate::current::thread_tag()
+        } else {
+            self.stream as u64
+        }
+    }
+
+    /// Whether the stream waits for the legacy stream (and it for the stream).
+    fn is_blocking(self) -> bool {
+        if self.is_legacy() || self.is_per_thread() {
+            return true;
+        }
+        let get_flags = real!(cuStreamGetFlags as fn(CUstream, *mut u32) -> CUresult);
+        let mut flags = 0u32;
+        // SAFETY: valid out-pointer; the caller's stream.
+        let known = unsafe { get_flags(self.stream, &mut flags) } == CUDA_SUCCESS;
+        known && flags & CU_STREAM_NON_BLOCKING == 0
     }
 }
 
@@ -124,24 +188,35 @@ pub fn throttle_only(launch: impl FnOnce() -> CUresult) -> CUresult {
         return launch();
     }
     if let Some(device) = current_limited() {
-        device.wait_turn(None);
+        device.wait_turn(false, None);
     }
     launch()
 }
 
-#[cold]
+#[inline(never)]
 fn limited_launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult) -> CUresult {
     let Some(device) = current_limited() else {
         return launch();
     };
-    if is_capturing(target) {
+    if capture::possible() && is_capturing(target) {
         return launch();
     }
-    let unknown = device.wait_turn(Some(work));
-    let sample = device.begin_sample(work, target, unknown);
-    let result = launch();
-    device.finish_launch(target, sample, result == CUDA_SUCCESS);
-    result
+    let now = monotonic_ns();
+    let rate = device.rate();
+    let sample_open = now >= device.next_sample_ns.load(Ordering::Relaxed);
+    let estimate = device.estimates.count_launch(work.key(), sample_open);
+    if let Some((known, false)) = estimate
+        && (device.shared.hold(now, rate, REFILL_NS) == 0
+            || device.rides_along(target, known.cost_ns, now))
+        && now < device.next_publish_ns.load(Ordering::Relaxed)
+    {
+        let result = launch();
+        if result == CUDA_SUCCESS {
+            device.charge(target, known.cost_ns, now, rate);
+        }
+        return result;
+    }
+    device.slow_launch(work, target, estimate, launch)
 }
 
 /// The limiter of the calling thread's current device, when it has a compute limit and
@@ -155,11 +230,14 @@ fn current_limited() -> Option<&'static DeviceLimiter> {
         return None;
     };
     let limiter = limiter(enforcer)?;
-    let visible = enforcer.current().ok()?;
+    if limiter.only_device {
+        return limiter.devices.first();
+    }
+    let (_, device) = crate::current::current()?;
     limiter
         .devices
         .iter()
-        .find(|device| device.visible.real == visible.real)
+        .find(|limited| limited.visible.real == device)
 }
 
 /// Whether `target`'s stream is capturing (or capture forbids asking): then the launch
@@ -170,8 +248,8 @@ fn is_capturing(target: Target) -> bool {
     // SAFETY: valid out-pointer; the stream is the caller's.
     match unsafe { is_capturing(target.stream(), &mut status) } {
         CUDA_SUCCESS => status != CU_STREAM_CAPTURE_STATUS_NONE,
-        // CUDA_ERROR_STREAM_CAPTURE_*: a capture is going on around this call.
-        900..=909 => true,
+        // A capture error: a capture is going on around this call.
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED..=CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => true,
         _ => false,
     }
 }
@@ -180,65 +258,150 @@ fn is_capturing(target: Target) -> bool {
 struct Limiter {
     generation: u64,
     devices: Vec<DeviceLimiter>,
+    /// The container sees one device, and it is limited: every launch goes to it.
+    only_device: bool,
 }
 
 /// One limited device.
 struct DeviceLimiter {
     visible: Visible,
-    limit: u32,
-    card: Option<(CardState, EntryId)>,
-    container: u64,
-    inner: Mutex<Inner>,
+    limit_ppm: u64,
+    ceiling: u32,
+    soft: bool,
+    region: &'static Region,
+    shared: Shared<'static>,
+    slot: Option<SlotId>,
+    /// This process's limiter words in its region slot.
+    mine: Option<&'static [AtomicU64; SLOT_LIMITER_WORDS]>,
+    estimates: Estimates,
+    streams: Streams,
+    next_publish_ns: AtomicU64,
+    next_sample_ns: AtomicU64,
+    /// Busy time and launches not yet added to the region (one atomic per launch on
+    /// this process's own memory; the region gets them at each publish tick): busy ns
+    /// in the low `BUSY_BITS`, launches above.
+    unpublished: AtomicU64,
+    /// Pending samples of kernels that had no estimate yet.
+    unknown_in_flight: AtomicUsize,
+    /// Where the host's card views are, and who this container is in them.
+    card_dir: Option<PathBuf>,
+    container_id: Option<String>,
+    slow: Mutex<Slow>,
 }
 
-struct Inner {
-    bucket: DutyCycle,
-    estimates: Estimates,
+/// What only sampled launches and settling touch.
+struct Slow {
     pending: VecDeque<Sample>,
     /// Spare events per context.
     pools: HashMap<usize, Vec<CUevent>>,
-    recent: RecentBusy,
-    had_work: bool,
+    /// Per context: how event times map to the host clock.
+    clocks: HashMap<usize, GpuClock>,
     last_settle_ns: u64,
 }
 
+/// How long a reference event serves before a fresh one replaces it (the GPU's timer
+/// and the host's clock drift apart by microseconds per second at most).
+const CLOCK_REFRESH_NS: u64 = 1_000_000_000;
+
+/// Maps one context's event times to the host clock: an event recorded on a stream of
+/// our own, which never has work queued, fires within microseconds of its record, so
+/// the host time of that record plus `cuEventElapsedTime(reference, e)` is when `e`
+/// fired. That places a measured kernel where it really ran, not where its stream's
+/// projection said it would start.
+struct GpuClock {
+    stream: CUstream,
+    /// The reference in use: (event, host time of its record).
+    current: Option<(CUevent, u64)>,
+    /// A newer one, used once it has fired.
+    next: Option<(CUevent, u64)>,
+}
+
+impl GpuClock {
+    fn new() -> Option<GpuClock> {
+        let create = real!(cuStreamCreate as fn(*mut CUstream, u32) -> CUresult);
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; a context is current (we are settling its samples).
+        (unsafe { create(&mut stream, CU_STREAM_NON_BLOCKING) } == CUDA_SUCCESS).then_some(
+            GpuClock {
+                stream,
+                current: None,
+                next: None,
+            },
+        )
+    }
+
+    /// The reference usable now, recording a fresh one when it is due.
+    fn reference(&mut self, slow_pool: &mut Vec<CUevent>, now_ns: u64) -> Option<(CUevent, u64)> {
+        let query = real!(cuEventQuery as fn(CUevent) -> CUresult);
+        if let Some((event, host_ns)) = self.next
+            // SAFETY: an event we recorded.
+            && unsafe { query(event) } == CUDA_SUCCESS
+        {
+            if let Some((old, _)) = self.current.replace((event, host_ns)) {
+                slow_pool.push(old);
+            }
+            self.next = None;
+        }
+        let stale = self
+            .current
+            .is_none_or(|(_, host_ns)| now_ns.saturating_sub(host_ns) > CLOCK_REFRESH_NS);
+        if stale && self.next.is_none() {
+            let event = slow_pool.pop().or_else(|| {
+                let create = real!(cuEventCreate as fn(*mut CUevent, u32) -> CUresult);
+                let mut event = std::ptr::null_mut();
+                // SAFETY: valid out-pointer; default flags (timing on).
+                (unsafe { create(&mut event, 0) } == CUDA_SUCCESS).then_some(event)
+            })?;
+            let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
+            let before = monotonic_ns();
+            // SAFETY: our own event on our own (idle) stream.
+            if unsafe { record(event, self.stream) } == CUDA_SUCCESS {
+                self.next = Some((event, before / 2 + monotonic_ns() / 2));
+            } else {
+                slow_pool.push(event);
+            }
+        }
+        self.current
+    }
+
+    /// When `event` fired, on the host clock.
+    fn host_time(reference: (CUevent, u64), event: CUevent) -> Option<u64> {
+        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer; two events of one context, both complete.
+        if unsafe { elapsed(&mut ms, reference.0, event) } != CUDA_SUCCESS || !ms.is_finite() {
+            return None;
+        }
+        let offset = (ms as f64 * 1e6) as i64;
+        Some(reference.1.saturating_add_signed(offset))
+    }
+}
+
 // SAFETY: the raw event and context handles are plain driver handles, valid from any thread.
-unsafe impl Send for Inner {}
+unsafe impl Send for Slow {}
 
 /// A bracketed launch whose end event has not been read yet.
 struct Sample {
     key: u64,
+    stream_key: u64,
     context: usize,
     start: CUevent,
     end: CUevent,
-    /// What the launch was charged when it went out.
-    charged_ns: u64,
     /// Whether it was charged from an estimate (else it is paid when it settles).
     known: bool,
+    /// Its projection (start, and the cost it was projected with), and the union's
+    /// horizon before it.
+    projected_start: u64,
+    projected_ns: u64,
+    horizon_before: u64,
     /// When the stream was idle as the start event went in, the start event fires at
     /// once and the kernel only after the launch call submitted it: the host time from
     /// the start event's record to the launch's return, which the GPU spent idle (as
-    /// NVML sees it) and must not be charged. Zero when the stream had work queued, so
-    /// the start event fired only when that work finished.
+    /// NVML sees it) and must not be charged. Zero when the stream had work queued.
     idle_gap_ns: u64,
-    /// Monotonic ns just after the start event was recorded on an idle stream; 0 else.
-    idle_since_ns: u64,
 }
 
 impl Sample {
-    fn unmeasured(key: u64, charged_ns: u64) -> Sample {
-        Sample {
-            key,
-            context: 0,
-            start: std::ptr::null_mut(),
-            end: std::ptr::null_mut(),
-            charged_ns,
-            known: true,
-            idle_gap_ns: 0,
-            idle_since_ns: 0,
-        }
-    }
-
     /// The kernel's own GPU time from the events' elapsed time.
     fn kernel_ns(&self, elapsed_ns: u64) -> u64 {
         // Never below a quarter of what the events saw: an over-long host gap (the
@@ -251,7 +414,7 @@ impl Sample {
 
 /// The limiter, built on first use (and again in a forked child); `None` when no
 /// visible device has a compute limit.
-fn limiter(enforcer: &Enforcer) -> Option<&'static Limiter> {
+fn limiter(enforcer: &'static Enforcer) -> Option<&'static Limiter> {
     let generation = FORK_GENERATION.load(Ordering::Acquire);
     let current = LIMITER.load(Ordering::Acquire);
     // SAFETY: LIMITER only holds leaked, never-freed Limiter boxes.
@@ -261,10 +424,12 @@ fn limiter(enforcer: &Enforcer) -> Option<&'static Limiter> {
         return (!limiter.devices.is_empty()).then_some(limiter);
     }
     // Before cuInit the devices are unknown: decide nothing yet.
-    let devices = enforcer.devices()?;
+    let visible = enforcer.devices()?;
+    let devices = build_devices(enforcer, visible);
     let fresh = Box::into_raw(Box::new(Limiter {
         generation,
-        devices: build_devices(enforcer, devices),
+        only_device: visible.len() == 1 && devices.len() == 1,
+        devices,
     }));
     register_handlers();
     let winner = match LIMITER.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire)
@@ -272,8 +437,7 @@ fn limiter(enforcer: &Enforcer) -> Option<&'static Limiter> {
         Ok(_) => fresh,
         Err(other) => {
             // SAFETY: `fresh` is ours alone and was never shared.
-            let ours = unsafe { Box::from_raw(fresh) };
-            ours.leave_cards();
+            drop(unsafe { Box::from_raw(fresh) });
             other
         }
     };
@@ -290,93 +454,60 @@ fn limiter(enforcer: &Enforcer) -> Option<&'static Limiter> {
     (!limiter.devices.is_empty()).then_some(limiter)
 }
 
-fn build_devices(enforcer: &Enforcer, devices: &[Visible]) -> Vec<DeviceLimiter> {
-    let container = cardstate::container_id(enforcer.region.path());
-    let now = cardstate::monotonic_ns();
+fn build_devices(enforcer: &'static Enforcer, devices: &[Visible]) -> Vec<DeviceLimiter> {
+    let now = monotonic_ns();
+    let slot = enforcer.slot();
     devices
         .iter()
         .filter_map(|visible| {
             let limit = visible.core_limit?;
-            let card = join_card(enforcer, visible, container, now);
-            let start = duty::effective_percent(
-                visible.core_mode,
-                limit,
-                visible.core_ceiling,
-                visible.core_mode == CoreMode::Soft && card.is_none(),
-            );
+            let soft = visible.core_mode == CoreMode::Soft;
             debug!(
                 "compute limit {limit}% ({:?}) on {}",
                 visible.core_mode, visible.uuid
             );
-            Some(DeviceLimiter {
+            let device = DeviceLimiter {
                 visible: visible.clone(),
-                limit,
-                card,
-                container,
-                inner: Mutex::new(Inner {
-                    bucket: DutyCycle::new(start, WINDOW_NS, now),
-                    estimates: Estimates::default(),
+                limit_ppm: duty::percent_ppm(limit),
+                ceiling: if soft {
+                    visible.core_ceiling.unwrap_or(100).max(limit)
+                } else {
+                    limit
+                },
+                soft,
+                region: &enforcer.region,
+                shared: Shared::new(
+                    enforcer.region.container_limiter(visible.region_index),
+                    WINDOW_NS,
+                ),
+                slot,
+                mine: slot.map(|slot| enforcer.region.slot_limiter(slot, visible.region_index)),
+                estimates: Estimates::new(ESTIMATE_SLOTS),
+                streams: Streams::new(STREAM_SLOTS),
+                next_publish_ns: AtomicU64::new(0),
+                next_sample_ns: AtomicU64::new(0),
+                unpublished: AtomicU64::new(0),
+                unknown_in_flight: AtomicUsize::new(0),
+                card_dir: enforcer.config.card_state_dir.clone(),
+                container_id: enforcer.config.container_id.clone(),
+                slow: Mutex::new(Slow {
                     pending: VecDeque::new(),
                     pools: HashMap::new(),
-                    recent: RecentBusy::new(now),
-                    had_work: false,
+                    clocks: HashMap::new(),
                     last_settle_ns: 0,
                 }),
-            })
+            };
+            device.publish(now);
+            Some(device)
         })
         .collect()
-}
-
-/// Where the per-card state files live: the config's `card_state_dir`, else
-/// `vgpu-cards` in the temp folder (shared by every `vgpu run` of the host).
-pub fn card_state_dir(enforcer: &Enforcer) -> PathBuf {
-    enforcer
-        .config
-        .card_state_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join("vgpu-cards"))
-}
-
-fn join_card(
-    enforcer: &Enforcer,
-    visible: &Visible,
-    container: u64,
-    now: u64,
-) -> Option<(CardState, EntryId)> {
-    let dir = card_state_dir(enforcer);
-    let opened = CardState::open(&dir, &visible.uuid).and_then(|(card, _)| {
-        let entry = card.join(&vgpu_common::process::current(), container, now)?;
-        Ok((card, entry))
-    });
-    match opened {
-        Ok(joined) => Some(joined),
-        Err(err) => {
-            let consequence = if visible.core_mode == CoreMode::Soft {
-                "soft mode keeps to its limit"
-            } else {
-                "other containers cannot see this one"
-            };
-            runtime::notice("cuda", format_args!("{err}; {consequence}"));
-            None
-        }
-    }
-}
-
-impl Limiter {
-    fn leave_cards(&self) {
-        for device in &self.devices {
-            if let Some((card, entry)) = &device.card {
-                card.leave(*entry);
-            }
-        }
-    }
 }
 
 fn register_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // SAFETY: registering plain extern "C" handlers that only touch atomics (and, at
-        // exit, the leaked limiter); the shim is linked with -z nodelete.
+        // SAFETY: registering plain extern "C" handlers that only touch atomics; the
+        // shim is linked with -z nodelete.
         unsafe {
             libc::pthread_atfork(None, None, Some(after_fork_in_child));
             libc::atexit(at_exit);
@@ -390,306 +521,415 @@ extern "C" fn after_fork_in_child() {
 
 extern "C" fn at_exit() {
     EXITING.store(true, Ordering::SeqCst);
-    runtime::guard((), || {
-        // SAFETY: LIMITER only holds leaked limiters.
-        if let Some(limiter) = unsafe { LIMITER.load(Ordering::Acquire).as_ref() }
-            && limiter.generation == FORK_GENERATION.load(Ordering::Acquire)
-        {
-            limiter.leave_cards();
-        }
-    });
 }
 
 impl DeviceLimiter {
-    fn lock(&self) -> Option<std::sync::MutexGuard<'_, Inner>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slow> {
         // A panic while the lock was held leaves consistent-enough numbers behind.
-        Some(
-            self.inner
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
+        self.slow
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Waits until this process may launch again. Returns whether `work` has no cost
-    /// estimate yet (then this launch is measured and paid when it settles).
-    fn wait_turn(&self, work: Option<Work>) -> bool {
-        let started = cardstate::monotonic_ns();
-        loop {
-            let now = cardstate::monotonic_ns();
-            let (sleep_ns, unknown) = {
-                let Some(mut inner) = self.lock() else {
-                    return false;
-                };
-                self.settle(&mut inner, now, false);
-                self.publish(&mut inner, now);
-                let unknown = work.is_some_and(|work| inner.estimates.get(work.key()).is_none());
-                // An unknown kernel waits for the measurement already under way of
-                // another unknown one, so a queue of long kernels cannot slip past.
-                let unknown_in_flight = unknown && inner.pending.iter().any(|sample| !sample.known);
-                let delay = inner.bucket.delay(now);
-                let sleep = if delay > 0 {
-                    delay.clamp(MIN_SLEEP_NS, SLEEP_SLICE_NS)
-                } else if unknown_in_flight
-                    && now.saturating_sub(started) < FIRST_MEASURE_PATIENCE_NS
-                {
-                    100_000
-                } else {
-                    0
-                };
-                if sleep > 0 {
-                    inner.recent.add_wait(sleep);
-                }
-                (sleep, unknown)
-            };
-            if sleep_ns == 0 || EXITING.load(Ordering::Relaxed) {
-                return unknown;
+    /// The rate in force: the limit in hard mode; in soft mode what the container's
+    /// processes last read from the card view, within `[limit, ceiling]`.
+    fn rate(&self) -> u64 {
+        if !self.soft {
+            return self.limit_ppm;
+        }
+        self.shared
+            .rate_ppm(self.limit_ppm)
+            .clamp(self.limit_ppm, duty::percent_ppm(self.ceiling))
+    }
+
+    /// Projects a launch of `cost_ns` on `target` at `now_ns` and charges what it adds
+    /// to the container's union; returns its projected start and the horizon before it.
+    fn charge(&self, target: Target, cost_ns: u64, now_ns: u64, rate: u64) -> (u64, u64) {
+        let placed = self.streams.place(
+            target.key(),
+            now_ns,
+            cost_ns,
+            self.floor(target, now_ns),
+            self.shared.horizon(now_ns),
+            || target.is_blocking(),
+        );
+        let (added, before) = self.shared.extend(placed.start, placed.end, now_ns);
+        self.shared.charge(added as i64, now_ns, rate);
+        self.unpublished.fetch_add(
+            added.min((1 << BUSY_BITS) - 1) + (1 << BUSY_BITS),
+            Ordering::Relaxed,
+        );
+        self.stamp_active(now_ns);
+        (placed.start, before)
+    }
+
+    /// What a stream of `target`'s kind waits for before its work starts at `now_ns`:
+    /// the legacy stream for all of its context's blocking streams (the container's
+    /// horizon stands in; other processes' work does not overlap a context's on a card
+    /// without MPS anyway); a blocking stream for the legacy one.
+    fn floor(&self, target: Target, now_ns: u64) -> impl Fn(bool) -> u64 + '_ {
+        let legacy = target.is_legacy();
+        move |blocking: bool| {
+            if legacy {
+                self.shared.horizon(now_ns)
+            } else if blocking {
+                self.streams.busy_until(LEGACY_KEY)
+            } else {
+                0
             }
-            std::thread::sleep(Duration::from_nanos(sleep_ns));
         }
     }
 
-    /// Records the start event of a sampled launch; an unsampled one is charged its
-    /// estimate when it went out.
-    fn begin_sample(&self, work: Work, target: Target, unknown: bool) -> Sample {
+    /// Whether a launch of `cost_ns` on `target` would run almost entirely within work
+    /// the container has queued already (its union increment at most a quarter of its
+    /// cost): such a launch goes even while launches are held, since it takes next to
+    /// nothing more of the card. Without it a hold could fall between the streams of one
+    /// round of concurrent kernels and leave them unbalanced, each lagging stream then
+    /// paying in full for what would have overlapped.
+    fn rides_along(&self, target: Target, cost_ns: u64, now_ns: u64) -> bool {
+        if cost_ns == 0 {
+            return false;
+        }
+        let start = self
+            .streams
+            .would_start(target.key(), now_ns, self.floor(target, now_ns));
+        let added = duty::union_increment(
+            start,
+            start.saturating_add(cost_ns),
+            self.shared.horizon(now_ns),
+        );
+        added.saturating_mul(4) <= cost_ns
+    }
+
+    fn stamp_active(&self, now_ns: u64) {
+        if let Some(words) = self.mine {
+            let word = &words[slot_words::ACTIVE_NS];
+            if now_ns >= word.load(Ordering::Relaxed).saturating_add(ACTIVE_STAMP_NS) {
+                word.store(now_ns, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The slow path: waits its turn, measures the launch if it should be, charges it.
+    fn slow_launch(
+        &self,
+        work: Work,
+        target: Target,
+        estimate: Option<(duty::Estimate, bool)>,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
         let key = work.key();
-        let Some(mut inner) = self.lock() else {
-            return Sample::unmeasured(key, 0);
+        let mut unknown = estimate.is_none();
+        self.wait_turn(unknown, estimate.map(|(known, _)| (target, known.cost_ns)));
+        // Another thread's sample may have taught the cost meanwhile.
+        let known = match estimate {
+            Some((known, _)) => Some(known),
+            None => self.estimates.get(key),
         };
-        let estimate = inner.estimates.get(key).map(|e| e.cost_ns).unwrap_or(0);
-        let unmeasured = Sample::unmeasured(key, estimate);
-        let wanted = inner.estimates.should_sample(key) || unknown;
-        if !wanted || inner.pending.len() >= MAX_PENDING {
-            return unmeasured;
+        unknown &= known.is_none();
+        let due = unknown || estimate.is_some_and(|(_, due)| due);
+        let now = monotonic_ns();
+        if due && !unknown && known.is_some_and(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS) {
+            self.next_sample_ns
+                .store(now + MIN_SAMPLE_GAP_NS, Ordering::Relaxed);
         }
-        let Some(context) = current_context() else {
-            return unmeasured;
+        let rate = self.rate();
+        let cost = known.map(|k| k.cost_ns).unwrap_or(0);
+        let bracket = if due { self.begin_sample(target) } else { None };
+        let result = launch();
+        let returned = monotonic_ns();
+        if result != CUDA_SUCCESS {
+            if let Some((context, start, end, _)) = bracket {
+                self.give_back(context, &[start, end]);
+            }
+            return result;
+        }
+        let (projected_start, horizon_before) = self.charge(target, cost, now, rate);
+        let Some((context, start, end, recorded_ns)) = bracket else {
+            return result;
         };
-        let Some(start) = self.take_event(&mut inner, context) else {
-            return unmeasured;
-        };
-        let Some(end) = self.take_event(&mut inner, context) else {
-            inner.pools.entry(context).or_default().push(start);
-            return unmeasured;
-        };
-        drop(inner);
-        let query = real!(cuStreamQuery as fn(CUstream) -> CUresult);
         let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
-        // SAFETY: a stream handle the caller is launching on.
-        let idle = unsafe { query(target.stream()) } == CUDA_SUCCESS;
-        // SAFETY: events of the current context, recorded on the caller's stream.
-        if unsafe { record(start, target.stream()) } != CUDA_SUCCESS {
-            destroy_events(&[start, end]);
-            return unmeasured;
+        // SAFETY: an event of the current context, recorded on the caller's stream.
+        if unsafe { record(end, target.stream()) } != CUDA_SUCCESS {
+            self.give_back(context, &[start, end]);
+            return result;
         }
-        let idle_since_ns = if idle { cardstate::monotonic_ns() } else { 0 };
-        Sample {
+        // Projected idle: the launch started at its own time, after nothing queued.
+        let was_idle = projected_start == now;
+        let sample = Sample {
             key,
+            stream_key: target.key(),
             context,
             start,
             end,
-            charged_ns: estimate,
             known: !unknown,
-            idle_gap_ns: 0,
-            idle_since_ns,
-        }
-    }
-
-    /// After the real launch: charges the launch, and queues its measurement.
-    fn finish_launch(&self, target: Target, mut sample: Sample, launched: bool) {
-        let now = cardstate::monotonic_ns();
-        if sample.idle_since_ns != 0 {
-            sample.idle_gap_ns = now.saturating_sub(sample.idle_since_ns);
-        }
-        let measured = !sample.start.is_null();
-        let ended = measured && launched && {
-            let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
-            // SAFETY: as in begin_sample.
-            unsafe { record(sample.end, target.stream()) == CUDA_SUCCESS }
+            projected_start,
+            projected_ns: cost,
+            horizon_before,
+            idle_gap_ns: if was_idle {
+                returned.saturating_sub(recorded_ns)
+            } else {
+                0
+            },
         };
-        if measured && !ended {
-            self.give_back(sample.context, &[sample.start, sample.end]);
+        if unknown {
+            self.unknown_in_flight.fetch_add(1, Ordering::AcqRel);
         }
-        if !launched {
-            return;
-        }
-        let Some(mut inner) = self.lock() else { return };
-        inner.had_work = true;
-        inner.recent.add_launch();
-        if sample.known {
-            inner.bucket.charge(sample.charged_ns as i64, now);
-            inner.recent.add_busy(sample.charged_ns);
-        }
-        let region_busy = if sample.known { sample.charged_ns } else { 0 };
-        if ended {
-            inner.pending.push_back(sample);
-        }
-        drop(inner);
-        if let Ok(Some(enforcer)) = enforcer()
-            && let Some(slot) = enforcer.slot()
-        {
-            enforcer
-                .region
-                .add_busy(slot, self.visible.region_index, region_busy, 1);
+        let mut slow = self.lock();
+        slow.pending.push_back(sample);
+        self.settle(&mut slow, returned, false);
+        result
+    }
+
+    /// Waits until the container may launch again: not at all while the bucket is not in
+    /// debt; once it is, until it has refilled `REFILL_NS`. An unknown kernel also waits
+    /// (at most `FIRST_MEASURE_PATIENCE_NS`) for the measurement under way of another
+    /// unknown one, so a queue of long kernels cannot slip past before anything is known.
+    fn wait_turn(&self, unknown: bool, ride: Option<(Target, u64)>) {
+        let started = monotonic_ns();
+        loop {
+            let now = monotonic_ns();
+            self.maintain(now);
+            let mut delay = self.shared.hold(now, self.rate(), REFILL_NS);
+            if delay > 0
+                && let Some((target, cost)) = ride
+                && self.rides_along(target, cost, now)
+            {
+                delay = 0;
+            }
+            let sleep = if delay > 0 {
+                delay.clamp(MIN_SLEEP_NS, SLEEP_SLICE_NS)
+            } else if unknown
+                && self.unknown_in_flight.load(Ordering::Acquire) > 0
+                && now.saturating_sub(started) < FIRST_MEASURE_PATIENCE_NS
+            {
+                100_000
+            } else {
+                0
+            };
+            if sleep == 0 || EXITING.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Some(words) = self.mine {
+                words[slot_words::WAITED_NS].fetch_add(sleep, Ordering::Relaxed);
+            }
+            self.stamp_active(now);
+            std::thread::sleep(Duration::from_nanos(sleep));
         }
     }
 
-    /// Reads finished samples: learns their cost and corrects the bucket. Rate-limited
-    /// to every 200 µs unless `force`.
-    fn settle(&self, inner: &mut Inner, now: u64, force: bool) {
-        if inner.pending.is_empty()
-            || (!force && now.saturating_sub(inner.last_settle_ns) < 200_000)
+    /// The publish tick (one thread at a time) and reading finished samples.
+    fn maintain(&self, now_ns: u64) {
+        let due = self.next_publish_ns.load(Ordering::Acquire);
+        if now_ns >= due
+            && self
+                .next_publish_ns
+                .compare_exchange(
+                    due,
+                    now_ns + PUBLISH_NS,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+        {
+            self.publish(now_ns);
+        }
+        if let Ok(mut slow) = self.slow.try_lock() {
+            self.settle(&mut slow, now_ns, false);
+        }
+    }
+
+    /// Stamps this process's heartbeat, adds its busy time and launches to the region,
+    /// and, in soft mode, takes the rate the card's view grants (the limit when there is
+    /// no fresh view that names this container).
+    fn publish(&self, now_ns: u64) {
+        if let Some(words) = self.mine {
+            words[slot_words::HEARTBEAT_NS].store(now_ns, Ordering::Relaxed);
+        }
+        let unpublished = self.unpublished.swap(0, Ordering::AcqRel);
+        if unpublished != 0
+            && let Some(slot) = self.slot
+        {
+            self.region.add_busy(
+                slot,
+                self.visible.region_index,
+                unpublished & ((1 << BUSY_BITS) - 1),
+                unpublished >> BUSY_BITS,
+            );
+        }
+        if !self.soft {
+            return;
+        }
+        let view = self.card_dir.as_deref().and_then(|dir| {
+            CardView::read(dir, &self.visible.uuid)
+                .map_err(|error| debug!("{error}; assuming the card is contended"))
+                .ok()
+        });
+        let allowed = cardview::allowed_percent(
+            view.as_ref(),
+            self.container_id.as_deref(),
+            now_ns,
+            (self.limit_ppm / 10_000) as u32,
+            self.ceiling,
+        );
+        let wanted = duty::percent_ppm(allowed);
+        let before = self.rate();
+        if wanted != before {
+            debug!(
+                "soft limit on {}: {}% -> {allowed}%",
+                self.visible.uuid,
+                before / 10_000
+            );
+            self.shared.set_rate(wanted, now_ns, self.limit_ppm);
+        }
+    }
+
+    /// Records the start event of a sampled launch: (context, start, end, when).
+    fn begin_sample(&self, target: Target) -> Option<(usize, CUevent, CUevent, u64)> {
+        let (context, _) = crate::current::current()?;
+        let (start, end) = {
+            let mut slow = self.lock();
+            if slow.pending.len() >= MAX_PENDING {
+                return None;
+            }
+            let start = take_event(&mut slow, context)?;
+            let Some(end) = take_event(&mut slow, context) else {
+                slow.pools.entry(context).or_default().push(start);
+                return None;
+            };
+            (start, end)
+        };
+        let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
+        // SAFETY: events of the current context, recorded on the caller's stream.
+        if unsafe { record(start, target.stream()) } != CUDA_SUCCESS {
+            destroy_events(&[start, end]);
+            return None;
+        }
+        Some((context, start, end, monotonic_ns()))
+    }
+
+    /// Reads finished samples: learns their cost and corrects the bucket by what their
+    /// measured run adds to the union beyond what was charged. Rate-limited unless
+    /// `force`.
+    fn settle(&self, slow: &mut Slow, now_ns: u64, force: bool) {
+        if slow.pending.is_empty()
+            || (!force && now_ns.saturating_sub(slow.last_settle_ns) < SETTLE_EVERY_NS)
         {
             return;
         }
-        inner.last_settle_ns = now;
+        slow.last_settle_ns = now_ns;
         let query = real!(cuEventQuery as fn(CUevent) -> CUresult);
         let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
-        let mode_guard = RelaxedCapture::enter();
-        let mut region_busy = 0u64;
+        let _relaxed = RelaxedCapture::enter_if_needed();
+        let rate = self.rate();
         let mut index = 0;
-        while index < inner.pending.len() {
-            let sample = &inner.pending[index];
+        while index < slow.pending.len() {
             // SAFETY: an event we created and recorded.
-            let state = unsafe { query(sample.end) };
+            let state = unsafe { query(slow.pending[index].end) };
             if state == CUDA_ERROR_NOT_READY {
                 index += 1;
                 continue;
             }
-            let Some(sample) = inner.pending.remove(index) else {
+            let Some(sample) = slow.pending.remove(index) else {
                 break;
             };
+            if !sample.known {
+                self.unknown_in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
             let mut ms = 0f32;
             // SAFETY: valid out-pointer; both events recorded on one stream.
             let measured = (state == CUDA_SUCCESS
                 && unsafe { elapsed(&mut ms, sample.start, sample.end) } == CUDA_SUCCESS)
                 .then(|| sample.kernel_ns((ms.max(0.0) as f64 * 1e6) as u64));
-            match measured {
-                Some(ns) => {
-                    inner.estimates.record(sample.key, ns);
-                    let correction = if sample.known {
-                        ns as i64 - sample.charged_ns as i64
-                    } else {
-                        ns as i64
-                    };
-                    inner.bucket.charge(correction, now);
-                    if correction > 0 {
-                        inner.recent.add_busy(correction as u64);
-                        region_busy += correction as u64;
-                    }
-                    inner
-                        .pools
-                        .entry(sample.context)
-                        .or_default()
-                        .extend([sample.start, sample.end]);
+            let Some(ns) = measured else {
+                // A destroyed context or a failed launch: the events are no good.
+                slow.pools.remove(&sample.context);
+                slow.clocks.remove(&sample.context);
+                destroy_events(&[sample.start, sample.end]);
+                continue;
+            };
+            self.estimates.record(sample.key, ns);
+            // Where it really ended: by the context's reference event when there is
+            // one (and it says something sane), else where its projection put it.
+            let clock = match slow.clocks.entry(sample.context) {
+                std::collections::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
+                // Its stream must be made in the sample's own context.
+                std::collections::hash_map::Entry::Vacant(entry)
+                    if crate::current::current()
+                        .is_some_and(|(context, _)| context == sample.context) =>
+                {
+                    GpuClock::new().map(|c| entry.insert(c))
                 }
-                None => {
-                    // A destroyed context or a failed launch: the events are no good.
-                    inner.pools.remove(&sample.context);
-                    destroy_events(&[sample.start, sample.end]);
-                }
+                std::collections::hash_map::Entry::Vacant(_) => None,
+            };
+            let pool = slow.pools.entry(sample.context).or_default();
+            let real_end = clock
+                .and_then(|clock| clock.reference(pool, now_ns))
+                .and_then(|reference| GpuClock::host_time(reference, sample.end))
+                .filter(|end| *end <= now_ns && *end + CLOCK_REFRESH_NS * 4 >= now_ns);
+            let end = real_end.unwrap_or(sample.projected_start.saturating_add(ns));
+            let start = end.saturating_sub(ns);
+            // A kernel measured for the first time was charged nothing: it pays what its
+            // run adds to the union as it stood when it went out. A known one pays only
+            // for running past everything queued since (counted once however many
+            // samples find the same overrun).
+            let (beyond_now, _) = self.shared.extend(start, end, now_ns);
+            let mut correction = if sample.known {
+                beyond_now as i64
+            } else {
+                duty::union_increment(start, end, sample.horizon_before) as i64
+            };
+            // A known kernel that ended before its projection, with nothing of the
+            // container queued after it: the overshoot was charged for nothing (kernels
+            // that wait for SMs behind the container's own are projected with the wait,
+            // and the last ones of a round do not wait). Given back, and the horizon
+            // moves back, for the settling of any other to extend again if it ran later.
+            let projected_end = sample.projected_start.saturating_add(sample.projected_ns);
+            if sample.known && self.shared.pull_back(projected_end, end) {
+                correction -= (projected_end - end) as i64;
+                self.streams
+                    .pull_back(sample.stream_key, projected_end, end);
             }
-        }
-        drop(mode_guard);
-        if region_busy > 0
-            && let Ok(Some(enforcer)) = enforcer()
-            && let Some(slot) = enforcer.slot()
-        {
-            enforcer
-                .region
-                .add_busy(slot, self.visible.region_index, region_busy, 0);
-        }
-    }
-
-    /// Publishes to the card state and, in soft mode, follows contention.
-    fn publish(&self, inner: &mut Inner, now: u64) {
-        let Some(interval) = inner.recent.close(now, PUBLISH_NS) else {
-            return;
-        };
-        let active = std::mem::take(&mut inner.had_work)
-            || interval.demand_permille > 0
-            || !inner.pending.is_empty();
-        let Some((card, entry)) = &self.card else {
-            return;
-        };
-        let percent = inner.bucket.percent();
-        card.publish(
-            *entry,
-            &Report {
-                now_ns: now,
-                busy_permille: interval.busy_permille,
-                demand_permille: interval.demand_permille,
-                active,
-                limit_percent: self.limit,
-                soft: self.visible.core_mode == CoreMode::Soft,
-            },
-        );
-        let container_percent = if self.visible.core_mode == CoreMode::Soft {
-            let contended = card.others_active(self.container, now, CONTENDED_WITHIN_NS);
-            duty::effective_percent(
-                CoreMode::Soft,
-                self.limit,
-                self.visible.core_ceiling,
-                contended,
-            )
-        } else {
-            self.limit
-        };
-        // The limit is the container's, not each process's: split it evenly among the
-        // container's processes that were active on this card lately.
-        let siblings = card
-            .entries(now)
-            .iter()
-            .filter(|other| {
-                other.container == self.container
-                    && other.index != entry.index()
-                    && now.saturating_sub(other.active_ns) <= CONTENDED_WITHIN_NS
-            })
-            .count() as u32;
-        let wanted = duty::share_of(container_percent, siblings + 1);
-        if wanted != percent {
-            debug!(
-                "limit on {}: {percent}% -> {wanted}% ({} active processes in the container)",
-                self.visible.uuid,
-                siblings + 1
-            );
-            inner.bucket.set_percent(wanted, now);
-        }
-    }
-
-    fn take_event(&self, inner: &mut Inner, context: usize) -> Option<CUevent> {
-        let pool = inner.pools.entry(context).or_default();
-        if let Some(event) = pool.pop() {
-            return Some(event);
-        }
-        let create = real!(cuEventCreate as fn(*mut CUevent, u32) -> CUresult);
-        let _mode = RelaxedCapture::enter();
-        while pool.len() < POOL_TARGET / 2 {
-            let mut event = std::ptr::null_mut();
-            // SAFETY: valid out-pointer; default flags (timing on).
-            if unsafe { create(&mut event, 0) } != CUDA_SUCCESS || event.is_null() {
-                break;
+            self.shared.charge(correction, now_ns, rate);
+            self.streams.extend(sample.stream_key, end);
+            if correction > 0
+                && let Some(slot) = self.slot
+            {
+                self.region
+                    .add_busy(slot, self.visible.region_index, correction as u64, 0);
             }
-            pool.push(event);
+            slow.pools
+                .entry(sample.context)
+                .or_default()
+                .extend([sample.start, sample.end]);
         }
-        pool.pop()
     }
 
     fn give_back(&self, context: usize, events: &[CUevent]) {
-        if let Some(mut inner) = self.lock() {
-            inner
-                .pools
-                .entry(context)
-                .or_default()
-                .extend_from_slice(events);
-        }
+        self.lock()
+            .pools
+            .entry(context)
+            .or_default()
+            .extend_from_slice(events);
     }
 }
 
-fn current_context() -> Option<usize> {
-    let get = real!(cuCtxGetCurrent as fn(*mut CUcontext) -> CUresult);
-    let mut context = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    (unsafe { get(&mut context) } == CUDA_SUCCESS && !context.is_null()).then_some(context as usize)
+fn take_event(slow: &mut Slow, context: usize) -> Option<CUevent> {
+    let pool = slow.pools.entry(context).or_default();
+    if let Some(event) = pool.pop() {
+        return Some(event);
+    }
+    let create = real!(cuEventCreate as fn(*mut CUevent, u32) -> CUresult);
+    let _relaxed = RelaxedCapture::enter_if_needed();
+    while pool.len() < POOL_TARGET / 2 {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; default flags (timing on).
+        if unsafe { create(&mut event, 0) } != CUDA_SUCCESS || event.is_null() {
+            break;
+        }
+        pool.push(event);
+    }
+    pool.pop()
 }
 
 fn destroy_events(events: &[CUevent]) {
@@ -700,12 +940,16 @@ fn destroy_events(events: &[CUevent]) {
     }
 }
 
-/// Puts the calling thread in relaxed stream-capture mode for the guard's lifetime, so
-/// our event calls neither fail nor invalidate a global-mode capture on another thread.
+/// Puts the calling thread in relaxed stream-capture mode for the guard's lifetime while
+/// a capture is under way anywhere in the process, so our event calls neither fail nor
+/// invalidate a global-mode capture on another thread. With no capture: nothing.
 struct RelaxedCapture(Option<u32>);
 
 impl RelaxedCapture {
-    fn enter() -> RelaxedCapture {
+    fn enter_if_needed() -> RelaxedCapture {
+        if !capture::possible() {
+            return RelaxedCapture(None);
+        }
         let exchange = real!(cuThreadExchangeStreamCaptureMode as fn(*mut u32) -> CUresult);
         let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: valid in/out pointer.
@@ -728,25 +972,73 @@ impl Drop for RelaxedCapture {
 mod tests {
     use super::*;
 
+    fn sample(idle_gap_ns: u64) -> Sample {
+        Sample {
+            key: 1,
+            stream_key: 2,
+            context: 0,
+            start: std::ptr::null_mut(),
+            end: std::ptr::null_mut(),
+            known: true,
+            projected_start: 0,
+            projected_ns: 0,
+            horizon_before: 0,
+            idle_gap_ns,
+        }
+    }
+
     #[test]
     fn idle_gap_is_not_charged_but_never_makes_a_kernel_free() {
-        let mut sample = Sample::unmeasured(1, 0);
         assert_eq!(
-            sample.kernel_ns(20_000),
+            sample(0).kernel_ns(20_000),
             20_000,
             "a backlogged stream: the events bracket the kernel alone"
         );
-        sample.idle_gap_ns = 6_000;
         assert_eq!(
-            sample.kernel_ns(20_000),
+            sample(6_000).kernel_ns(20_000),
             14_000,
             "an idle stream: the host gap before submission is not GPU time"
         );
-        sample.idle_gap_ns = 1_000_000;
         assert_eq!(
-            sample.kernel_ns(20_000),
+            sample(1_000_000).kernel_ns(20_000),
             5_000,
             "a descheduled thread's gap is capped"
         );
+    }
+
+    #[test]
+    fn stream_keys_tell_the_default_streams_apart() {
+        let legacy = Target {
+            stream: std::ptr::null_mut(),
+            per_thread: false,
+        };
+        let per_thread = Target {
+            stream: std::ptr::null_mut(),
+            per_thread: true,
+        };
+        let owned = Target {
+            stream: 0x7000 as CUstream,
+            per_thread: true,
+        };
+        assert_eq!(legacy.key(), LEGACY_KEY);
+        assert!(legacy.is_legacy() && legacy.is_blocking());
+        assert_eq!(per_thread.key() & PER_THREAD_KEY_BIT, PER_THREAD_KEY_BIT);
+        let elsewhere = std::thread::spawn(|| {
+            Target {
+                stream: std::ptr::null_mut(),
+                per_thread: true,
+            }
+            .key()
+        })
+        .join()
+        .expect("thread");
+        assert_ne!(
+            elsewhere,
+            per_thread.key(),
+            "each thread has its own default stream"
+        );
+        assert_eq!(owned.key(), 0x7000);
+        assert_ne!(Work::Kernel(0).key(), 0);
+        assert_ne!(Work::Graph(0x7000).key(), Work::Kernel(0x7000).key());
     }
 }

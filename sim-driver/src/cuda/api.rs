@@ -505,8 +505,10 @@ fn ctx_pop(pctx: *mut u64) -> Res {
 
 /// Sleeps until `ctx` is idle, then lets its device's pools release memory.
 fn synchronize_context(ctx: u64) -> Res {
-    let deadline =
-        with_registry(|registry| registry.context(ctx).map(|_| registry.ctx_idle_at(ctx)))?;
+    let deadline = with_registry(|registry| {
+        registry.check_unsafe_call(None)?;
+        registry.context(ctx).map(|_| registry.ctx_idle_at(ctx))
+    })?;
     sleep_until(deadline);
     with_registry(|registry| {
         let device = registry.context(ctx)?.device;
@@ -1494,6 +1496,7 @@ fn stream_synchronize(stream: u64, per_thread: bool) -> Res {
     let current = current_context();
     let (deadline, device) = with_registry(|registry| {
         let (key, ctx) = registry.stream_key(stream, per_thread, current)?;
+        registry.check_unsafe_call(Some(key))?;
         Ok((registry.ready_at(key), registry.context(ctx)?.device))
     })?;
     sleep_until(deadline);
@@ -1507,6 +1510,7 @@ fn stream_query(stream: u64, per_thread: bool) -> Res {
     let current = current_context();
     with_registry(|registry| {
         let (key, _) = registry.stream_key(stream, per_thread, current)?;
+        registry.check_unsafe_call(Some(key))?;
         if registry.ready_at(key) > now_ns() {
             Err(CUDA_ERROR_NOT_READY)
         } else {
@@ -1541,11 +1545,28 @@ fn record_event(event: u64, stream: u64, per_thread: bool) -> Res {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
         let (key, _) = registry.stream_key(stream, per_thread, current)?;
+        // Recorded into a capture, the event becomes a graph node.
+        let captured = registry.capture_nodes(key, &[]);
         let at = registry.ready_at(key).max(now_ns());
         if let Some(e) = registry.events.get_mut(&event) {
-            e.at = Some(at);
+            e.at = (!captured).then_some(at);
+            e.captured = captured;
         }
         Ok(())
+    })
+}
+
+/// When a recorded event completes (None: never recorded), for a query or a wait (both
+/// "potentially unsafe" during a capture); a captured event never completes as such.
+/// When `event` completes (`None`: never recorded) and its context.
+fn event_completion(event: u64) -> Result<(Option<u64>, u64), CUresult> {
+    with_registry(|registry| {
+        registry.check_unsafe_call(None)?;
+        match registry.events.get(&event) {
+            Some(e) if e.captured => Err(super::graphs::CUDA_ERROR_CAPTURED_EVENT),
+            Some(e) => Ok((e.at, e.ctx)),
+            None => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
     })
 }
 
@@ -1613,7 +1634,7 @@ cuda! {
         let ctx = require_current()?;
         let handle = with_registry(|registry| {
             let handle = registry.handle(TAG_EVENT);
-            registry.events.insert(handle, Event { ctx, flags, at: None });
+            registry.events.insert(handle, Event { ctx, flags, at: None, captured: false });
             Ok(handle)
         })?;
         out(event, handle)
@@ -1637,7 +1658,7 @@ cuda! {
     }
 
     fn cuEventQuery(event: u64) {
-        let at = with_registry(|registry| registry.events.get(&event).map(|e| e.at).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
+        let (at, _) = event_completion(event)?;
         match at {
             Some(at) if at > now_ns() => Err(CUDA_ERROR_NOT_READY),
             _ => Ok(()),
@@ -1647,7 +1668,7 @@ cuda! {
     /// Waits for the event, then lets its device's pools release memory (a
     /// synchronisation point, as for streams and contexts).
     fn cuEventSynchronize(event: u64) {
-        let (at, ctx) = with_registry(|registry| registry.events.get(&event).map(|e| (e.at, e.ctx)).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
+        let (at, ctx) = event_completion(event)?;
         if let Some(at) = at {
             sleep_until(at);
         }
@@ -1927,14 +1948,135 @@ fn launch(
                 return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
             }
         }
+        let blocks = grid.iter().map(|d| *d as u64).product::<u64>();
+        if registry.capture_nodes(
+            key,
+            &[super::graphs::Node {
+                duration_ns: duration,
+                blocks,
+            }],
+        ) {
+            return Ok(());
+        }
         let now = now_ns();
-        let (start, end) = registry.enqueue(key, duration);
+        let (start, end) = registry.enqueue_kernel(key, device, duration, blocks);
         registry
             .sim
             .state
             .record_busy(registry.slot, device, start, end, now);
         Ok(())
     })
+}
+
+// ---------------------------------------------------------------------------------------
+// Stream capture and graphs (the logic is in `graphs`)
+// ---------------------------------------------------------------------------------------
+
+fn begin_capture(stream: u64, mode: u32, per_thread: bool) -> Res {
+    let current = current_context();
+    with_registry(|registry| {
+        let (key, _) = registry.stream_key(stream, per_thread, current)?;
+        registry.begin_capture(key, mode)
+    })
+}
+
+fn end_capture(stream: u64, graph: *mut u64, per_thread: bool) -> Res {
+    if graph.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let current = current_context();
+    let made = with_registry(|registry| {
+        let (key, _) = registry.stream_key(stream, per_thread, current)?;
+        registry.end_capture(key)
+    });
+    out(graph, made.unwrap_or(0))?;
+    made.map(|_| ())
+}
+
+fn is_capturing(stream: u64, status: *mut u32, per_thread: bool) -> Res {
+    let current = current_context();
+    let value = with_registry(|registry| {
+        let (key, _) = registry.stream_key(stream, per_thread, current)?;
+        Ok(registry.capture_status(key))
+    })?;
+    out(status, value)
+}
+
+fn instantiate(exec: *mut u64, graph: u64) -> Res {
+    if exec.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let made = with_registry(|registry| registry.instantiate(graph))?;
+    out(exec, made)
+}
+
+/// Runs a graph's kernels one after the other on the stream (or captures them).
+fn graph_launch(exec: u64, stream: u64, per_thread: bool) -> Res {
+    let current = current_context();
+    with_registry(|registry| {
+        let nodes = registry
+            .graph_execs
+            .get(&exec)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+            .clone();
+        let (key, ctx) = registry.stream_key(stream, per_thread, current)?;
+        if registry.capture_nodes(key, &nodes) {
+            return Ok(());
+        }
+        let device = registry.context(ctx)?.device;
+        for node in nodes {
+            let now = now_ns();
+            let (start, end) = registry.enqueue_kernel(key, device, node.duration_ns, node.blocks);
+            registry
+                .sim
+                .state
+                .record_busy(registry.slot, device, start, end, now);
+        }
+        Ok(())
+    })
+}
+
+cuda! {
+    fn cuStreamBeginCapture(stream: u64) { begin_capture(stream, super::graphs::CU_STREAM_CAPTURE_MODE_GLOBAL, false) }
+    fn cuStreamBeginCapture_ptsz(stream: u64) { begin_capture(stream, super::graphs::CU_STREAM_CAPTURE_MODE_GLOBAL, true) }
+    fn cuStreamBeginCapture_v2(stream: u64, mode: u32) { begin_capture(stream, mode, false) }
+    fn cuStreamBeginCapture_v2_ptsz(stream: u64, mode: u32) { begin_capture(stream, mode, true) }
+    fn cuStreamEndCapture(stream: u64, graph: *mut u64) { end_capture(stream, graph, false) }
+    fn cuStreamEndCapture_ptsz(stream: u64, graph: *mut u64) { end_capture(stream, graph, true) }
+    fn cuStreamIsCapturing(stream: u64, status: *mut u32) { is_capturing(stream, status, false) }
+    fn cuStreamIsCapturing_ptsz(stream: u64, status: *mut u32) { is_capturing(stream, status, true) }
+
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) {
+        let wanted = read_in(mode).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let previous = super::graphs::exchange_thread_mode(wanted)?;
+        out(mode, previous)
+    }
+
+    fn cuGraphInstantiate(exec: *mut u64, graph: u64, error_node: *mut u64, log: *mut c_char, log_size: usize) {
+        let _ = (error_node, log, log_size);
+        instantiate(exec, graph)
+    }
+
+    fn cuGraphInstantiate_v2(exec: *mut u64, graph: u64, error_node: *mut u64, log: *mut c_char, log_size: usize) {
+        let _ = (error_node, log, log_size);
+        instantiate(exec, graph)
+    }
+
+    fn cuGraphInstantiateWithFlags(exec: *mut u64, graph: u64, flags: u64) {
+        let _ = flags;
+        instantiate(exec, graph)
+    }
+
+    fn cuGraphLaunch(exec: u64, stream: u64) { graph_launch(exec, stream, false) }
+    fn cuGraphLaunch_ptsz(exec: u64, stream: u64) { graph_launch(exec, stream, true) }
+
+    fn cuGraphDestroy(graph: u64) {
+        with_registry(|registry| registry.graphs.remove(&graph).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE))
+    }
+
+    fn cuGraphExecDestroy(exec: u64) {
+        with_registry(|registry| registry.graph_execs.remove(&exec).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE))
+    }
 }
 
 /// `CUlaunchConfig`.

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use super::api;
 
-/// `base  version:exported ...  [| version:per-thread-exported]`.
+/// `base  version:exported ...  [| version:per-thread-exported ...]`.
 const RULES: &str = "
 cuInit 2000:cuInit
 cuDriverGetVersion 2020:cuDriverGetVersion
@@ -122,6 +122,15 @@ cuGetErrorString 6000:cuGetErrorString
 cuGetErrorName 6000:cuGetErrorName
 cuGetExportTable 3000:cuGetExportTable
 cuGetProcAddress 11030:cuGetProcAddress 12000:cuGetProcAddress_v2
+cuStreamBeginCapture 10000:cuStreamBeginCapture 10010:cuStreamBeginCapture_v2 | 10000:cuStreamBeginCapture_ptsz 10010:cuStreamBeginCapture_v2_ptsz
+cuStreamEndCapture 10000:cuStreamEndCapture | 10000:cuStreamEndCapture_ptsz
+cuStreamIsCapturing 10000:cuStreamIsCapturing | 10000:cuStreamIsCapturing_ptsz
+cuThreadExchangeStreamCaptureMode 10010:cuThreadExchangeStreamCaptureMode
+cuGraphInstantiate 10000:cuGraphInstantiate 11000:cuGraphInstantiate_v2
+cuGraphInstantiateWithFlags 11040:cuGraphInstantiateWithFlags
+cuGraphLaunch 10000:cuGraphLaunch | 10000:cuGraphLaunch_ptsz
+cuGraphDestroy 10000:cuGraphDestroy
+cuGraphExecDestroy 10000:cuGraphExecDestroy
 ";
 
 macro_rules! exports {
@@ -286,6 +295,22 @@ exports!(
     cuFuncGetName,
     cuLaunchKernel,
     cuLaunchKernel_ptsz,
+    cuStreamBeginCapture,
+    cuStreamBeginCapture_ptsz,
+    cuStreamBeginCapture_v2,
+    cuStreamBeginCapture_v2_ptsz,
+    cuStreamEndCapture,
+    cuStreamEndCapture_ptsz,
+    cuStreamIsCapturing,
+    cuStreamIsCapturing_ptsz,
+    cuThreadExchangeStreamCaptureMode,
+    cuGraphInstantiate,
+    cuGraphInstantiate_v2,
+    cuGraphInstantiateWithFlags,
+    cuGraphLaunch,
+    cuGraphLaunch_ptsz,
+    cuGraphDestroy,
+    cuGraphExecDestroy,
     cuLaunchKernelEx,
     cuLaunchKernelEx_ptsz,
     cuLaunchCooperativeKernel,
@@ -301,8 +326,8 @@ exports!(
 pub struct Rule {
     /// (introduced in, exported name), oldest first.
     pub variants: Vec<(i32, &'static str)>,
-    /// (introduced in, per-thread-default-stream exported name).
-    pub per_thread: Option<(i32, &'static str)>,
+    /// (introduced in, per-thread-default-stream exported name), oldest first.
+    pub per_thread: Vec<(i32, &'static str)>,
 }
 
 /// The parsed rule table, by base name.
@@ -328,7 +353,9 @@ pub fn rules() -> &'static HashMap<&'static str, Rule> {
                     base,
                     Rule {
                         variants,
-                        per_thread: per_thread.and_then(parse),
+                        per_thread: per_thread
+                            .map(|items| items.split_whitespace().filter_map(parse).collect())
+                            .unwrap_or_default(),
                     },
                 ))
             })
@@ -362,13 +389,16 @@ pub fn resolve(symbol: &str, version: i32, flags: u64) -> Lookup {
     };
     // With the per-thread flag, a name that has a per-thread variant gets it, and a
     // version older than that variant gets nothing (as the 580 driver answers).
-    if flags & PER_THREAD_DEFAULT_STREAM != 0
-        && let Some((since, name)) = rule.per_thread
-    {
-        if since > version {
-            return Lookup::VersionTooLow;
+    if flags & PER_THREAD_DEFAULT_STREAM != 0 && !rule.per_thread.is_empty() {
+        match rule
+            .per_thread
+            .iter()
+            .rev()
+            .find(|(since, _)| *since <= version)
+        {
+            Some(&(_, name)) => chosen = name,
+            None => return Lookup::VersionTooLow,
         }
-        chosen = name;
     }
     exported()
         .get(chosen)

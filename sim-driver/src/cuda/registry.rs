@@ -7,6 +7,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::errors::*;
+use super::graphs::{Capture, Node};
+use super::schedule::SmSchedule;
 use crate::Sim;
 use crate::clock::now_ns;
 use crate::state::SlotIndex;
@@ -28,6 +30,8 @@ pub const TAG_POOL: u64 = 0x8;
 pub const TAG_ARRAY: u64 = 0x9;
 pub const TAG_MIPMAP: u64 = 0xa;
 pub const TAG_VMM: u64 = 0xb;
+pub const TAG_GRAPH: u64 = 0xc;
+pub const TAG_GRAPH_EXEC: u64 = 0xd;
 const TAG_SHIFT: u32 = 40;
 
 /// Where device pointers of GPU `g` live: 1 TiB each from 32 TiB up.
@@ -77,6 +81,8 @@ pub struct Event {
     pub flags: u32,
     /// The monotonic ns at which the work before the record completes.
     pub at: Option<u64>,
+    /// Recorded into a stream capture (a graph node), so it never completes as such.
+    pub captured: bool,
 }
 
 pub struct Module {
@@ -169,7 +175,7 @@ pub struct Primary {
 }
 
 /// Which timeline a stream argument names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StreamKey {
     Legacy(u64),
     PerThread(u64, u64),
@@ -198,6 +204,11 @@ pub struct Registry {
     pub current_pools: Vec<u64>,
     pub default_pools: Vec<u64>,
     cursors: HashMap<u64, u64>,
+    /// Per device: the SMs held by kernels that have not finished.
+    pub sm_schedules: Vec<SmSchedule>,
+    pub captures: HashMap<StreamKey, Capture>,
+    pub graphs: HashMap<u64, Vec<Node>>,
+    pub graph_execs: HashMap<u64, Vec<Node>>,
 }
 
 /// Finds `size` free bytes aligned to `align` in `[start, end)` of `taken` (start -> len),
@@ -256,6 +267,12 @@ impl Registry {
             current_pools: Vec::new(),
             default_pools: Vec::new(),
             cursors: HashMap::new(),
+            sm_schedules: (0..sim.config.gpus.len())
+                .map(|_| SmSchedule::default())
+                .collect(),
+            captures: HashMap::new(),
+            graphs: HashMap::new(),
+            graph_execs: HashMap::new(),
         };
         for device in 0..sim.config.gpus.len() {
             let ctx = registry.handle(TAG_CONTEXT);
@@ -705,6 +722,35 @@ impl Registry {
     /// Queues `duration_ns` of work on `key`; returns its simulated (start, end).
     pub fn enqueue(&mut self, key: StreamKey, duration_ns: u64) -> (u64, u64) {
         let start = self.ready_at(key).max(now_ns());
+        let end = start.saturating_add(duration_ns);
+        self.set_busy(key, end);
+        (start, end)
+    }
+
+    /// Queues a kernel of `duration_ns` and `blocks` blocks on `key` of `device`: it
+    /// starts when its stream reaches it and the SMs it needs are free (`SmSchedule`);
+    /// returns its simulated (start, end).
+    pub fn enqueue_kernel(
+        &mut self,
+        key: StreamKey,
+        device: usize,
+        duration_ns: u64,
+        blocks: u64,
+    ) -> (u64, u64) {
+        let now = now_ns();
+        let ready = self.ready_at(key).max(now);
+        let card_sms = self
+            .sim
+            .config
+            .gpus
+            .get(device)
+            .map(|gpu| gpu.sms)
+            .unwrap_or(1);
+        let sms = blocks.min(u32::MAX as u64) as u32;
+        let start = match self.sm_schedules.get_mut(device) {
+            Some(schedule) => schedule.place(ready, duration_ns, sms, card_sms, now),
+            None => ready,
+        };
         let end = start.saturating_add(duration_ns);
         self.set_busy(key, end);
         (start, end)

@@ -1,221 +1,128 @@
 #!/usr/bin/env bash
-# Compute limiter on a real GPU: tests/gpu/limiter/run_limiter.sh PREFIX OUT
+# The compute limiter on a real GPU, in one call: tests/gpu/limiter/run_limiter.sh PREFIX OUT
 #
-# PREFIX holds bin/vgpu (and the shims it installs); OUT receives limiter.json, the raw
-# logs and (if matplotlib is there) limiter.png. Runs in about 3 minutes:
-#   1. for L in 10 30 50 70: ~10 ms spin kernels, ~100 us spin kernels, a PyTorch MLP at
-#      batch 1, each ${CASE_S}s under `vgpu run --cores L`, card utilization sampled from
-#      NVML (nvidia-smi, outside the container) every 200 ms: mean and worst 1-s window;
-#   2. two containers at 30 and 60 at once (each reports its own busy fraction from
-#      kernel count x measured kernel time);
-#   3. soft mode (30) alone, then a second container (hard 60) starts: when it falls back;
-#   4. no-limit launch overhead: empty-kernel launches/s bare vs under `vgpu run` with a
-#      config that has no core limit.
-# Every case runs under `timeout`; a failed case is reported as failed, never hangs.
+# PREFIX holds bin/vgpu (a `vgpu install` folder). OUT receives logs/ (every run's
+# output), limiter.json (every figure) and records.tsv (one "NAME<TAB>JSON fragment"
+# line per check, for tests/gpu/sections/limiter.sh to record). About 220 s on an H200;
+# every step runs under `timeout`, a failed step is a FAIL record, nothing hangs.
+#
+# Throughput is counted in completed kernels (streams.c): each limited case is compared
+# with the same workload run bare in this very call, so "share" is limited / bare.
+#   1. bare baselines of every workload (one process, CASE_S each);
+#   2. 1, 2, 4 and 8 streams of quarter-card kernels (100 us and 1 ms) at --cores 30/70;
+#   3. one stream of full-card kernels (100 us, 10 ms) at 30 and 70, graphs at 30;
+#   4. two processes of one container (one --state-dir), 4 streams each, at 30;
+#   5. two containers at 30 and 60 at once; soft 30 alone, then a hard 60 joins;
+#   6. launch cost bare and under --cores 99, interleaved (driver API, and cudart's
+#      `bench launch` when nvcc is there);
+#   7. PyTorch (when there): the batch-1 decode loop bare, at 30 and 60; training at 50.
+#
+# SIMULATE=1 runs it all over the simulated driver (`vgpu run --simulate`), which is how
+# the script is tested without a GPU: only the figures differ.
 set -u
 PREFIX=${1:?usage: run_limiter.sh PREFIX OUT}
 OUT=${2:?usage: run_limiter.sh PREFIX OUT}
-CASE_S=${CASE_S:-10}
+CASE_S=${CASE_S:-2}
 HERE=$(cd "$(dirname "$0")" && pwd)
 VGPU="$PREFIX/bin/vgpu"
-mkdir -p "$OUT/logs"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
+# The runs' compute coordination (registrations, elected coordinator, card views).
+export VGPU_HOST_DIR="$OUT/host"
+SIM=()
+[ "${SIMULATE:-0}" = 1 ] && SIM=(--simulate)
 
 if [ ! -x "$VGPU" ]; then echo "no $VGPU" >&2; exit 2; fi
-KERNELS="$OUT/kernels"
-if ! timeout 120 nvcc -O2 -arch=sm_90 -o "$KERNELS" "$HERE/kernels.cu" -lcuda >"$OUT/logs/nvcc.log" 2>&1; then
-  echo "nvcc failed:"; cat "$OUT/logs/nvcc.log"; KERNELS=""
+STREAMS="$OUT/streams"
+if ! timeout 60 cc -O2 -o "$STREAMS" "$HERE/streams.c" -ldl -lpthread >"$LOGS/cc.log" 2>&1; then
+    echo "cc streams.c failed" >&2; cat "$LOGS/cc.log" >&2; STREAMS=""
+fi
+BENCH=""
+if [ "${SIMULATE:-0}" != 1 ] && command -v nvcc >/dev/null; then
+    ( timeout 120 nvcc -O2 -arch=sm_90 -o "$OUT/bench" "$HERE/../bench.cu" -lcuda >"$LOGS/nvcc.log" 2>&1 ) &
+    NVCC=$!
 fi
 HAVE_TORCH=0
-python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1 && HAVE_TORCH=1
+[ "${SIMULATE:-0}" != 1 ] && python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1 && HAVE_TORCH=1
 
-# sample NAME: NVML card utilization every 200 ms into logs/NAME.util (t_monotonic util)
-start_sampler() {
-  local name=$1
-  ( nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -i 0 -lms 200 2>/dev/null \
-      | while read -r u; do printf '%s %s\n' "$(awk '{print $1}' /proc/uptime)" "$u"; done ) >"$OUT/logs/$name.util" &
-  SAMPLER=$!
+# step NAME SECONDS bare|CORES CMD...: CMD on the bare driver (over the sim: through the
+# shim, forwarding only) or as one container at --cores CORES (extra `vgpu run` flags in
+# RUN_FLAGS), under timeout, into logs/NAME.out / .err / .rc
+step() {
+    local name=$1 limit=$2 cores=$3; shift 3
+    local wrap=()
+    if [ "$cores" = bare ]; then
+        [ "${SIMULATE:-0}" = 1 ] && wrap=("$VGPU" run --simulate --)
+    else
+        # shellcheck disable=SC2206 # RUN_FLAGS is a list of words
+        wrap=("$VGPU" run "${SIM[@]}" --memory 8GiB --cores "$cores" ${RUN_FLAGS:-} --)
+    fi
+    timeout -k 5 "$limit" "${wrap[@]}" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err"
+    echo $? >"$LOGS/$name.rc"
 }
-# The sampler is a pipeline in a subshell: killing the subshell leaves nvidia-smi (and
-# its reader) writing on, so stop every sampling nvidia-smi, then reap the subshell.
-stop_sampler() { pkill -f -- "-lms 200" 2>/dev/null; kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null; }
+case_timeout=$(( ${CASE_S%.*} + 30 ))
 
-# run_case NAME LIMIT WORKLOAD...: one container under --cores LIMIT (or "none")
-run_case() {
-  local name=$1 limit=$2; shift 2
-  local cores=(); [ "$limit" != none ] && cores=(--cores "$limit")
-  start_sampler "$name"
-  sleep 0.5
-  timeout $((CASE_S + 40)) "$VGPU" run --memory 8GiB "${cores[@]}" -- "$@" >"$OUT/logs/$name.out" 2>"$OUT/logs/$name.err"
-  echo $? >"$OUT/logs/$name.rc"
-  sleep 0.5
-  stop_sampler
-}
+if [ -n "$STREAMS" ]; then
+    echo "== bare baselines" >&2
+    step bare $(( 12 * (${CASE_S%.*} + 2) + 30 )) bare "$STREAMS" sweep "$CASE_S"
 
-# The MLP's own utilization with no limit: a launch-bound loop cannot reach every limit.
-[ "$HAVE_TORCH" = 1 ] && run_case "mlp-none" none python3 "$HERE/mlp.py" "$CASE_S"
-for L in 10 30 50 70; do
-  if [ -n "$KERNELS" ]; then
-    run_case "long-$L" "$L" "$KERNELS" spin 10000 "$CASE_S"
-    run_case "short-$L" "$L" "$KERNELS" spin 100 "$CASE_S"
-  fi
-  [ "$HAVE_TORCH" = 1 ] && run_case "mlp-$L" "$L" python3 "$HERE/mlp.py" "$CASE_S"
-done
+    echo "== concurrent streams" >&2
+    for K in 100us 1ms; do
+        for S in 1 2 4 8; do
+            for L in 30 70; do
+                step "q${S}x$K-$L" "$case_timeout" "$L" "$STREAMS" run "q${S}x$K" "$CASE_S"
+            done
+        done
+    done
 
-if [ -n "$KERNELS" ]; then
-  # Two containers at once, 30 and 60.
-  start_sampler pair
-  timeout $((CASE_S + 40)) "$VGPU" run --memory 8GiB --cores 30 -- "$KERNELS" spin 1000 "$CASE_S" >"$OUT/logs/pair-30.out" 2>"$OUT/logs/pair-30.err" &
-  P1=$!
-  timeout $((CASE_S + 40)) "$VGPU" run --memory 8GiB --cores 60 -- "$KERNELS" spin 1000 "$CASE_S" >"$OUT/logs/pair-60.out" 2>"$OUT/logs/pair-60.err" &
-  P2=$!
-  wait $P1; echo $? >"$OUT/logs/pair-30.rc"; wait $P2; echo $? >"$OUT/logs/pair-60.rc"
-  stop_sampler
+    echo "== one stream, graphs" >&2
+    for K in 100us 10ms; do
+        for L in 30 70; do
+            step "f$K-$L" "$case_timeout" "$L" "$STREAMS" run "f$K" "$CASE_S"
+        done
+    done
+    step "g100us-30" "$case_timeout" 30 "$STREAMS" run g100us "$CASE_S"
 
-  # Soft 30 alone for 4 s, then a hard 60 container joins for 5 s.
-  start_sampler soft
-  timeout 60 "$VGPU" run --memory 8GiB --cores 30 --core-mode soft -- "$KERNELS" spin 1000 11 >"$OUT/logs/soft.out" 2>"$OUT/logs/soft.err" &
-  P1=$!
-  sleep 4
-  timeout 60 "$VGPU" run --memory 8GiB --cores 60 -- "$KERNELS" spin 1000 5 >"$OUT/logs/soft-other.out" 2>"$OUT/logs/soft-other.err"
-  echo $? >"$OUT/logs/soft-other.rc"
-  wait $P1; echo $? >"$OUT/logs/soft.rc"
-  stop_sampler
+    echo "== two processes of one container" >&2
+    ( step pair-bare-a "$case_timeout" bare "$STREAMS" run q4x100us "$CASE_S" ) &
+    ( step pair-bare-b "$case_timeout" bare "$STREAMS" run q4x100us "$CASE_S" ) &
+    wait
+    PAIR_DIR=$(mktemp -d "$OUT/pair.XXXX")
+    ( RUN_FLAGS="--state-dir $PAIR_DIR" step pair-30-a "$case_timeout" 30 "$STREAMS" run q4x100us "$CASE_S" ) &
+    ( RUN_FLAGS="--state-dir $PAIR_DIR" step pair-30-b "$case_timeout" 30 "$STREAMS" run q4x100us "$CASE_S" ) &
+    wait
 
-  # Launch overhead with no core limit.
-  timeout 60 "$KERNELS" empty 3 >"$OUT/logs/overhead-bare.out" 2>"$OUT/logs/overhead-bare.err"; echo $? >"$OUT/logs/overhead-bare.rc"
-  timeout 60 "$VGPU" run --memory 8GiB -- "$KERNELS" empty 3 >"$OUT/logs/overhead-shim.out" 2>"$OUT/logs/overhead-shim.err"; echo $? >"$OUT/logs/overhead-shim.rc"
+    echo "== two containers, soft mode" >&2
+    ( step two-30 "$case_timeout" 30 "$STREAMS" run f1ms "$CASE_S" ) &
+    ( step two-60 "$case_timeout" 60 "$STREAMS" run f1ms "$CASE_S" ) &
+    wait
+    ( RUN_FLAGS="--core-mode soft" step soft-30 40 30 "$STREAMS" run f1ms 6 windows ) &
+    sleep 2.5
+    step soft-other 40 60 "$STREAMS" run f1ms 3 windows
+    wait
+
+    echo "== launch cost" >&2
+    for i in 1 2 3; do
+        step "launch-bare-$i" 60 bare "$STREAMS" launch 200000
+        step "launch-99-$i" 60 99 "$STREAMS" launch 200000
+    done
+fi
+if [ -n "${NVCC:-}" ] && wait "$NVCC" && [ -x "$OUT/bench" ]; then
+    BENCH="$OUT/bench"
+    for i in 1 2 3; do
+        step "cudart-bare-$i" 60 bare "$BENCH" launch 200000
+        step "cudart-99-$i" 60 99 "$BENCH" launch 200000
+    done
 fi
 
-python3 - "$OUT" "$CASE_S" <<'PY'
-import glob, json, os, sys
-out, case_s = sys.argv[1], float(sys.argv[2])
-logs = os.path.join(out, "logs")
+if [ "$HAVE_TORCH" = 1 ]; then
+    echo "== PyTorch" >&2
+    step decode-bare 60 bare python3 "$HERE/decode.py" 5
+    step decode-30 60 30 python3 "$HERE/decode.py" 5
+    step decode-60 60 60 python3 "$HERE/decode.py" 5
+    step train-bare 90 bare python3 "$HERE/train.py" 6
+    step train-50 90 50 python3 "$HERE/train.py" 6
+fi
 
-def rc(name):
-    try:
-        return int(open(os.path.join(logs, name + ".rc")).read().strip())
-    except Exception:
-        return None
-
-def result(name):
-    try:
-        for line in open(os.path.join(logs, name + ".out")):
-            line = line.strip()
-            if line.startswith("{"):
-                return json.loads(line)
-    except Exception:
-        pass
-    return None
-
-def util(name):
-    samples = []
-    try:
-        for line in open(os.path.join(logs, name + ".util")):
-            t, u = line.split()
-            samples.append((float(t), float(u)))
-    except Exception:
-        pass
-    return samples
-
-def windows_1s(samples, res=None, skip_s=1.0):
-    """Mean utilization per 1-s window of the case's own run (from its t0 and wall time,
-    both on /proc/uptime's clock, after a 1 s warm-up)."""
-    busy = [(t, u) for t, u in samples if u > 0]
-    if not busy:
-        return []
-    if res and "t0" in res and "wall_s" in res:
-        start, end = res["t0"] + skip_s, res["t0"] + res["wall_s"]
-    else:
-        start, end = busy[0][0] + skip_s, busy[-1][0]
-    out, t = [], start
-    while t + 1.0 <= end + 1e-6:
-        part = [u for s, u in samples if t <= s < t + 1.0]
-        if part:
-            out.append(sum(part) / len(part))
-        t += 1.0
-    return out
-
-report = {"case_s": case_s, "cases": [], "pair": {}, "soft": {}, "overhead": {}}
-rows = []
-natural = windows_1s(util("mlp-none"), result("mlp-none"))
-natural_mlp = sum(natural) / len(natural) if natural else None
-report["mlp_natural"] = natural_mlp
-if natural_mlp is not None:
-    rows.append(("mlp-none", 100, natural_mlp, max(natural), None, "reference (no limit)"))
-for limit in (10, 30, 50, 70):
-    for kind in ("long", "short", "mlp"):
-        name = f"{kind}-{limit}"
-        if rc(name) is None:
-            continue
-        res = result(name)
-        w = windows_1s(util(name), res)
-        mean = sum(w) / len(w) if w else None
-        worst = max(w) if w else None
-        # A launch-bound MLP cannot go above its own unlimited utilization.
-        target = limit if kind != "mlp" or natural_mlp is None else min(limit, natural_mlp)
-        ok = rc(name) == 0 and mean is not None and abs(mean - target) <= 5 and worst <= limit + 10
-        case = {"name": name, "limit": limit, "target": target, "rc": rc(name), "nvml_mean": mean, "nvml_worst_1s": worst,
-                "own_busy_pct": (res or {}).get("busy_pct"), "result": res, "pass": ok}
-        report["cases"].append(case)
-        rows.append((name, limit, mean, worst, case["own_busy_pct"], "ok" if ok else ("FAILED rc=%s" % rc(name) if rc(name) else "off target")))
-
-for limit in (30, 60):
-    res = result(f"pair-{limit}")
-    busy = (res or {}).get("busy_pct")
-    report["pair"][str(limit)] = {"rc": rc(f"pair-{limit}"), "own_busy_pct": busy, "pass": busy is not None and abs(busy - limit) <= 5}
-soft, other = result("soft"), result("soft-other")
-if soft and other:
-    wins = soft["windows"]
-    offset = int((other["t0"] - soft["t0"]) * 10)
-    alone = wins[10:max(10, offset)]
-    after = wins[offset:offset + 50]
-    fell_back_at = next((i for i in range(len(after)) if all(x <= 40 for x in after[i:i + 10])), None)
-    settled = after[10:45]
-    report["soft"] = {
-        "alone_mean": sum(alone) / len(alone) if alone else None,
-        "fallback_ms": None if fell_back_at is None else fell_back_at * 100,
-        "contended_mean": sum(settled) / len(settled) if settled else None,
-        "other_busy_pct": other.get("busy_pct"),
-        "pass": fell_back_at is not None and fell_back_at <= 10 and bool(alone) and sum(alone) / len(alone) > 40,
-    }
-bare, shim = result("overhead-bare"), result("overhead-shim")
-if bare and shim:
-    report["overhead"] = {"bare_launches_per_s": bare["launches_per_s"], "shim_launches_per_s": shim["launches_per_s"],
-                          "ratio": shim["launches_per_s"] / bare["launches_per_s"]}
-json.dump(report, open(os.path.join(out, "limiter.json"), "w"), indent=1)
-
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
-    for ax, kind in zip(axes, ("long", "short", "mlp")):
-        for limit in (10, 30, 50, 70):
-            s = util(f"{kind}-{limit}")
-            if s:
-                ax.plot([t - s[0][0] for t, _ in s], [u for _, u in s], label=f"--cores {limit}")
-                ax.axhline(limit, linestyle=":", linewidth=0.8)
-        ax.set_title(kind); ax.set_xlabel("s"); ax.legend(fontsize=7)
-    axes[0].set_ylabel("NVML utilization %")
-    fig.tight_layout(); fig.savefig(os.path.join(out, "limiter.png"), dpi=90)
-except Exception as err:
-    print("no plot:", err)
-
-print("\n%-10s %5s %9s %10s %9s  %s" % ("case", "limit", "nvml mean", "worst 1s", "own busy", "verdict"))
-fmt = lambda x: "-" if x is None else "%.1f" % x
-for name, limit, mean, worst, own, verdict in rows:
-    print("%-10s %5d %9s %10s %9s  %s" % (name, limit, fmt(mean), fmt(worst), fmt(own), verdict))
-for limit, p in report["pair"].items():
-    print("pair-%s    own busy %s%%  %s" % (limit, fmt(p["own_busy_pct"]), "ok" if p["pass"] else "FAILED"))
-if report["soft"]:
-    s = report["soft"]
-    print("soft-30    alone %s%%, falls back after %s ms, contended %s%%  %s" % (fmt(s["alone_mean"]), s["fallback_ms"], fmt(s["contended_mean"]), "ok" if s["pass"] else "FAILED"))
-else:
-    print("soft-30    FAILED (no result)")
-if report["overhead"]:
-    o = report["overhead"]
-    print("overhead   bare %.0f/s, vgpu run (no core limit) %.0f/s, ratio %.3f" % (o["bare_launches_per_s"], o["shim_launches_per_s"], o["ratio"]))
-else:
-    print("overhead   FAILED (no result)")
-PY
+timeout 60 python3 "$HERE/judge.py" "$OUT" "$CASE_S" "$HAVE_TORCH" "${BENCH:+cudart}"

@@ -1,13 +1,28 @@
 # GPU suite section `limiter`: sourced by tests/gpu/run.sh, which defines VGPU, SMI, OUT,
 # WORK, HERE, ROOT, PREFIX and the helpers record, result_of, wait_marker, gpu_mem_of, median.
-
+#
+# Issue 14's figures in one call (about 220 s; budget 330): concurrent streams at 30 and
+# 70, one container's two processes, launch cost, the decode loop and training, the
+# single-stream, graph, two-container and soft-mode checks. tests/gpu/limiter/run_limiter.sh
+# does the runs and judges them; each of its checks becomes one record here.
 section_limiter() {
-    if [ -x "$HERE/limiter/run_limiter.sh" ]; then
-        log "limiter"
-        timeout 290 "$HERE/limiter/run_limiter.sh" "$PREFIX" "$OUT" > "$OUT/limiter-run.txt" 2>&1
-        record limiter run "\"rc\": $?"
-        tail -25 "$OUT/limiter-run.txt" >&2
-    else
-        record limiter run "\"skipped\": \"tests/gpu/limiter/run_limiter.sh missing\""
+    local dir="$OUT/limiter"
+    if [ ! -x "$HERE/limiter/run_limiter.sh" ]; then
+        record limiter run '"verdict": "SKIP", "figure": "tests/gpu/limiter/run_limiter.sh missing"'
+        return
     fi
+    log "limiter"
+    mkdir -p "$dir"
+    timeout -k 10 320 "$HERE/limiter/run_limiter.sh" "$PREFIX" "$dir" > "$dir/run.txt" 2>&1
+    local rc=$?
+    if [ ! -s "$dir/records.tsv" ]; then
+        record limiter run "\"verdict\": \"FAIL\", \"figure\": \"run_limiter.sh rc=$rc, no records (see $dir/run.txt)\""
+        tail -25 "$dir/run.txt" >&2
+        return
+    fi
+    local name fragment
+    while IFS=$'\t' read -r name fragment; do
+        record limiter "$name" "$fragment"
+    done < "$dir/records.tsv"
+    tail -40 "$dir/run.txt" >&2
 }

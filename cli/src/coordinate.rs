@@ -1,0 +1,297 @@
+//! Compute coordination for `vgpu run`: the runs of one host that share cards keep one
+//! another to their shares.
+//!
+//! Each run with a compute limit registers its container in the host folder
+//! (`<host>/containers/<container_id>.<pid>.json`: its region and what it is entitled
+//! to on which card) and, in a thread, tries every tick to take `<host>/coordinator.lock`
+//! (`flock`, released by the kernel when its holder exits). The run that holds it runs
+//! [`Coordinator::tick`] over every registration whose owner is alive and writes the
+//! card views into `<host>/cards`, which every container's config names as its
+//! `card_state_dir`; when that run ends, another takes over within a tick. The host
+//! folder is `$VGPU_HOST_DIR`, else `/run/vgpu` for root, else a folder of the user's.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use vgpu_common::CoreMode;
+use vgpu_common::coordinator::{ContainerSpec, Coordinator, Entitlement, TICK_NS};
+use vgpu_common::process;
+
+/// Env var naming the host folder.
+pub const HOST_DIR_ENV: &str = "VGPU_HOST_DIR";
+
+/// The host folder: `$VGPU_HOST_DIR`, else `/run/vgpu` (root), else
+/// `$XDG_RUNTIME_DIR/vgpu`, else `/tmp/vgpu-<uid>`.
+pub fn host_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(HOST_DIR_ENV).filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from("/run/vgpu");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("vgpu"),
+        None => std::env::temp_dir().join(format!("vgpu-{uid}")),
+    }
+}
+
+/// The folder of card views under a host folder (the containers' `card_state_dir`).
+pub fn cards_dir(host: &Path) -> PathBuf {
+    host.join("cards")
+}
+
+/// A registration file.
+#[derive(Serialize, Deserialize)]
+struct Registration {
+    id: String,
+    region: PathBuf,
+    devices: Vec<RegisteredDevice>,
+    pid: i32,
+    start_time: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct RegisteredDevice {
+    uuid: String,
+    region_index: usize,
+    core_limit: u32,
+    soft: bool,
+    ceiling: Option<u32>,
+}
+
+impl Registration {
+    fn of(spec: &ContainerSpec) -> Registration {
+        let me = process::current();
+        Registration {
+            id: spec.id.clone(),
+            region: spec.region.clone(),
+            devices: spec
+                .devices
+                .iter()
+                .map(|device| RegisteredDevice {
+                    uuid: device.uuid.clone(),
+                    region_index: device.region_index,
+                    core_limit: device.core_limit,
+                    soft: device.mode == CoreMode::Soft,
+                    ceiling: device.ceiling,
+                })
+                .collect(),
+            pid: me.pid,
+            start_time: me.start_time,
+        }
+    }
+
+    fn spec(&self) -> ContainerSpec {
+        ContainerSpec {
+            id: self.id.clone(),
+            region: self.region.clone(),
+            devices: self
+                .devices
+                .iter()
+                .map(|device| Entitlement {
+                    uuid: device.uuid.clone(),
+                    region_index: device.region_index,
+                    core_limit: device.core_limit,
+                    mode: if device.soft {
+                        CoreMode::Soft
+                    } else {
+                        CoreMode::Hard
+                    },
+                    ceiling: device.ceiling,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// This run's part in the host's coordination; ends it on drop.
+pub struct Coordination {
+    registration: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Coordination {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.registration);
+    }
+}
+
+/// Creates `dir` (and parents) with mode 0755: the host's, readable by containers.
+fn host_folder(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("chmod {}", dir.display()))
+}
+
+/// Registers `spec` under `host` and takes part in electing the host's coordinator.
+pub fn start(host: &Path, spec: &ContainerSpec) -> Result<Coordination> {
+    let containers = host.join("containers");
+    host_folder(host)?;
+    host_folder(&containers)?;
+    host_folder(&cards_dir(host))?;
+    let registration = Registration::of(spec);
+    let path = containers.join(format!("{}.{}.json", spec.id, registration.pid));
+    let staging = containers.join(format!(".{}.{}.tmp", spec.id, registration.pid));
+    let text = serde_json::to_string(&registration).context("registration")?;
+    std::fs::write(&staging, text).with_context(|| format!("write {}", staging.display()))?;
+    std::fs::rename(&staging, &path).with_context(|| format!("write {}", path.display()))?;
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(host.join("coordinator.lock"))
+        .with_context(|| format!("open {}", host.join("coordinator.lock").display()))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let host = host.to_path_buf();
+    let thread = std::thread::Builder::new()
+        .name("vgpu-coordinator".into())
+        .spawn(move || elect_and_coordinate(&host, &lock, &flag))
+        .context("start the coordinator thread")?;
+    Ok(Coordination {
+        registration: path,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// Every tick: take the lock if nobody holds it; while holding it, coordinate.
+fn elect_and_coordinate(host: &Path, lock: &File, stop: &AtomicBool) {
+    let mut coordinator: Option<Coordinator> = None;
+    while !stop.load(Ordering::Relaxed) {
+        if coordinator.is_none()
+            // SAFETY: flock on a descriptor we hold open for the thread's life.
+            && unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0
+        {
+            coordinator = Coordinator::new(&cards_dir(host)).ok();
+        }
+        if let Some(coordinator) = coordinator.as_mut() {
+            coordinator.tick(&registered(&host.join("containers")));
+        }
+        std::thread::sleep(Duration::from_nanos(TICK_NS));
+    }
+}
+
+/// The specs of every registration whose owner runs (the files of those that do not
+/// are removed), one per container.
+fn registered(dir: &Path) -> Vec<ContainerSpec> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut specs: Vec<ContainerSpec> = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let Some(registration) = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<Registration>(&bytes).ok())
+        else {
+            continue;
+        };
+        if !process::is_alive(registration.pid, registration.start_time) {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        if !specs.iter().any(|spec| spec.id == registration.id) {
+            specs.push(registration.spec());
+        }
+    }
+    specs
+}
+
+/// The UUIDs of host devices by index, from the NVML library at `nvml` (the real one,
+/// or the simulator's): what `index:` selectors name, in NVML's (PCI) order.
+pub fn uuid_by_index(nvml: &Path) -> impl Fn(u32) -> Option<String> + use<> {
+    let loaded = nvml_wrapper::Nvml::builder()
+        .lib_path(nvml.as_os_str())
+        .init()
+        .ok();
+    let uuids: Vec<String> = loaded
+        .map(|nvml| {
+            let count = nvml.device_count().unwrap_or(0);
+            (0..count)
+                .map(|index| {
+                    nvml.device_by_index(index)
+                        .and_then(|device| device.uuid())
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    move |index| {
+        uuids
+            .get(index as usize)
+            .filter(|uuid| !uuid.is_empty())
+            .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &Path, id: &str) -> ContainerSpec {
+        ContainerSpec {
+            id: id.into(),
+            region: dir.join(format!("{id}.region")),
+            devices: vec![Entitlement {
+                uuid: "GPU-1".into(),
+                region_index: 0,
+                core_limit: 30,
+                mode: CoreMode::Soft,
+                ceiling: Some(60),
+            }],
+        }
+    }
+
+    #[test]
+    fn runs_register_and_one_of_them_writes_the_views() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = dir.path().join("host");
+        let first = start(&host, &spec(dir.path(), "a")).expect("first");
+        let second = start(&host, &spec(dir.path(), "b")).expect("second");
+        let view = host.join("cards/GPU-1.card");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let listed = |text: &str| text.contains("container a ") && text.contains("container b ");
+        while !std::fs::read_to_string(&view).is_ok_and(|t| listed(&t)) {
+            assert!(std::time::Instant::now() < deadline, "no view naming both");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mode = std::fs::metadata(host.join("cards"))
+            .expect("cards")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        // A registration left by a process that is gone is removed, not believed.
+        let ghost = Registration {
+            pid: i32::MAX - 1,
+            ..Registration::of(&spec(dir.path(), "ghost"))
+        };
+        let ghost_path = host.join("containers/ghost.1.json");
+        std::fs::write(&ghost_path, serde_json::to_string(&ghost).expect("json")).expect("write");
+        let specs = registered(&host.join("containers"));
+        assert_eq!(specs.len(), 2);
+        assert!(!ghost_path.exists());
+        // The runs end: their registrations go.
+        drop(first);
+        drop(second);
+        assert!(registered(&host.join("containers")).is_empty());
+    }
+
+}

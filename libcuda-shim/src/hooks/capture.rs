@@ -1,0 +1,180 @@
+//! Stream capture: `cuStreamBeginCapture` (`_ptsz`, `_v2`, `_v2_ptsz`),
+//! `cuStreamBeginCaptureToGraph(_ptsz)` and `cuStreamEndCapture(_ptsz)`, hooked only to
+//! count the captures under way in this process. The runtime's `cudaStreamBeginCapture`
+//! reaches the same driver calls (through `cuGetProcAddress`, which hands out these
+//! hooks), and so does every framework's graph capture.
+//!
+//! While no capture is under way, a limited launch needs no capture check at all;
+//! while one is, the limiter asks the driver whether the launch's stream is capturing
+//! (a captured launch is recorded into a graph, not run, so it is neither delayed nor
+//! timed) and puts its own event calls in relaxed capture mode. A capture this table
+//! cannot follow (more than it holds) makes the check permanent, never absent.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use crate::cuda::*;
+use crate::hook;
+use crate::state::real;
+
+/// Captures this table follows at once.
+const SLOTS: usize = 64;
+static CAPTURING: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+static LOST_TRACK: AtomicBool = AtomicBool::new(false);
+
+/// Whether a capture may be under way anywhere in the process.
+#[inline]
+pub fn possible() -> bool {
+    ACTIVE.load(Ordering::Relaxed) != 0 || LOST_TRACK.load(Ordering::Relaxed)
+}
+
+/// The key of a capture: the stream handle, or the calling thread for its per-thread
+/// default stream.
+fn key(stream: CUstream, per_thread: bool) -> u64 {
+    let value = stream as usize;
+    if (per_thread && value == 0) || value == CU_STREAM_PER_THREAD {
+        (1 << 62) | crate::current::thread_tag()
+    } else {
+        value as u64
+    }
+}
+
+fn began(stream: CUstream, per_thread: bool, result: CUresult) -> CUresult {
+    static WATCH_FORKS: std::sync::Once = std::sync::Once::new();
+    WATCH_FORKS.call_once(|| {
+        // SAFETY: registering a plain extern "C" handler that only stores to atomics; the
+        // shim is linked with -z nodelete, so it stays mapped.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+    if result != CUDA_SUCCESS {
+        return result;
+    }
+    let key = key(stream, per_thread);
+    let claimed = CAPTURING.iter().any(|slot| {
+        slot.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    });
+    if claimed {
+        ACTIVE.fetch_add(1, Ordering::AcqRel);
+    } else {
+        LOST_TRACK.store(true, Ordering::Release);
+    }
+    result
+}
+
+/// After `cuStreamEndCapture`: the capture is over unless the stream still captures
+/// (the call failed before ending it).
+fn ended(stream: CUstream, per_thread: bool, result: CUresult) -> CUresult {
+    let key = key(stream, per_thread);
+    if result != CUDA_SUCCESS && still_capturing(stream, per_thread) {
+        return result;
+    }
+    if let Some(slot) = CAPTURING
+        .iter()
+        .find(|slot| slot.load(Ordering::Acquire) == key)
+        && slot
+            .compare_exchange(key, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    {
+        ACTIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+    result
+}
+
+fn still_capturing(stream: CUstream, per_thread: bool) -> bool {
+    let stream = if per_thread && stream.is_null() {
+        CU_STREAM_PER_THREAD as CUstream
+    } else {
+        stream
+    };
+    let is_capturing = real!(cuStreamIsCapturing as fn(CUstream, *mut u32) -> CUresult);
+    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: valid out-pointer; the caller's stream.
+    let result = unsafe { is_capturing(stream, &mut status) };
+    result == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// After a context went away: captures of streams that no longer capture (destroyed
+/// with their context) are forgotten. Per-thread streams are only the owner's to ask.
+pub fn forget_finished() {
+    for slot in &CAPTURING {
+        let key = slot.load(Ordering::Acquire);
+        if key == 0 || key & (1 << 62) != 0 {
+            continue;
+        }
+        if !still_capturing(key as usize as CUstream, false)
+            && slot
+                .compare_exchange(key, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            ACTIVE.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// In a forked child: no capture survives a fork (stores only).
+extern "C" fn after_fork_in_child() {
+    for slot in &CAPTURING {
+        slot.store(0, Ordering::Relaxed);
+    }
+    ACTIVE.store(0, Ordering::Relaxed);
+}
+
+pub type CUgraph = *mut c_void;
+
+hook! {
+    fn cuStreamBeginCapture(stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        began(stream, false, unsafe { real(stream) })
+    }
+}
+
+hook! {
+    fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        began(stream, true, unsafe { real(stream) })
+    }
+}
+
+hook! {
+    fn cuStreamBeginCapture_v2(stream: CUstream, mode: u32) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        began(stream, false, unsafe { real(stream, mode) })
+    }
+}
+
+hook! {
+    fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: u32) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        began(stream, true, unsafe { real(stream, mode) })
+    }
+}
+
+hook! {
+    fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, dependencies: *const c_void, data: *const c_void, count: usize, mode: u32) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        began(stream, false, unsafe { real(stream, graph, dependencies, data, count, mode) })
+    }
+}
+
+hook! {
+    fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, dependencies: *const c_void, data: *const c_void, count: usize, mode: u32) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        began(stream, true, unsafe { real(stream, graph, dependencies, data, count, mode) })
+    }
+}
+
+hook! {
+    fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        ended(stream, false, unsafe { real(stream, graph) })
+    }
+}
+
+hook! {
+    fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult |real| {
+        // SAFETY: forwarding the caller's arguments.
+        ended(stream, true, unsafe { real(stream, graph) })
+    }
+}

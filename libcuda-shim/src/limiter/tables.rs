@@ -1,0 +1,388 @@
+//! The two lock-free tables a launch touches, so an unsampled launch takes no lock:
+//!
+//! - `Estimates`: per kernel (or graph) key, its learned cost and sample counter, one
+//!   word (`duty::Estimate`);
+//! - `Streams`: per stream of this process, the projected time its queued work ends
+//!   ("busy until"), and whether it is a blocking stream (one that waits for the legacy
+//!   default stream, which waits for it).
+//!
+//! Both are fixed arrays of atomics with open addressing: a key is claimed with a
+//! compare-and-swap, a lookup probes a few slots, and a full neighbourhood evicts its
+//! first slot (a forgotten estimate is learned again; a forgotten stream is projected as
+//! idle). Nothing allocates after creation, nothing blocks, and a thread that dies
+//! anywhere leaves nothing inconsistent that matters.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::duty::{Estimate, SINCE_SHIFT};
+
+/// How many slots a lookup probes.
+const PROBE: usize = 16;
+
+fn home(key: u64, len: usize) -> usize {
+    // Fibonacci hashing: handles are aligned pointers, so their low bits are poor.
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % len
+}
+
+/// The slots a lookup of `key` probes, in order.
+fn probes(key: u64, len: usize) -> impl Iterator<Item = usize> {
+    let start = home(key, len);
+    (0..PROBE.min(len)).map(move |step| (start + step) % len)
+}
+
+/// The slot holding `key`, if any.
+fn find(keys: &[AtomicU64], key: u64) -> Option<usize> {
+    probes(key, keys.len()).find(|&index| keys[index].load(Ordering::Acquire) == key)
+}
+
+/// Learned costs by key (a nonzero u64).
+pub struct Estimates {
+    keys: Box<[AtomicU64]>,
+    values: Box<[AtomicU64]>,
+}
+
+impl Estimates {
+    pub fn new(slots: usize) -> Estimates {
+        Estimates {
+            keys: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            values: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn find(&self, key: u64) -> Option<usize> {
+        find(&self.keys, key)
+    }
+
+    /// The estimate of `key`, counting this launch; and whether to measure it (see
+    /// `Estimate::count_launch`; `sample_allowed` says whether a short kernel's sample
+    /// slot is open). `None` when the key is unknown.
+    pub fn count_launch(&self, key: u64, sample_allowed: bool) -> Option<(Estimate, bool)> {
+        let index = self.find(key)?;
+        let value = &self.values[index];
+        // One add counts the launch (the counter is the word's top bits, so it can only
+        // wrap around to zero, which is harmless); only a launch that finds a sample due
+        // tries to claim it, so concurrent launches take it once.
+        let before = value.fetch_add(1 << SINCE_SHIFT, Ordering::AcqRel);
+        let estimate = Estimate::unpack(before);
+        if estimate.samples == 0 {
+            // Claimed and not measured yet: unknown.
+            return None;
+        }
+        let (counted, due) = estimate.count_launch(sample_allowed);
+        if !due {
+            return Some((counted, false));
+        }
+        let claimed = Estimate::unpack(before.wrapping_add(1 << SINCE_SHIFT));
+        let reset = Estimate {
+            since_sample: 0,
+            ..claimed
+        };
+        // The key may have been evicted meanwhile; the answer is still one that key had
+        // a moment ago, which is all an estimate is.
+        let won = value
+            .compare_exchange(
+                before.wrapping_add(1 << SINCE_SHIFT),
+                reset.pack(),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        Some((counted, won))
+    }
+
+    /// The estimate of `key` without counting a launch.
+    pub fn get(&self, key: u64) -> Option<Estimate> {
+        let index = self.find(key)?;
+        let estimate = Estimate::unpack(self.values[index].load(Ordering::Acquire));
+        (estimate.samples > 0).then_some(estimate)
+    }
+
+    /// Folds a measurement of `key` in (adding the key if it is new).
+    pub fn record(&self, key: u64, measured_ns: u64) {
+        let index = match self.find(key) {
+            Some(index) => index,
+            None => self.claim(key),
+        };
+        let value = &self.values[index];
+        let mut current = value.load(Ordering::Relaxed);
+        loop {
+            let estimate = Estimate::unpack(current);
+            let next = if estimate.samples == 0 {
+                Estimate::first(measured_ns)
+            } else {
+                estimate.record(measured_ns)
+            };
+            match value.compare_exchange_weak(
+                current,
+                next.pack(),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// A slot for a new key: an empty one near its home, else its home (evicted). Its
+    /// value reads as "no samples" (zero), so `record` starts it afresh.
+    fn claim(&self, key: u64) -> usize {
+        for index in probes(key, self.keys.len()) {
+            match self.keys[index].compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return index,
+                Err(existing) if existing == key => return index,
+                Err(_) => {}
+            }
+        }
+        let start = home(key, self.keys.len());
+        self.values[start].store(0, Ordering::Release);
+        self.keys[start].store(key, Ordering::Release);
+        start
+    }
+}
+
+/// What a stream's projection said when a launch was placed on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub start: u64,
+    pub end: u64,
+    /// Whether the stream had nothing queued (as projected) when the launch came.
+    pub was_idle: bool,
+}
+
+/// The streams of this process on one device, by key (see `StreamKey`).
+pub struct Streams {
+    keys: Box<[AtomicU64]>,
+    busy_until: Box<[AtomicU64]>,
+    blocking: Box<[AtomicBool]>,
+}
+
+/// A stream nobody queued on for this long may give its slot to another.
+const STALE_NS: u64 = 1_000_000_000;
+
+impl Streams {
+    pub fn new(slots: usize) -> Streams {
+        Streams {
+            keys: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            busy_until: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            blocking: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    /// The slot of `key`, claiming one (and asking `is_blocking` once) if it is new;
+    /// `None` when its whole neighbourhood is busy with live streams.
+    fn slot(&self, key: u64, now_ns: u64, is_blocking: impl FnOnce() -> bool) -> Option<usize> {
+        if let Some(index) = self.find(key) {
+            return Some(index);
+        }
+        for index in probes(key, self.keys.len()) {
+            let held = self.keys[index].load(Ordering::Acquire);
+            let stale = held != 0
+                && self.busy_until[index]
+                    .load(Ordering::Acquire)
+                    .saturating_add(STALE_NS)
+                    < now_ns;
+            if (held == 0 || stale)
+                && self.keys[index]
+                    .compare_exchange(held, key, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                self.busy_until[index].store(0, Ordering::Release);
+                self.blocking[index].store(is_blocking(), Ordering::Release);
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    /// Places `cost_ns` of work queued on `key` at `now_ns`: it starts when the stream's
+    /// queued work ends, and not before `floor_of(blocking)` (what a stream that waits on
+    /// others waits for).
+    /// A stream without a slot is projected from `fallback_ns` (the container's horizon:
+    /// after everything, so it is charged in full).
+    pub fn place(
+        &self,
+        key: u64,
+        now_ns: u64,
+        cost_ns: u64,
+        floor_of: impl Fn(bool) -> u64,
+        fallback_ns: u64,
+        is_blocking: impl FnOnce() -> bool,
+    ) -> Placed {
+        let Some(index) = self.slot(key, now_ns, is_blocking) else {
+            let start = now_ns.max(floor_of(true)).max(fallback_ns);
+            return Placed {
+                start,
+                end: start.saturating_add(cost_ns),
+                was_idle: false,
+            };
+        };
+        let floor_ns = floor_of(self.blocking[index].load(Ordering::Acquire));
+        let busy = &self.busy_until[index];
+        let mut current = busy.load(Ordering::Acquire);
+        loop {
+            let start = now_ns.max(current).max(floor_ns);
+            let end = start.saturating_add(cost_ns);
+            match busy.compare_exchange_weak(current, end, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return Placed {
+                        start,
+                        end,
+                        was_idle: current <= now_ns,
+                    };
+                }
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Where `cost_ns` of work queued on `key` at `now_ns` would start, without placing
+    /// it (`floor_of` as for `place`).
+    pub fn would_start(&self, key: u64, now_ns: u64, floor_of: impl Fn(bool) -> u64) -> u64 {
+        match self.find(key) {
+            Some(index) => now_ns
+                .max(self.busy_until[index].load(Ordering::Acquire))
+                .max(floor_of(self.blocking[index].load(Ordering::Acquire))),
+            None => now_ns.max(floor_of(true)),
+        }
+    }
+
+    /// Moves `key`'s projected end to at least `end_ns` (a measurement found its work
+    /// ran longer than projected).
+    pub fn extend(&self, key: u64, end_ns: u64) {
+        if let Some(index) = self.find(key) {
+            self.busy_until[index].fetch_max(end_ns, Ordering::AcqRel);
+        }
+    }
+
+    /// Moves `key`'s projected end back from `from` to `to` if nothing was queued on it
+    /// since.
+    pub fn pull_back(&self, key: u64, from: u64, to: u64) {
+        if let Some(index) = self.find(key) {
+            let _ = self.busy_until[index].compare_exchange(
+                from,
+                to,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+
+    /// The projected end of `key`'s queued work (0 if unknown).
+    pub fn busy_until(&self, key: u64) -> u64 {
+        self.find(key)
+            .map(|index| self.busy_until[index].load(Ordering::Acquire))
+            .unwrap_or(0)
+    }
+
+    fn find(&self, key: u64) -> Option<usize> {
+        find(&self.keys, key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimates_are_learned_counted_and_evicted_without_locks() {
+        let table = Estimates::new(64);
+        assert_eq!(table.count_launch(7, true), None, "unknown");
+        table.record(7, 100_000);
+        let (estimate, due) = table.count_launch(7, true).expect("known");
+        assert_eq!(
+            (estimate.cost_ns, estimate.samples, due),
+            (100_000, 1, false)
+        );
+        table.record(7, 200_000);
+        assert_eq!(table.get(7).map(|e| e.cost_ns), Some(125_000));
+        // Many more keys than slots: the table never grows, new keys always fit.
+        for key in 1000..2000u64 {
+            table.record(key, key);
+            assert_eq!(table.get(key).map(|e| e.cost_ns), Some(key));
+        }
+    }
+
+    #[test]
+    fn threads_count_and_record_together() {
+        let table = std::sync::Arc::new(Estimates::new(256));
+        table.record(42, 50_000);
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let table = table.clone();
+                std::thread::spawn(move || {
+                    let mut due = 0;
+                    for _ in 0..8000 {
+                        if table.count_launch(42, true).expect("known").1 {
+                            due += 1;
+                            table.record(42, 50_000);
+                        }
+                    }
+                    due
+                })
+            })
+            .collect();
+        let due: u32 = handles.into_iter().map(|h| h.join().expect("thread")).sum();
+        // One launch in eight is due, whichever thread makes it.
+        assert!(
+            (7000..=9000).contains(&due),
+            "{due} samples of 64000 launches"
+        );
+        assert_eq!(table.get(42).map(|e| e.cost_ns), Some(50_000));
+    }
+
+    #[test]
+    fn streams_queue_their_own_work_and_forget_idle_ones() {
+        let streams = Streams::new(32);
+        let now = 10_000_000_000;
+        let first = streams.place(1, now, 100, |_| 0, 0, || true);
+        assert_eq!(
+            first,
+            Placed {
+                start: now,
+                end: now + 100,
+                was_idle: true
+            }
+        );
+        let second = streams.place(1, now + 10, 100, |_| 0, 0, || unreachable!());
+        assert_eq!(
+            second,
+            Placed {
+                start: now + 100,
+                end: now + 200,
+                was_idle: false
+            }
+        );
+        let other = streams.place(2, now + 10, 100, |_| 0, 0, || false);
+        assert_eq!(other.start, now + 10, "another stream runs beside it");
+        // A blocking stream waits for the floor (the legacy stream's work); a
+        // non-blocking one does not.
+        let legacy = |blocking: bool| if blocking { now + 500 } else { 0 };
+        assert_eq!(
+            streams.place(1, now + 20, 50, legacy, 0, || false).start,
+            now + 500
+        );
+        assert_eq!(
+            streams.place(2, now + 20, 50, legacy, 0, || false).start,
+            now + 110
+        );
+        streams.extend(1, now + 1_000);
+        assert_eq!(streams.busy_until(1), now + 1_000);
+        // Fill the table; stale streams give their slots up.
+        for key in 100..200u64 {
+            streams.place(key, now, 1, |_| 0, 0, || false);
+        }
+        let later = now + 2 * STALE_NS;
+        for key in 200..230u64 {
+            let placed = streams.place(key, later, 1, |_| 0, 0, || false);
+            assert_eq!(placed.start, later);
+        }
+        // A stream that finds no slot is placed after the fallback horizon.
+        let crowded = Streams::new(1);
+        crowded.place(1, now, 100, |_| 0, 0, || false);
+        assert_eq!(
+            crowded.place(2, now, 100, |_| 0, now + 700, || false).start,
+            now + 700
+        );
+    }
+}

@@ -1,0 +1,208 @@
+"""Judges the compute limiter's GPU runs (run_limiter.sh's logs/) against issue 14's
+targets: writes OUT/limiter.json (every figure), OUT/records.tsv (one
+"NAME<TAB>JSON fragment" line per check, with "verdict" and "figure") and prints a table.
+
+Usage: judge.py OUT CASE_S HAVE_TORCH [cudart]
+"""
+import json
+import os
+import statistics
+import sys
+
+out, case_s, have_torch = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
+have_cudart = len(sys.argv) > 4 and sys.argv[4] == "cudart"
+logs = os.path.join(out, "logs")
+records = []
+figures = {}
+
+
+def rc(name):
+    try:
+        return int(open(os.path.join(logs, name + ".rc")).read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def lines(name):
+    """The JSON objects a run printed (bare lines, or after `RESULT `)."""
+    found = []
+    try:
+        for line in open(os.path.join(logs, name + ".out")):
+            line = line.strip()
+            if line.startswith("RESULT "):
+                line = line[len("RESULT "):]
+            if line.startswith("{"):
+                try:
+                    found.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    except OSError:
+        pass
+    return found
+
+
+def result(name):
+    found = lines(name)
+    return found[-1] if found else None
+
+
+def why(name):
+    """One line on why a run has no result."""
+    try:
+        tail = [l.strip() for l in open(os.path.join(logs, name + ".err")) if l.strip()]
+    except OSError:
+        tail = []
+    return f"rc={rc(name)}" + (f": {tail[-1][:80]}" if tail else "")
+
+
+def record(name, verdict, figure, **values):
+    records.append((name, verdict, figure, values))
+    figures[name] = dict(verdict=verdict, figure=figure, **values)
+
+
+def within(value, target, tolerance):
+    return value is not None and abs(value - target) <= tolerance
+
+
+bare = {r["case"]: r for r in lines("bare")}
+
+
+def share(name, case):
+    """A limited run's throughput as a percent of the same case bare."""
+    res, base = result(name), bare.get(case)
+    if not res or not base or not base.get("per_s"):
+        return None, res, base
+    return res["per_s"] / base["per_s"] * 100.0, res, base
+
+
+# 1-2. Concurrent streams of quarter-card kernels.
+stream_ok = stream_total = 0
+for kernel in ("100us", "1ms"):
+    for streams in (1, 2, 4, 8):
+        for limit in (30, 70):
+            case, name = f"q{streams}x{kernel}", f"q{streams}x{kernel}-{limit}"
+            value, res, base = share(name, case)
+            stream_total += 1
+            if value is None:
+                record(f"streams-{streams}x{kernel}-at-{limit}", "FAIL", why(name) if not res else "no bare baseline")
+                continue
+            ok = within(value, limit, 5)
+            stream_ok += ok
+            record(f"streams-{streams}x{kernel}-at-{limit}", "PASS" if ok else "FAIL",
+                   f"{value:.1f}% of bare ({res['per_s']:.0f}/s vs {base['per_s']:.0f}/s), target {limit}+-5",
+                   share=round(value, 2), limit=limit)
+record("streams-all", "PASS" if stream_ok == stream_total else "FAIL",
+       f"{stream_ok}/{stream_total} multi-stream cases within +-5 (before: 4 streams at 30 got 8.9%)")
+
+# 3. One stream, graphs: the single-stream figures to hold within a point.
+old = {"f100us-30": 30.0, "f100us-70": 69.9, "f10ms-30": 30.0, "f10ms-70": 70.0}
+for kernel in ("100us", "10ms"):
+    for limit in (30, 70):
+        name = f"f{kernel}-{limit}"
+        value, res, base = share(name, f"f{kernel}")
+        if value is None:
+            record(f"single-{kernel}-at-{limit}", "FAIL", why(name))
+            continue
+        record(f"single-{kernel}-at-{limit}", "PASS" if within(value, limit, 1.0) else "FAIL",
+               f"{value:.1f}% of bare, target {limit}+-1 (before: {old[name]})", share=round(value, 2))
+value, res, base = share("g100us-30", "g100us")
+record("graphs-at-30", "PASS" if within(value, 30, 3) else "FAIL",
+       why("g100us-30") if value is None else f"{value:.1f}% of bare graph throughput, target 30+-3 (before: 30.2)",
+       share=None if value is None else round(value, 2))
+
+# 4. Two processes of one container.
+pair = [result(n) for n in ("pair-bare-a", "pair-bare-b", "pair-30-a", "pair-30-b")]
+if all(pair):
+    bare_pair, limited_pair = pair[0]["per_s"] + pair[1]["per_s"], pair[2]["per_s"] + pair[3]["per_s"]
+    value = limited_pair / bare_pair * 100.0
+    record("one-container-two-processes-at-30", "PASS" if within(value, 30, 5) else "FAIL",
+           f"{value:.1f}% of the bare pair ({pair[2]['per_s']:.0f} + {pair[3]['per_s']:.0f}/s vs "
+           f"{pair[0]['per_s']:.0f} + {pair[1]['per_s']:.0f}/s), target 30+-5", share=round(value, 2))
+else:
+    record("one-container-two-processes-at-30", "FAIL",
+           "; ".join(why(n) for n, r in zip(("pair-bare-a", "pair-bare-b", "pair-30-a", "pair-30-b"), pair) if not r))
+
+# 5. Two containers; soft mode falling back.
+for limit in (30, 60):
+    value, res, base = share(f"two-{limit}", "f1ms")
+    record(f"two-containers-{limit}", "PASS" if within(value, limit, 5) else "FAIL",
+           why(f"two-{limit}") if value is None else f"{value:.1f}% of bare beside the other, target {limit}+-5",
+           share=None if value is None else round(value, 2))
+soft, other = result("soft-30"), result("soft-other")
+if soft and other and soft.get("windows") and other.get("windows"):
+    wins = soft["windows"]
+    start = max(0, int(round((other["t0"] - soft["t0"]) * 10)))
+    end = min(len(wins), start + len(other["windows"]))
+    alone = wins[3:start]
+    fell = next((i for i in range(start, end) if all(w <= 40 for w in wins[i:end])), None)
+    contended = wins[start + 10:end]
+    alone_mean = statistics.mean(alone) if alone else None
+    contended_mean = statistics.mean(contended) if contended else None
+    fallback_ms = None if fell is None else (fell - start) * 100
+    ok = (alone_mean is not None and alone_mean >= 80 and fallback_ms is not None and fallback_ms <= 1000
+          and within(contended_mean, 30, 5))
+    fmt = lambda x: "-" if x is None else f"{x:.1f}"
+    record("soft-falls-back", "PASS" if ok else "FAIL",
+           f"alone {fmt(alone_mean)}% of the card, back to <=40% {fallback_ms} ms after a hard 60 starts, "
+           f"then {fmt(contended_mean)}% (target: alone >=80, within 1000 ms, 30+-5)",
+           alone=alone_mean, fallback_ms=fallback_ms, contended=contended_mean)
+else:
+    record("soft-falls-back", "FAIL", f"soft: {why('soft-30')}; other: {why('soft-other')}")
+
+
+# 6. Launch cost, interleaved runs, medians.
+def launch_cost(kind, key, label):
+    bare_runs = [r[key] for r in (result(f"{kind}-bare-{i}") for i in (1, 2, 3)) if r and key in r]
+    limited_runs = [r[key] for r in (result(f"{kind}-99-{i}") for i in (1, 2, 3)) if r and key in r]
+    if not bare_runs or not limited_runs:
+        record(f"launch-cost-{kind}", "FAIL", f"{why(kind + '-bare-1')}; {why(kind + '-99-1')}")
+        return
+    b, l = statistics.median(bare_runs), statistics.median(limited_runs)
+    record(f"launch-cost-{kind}", "PASS" if l / b <= 1.10 else "FAIL",
+           f"{label}: bare {b:.3f} us, --cores 99 {l:.3f} us per launch: {l / b:.3f}x (target <=1.10; before 2.5x)",
+           bare_us=b, limited_us=l, runs_bare=bare_runs, runs_limited=limited_runs)
+
+
+launch_cost("launch", "per_launch_us", "driver API, 200k launches")
+if have_cudart:
+    launch_cost("cudart", "per_op_us", "cudart <<<>>> (bench launch), 200k launches")
+else:
+    record("launch-cost-cudart", "SKIP", "no nvcc (or a simulated run): bench.cu not built")
+
+# 7. PyTorch.
+if have_torch:
+    runs = {n: result(f"decode-{n}") for n in ("bare", "30", "60")}
+    base = runs["bare"]
+    for n, res in runs.items():
+        if not res:
+            record(f"decode-{n}", "FAIL", why(f"decode-{n}"))
+            continue
+        ratio = res["steps_per_s"] / base["steps_per_s"] if base else None
+        ok = n == "bare" or (ratio is not None and (ratio >= 0.9 if n == "60" else ratio <= 1.02))
+        target = {"bare": "", "60": ", target >=0.9x bare (the limit hardly binds)",
+                  "30": ", target <=1x bare"}[n]
+        record(f"decode-{n}", "PASS" if ok else "FAIL",
+               f"{res['steps_per_s']:.0f} steps/s, p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms"
+               + ("" if ratio is None or n == "bare" else f", {ratio:.2f}x bare") + target
+               + (" (before: 886 bare, 756 at 60)" if n != "30" else ""), **res)
+    train_bare, train_50 = result("train-bare"), result("train-50")
+    if train_bare and train_50:
+        value = train_50["steps_per_s"] / train_bare["steps_per_s"] * 100.0
+        record("training-at-50", "PASS" if within(value, 50, 5) else "FAIL",
+               f"{value:.1f}% of bare ({train_50['steps_per_s']:.2f} vs {train_bare['steps_per_s']:.2f} steps/s), "
+               "target 50+-5 (before: 48.8)", share=round(value, 2))
+    else:
+        record("training-at-50", "FAIL", f"{why('train-bare')}; {why('train-50')}")
+else:
+    for n in ("decode-bare", "decode-30", "decode-60", "training-at-50"):
+        record(n, "SKIP", "no PyTorch with CUDA (or a simulated run)")
+
+json.dump({"case_s": case_s, "bare": bare, "checks": figures}, open(os.path.join(out, "limiter.json"), "w"), indent=1)
+with open(os.path.join(out, "records.tsv"), "w") as tsv:
+    for name, verdict, figure, values in records:
+        fragment = json.dumps({"verdict": verdict, "figure": figure, **values})[1:-1]
+        tsv.write(f"{name}\t{fragment}\n")
+width = max(len(r[0]) for r in records)
+for name, verdict, figure, _ in records:
+    print(f"{name:<{width}} {verdict:<5} {figure}")
+print(f"{sum(r[1] == 'PASS' for r in records)} passed, {sum(r[1] == 'FAIL' for r in records)} failed")

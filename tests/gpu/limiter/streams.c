@@ -1,0 +1,294 @@
+// The compute limiter's workloads on a real GPU (and, for dry runs, on the simulated
+// driver): driver API only, through whatever libcuda.so.1 the loader finds, with PTX
+// kernels the driver compiles itself. A kernel spins on %globaltimer for the time its
+// parameter says; its name ends in the same duration, which is what the simulated
+// driver reads. Each block asks for more than half of an SM's shared memory, so it has
+// an SM to itself: a "quarter-card" kernel of SMs/4 blocks takes a quarter of the card,
+// four of them fill it, and a fifth waits for SMs.
+//
+//   streams sweep SECONDS          bare baselines: every case below, one JSON line each
+//   streams run CASE SECONDS [windows]
+//                                  one case, one JSON line: completed kernels (or graphs)
+//                                  per second, and with `windows` each 100 ms window's
+//   streams launch N               N launches of an empty kernel on one stream: ns each
+//
+// CASE: q<S>x<K>  S streams (one thread each) of quarter-card kernels of K (100us, 1ms)
+//       f<K>      one stream of full-card kernels of K (100us, 1ms, 10ms)
+//       g<K>      one stream of graphs of 8 full-card kernels of K, captured once
+// Every thread keeps at most DEPTH kernels queued on its stream, as a program that
+// reads its results would; a kernel counts when its "done" event is waited on.
+//
+// Build: cc -O2 -o streams streams.c -ldl -lpthread
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DEPTH 8
+#define MAX_STREAMS 8
+#define MAX_WINDOWS 600
+#define GRAPH_NODES 8
+
+typedef int CUresult;
+typedef void *H;
+
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuDeviceGet)(int *, int);
+static CUresult (*cuDeviceGetAttribute)(int *, int, int);
+static CUresult (*cuDevicePrimaryCtxRetain)(H *, int);
+static CUresult (*cuCtxSetCurrent)(H);
+static CUresult (*cuModuleLoadData)(H *, const void *);
+static CUresult (*cuModuleGetFunction)(H *, H, const char *);
+static CUresult (*cuFuncSetAttribute)(H, int, int);
+static CUresult (*cuStreamCreate)(H *, unsigned);
+static CUresult (*cuStreamSynchronize)(H);
+static CUresult (*cuEventCreate)(H *, unsigned);
+static CUresult (*cuEventRecord)(H, H);
+static CUresult (*cuEventSynchronize)(H);
+static CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  unsigned, H, void **, void **);
+static CUresult (*cuStreamBeginCapture_v2)(H, unsigned);
+static CUresult (*cuStreamEndCapture)(H, H *);
+static CUresult (*cuGraphInstantiateWithFlags)(H *, H, unsigned long long);
+static CUresult (*cuGraphLaunch)(H, H);
+
+#define SPIN(name)                                                                            \
+    ".visible .entry " name "(.param .u64 ns)\n"                                              \
+    "{\n .reg .u64 %t0, %t1, %d, %n;\n .reg .pred %p;\n ld.param.u64 %n, [ns];\n"             \
+    " mov.u64 %t0, %globaltimer;\nLOOP:\n mov.u64 %t1, %globaltimer;\n"                       \
+    " sub.u64 %d, %t1, %t0;\n setp.lt.u64 %p, %d, %n;\n @%p bra LOOP;\n ret;\n}\n"
+static const char PTX[] = ".version 7.8\n.target sm_80\n.address_size 64\n" SPIN("spin_100us")
+    SPIN("spin_1ms") SPIN("spin_10ms") SPIN("empty_100ns");
+
+static H context;
+static int sms = 132;
+static int shared_bytes;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+#define CHECK(call)                                                                           \
+    do {                                                                                      \
+        CUresult rc_ = (call);                                                                \
+        if (rc_ != 0) {                                                                       \
+            fprintf(stderr, "%s: error %d\n", #call, rc_);                                    \
+            exit(2);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static void *need(void *lib, const char *name) {
+    void *symbol = dlsym(lib, name);
+    if (!symbol) {
+        fprintf(stderr, "no %s\n", name);
+        exit(2);
+    }
+    return symbol;
+}
+
+static H module;
+
+static void start(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) {
+        fprintf(stderr, "%s\n", dlerror());
+        exit(2);
+    }
+    *(void **)&cuInit = need(lib, "cuInit");
+    *(void **)&cuDeviceGet = need(lib, "cuDeviceGet");
+    *(void **)&cuDeviceGetAttribute = need(lib, "cuDeviceGetAttribute");
+    *(void **)&cuDevicePrimaryCtxRetain = need(lib, "cuDevicePrimaryCtxRetain");
+    *(void **)&cuCtxSetCurrent = need(lib, "cuCtxSetCurrent");
+    *(void **)&cuModuleLoadData = need(lib, "cuModuleLoadData");
+    *(void **)&cuModuleGetFunction = need(lib, "cuModuleGetFunction");
+    *(void **)&cuFuncSetAttribute = need(lib, "cuFuncSetAttribute");
+    *(void **)&cuStreamCreate = need(lib, "cuStreamCreate");
+    *(void **)&cuStreamSynchronize = need(lib, "cuStreamSynchronize");
+    *(void **)&cuEventCreate = need(lib, "cuEventCreate");
+    *(void **)&cuEventRecord = need(lib, "cuEventRecord");
+    *(void **)&cuEventSynchronize = need(lib, "cuEventSynchronize");
+    *(void **)&cuLaunchKernel = need(lib, "cuLaunchKernel");
+    *(void **)&cuStreamBeginCapture_v2 = need(lib, "cuStreamBeginCapture_v2");
+    *(void **)&cuStreamEndCapture = need(lib, "cuStreamEndCapture");
+    *(void **)&cuGraphInstantiateWithFlags = need(lib, "cuGraphInstantiateWithFlags");
+    *(void **)&cuGraphLaunch = need(lib, "cuGraphLaunch");
+    int device, per_sm = 0, optin = 0;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&device, 0));
+    CHECK(cuDeviceGetAttribute(&sms, 16 /* MULTIPROCESSOR_COUNT */, device));
+    CHECK(cuDeviceGetAttribute(&per_sm, 81 /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */, device));
+    CHECK(cuDeviceGetAttribute(&optin, 97 /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */, device));
+    shared_bytes = per_sm / 2 + 1024;
+    if (shared_bytes > optin) shared_bytes = optin;
+    CHECK(cuDevicePrimaryCtxRetain(&context, device));
+    CHECK(cuCtxSetCurrent(context));
+    CHECK(cuModuleLoadData(&module, PTX));
+}
+
+struct kernel {
+    H function;
+    unsigned long long ns;
+    unsigned blocks;
+};
+
+static struct kernel kernel_of(const char *duration, unsigned blocks) {
+    struct kernel k;
+    char name[64];
+    snprintf(name, sizeof name, "spin_%s", duration);
+    CHECK(cuModuleGetFunction(&k.function, module, name));
+    CHECK(cuFuncSetAttribute(k.function, 8 /* MAX_DYNAMIC_SHARED_SIZE_BYTES */, shared_bytes));
+    k.ns = !strcmp(duration, "100us") ? 100000ULL : !strcmp(duration, "1ms") ? 1000000ULL : 10000000ULL;
+    k.blocks = blocks;
+    return k;
+}
+
+static CUresult launch(const struct kernel *k, H stream) {
+    unsigned long long ns = k->ns;
+    void *params[] = {&ns};
+    return cuLaunchKernel(k->function, k->blocks, 1, 1, 128, 1, 1, shared_bytes, stream, params, NULL);
+}
+
+struct lane {
+    struct kernel kernel;
+    H graph; /* an executable graph, or NULL for kernels */
+    H stream;
+    H ring[DEPTH];
+    double t0, warm, end;
+    long completed;
+    long windows[MAX_WINDOWS];
+};
+
+static void count(struct lane *lane, double t) {
+    if (t >= lane->warm && t < lane->end) lane->completed++;
+    long w = (long)((t - lane->t0) * 10);
+    if (w >= 0 && w < MAX_WINDOWS) lane->windows[w]++;
+}
+
+static void *drive(void *arg) {
+    struct lane *lane = arg;
+    CHECK(cuCtxSetCurrent(context));
+    long launched = 0;
+    while (now_s() < lane->end) {
+        int slot = launched % DEPTH;
+        if (launched >= DEPTH) {
+            CHECK(cuEventSynchronize(lane->ring[slot]));
+            count(lane, now_s());
+        }
+        CHECK(lane->graph ? cuGraphLaunch(lane->graph, lane->stream) : launch(&lane->kernel, lane->stream));
+        CHECK(cuEventRecord(lane->ring[slot], lane->stream));
+        launched++;
+    }
+    for (long done = launched > DEPTH ? launched - DEPTH : 0; done < launched; done++) {
+        CHECK(cuEventSynchronize(lane->ring[done % DEPTH]));
+        count(lane, now_s());
+    }
+    return NULL;
+}
+
+static H stream_new(void) {
+    H stream;
+    CHECK(cuStreamCreate(&stream, 1 /* NON_BLOCKING */));
+    return stream;
+}
+
+/* Runs one case for `seconds` (after a 0.3 s warm-up); prints its JSON line. */
+static void run_case(const char *name, double seconds, int windows) {
+    int streams = 1, quarter = 0, graph = 0;
+    char duration[16] = "";
+    if (name[0] == 'q' && sscanf(name, "q%dx%15s", &streams, duration) == 2) {
+        quarter = 1;
+    } else if (name[0] == 'f' || name[0] == 'g') {
+        graph = name[0] == 'g';
+        snprintf(duration, sizeof duration, "%s", name + 1);
+    } else {
+        fprintf(stderr, "bad case %s\n", name);
+        exit(1);
+    }
+    if (streams < 1 || streams > MAX_STREAMS) exit(1);
+    unsigned blocks = quarter ? (unsigned)(sms / 4) : (unsigned)sms;
+    static struct lane lanes[MAX_STREAMS];
+    pthread_t threads[MAX_STREAMS];
+    double t0 = now_s();
+    for (int i = 0; i < streams; i++) {
+        struct lane *lane = &lanes[i];
+        memset(lane, 0, sizeof *lane);
+        lane->kernel = kernel_of(duration, blocks);
+        lane->stream = stream_new();
+        for (int j = 0; j < DEPTH; j++) CHECK(cuEventCreate(&lane->ring[j], 2 /* DISABLE_TIMING */));
+        if (graph) {
+            H g;
+            CHECK(cuStreamBeginCapture_v2(lane->stream, 2 /* RELAXED */));
+            for (int n = 0; n < GRAPH_NODES; n++) CHECK(launch(&lane->kernel, lane->stream));
+            CHECK(cuStreamEndCapture(lane->stream, &g));
+            CHECK(cuGraphInstantiateWithFlags(&lane->graph, g, 0));
+        }
+    }
+    t0 = now_s();
+    for (int i = 0; i < streams; i++) {
+        lanes[i].t0 = t0;
+        lanes[i].warm = t0 + 0.3;
+        lanes[i].end = t0 + 0.3 + seconds;
+        pthread_create(&threads[i], NULL, drive, &lanes[i]);
+    }
+    long completed = 0;
+    for (int i = 0; i < streams; i++) {
+        pthread_join(threads[i], NULL);
+        completed += lanes[i].completed;
+    }
+    /* Work per completion, as a share of the card's time: what fits at once. */
+    double work_s = lanes[0].kernel.ns * 1e-9 * (graph ? GRAPH_NODES : 1);
+    int fit = quarter ? (streams < 4 ? streams : 4) : 1;
+    printf("{\"case\": \"%s\", \"per_s\": %.3f, \"completed\": %ld, \"seconds\": %.3f, "
+           "\"work_s\": %.6f, \"fit\": %d, \"t0\": %.6f",
+           name, completed / seconds, completed, seconds, work_s, fit, t0);
+    if (windows) {
+        long n = (long)((0.3 + seconds) * 10);
+        if (n > MAX_WINDOWS) n = MAX_WINDOWS;
+        printf(", \"windows\": [");
+        for (long w = 0; w < n; w++) {
+            long sum = 0;
+            for (int i = 0; i < streams; i++) sum += lanes[i].windows[w];
+            printf("%s%.1f", w ? ", " : "", sum * work_s / 0.1 / fit * 100.0);
+        }
+        printf("]");
+    }
+    printf("}\n");
+    fflush(stdout);
+}
+
+static const char *SWEEP[] = {"q1x100us", "q2x100us", "q4x100us", "q8x100us", "q1x1ms",
+                              "q2x1ms",   "q4x1ms",   "q8x1ms",   "f100us",   "f1ms",
+                              "f10ms",    "g100us"};
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: streams sweep SECONDS | run CASE SECONDS [windows] | launch N\n");
+        return 1;
+    }
+    start();
+    if (!strcmp(argv[1], "sweep")) {
+        for (size_t i = 0; i < sizeof SWEEP / sizeof *SWEEP; i++) run_case(SWEEP[i], atof(argv[2]), 0);
+    } else if (!strcmp(argv[1], "run") && argc >= 4) {
+        run_case(argv[2], atof(argv[3]), argc > 4 && !strcmp(argv[4], "windows"));
+    } else if (!strcmp(argv[1], "launch")) {
+        long n = atol(argv[2]);
+        H function, stream = stream_new();
+        CHECK(cuModuleGetFunction(&function, module, "empty_100ns"));
+        unsigned long long ns = 0;
+        void *params[] = {&ns};
+        for (int i = 0; i < 10000; i++) CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+        CHECK(cuStreamSynchronize(stream));
+        double t0 = now_s();
+        for (long i = 0; i < n; i++) CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+        double t1 = now_s();
+        CHECK(cuStreamSynchronize(stream));
+        printf("{\"case\": \"launch\", \"n\": %ld, \"per_launch_us\": %.4f}\n", n, (t1 - t0) / n * 1e6);
+    } else {
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,453 @@
+//! The host-owned compute view of one card: `<card_state_dir>/<uuid>.card`.
+//!
+//! The coordinator (`coordinator.rs`, on the host) writes it; the CUDA shims of every
+//! container on the card read it, read-only, to learn what their container may use now.
+//! It is the only compute state containers share, and no tenant writes it: the folder is
+//! the host's (0755), each file is replaced whole by a rename (0644), and containers get
+//! the folder through a read-only mount. A reader opens the file afresh each time (a
+//! rename replaces it; a shared mapping would keep the old one) without following links
+//! or blocking on a FIFO, and copies at most `MAX_VIEW_LEN` bytes with `pread`.
+//!
+//! The format is text, one record a line, so an operator can read it:
+//!
+//! ```text
+//! vgpu-card-view 1
+//! card GPU-5e0f0c5a-1111-2222-3333-444455556666
+//! written_ns 81234567890
+//! container alloc-1 limit 30 mode soft ceiling 60 allowed 30 active 1 busy_permille 297
+//! container alloc-2 limit 40 mode hard ceiling 40 allowed 40 active 1 busy_permille 401
+//! end
+//! ```
+//!
+//! `allowed` is the percent of the card the container may use now; `written_ns` is
+//! `CLOCK_MONOTONIC`. A view older than `STALE_NS`, one that does not parse, one for
+//! another card or one without the reader's container means "assume contended": a soft
+//! container keeps to its limit. Whatever a view says, a reader never goes below its own
+//! `core_limit` nor above its own ceiling ([`allowed_percent`]).
+
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::config::{CoreMode, validate_container_id};
+
+/// First line of every view.
+pub const MAGIC_LINE: &str = "vgpu-card-view 1";
+/// The most bytes a reader copies (far more than `MAX_CONTAINERS` lines).
+pub const MAX_VIEW_LEN: usize = 64 * 1024;
+/// The most containers one view lists.
+pub const MAX_CONTAINERS: usize = 256;
+/// A view older than this is stale: the coordinator is gone or stuck.
+pub const STALE_NS: u64 = 1_000_000_000;
+
+/// One container on the card, as the coordinator judged it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewEntry {
+    pub id: String,
+    /// Its entitlement: percent of the card, 1-100.
+    pub limit: u32,
+    pub mode: CoreMode,
+    /// What soft mode may take on an idle card (the limit in hard mode).
+    pub ceiling: u32,
+    /// What it may use now.
+    pub allowed: u32,
+    /// Whether it had GPU work (or waited to launch) lately.
+    pub active: bool,
+    /// Its measured busy fraction of the card since the previous view, per mille.
+    pub busy_permille: u32,
+}
+
+/// A whole view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CardView {
+    pub uuid: String,
+    pub written_ns: u64,
+    pub containers: Vec<ViewEntry>,
+}
+
+/// Why a view could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    #[error("card view: `{0}` is not a usable card UUID for a file name")]
+    BadUuid(String),
+    #[error("card view {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("card view {path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+/// Whether `uuid` can name a view file: no separators, no leading dot, printable.
+pub fn valid_uuid(uuid: &str) -> bool {
+    !uuid.is_empty()
+        && uuid.len() < 96
+        && !uuid.starts_with('.')
+        && uuid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':' | b'.'))
+}
+
+fn mode_name(mode: CoreMode) -> &'static str {
+    match mode {
+        CoreMode::Hard => "hard",
+        CoreMode::Soft => "soft",
+    }
+}
+
+impl CardView {
+    /// `<dir>/<uuid>.card`.
+    pub fn path_for(dir: &Path, uuid: &str) -> Result<PathBuf, ViewError> {
+        if !valid_uuid(uuid) {
+            return Err(ViewError::BadUuid(uuid.to_string()));
+        }
+        Ok(dir.join(format!("{uuid}.card")))
+    }
+
+    /// The entry of container `id`.
+    pub fn entry(&self, id: &str) -> Option<&ViewEntry> {
+        self.containers.iter().find(|entry| entry.id == id)
+    }
+
+    /// The view as text.
+    pub fn render(&self) -> String {
+        let mut text = format!(
+            "{MAGIC_LINE}\ncard {}\nwritten_ns {}\n",
+            self.uuid, self.written_ns
+        );
+        for entry in self.containers.iter().take(MAX_CONTAINERS) {
+            text.push_str(&format!(
+                "container {} limit {} mode {} ceiling {} allowed {} active {} busy_permille {}\n",
+                entry.id,
+                entry.limit,
+                mode_name(entry.mode),
+                entry.ceiling,
+                entry.allowed,
+                entry.active as u8,
+                entry.busy_permille
+            ));
+        }
+        text.push_str("end\n");
+        text
+    }
+
+    /// Parses and checks a view's text.
+    pub fn parse(text: &str) -> Result<CardView, String> {
+        let mut lines = text.lines();
+        if lines.next() != Some(MAGIC_LINE) {
+            return Err("not a vgpu card view (first line)".into());
+        }
+        let uuid = lines
+            .next()
+            .and_then(|line| line.strip_prefix("card "))
+            .filter(|uuid| valid_uuid(uuid))
+            .ok_or("no card line")?
+            .to_string();
+        let written_ns = lines
+            .next()
+            .and_then(|line| line.strip_prefix("written_ns "))
+            .and_then(|value| value.parse().ok())
+            .ok_or("no written_ns line")?;
+        let mut containers = Vec::new();
+        for line in lines {
+            if line == "end" {
+                return Ok(CardView {
+                    uuid,
+                    written_ns,
+                    containers,
+                });
+            }
+            if containers.len() == MAX_CONTAINERS {
+                return Err(format!("more than {MAX_CONTAINERS} containers"));
+            }
+            containers.push(parse_entry(line).ok_or_else(|| format!("bad line `{line}`"))?);
+        }
+        Err("truncated (no end line)".into())
+    }
+
+    /// Replaces `<dir>/<uuid>.card` with this view: a temp file in `dir`, mode 0644,
+    /// renamed over the old one, so a reader sees the old view or the new, never a mix.
+    pub fn write(&self, dir: &Path) -> Result<PathBuf, ViewError> {
+        let path = CardView::path_for(dir, &self.uuid)?;
+        let io_err = |source| ViewError::Io {
+            path: path.clone(),
+            source,
+        };
+        let staging = dir.join(format!(".{}.card.{}.tmp", self.uuid, std::process::id()));
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&staging)
+            .map_err(io_err)?;
+        let written = file
+            .write_all(self.render().as_bytes())
+            .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(0o644)));
+        drop(file);
+        if let Err(source) = written.and_then(|()| std::fs::rename(&staging, &path)) {
+            let _ = std::fs::remove_file(&staging);
+            return Err(io_err(source));
+        }
+        Ok(path)
+    }
+
+    /// Reads `<dir>/<uuid>.card`: a fresh open (no link followed, no FIFO waited on), a
+    /// regular file of at most `MAX_VIEW_LEN` bytes, copied with `pread`, parsed, and
+    /// for card `uuid`.
+    pub fn read(dir: &Path, uuid: &str) -> Result<CardView, ViewError> {
+        let path = CardView::path_for(dir, uuid)?;
+        let invalid = |reason: String| ViewError::Invalid {
+            path: path.clone(),
+            reason,
+        };
+        let io_err = |source| ViewError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(io_err)?;
+        let meta = file.metadata().map_err(io_err)?;
+        if !meta.file_type().is_file() {
+            return Err(invalid("not a regular file".into()));
+        }
+        if meta.len() > MAX_VIEW_LEN as u64 {
+            return Err(invalid(format!(
+                "{} bytes, at most {MAX_VIEW_LEN}",
+                meta.len()
+            )));
+        }
+        let mut bytes = vec![0u8; meta.len() as usize];
+        let mut filled = 0;
+        while filled < bytes.len() {
+            match file.read_at(&mut bytes[filled..], filled as u64) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(io_err(error)),
+            }
+        }
+        bytes.truncate(filled);
+        let text = std::str::from_utf8(&bytes).map_err(|_| invalid("not UTF-8".into()))?;
+        let view = CardView::parse(text).map_err(invalid)?;
+        if view.uuid != uuid {
+            return Err(invalid(format!("written for card {}", view.uuid)));
+        }
+        Ok(view)
+    }
+}
+
+fn parse_entry(line: &str) -> Option<ViewEntry> {
+    let fields: Vec<&str> = line.split(' ').collect();
+    let [
+        "container",
+        id,
+        "limit",
+        limit,
+        "mode",
+        mode,
+        "ceiling",
+        ceiling,
+        "allowed",
+        allowed,
+        "active",
+        active,
+        "busy_permille",
+        busy,
+    ] = fields.as_slice()
+    else {
+        return None;
+    };
+    let percent = |text: &str| text.parse::<u32>().ok().filter(|p| (1..=100).contains(p));
+    Some(ViewEntry {
+        id: validate_container_id(id).is_ok().then(|| id.to_string())?,
+        limit: percent(limit)?,
+        mode: match *mode {
+            "hard" => CoreMode::Hard,
+            "soft" => CoreMode::Soft,
+            _ => return None,
+        },
+        ceiling: percent(ceiling)?,
+        allowed: percent(allowed)?,
+        active: match *active {
+            "0" => false,
+            "1" => true,
+            _ => return None,
+        },
+        busy_permille: busy.parse::<u32>().ok().filter(|b| *b <= 1000)?,
+    })
+}
+
+/// What a soft-mode container with `limit` and `ceiling` may use now, given the view it
+/// read (`None`: missing or unreadable) and its own `container_id`: the view's figure
+/// while it is fresh and lists the container, else the limit; always within
+/// `[limit, ceiling]`, so no view can push a container below what it is entitled to.
+pub fn allowed_percent(
+    view: Option<&CardView>,
+    container_id: Option<&str>,
+    now_ns: u64,
+    limit: u32,
+    ceiling: u32,
+) -> u32 {
+    let ceiling = ceiling.max(limit);
+    let granted = view
+        .filter(|view| {
+            now_ns.saturating_sub(view.written_ns) <= STALE_NS
+                && view.written_ns <= now_ns.saturating_add(STALE_NS)
+        })
+        .and_then(|view| view.entry(container_id?))
+        .map(|entry| entry.allowed);
+    granted.unwrap_or(limit).clamp(limit, ceiling)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UUID: &str = "GPU-5e0f0c5a-1111-2222-3333-444455556666";
+
+    fn view(now: u64) -> CardView {
+        CardView {
+            uuid: UUID.into(),
+            written_ns: now,
+            containers: vec![
+                ViewEntry {
+                    id: "alloc-1".into(),
+                    limit: 30,
+                    mode: CoreMode::Soft,
+                    ceiling: 60,
+                    allowed: 60,
+                    active: true,
+                    busy_permille: 597,
+                },
+                ViewEntry {
+                    id: "alloc-2".into(),
+                    limit: 40,
+                    mode: CoreMode::Hard,
+                    ceiling: 40,
+                    allowed: 40,
+                    active: false,
+                    busy_permille: 0,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn written_views_read_back_and_are_the_hosts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let written = view(5_000_000_000);
+        let path = written.write(dir.path()).expect("write");
+        assert_eq!(path, dir.path().join(format!("{UUID}.card")));
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+        assert_eq!(CardView::read(dir.path(), UUID).expect("read"), written);
+        // A second write replaces it whole; no temp file is left behind.
+        let mut next = view(6_000_000_000);
+        next.containers.pop();
+        next.write(dir.path()).expect("rewrite");
+        assert_eq!(CardView::read(dir.path(), UUID).expect("read"), next);
+        assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 1);
+    }
+
+    #[test]
+    fn broken_foreign_and_special_files_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = CardView::path_for(dir.path(), UUID).expect("path");
+        assert!(matches!(
+            CardView::read(dir.path(), UUID),
+            Err(ViewError::Io { .. })
+        ));
+        let text = view(1).render();
+        for broken in [
+            String::new(),
+            "garbage\n".to_string(),
+            text.replace("end\n", ""),
+            text.replace("limit 30", "limit 0"),
+            text.replace("allowed 60", "allowed 1000"),
+            text.replace("alloc-1", "../../etc"),
+            text.replace("mode soft", "mode greedy"),
+            text.replace(UUID, "GPU-other"),
+        ] {
+            std::fs::write(&path, &broken).expect("write");
+            assert!(
+                matches!(
+                    CardView::read(dir.path(), UUID),
+                    Err(ViewError::Invalid { .. })
+                ),
+                "{broken:?}"
+            );
+        }
+        std::fs::write(&path, vec![b'x'; MAX_VIEW_LEN + 1]).expect("write");
+        assert!(CardView::read(dir.path(), UUID).is_err());
+        std::fs::remove_file(&path).expect("rm");
+        let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo on a NUL-terminated path we own.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        assert!(
+            CardView::read(dir.path(), UUID).is_err(),
+            "a FIFO neither blocks nor passes"
+        );
+        std::fs::remove_file(&path).expect("rm");
+        let target = dir.path().join("elsewhere");
+        view(1).write(dir.path()).expect("write");
+        std::fs::rename(&path, &target).expect("mv");
+        std::os::unix::fs::symlink(&target, &path).expect("symlink");
+        assert!(
+            CardView::read(dir.path(), UUID).is_err(),
+            "links are not followed"
+        );
+        for bad in ["", "../x", "a/b", ".hidden"] {
+            assert!(matches!(
+                CardView::read(dir.path(), bad),
+                Err(ViewError::BadUuid(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn a_view_grants_within_the_readers_own_limit_and_ceiling() {
+        let now = 10_000_000_000;
+        let fresh = view(now);
+        assert_eq!(
+            allowed_percent(Some(&fresh), Some("alloc-1"), now, 30, 60),
+            60
+        );
+        // Missing, stale, from the future, or without this container: the limit.
+        assert_eq!(allowed_percent(None, Some("alloc-1"), now, 30, 60), 30);
+        assert_eq!(
+            allowed_percent(Some(&fresh), Some("alloc-1"), now + STALE_NS + 1, 30, 60),
+            30
+        );
+        assert_eq!(
+            allowed_percent(
+                Some(&view(now + 2 * STALE_NS)),
+                Some("alloc-1"),
+                now,
+                30,
+                60
+            ),
+            30
+        );
+        assert_eq!(
+            allowed_percent(Some(&fresh), Some("alloc-9"), now, 30, 60),
+            30
+        );
+        assert_eq!(allowed_percent(Some(&fresh), None, now, 30, 60), 30);
+        // A view can neither push a reader below its limit nor above its ceiling.
+        let mut forged = view(now);
+        forged.containers[0].allowed = 1;
+        assert_eq!(
+            allowed_percent(Some(&forged), Some("alloc-1"), now, 30, 60),
+            30
+        );
+        forged.containers[0].allowed = 100;
+        assert_eq!(
+            allowed_percent(Some(&forged), Some("alloc-1"), now, 30, 60),
+            60
+        );
+    }
+}
