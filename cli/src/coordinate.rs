@@ -293,5 +293,4 @@ mod tests {
         drop(second);
         assert!(registered(&host.join("containers")).is_empty());
     }
-
 }

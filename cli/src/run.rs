@@ -382,7 +382,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         Some((config, host)) => {
             let uuid_of = crate::coordinate::uuid_by_index(&plan.driver_dir.join(LIBS[1]));
             let region = work.path.join("usage.region");
-            let spec = vgpu_common::coordinator::ContainerSpec::from_config(config, &region, uuid_of);
+            let spec =
+                vgpu_common::coordinator::ContainerSpec::from_config(config, &region, uuid_of);
             match spec.map(|spec| crate::coordinate::start(host, &spec)) {
                 Some(Ok(coordination)) => Some(coordination),
                 Some(Err(error)) => {

@@ -17,8 +17,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod cuda;
-mod ledger;
 mod current;
+mod ledger;
 mod limiter;
 mod forward {
     include!(concat!(env!("OUT_DIR"), "/forward.rs"));

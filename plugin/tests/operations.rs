@@ -59,9 +59,7 @@ async fn counters_never_drop_when_processes_exit_and_the_region_is_read_by_copy(
     let core_ids: Vec<String> = list_ids(&mut cores).await.into_iter().take(30).collect();
     let memory_ids: Vec<String> = list_ids(&mut memory).await.into_iter().take(4).collect();
     let response = allocate(&mut cores, &core_ids).await.expect("cores");
-    allocate(&mut memory, &memory_ids)
-        .await
-        .expect("memory");
+    allocate(&mut memory, &memory_ids).await.expect("memory");
     kubelet.add_container("team", "trainer", "cuda", &core_ids, &memory_ids);
     cores
         .pre_start_container(PreStartContainerRequest {
@@ -492,9 +490,7 @@ async fn containers_mount_the_version_folder_current_names_at_their_start() {
             .map(|mount| PathBuf::from(&mount.host_path))
             .expect("mount")
     };
-    let before = allocate(&mut cores, &all[..30])
-        .await
-        .expect("allocate");
+    let before = allocate(&mut cores, &all[..30]).await.expect("allocate");
     assert_eq!(
         mount_of(&before, "/usr/local/vgpu/driver"),
         config.host_driver_dir.join("535.261.03")
@@ -510,9 +506,7 @@ async fn containers_mount_the_version_folder_current_names_at_their_start() {
     let staging = config.host_driver_dir.join("current.tmp");
     std::os::unix::fs::symlink("580.159.04", &staging).expect("link");
     std::fs::rename(&staging, config.host_driver_dir.join("current")).expect("switch");
-    let later = allocate(&mut cores, &all[30..60])
-        .await
-        .expect("allocate");
+    let later = allocate(&mut cores, &all[30..60]).await.expect("allocate");
     assert_eq!(
         mount_of(&later, "/usr/local/vgpu/driver"),
         config.host_driver_dir.join("580.159.04")

@@ -1545,7 +1545,11 @@ mod tests {
         let copy = crate::snapshot::RegionSnapshot::read(&path).expect("copy");
         assert_eq!(copy.processes()[0].host_pid, 0);
         assert_eq!(copy.fill_host_pids(&proc_root), 1);
-        assert_eq!(region.processes()[0].host_pid, 3100, "the mapping sees the write");
+        assert_eq!(
+            region.processes()[0].host_pid,
+            3100,
+            "the mapping sees the write"
+        );
         let copy = crate::snapshot::RegionSnapshot::read(&path).expect("copy");
         assert_eq!(
             copy.fill_host_pids(&proc_root),
