@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use vgpu_kube::slices::{GpuDevice, SlicePublisher};
+use vgpu_plugin::coordination;
 use vgpu_plugin::{CardInfo, DeviceSource};
 
 use crate::cards::{Describe, Details, gpu_devices};
@@ -203,6 +204,18 @@ async fn supervise(
     }
 }
 
+/// The allocation folders of every prepared request, for the compute coordinator.
+fn prepared_folders(preparer: Arc<Preparer>) -> coordination::Folders {
+    Arc::new(move || {
+        preparer
+            .prepared()
+            .values()
+            .flat_map(|claim| claim.requests.iter())
+            .map(|request| preparer.allocation_dir(&request.container_id))
+            .collect()
+    })
+}
+
 /// Every second, fills in the host PIDs of container processes in each prepared
 /// request's usage region (from a private copy, written back with pwrite, as the
 /// device plugin does), so NVML inside the container can list its processes.
@@ -306,6 +319,7 @@ pub async fn start(
     for dir in [
         config.state_dir.clone(),
         plugin.allocations_dir(),
+        coordination::cards_dir(&plugin.state_dir),
         config.plugin_dir(),
         config.plugins_registry_dir.clone(),
         config.cdi_dir.clone(),
@@ -371,6 +385,11 @@ pub async fn start(
     tasks.push(tokio::spawn(host_pid_loop(
         preparer.clone(),
         config.host_proc.clone(),
+        stop_receiver.clone(),
+    )));
+    tasks.push(tokio::spawn(coordination::run(
+        plugin.state_dir.clone(),
+        prepared_folders(preparer.clone()),
         stop_receiver.clone(),
     )));
     let health_stop = Arc::new(AtomicBool::new(false));

@@ -33,8 +33,10 @@ pub const ANNOTATION_CORES: &str = "tencent.com/vcuda-core";
 /// Annotation with the number of memory units of this response.
 pub const ANNOTATION_MEMORY: &str = "tencent.com/vcuda-memory";
 
-const CONFIG_FILE: &str = "vgpu.yaml";
-const REGION_FILE: &str = "usage.region";
+/// The container config in an allocation folder.
+pub(crate) const CONFIG_FILE: &str = "vgpu.yaml";
+/// The usage region in an allocation folder.
+pub(crate) const REGION_FILE: &str = "usage.region";
 /// Cgroup access of the device nodes.
 const DEVICE_PERMISSIONS: &str = "rw";
 
@@ -50,6 +52,7 @@ pub fn container_config(devices: &[DeviceQuota], container_id: &str) -> Config {
         driver_dir: Some(vgpu_ldconfig::LayoutPaths::default().container_driver_lib_dir()),
         container_id: Some(container_id.to_string()),
         usage_region: Some(PathBuf::from(layout::CONTAINER_REGION)),
+        card_state_dir: Some(PathBuf::from(layout::CONTAINER_CARDS)),
         devices: devices.to_vec(),
         ..Config::default()
     }
@@ -106,6 +109,12 @@ pub fn container_edits(
         &dir.join(REGION_FILE),
         layout::CONTAINER_REGION,
         false,
+    ));
+    // The host's per-card compute views, written by the node's coordinator.
+    mounts.push(CdiMount::bind(
+        &crate::coordination::cards_dir(&config.state_dir),
+        layout::CONTAINER_CARDS,
+        true,
     ));
     let mut nodes: Vec<String> = cards
         .iter()

@@ -23,6 +23,7 @@ use crate::allocator::{Allocator, HolderIndex};
 use crate::coexist;
 use crate::config::PluginConfig;
 use crate::container;
+use crate::coordination;
 use crate::devices::DeviceSource;
 use crate::health::ServingStatus;
 use crate::ids::Kind;
@@ -346,6 +347,21 @@ fn health_loop(shared: Arc<Shared>, source: Arc<dyn DeviceSource>, stop: Arc<Ato
     }
 }
 
+/// The folders of the containers that passed PreStartContainer (their config holds the
+/// quota), for the compute coordinator.
+fn prepared_folders(shared: Arc<Shared>) -> coordination::Folders {
+    Arc::new(move || {
+        shared
+            .allocator()
+            .state()
+            .allocations
+            .values()
+            .filter(|record| record.prepared_unix.is_some())
+            .map(|record| container::allocation_dir(&shared.config, &record.id))
+            .collect()
+    })
+}
+
 /// Starts the plugin: returns once both resources are served (registration proceeds
 /// in the background and is retried until kubelet accepts it).
 pub async fn start(
@@ -356,10 +372,13 @@ pub async fn start(
     if cards.is_empty() {
         tracing::warn!("no GPUs found: advertising no devices");
     }
+    // The card views' folder is every container's mount source: it exists before
+    // the first Allocate.
     for dir in [
         &config.state_dir,
         &config.allocations_dir(),
         &config.containers_dir(),
+        &coordination::cards_dir(&config.state_dir),
         &config.device_plugin_dir,
     ] {
         std::fs::create_dir_all(dir)
@@ -444,6 +463,11 @@ pub async fn start(
     tasks.push(tokio::spawn(region_loop(
         shared.clone(),
         usage.clone(),
+        stop_receiver.clone(),
+    )));
+    tasks.push(tokio::spawn(coordination::run(
+        config.state_dir.clone(),
+        prepared_folders(shared.clone()),
         stop_receiver.clone(),
     )));
     let health_stop = Arc::new(AtomicBool::new(false));

@@ -6,6 +6,8 @@
 pub const CONTAINER_CONFIG: &str = "/etc/vgpu/vgpu.yaml";
 /// The usage region (read-write).
 pub const CONTAINER_REGION: &str = "/etc/vgpu/usage.region";
+/// The host's per-card compute views (read-only): the config's `card_state_dir`.
+pub const CONTAINER_CARDS: &str = "/etc/vgpu/cards";
 
 /// The prepared driver folder on the host (`vgpu-ldconfig prepare` output).
 pub const HOST_DRIVER_DIR: &str = "/var/lib/vgpu/driver";

@@ -21,6 +21,7 @@
 //! * [`usage`]: running totals of each container's counters, monotonic across exits;
 //! * [`health`]: what `/healthz` answers;
 //! * [`reload`]: noticing a changed config file (the plugin then exits to be restarted);
+//! * [`coordination`]: the host-side compute coordinator over the node's containers;
 //! * [`metrics`]: Prometheus metrics and `/healthz` over plain HTTP.
 
 pub mod allocator;
@@ -29,6 +30,7 @@ pub mod cdi;
 pub mod coexist;
 pub mod config;
 pub mod container;
+pub mod coordination;
 pub mod daemon;
 pub mod devices;
 pub mod health;

@@ -98,12 +98,12 @@ section_pod() {
     for dir in ${POD_DRIVER_DIRS:-/usr/local/nvidia/lib64 /lib /usr/lib/x86_64-linux-gnu}; do extra+=(--extra-dir "$dir"); done
     timeout 60 "$LDC" prepare --dest "$P/driver" --shim-dir "$PREFIX/lib64" "${extra[@]}" > "$OUT/pod-prepare.txt" 2>&1
     local rc=$?
-    [ -n "${POD_AFTER_PREPARE:-}" ] && (cd "$P/driver/lib64" && eval "$POD_AFTER_PREPARE")
+    [ -n "${POD_AFTER_PREPARE:-}" ] && (cd "$P/driver/current/lib64" && eval "$POD_AFTER_PREPARE")
     timeout 10 "$LDC" layout --host-driver-dir "$P/driver" > "$OUT/pod-layout.txt" 2>&1
     local helpers
     helpers=$(grep '^mount ' "$OUT/pod-layout.txt" | grep '=> /usr/lib/x86_64-linux-gnu/' | sed 's#.*/##; s/ (ro)//' \
         | grep -v -e '^libcuda.so.1$' -e '^libnvidia-ml.so.1$' | tr '\n' ' ')
-    if [ $rc = 0 ] && [ -e "$P/driver/lib64/libcuda.so.1" ] && [ -x "$P/driver/bin/nvidia-smi" ]; then
+    if [ $rc = 0 ] && [ -e "$P/driver/current/lib64/libcuda.so.1" ] && [ -x "$P/driver/current/bin/nvidia-smi" ]; then
         pod_record prepare PASS "$(tail -1 "$OUT/pod-prepare.txt"); helpers mounted by SONAME: ${helpers:-none}"
     else
         pod_record prepare FAIL "rc=$rc: $(tail -1 "$OUT/pod-prepare.txt")"

@@ -1,0 +1,100 @@
+//! The node's compute coordination: the host-side [`Coordinator`] run over every
+//! container this node prepared, by the device plugin and by the DRA driver alike.
+//!
+//! Each prepared container has its config (host-written, trusted) and its usage region
+//! (tenant-written, read only as a private copy by the coordinator) in its allocation
+//! folder. Every [`TICK_NS`] the loop ticks the coordinator, which writes one view per
+//! card into `<state_dir>/cards`; the containers see that folder read-only at
+//! [`crate::layout::CONTAINER_CARDS`]. The list of containers is read again every
+//! second (a few small files), and the file work runs on the blocking pool, so neither
+//! a slow disk nor a hostile tenant holds the daemon's other tasks.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use vgpu_common::Config;
+use vgpu_common::coordinator::{ContainerSpec, Coordinator, TICK_NS};
+
+use crate::container::{CONFIG_FILE, REGION_FILE};
+
+/// How often the list of containers is read again.
+const REFRESH: Duration = Duration::from_secs(1);
+/// A problem the coordinator reports is logged again after this long at the earliest.
+const REPEAT_PROBLEM: Duration = Duration::from_secs(60);
+
+/// `<state_dir>/cards`: the views' folder on the host.
+pub fn cards_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("cards")
+}
+
+/// The containers to coordinate: the folders (each holding a config and a region) of
+/// every container prepared now.
+pub type Folders = Arc<dyn Fn() -> Vec<PathBuf> + Send + Sync>;
+
+/// The specs of the compute-limited containers in `folders`, one per `container_id`
+/// (the device plugin's alias folders hold the same files).
+fn specs(folders: &[PathBuf]) -> Vec<ContainerSpec> {
+    let mut seen = BTreeSet::new();
+    folders
+        .iter()
+        .filter_map(|folder| {
+            let config = Config::load(&folder.join(CONFIG_FILE)).ok()?;
+            // Plugin configs name cards by UUID: no index to resolve.
+            let spec = ContainerSpec::from_config(&config, &folder.join(REGION_FILE), |_| None)?;
+            (!spec.devices.is_empty() && seen.insert(spec.id.clone())).then_some(spec)
+        })
+        .collect()
+}
+
+/// Runs the coordinator over `folders` until `stop`. A folder that cannot be
+/// created leaves soft-mode containers at their limits (a missing view means
+/// "contended"); that is logged once.
+pub async fn run(state_dir: PathBuf, folders: Folders, mut stop: watch::Receiver<bool>) {
+    let dir = cards_dir(&state_dir);
+    let mut coordinator = match Coordinator::new(&dir) {
+        Ok(coordinator) => coordinator,
+        Err(err) => {
+            tracing::error!(dir = %dir.display(), error = %err,
+                "cannot create the card views' folder: soft-mode containers keep to their limits");
+            return;
+        }
+    };
+    let mut containers: Vec<ContainerSpec> = Vec::new();
+    let mut refreshed: Option<Instant> = None;
+    let mut logged: Vec<(String, Instant)> = Vec::new();
+    loop {
+        if refreshed.is_none_or(|at| at.elapsed() >= REFRESH) {
+            let list = folders();
+            containers = tokio::task::spawn_blocking(move || specs(&list))
+                .await
+                .unwrap_or_default();
+            refreshed = Some(Instant::now());
+        }
+        let specs = containers.clone();
+        let ticked = tokio::task::spawn_blocking(move || {
+            let report = coordinator.tick(&specs);
+            (coordinator, report)
+        })
+        .await;
+        let Ok((back, report)) = ticked else {
+            tracing::error!("the coordinator panicked: soft-mode containers keep to their limits");
+            return;
+        };
+        coordinator = back;
+        let now = Instant::now();
+        logged.retain(|(_, at)| now.duration_since(*at) < REPEAT_PROBLEM);
+        for problem in report.problems {
+            if !logged.iter().any(|(seen, _)| *seen == problem) {
+                tracing::warn!("compute coordination: {problem}");
+                logged.push((problem, now));
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_nanos(TICK_NS)) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}
