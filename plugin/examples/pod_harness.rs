@@ -101,7 +101,7 @@ async fn main() -> std::process::ExitCode {
         host_driver_dir: args.driver_dir.clone(),
         shim_dir: args.driver_dir.join("shim"),
         state_dir: args.state_dir.clone(),
-        nvml_library: args.driver_dir.join("lib64/libnvidia-ml.so.1"),
+        nvml_library: args.driver_dir.join("current/lib64/libnvidia-ml.so.1"),
         dev_root: PathBuf::from("/dev"),
         metrics_address: None,
         ..kubelet.plugin_config()
