@@ -69,6 +69,8 @@ struct Slot {
     launches: [AtomicU64; MAX_GPUS],
     busy_total_ns: [AtomicU64; MAX_GPUS],
     busy_until: [AtomicU64; MAX_GPUS],
+    /// Where the process's current turn on each card began (`cuda::schedule`).
+    run_start: [AtomicU64; MAX_GPUS],
     buckets: [[AtomicU64; BUCKETS]; MAX_GPUS],
 }
 
@@ -340,6 +342,7 @@ impl SharedState {
                         slot.launches[gpu].store(0, Ordering::Release);
                         slot.busy_total_ns[gpu].store(0, Ordering::Release);
                         slot.busy_until[gpu].store(0, Ordering::Release);
+                        slot.run_start[gpu].store(0, Ordering::Release);
                         for bucket in &slot.buckets[gpu] {
                             bucket.store(0, Ordering::Release);
                         }
@@ -492,6 +495,36 @@ impl SharedState {
             mine.busy_total_ns[gpu].fetch_add(ns, Ordering::AcqRel);
             ring_add_interval(&mine.buckets[gpu], from, end, now);
         }
+    }
+
+    /// Every other live process's current turn on `gpu`: (where it began, where its
+    /// queued kernels end), monotonic ns (`cuda::schedule` time-slices the card by them).
+    pub fn others_turns(&self, slot: SlotIndex, gpu: usize) -> Vec<(u64, u64)> {
+        (0..self.high_water())
+            .filter(|index| *index != slot.0)
+            .filter_map(|index| self.live(index))
+            .map(|(other, _)| {
+                (
+                    other.run_start[gpu].load(Ordering::Acquire),
+                    other.busy_until[gpu].load(Ordering::Acquire),
+                )
+            })
+            .filter(|&(_, until)| until > 0)
+            .collect()
+    }
+
+    /// `slot`'s current turn on `gpu`: (where it began, where its queued kernels end).
+    pub fn own_turn(&self, slot: SlotIndex, gpu: usize) -> (u64, u64) {
+        let mine = self.slot(slot.0);
+        (
+            mine.run_start[gpu].load(Ordering::Acquire),
+            mine.busy_until[gpu].load(Ordering::Acquire),
+        )
+    }
+
+    /// Starts a new turn of `slot` on `gpu` at `start_ns`.
+    pub fn begin_turn(&self, slot: SlotIndex, gpu: usize, start_ns: u64) {
+        self.slot(slot.0).run_start[gpu].store(start_ns, Ordering::Release);
     }
 
     /// The fraction (0..=1 as ns per second) of the last second `gpu` was busy.

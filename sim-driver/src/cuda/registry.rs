@@ -728,7 +728,8 @@ impl Registry {
     }
 
     /// Queues a kernel of `duration_ns` and `blocks` blocks on `key` of `device`: it
-    /// starts when its stream reaches it and the SMs it needs are free (`SmSchedule`);
+    /// starts when its stream reaches it, the card's turn is its process's
+    /// (`schedule::place_on_card`) and the SMs it needs are free (`SmSchedule`);
     /// returns its simulated (start, end).
     pub fn enqueue_kernel(
         &mut self,
@@ -748,7 +749,17 @@ impl Registry {
             .unwrap_or(1);
         let sms = blocks.min(u32::MAX as u64) as u32;
         let start = match self.sm_schedules.get_mut(device) {
-            Some(schedule) => schedule.place(ready, duration_ns, sms, card_sms, now),
+            Some(schedule) => super::schedule::place_on_card(
+                &self.sim.state,
+                self.slot,
+                device,
+                schedule,
+                ready,
+                duration_ns,
+                sms,
+                card_sms,
+                now,
+            ),
             None => ready,
         };
         let end = start.saturating_add(duration_ns);

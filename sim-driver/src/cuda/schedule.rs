@@ -1,13 +1,85 @@
-//! When a simulated kernel gets the SMs it needs.
+//! When a simulated kernel gets the SMs it needs, and the card.
 //!
 //! The simulated card gives each block of a kernel one SM for the kernel's whole
 //! duration (as a block that takes most of an SM's shared memory would on a real card),
 //! so a kernel of `B` blocks occupies `min(B, SMs)` SMs. A kernel whose SMs are not free
 //! when its stream reaches it waits until they are: kernels on several streams overlap
 //! while they fit on the card and queue behind each other when they do not, and events
-//! around a kernel that waited time the wait too, as on a real card. The schedule is per
-//! process and device (different processes' contexts share a real card by time slices,
-//! which the sim does not model: their timelines stay independent).
+//! around a kernel that waited time the wait too, as on a real card. That schedule is
+//! per process and device ([`SmSchedule`]).
+//!
+//! Between processes, a real card without MPS time-slices: one context's kernels run at
+//! a time, so a process's kernel waits while another process's run, and the events
+//! around it time that wait too. The sim does the same by default ([`place_on_card`],
+//! from every process's current turn in the cross-process state file): processes take
+//! turns on the card in the order they queued, a process's streams overlap within its
+//! turn, and each process's busy time (what NVML's per-process utilization reports) is
+//! only its own kernels' run. `VGPU_SIM_MPS=1` runs the
+//! processes side by side instead, as with MPS (each process's timeline independent).
+
+use crate::state::{SharedState, SlotIndex};
+
+/// Env: set to `1` to run different processes' kernels side by side (as under MPS)
+/// instead of time-slicing the card between them.
+pub const MPS_ENV: &str = "VGPU_SIM_MPS";
+
+/// Whether processes share the card side by side (`VGPU_SIM_MPS=1`), read once.
+fn side_by_side() -> bool {
+    static MPS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MPS.get_or_init(|| std::env::var(MPS_ENV).is_ok_and(|value| value == "1"))
+}
+
+/// Places a kernel of `duration_ns` needing `sms` of `card_sms` SMs, ready at `ready_ns`,
+/// for the process holding `slot` on `device`, whose own SM schedule is `schedule`;
+/// returns its start.
+///
+/// The card takes turns between processes: a kernel joins its process's current turn
+/// when that turn is still going when the kernel is ready and the kernel ends before
+/// another process's turn that was queued after it begins; otherwise it starts a new
+/// turn once every other process's queued kernels have run. So a process's concurrent
+/// streams overlap within its turn, and processes alternate in the order they queued,
+/// as a card without MPS time-slices contexts. Under `VGPU_SIM_MPS=1`: the process's
+/// own schedule only.
+#[allow(clippy::too_many_arguments)]
+pub fn place_on_card(
+    state: &SharedState,
+    slot: SlotIndex,
+    device: usize,
+    schedule: &mut SmSchedule,
+    ready_ns: u64,
+    duration_ns: u64,
+    sms: u32,
+    card_sms: u32,
+    now_ns: u64,
+) -> u64 {
+    if side_by_side() || duration_ns == 0 {
+        return schedule.place(ready_ns, duration_ns, sms, card_sms, now_ns);
+    }
+    let others = state.others_turns(slot, device);
+    let (turn_start, turn_end) = state.own_turn(slot, device);
+    if ready_ns < turn_end {
+        let next_turn = others
+            .iter()
+            .map(|&(start, _)| start)
+            .filter(|start| *start >= turn_start)
+            .min();
+        let at = ready_ns.max(turn_start);
+        let start = schedule.earliest(at, duration_ns, sms, card_sms, now_ns);
+        if next_turn.is_none_or(|next| start.saturating_add(duration_ns) <= next) {
+            return schedule.place(at, duration_ns, sms, card_sms, now_ns);
+        }
+    }
+    let others_done = others.iter().map(|&(_, end)| end).max().unwrap_or(0);
+    let start = schedule.place(
+        ready_ns.max(others_done),
+        duration_ns,
+        sms,
+        card_sms,
+        now_ns,
+    );
+    state.begin_turn(slot, device, start);
+    start
+}
 
 /// The kernels of one device that have not finished yet.
 #[derive(Debug, Default)]
@@ -37,28 +109,45 @@ impl SmSchedule {
         card_sms: u32,
         now_ns: u64,
     ) -> u64 {
-        self.placed.retain(|kernel| kernel.end > now_ns);
-        let card_sms = card_sms.max(1);
-        let want = sms.clamp(1, card_sms);
         if duration_ns == 0 {
             return ready_ns;
         }
-        let start = if self.placed.len() >= MAX_TRACKED {
-            self.placed
-                .iter()
-                .map(|kernel| kernel.end)
-                .max()
-                .unwrap_or(ready_ns)
-                .max(ready_ns)
-        } else {
-            self.earliest_fit(ready_ns, duration_ns, want, card_sms)
-        };
+        let start = self.earliest(ready_ns, duration_ns, sms, card_sms, now_ns);
+        let want = sms.clamp(1, card_sms.max(1));
         self.placed.push(Placed {
             start,
             end: start.saturating_add(duration_ns),
             sms: want,
         });
         start
+    }
+
+    /// Where [`SmSchedule::place`] would start the kernel, without placing it.
+    pub fn earliest(
+        &mut self,
+        ready_ns: u64,
+        duration_ns: u64,
+        sms: u32,
+        card_sms: u32,
+        now_ns: u64,
+    ) -> u64 {
+        self.placed.retain(|kernel| kernel.end > now_ns);
+        let card_sms = card_sms.max(1);
+        if duration_ns == 0 {
+            ready_ns
+        } else if self.placed.len() >= MAX_TRACKED {
+            self.queued_end().max(ready_ns)
+        } else {
+            self.earliest_fit(ready_ns, duration_ns, sms.clamp(1, card_sms), card_sms)
+        }
+    }
+
+    fn queued_end(&self) -> u64 {
+        self.placed
+            .iter()
+            .map(|kernel| kernel.end)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The earliest time from `ready` at which `want` SMs stay free for `duration`: the
@@ -104,6 +193,72 @@ impl SmSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two processes, four streams each of quarter-card kernels, queued in turn as two
+    /// busy programs would: each process's four run side by side within its turn, the
+    /// processes alternate, and nothing of one overlaps the other.
+    #[test]
+    fn processes_take_turns_and_their_streams_overlap_within_a_turn() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = SharedState::open(&dir.path().join("state")).expect("state");
+        let me = vgpu_common::process::current();
+        let slots = [0u64, 1].map(|n| {
+            state
+                .claim(me.pid, me.start_time, me.pid_ns + n)
+                .expect("slot")
+        });
+        let mut schedules = [SmSchedule::default(), SmSchedule::default()];
+        // Per process and stream: where its queued work ends.
+        let mut streams = [[0u64; 4]; 2];
+        let mut runs: Vec<(usize, u64, u64)> = Vec::new();
+        let base = 1_000_000;
+        for _round in 0..3 {
+            for stream in 0..4 {
+                for process in 0..2 {
+                    let ready = streams[process][stream].max(base);
+                    let start = place_on_card(
+                        &state,
+                        slots[process],
+                        0,
+                        &mut schedules[process],
+                        ready,
+                        100,
+                        33,
+                        132,
+                        base,
+                    );
+                    streams[process][stream] = start + 100;
+                    state.record_busy(slots[process], 0, start, start + 100, base);
+                    runs.push((process, start, start + 100));
+                }
+            }
+        }
+        for &(process, start, end) in &runs {
+            for &(other, other_start, other_end) in &runs {
+                assert!(
+                    process == other || end <= other_start || other_end <= start,
+                    "{runs:?}"
+                );
+            }
+        }
+        let starts = |process: usize| {
+            let mut starts: Vec<u64> = runs
+                .iter()
+                .filter(|run| run.0 == process)
+                .map(|run| run.1 - base)
+                .collect();
+            starts.sort_unstable();
+            starts
+        };
+        assert_eq!(
+            starts(0),
+            [0, 0, 0, 0, 200, 200, 200, 200, 400, 400, 400, 400]
+        );
+        assert_eq!(
+            starts(1),
+            [100, 100, 100, 100, 300, 300, 300, 300, 500, 500, 500, 500]
+        );
+    }
 
     #[test]
     fn kernels_that_fit_overlap_and_the_rest_wait_for_free_sms() {
