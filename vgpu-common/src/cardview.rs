@@ -11,19 +11,24 @@
 //! The format is text, one record a line, so an operator can read it:
 //!
 //! ```text
-//! vgpu-card-view 1
+//! vgpu-card-view 2
 //! card GPU-5e0f0c5a-1111-2222-3333-444455556666
 //! written_ns 81234567890
-//! container alloc-1 limit 30 mode soft ceiling 60 allowed 30 active 1 busy_permille 297
-//! container alloc-2 limit 40 mode hard ceiling 40 allowed 40 active 1 busy_permille 401
+//! container alloc-1 limit 30 mode soft ceiling 60 allowed 30 active 1 busy_permille 412 card_permille 298 charge_permille 723
+//! container alloc-2 limit 40 mode hard ceiling 40 allowed 40 active 1 busy_permille 455 card_permille 401 charge_permille 881
 //! end
 //! ```
 //!
-//! `allowed` is the percent of the card the container may use now; `written_ns` is
-//! `CLOCK_MONOTONIC`. A view older than `STALE_NS`, one that does not parse, one for
+//! `allowed` is the percent of the card the container may use now; `busy_permille` is
+//! the card's time the container measured itself over about the last second,
+//! `card_permille` what the card (NVML) measured of it (`-` where it cannot say), and
+//! `charge_permille` the factor, per mille, by which its limiter scales what it charges
+//! (the host's correction; see `coordinator.rs`); `written_ns` is `CLOCK_MONOTONIC`. A view older than `STALE_NS`, one that does not parse, one for
 //! another card or one without the reader's container means "assume contended": a soft
-//! container keeps to its limit. Whatever a view says, a reader never goes below its own
-//! `core_limit` nor above its own ceiling ([`allowed_percent`]).
+//! container keeps to its limit, and every container charges what it measured (a factor
+//! of 1). Whatever a view says, a reader never goes below its own `core_limit` nor above
+//! its own ceiling ([`allowed_percent`]), and takes a factor only within
+//! [`CHARGE_MIN_PERMILLE`, `CHARGE_MAX_PERMILLE`] ([`charge_permille`]).
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
@@ -33,13 +38,21 @@ use std::path::{Path, PathBuf};
 use crate::config::{CoreMode, validate_container_id};
 
 /// First line of every view.
-pub const MAGIC_LINE: &str = "vgpu-card-view 1";
+pub const MAGIC_LINE: &str = "vgpu-card-view 2";
 /// The most bytes a reader copies (far more than `MAX_CONTAINERS` lines).
 pub const MAX_VIEW_LEN: usize = 64 * 1024;
 /// The most containers one view lists.
 pub const MAX_CONTAINERS: usize = 256;
 /// A view older than this is stale: the coordinator is gone or stuck.
 pub const STALE_NS: u64 = 1_000_000_000;
+/// A charge factor of one, per mille.
+pub const CHARGE_UNIT: u64 = 1000;
+/// The least factor a reader takes: a container may be charged half of what it
+/// measured (its events also timed other containers' time slices), never less.
+pub const CHARGE_MIN_PERMILLE: u64 = 500;
+/// The most factor a reader takes: twice what it measured (the card saw more of its
+/// work than it counted).
+pub const CHARGE_MAX_PERMILLE: u64 = 2000;
 
 /// One container on the card, as the coordinator judged it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,8 +67,13 @@ pub struct ViewEntry {
     pub allowed: u32,
     /// Whether it had GPU work (or waited to launch) lately.
     pub active: bool,
-    /// Its measured busy fraction of the card since the previous view, per mille.
+    /// The card's time it measured itself over about the last second, per mille.
     pub busy_permille: u32,
+    /// The card's time the card measured of it over about the last second, per mille
+    /// (`None`: the card cannot say).
+    pub card_permille: Option<u32>,
+    /// The factor its limiter scales its charges by, per mille.
+    pub charge_permille: u32,
 }
 
 /// A whole view.
@@ -116,14 +134,18 @@ impl CardView {
         );
         for entry in self.containers.iter().take(MAX_CONTAINERS) {
             text.push_str(&format!(
-                "container {} limit {} mode {} ceiling {} allowed {} active {} busy_permille {}\n",
+                "container {} limit {} mode {} ceiling {} allowed {} active {} busy_permille {} card_permille {} charge_permille {}\n",
                 entry.id,
                 entry.limit,
                 mode_name(entry.mode),
                 entry.ceiling,
                 entry.allowed,
                 entry.active as u8,
-                entry.busy_permille
+                entry.busy_permille,
+                entry
+                    .card_permille
+                    .map_or_else(|| "-".to_string(), |p| p.to_string()),
+                entry.charge_permille
             ));
         }
         text.push_str("end\n");
@@ -257,6 +279,10 @@ fn parse_entry(line: &str) -> Option<ViewEntry> {
         active,
         "busy_permille",
         busy,
+        "card_permille",
+        card,
+        "charge_permille",
+        charge,
     ] = fields.as_slice()
     else {
         return None;
@@ -278,7 +304,32 @@ fn parse_entry(line: &str) -> Option<ViewEntry> {
             _ => return None,
         },
         busy_permille: busy.parse::<u32>().ok().filter(|b| *b <= 1000)?,
+        card_permille: match *card {
+            "-" => None,
+            card => Some(card.parse::<u32>().ok().filter(|c| *c <= 1000)?),
+        },
+        charge_permille: charge
+            .parse::<u32>()
+            .ok()
+            .filter(|c| (1..=10_000).contains(c))?,
     })
+}
+
+/// The factor, per mille, by which container `container_id` scales its charges on the
+/// card of `view` (`None`: missing or unreadable): the view's while it is fresh and
+/// lists the container, else [`CHARGE_UNIT`]; always within [`CHARGE_MIN_PERMILLE`,
+/// `CHARGE_MAX_PERMILLE`].
+pub fn charge_permille(view: Option<&CardView>, container_id: Option<&str>, now_ns: u64) -> u64 {
+    view.filter(|view| fresh(view, now_ns))
+        .and_then(|view| view.entry(container_id?))
+        .map_or(CHARGE_UNIT, |entry| entry.charge_permille as u64)
+        .clamp(CHARGE_MIN_PERMILLE, CHARGE_MAX_PERMILLE)
+}
+
+/// Whether `view` was written within `STALE_NS` of `now_ns` (and not from the future).
+fn fresh(view: &CardView, now_ns: u64) -> bool {
+    now_ns.saturating_sub(view.written_ns) <= STALE_NS
+        && view.written_ns <= now_ns.saturating_add(STALE_NS)
 }
 
 /// What a soft-mode container with `limit` and `ceiling` may use now, given the view it
@@ -294,10 +345,7 @@ pub fn allowed_percent(
 ) -> u32 {
     let ceiling = ceiling.max(limit);
     let granted = view
-        .filter(|view| {
-            now_ns.saturating_sub(view.written_ns) <= STALE_NS
-                && view.written_ns <= now_ns.saturating_add(STALE_NS)
-        })
+        .filter(|view| fresh(view, now_ns))
         .and_then(|view| view.entry(container_id?))
         .map(|entry| entry.allowed);
     granted.unwrap_or(limit).clamp(limit, ceiling)
@@ -322,6 +370,8 @@ mod tests {
                     allowed: 60,
                     active: true,
                     busy_permille: 597,
+                    card_permille: Some(480),
+                    charge_permille: 804,
                 },
                 ViewEntry {
                     id: "alloc-2".into(),
@@ -331,6 +381,8 @@ mod tests {
                     allowed: 40,
                     active: false,
                     busy_permille: 0,
+                    card_permille: None,
+                    charge_permille: 1000,
                 },
             ],
         }
@@ -370,6 +422,9 @@ mod tests {
             text.replace("allowed 60", "allowed 1000"),
             text.replace("alloc-1", "../../etc"),
             text.replace("mode soft", "mode greedy"),
+            text.replace("charge_permille 804", "charge_permille 0"),
+            text.replace("card_permille 480", "card_permille 1001"),
+            text.replace(" charge_permille 804", ""),
             text.replace(UUID, "GPU-other"),
         ] {
             std::fs::write(&path, &broken).expect("write");
@@ -406,6 +461,33 @@ mod tests {
                 Err(ViewError::BadUuid(_))
             ));
         }
+    }
+
+    #[test]
+    fn a_views_charge_factor_is_taken_within_bounds_and_only_while_fresh() {
+        let now = 10_000_000_000;
+        let fresh = view(now);
+        assert_eq!(charge_permille(Some(&fresh), Some("alloc-1"), now), 804);
+        assert_eq!(charge_permille(Some(&fresh), Some("alloc-2"), now), 1000);
+        assert_eq!(charge_permille(None, Some("alloc-1"), now), CHARGE_UNIT);
+        assert_eq!(
+            charge_permille(Some(&fresh), Some("alloc-1"), now + STALE_NS + 1),
+            CHARGE_UNIT,
+            "stale: what it measured"
+        );
+        assert_eq!(charge_permille(Some(&fresh), Some("alloc-9"), now), CHARGE_UNIT);
+        assert_eq!(charge_permille(Some(&fresh), None, now), CHARGE_UNIT);
+        let mut forged = view(now);
+        forged.containers[0].charge_permille = 1;
+        assert_eq!(
+            charge_permille(Some(&forged), Some("alloc-1"), now),
+            CHARGE_MIN_PERMILLE
+        );
+        forged.containers[0].charge_permille = 9000;
+        assert_eq!(
+            charge_permille(Some(&forged), Some("alloc-1"), now),
+            CHARGE_MAX_PERMILLE
+        );
     }
 
     #[test]

@@ -20,15 +20,20 @@
 //! plugin and the DRA driver (over their allocations). Each builds the list of
 //! [`ContainerSpec`]s from its own records and calls [`Coordinator::tick`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::cardview::{CardView, ViewEntry, valid_uuid};
+use crate::cardmeter::{CardMeter, CardReading};
+use crate::cardview::{
+    CHARGE_MAX_PERMILLE, CHARGE_MIN_PERMILLE, CHARGE_UNIT, CardView, ViewEntry, valid_uuid,
+};
 use crate::clock::monotonic_ns;
 use crate::config::{Config, CoreMode, DeviceSelector, validate_container_id};
 use crate::limiter_words::slot;
+use crate::hostpids::HostPids;
 use crate::process;
+use crate::region::ProcessUsage;
 use crate::snapshot::RegionSnapshot;
 
 /// How often the callers are expected to tick (views go stale after `cardview::STALE_NS`).
@@ -109,14 +114,28 @@ pub struct TickReport {
     pub problems: Vec<String>,
 }
 
+/// How far back the coordinator looks at what a container measured itself (and the
+/// card measured of it).
+pub const WINDOW_NS: u64 = 1_000_000_000;
+/// The shortest stretch of a container's own figures judged against the card's.
+const MIN_WINDOW_NS: u64 = 500_000_000;
+/// Each tick moves a container's charge factor this part of the way to its target.
+const SMOOTHING: f64 = 0.3;
+
 /// What the coordinator concluded about one container on one card.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Judged {
     active: bool,
     busy_permille: u32,
+    /// What it measured itself, percent of the card over the window (`None`: not long
+    /// enough known).
+    self_percent: Option<f64>,
+    /// The host PIDs of its live processes, and whether every one was found.
+    pids: Vec<u32>,
+    all_found: bool,
 }
 
-/// The busy total last read for a container on a card.
+/// A container's measured busy total at one tick.
 #[derive(Clone, Copy, Debug)]
 struct Seen {
     busy_ns: u64,
@@ -126,23 +145,44 @@ struct Seen {
 /// The coordinator of one host's cards; keep one and tick it.
 pub struct Coordinator {
     dir: PathBuf,
-    seen: HashMap<(String, String), Seen>,
+    /// Per (container, card): its busy totals over the last window.
+    history: HashMap<(String, String), VecDeque<Seen>>,
+    /// Per (container, card): its charge factor.
+    factors: HashMap<(String, String), f64>,
+    /// Per (container, card): when the card last had other processes' work.
+    others_seen: HashMap<(String, String), u64>,
     /// Cards that have a view file of ours.
     written: HashSet<String>,
     my_pid_ns: u64,
+    meter: Option<Box<dyn CardMeter>>,
+    host_pids: HostPids,
 }
 
 impl Coordinator {
-    /// A coordinator writing views into `dir` (created, mode 0755).
+    /// A coordinator writing views into `dir` (created, mode 0755), with no meter: it
+    /// charges every container what it measured (see [`Coordinator::with_meter`]).
     pub fn new(dir: &Path) -> std::io::Result<Coordinator> {
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
         Ok(Coordinator {
             dir: dir.to_path_buf(),
-            seen: HashMap::new(),
+            history: HashMap::new(),
+            factors: HashMap::new(),
+            others_seen: HashMap::new(),
             written: HashSet::new(),
             my_pid_ns: process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0),
+            meter: None,
+            host_pids: HostPids::new(Path::new("/proc")),
         })
+    }
+
+    /// Checks what each container measured against what `meter` (the card) says, and
+    /// corrects its charges (the view's `charge_permille`); `proc_root` is the host's
+    /// `/proc`, where its processes' PIDs are checked (NVML lists them by host PID).
+    pub fn with_meter(mut self, meter: Box<dyn CardMeter>, proc_root: &Path) -> Coordinator {
+        self.meter = Some(meter);
+        self.host_pids = HostPids::new(proc_root);
+        self
     }
 
     /// The folder of views.
@@ -158,9 +198,9 @@ impl Coordinator {
     /// [`Coordinator::tick`] at a given clock (tests).
     pub fn tick_at(&mut self, containers: &[ContainerSpec], now_ns: u64) -> TickReport {
         let mut report = TickReport::default();
-        let mut cards: BTreeMap<String, Vec<(ViewEntry, bool)>> = BTreeMap::new();
+        let mut cards: BTreeMap<String, Vec<(ViewEntry, Judged)>> = BTreeMap::new();
         let mut ids = HashSet::new();
-        let mut seen_now = HashMap::new();
+        let mut history = HashMap::new();
         for spec in containers {
             if validate_container_id(&spec.id).is_err() {
                 report
@@ -180,6 +220,17 @@ impl Coordinator {
                     .problems
                     .push(format!("container {}: {error}; counted as idle", spec.id));
             });
+            let live: Vec<ProcessUsage> = match &snapshot {
+                Ok(snapshot) => snapshot
+                    .processes()
+                    .into_iter()
+                    .filter(|process| self.is_alive(process))
+                    .collect(),
+                Err(()) => Vec::new(),
+            };
+            if self.meter.is_some() {
+                self.host_pids.resolve(&live, now_ns);
+            }
             for device in &spec.devices {
                 if !valid_uuid(&device.uuid) {
                     report.problems.push(format!(
@@ -190,15 +241,20 @@ impl Coordinator {
                 }
                 let key = (spec.id.clone(), device.uuid.clone());
                 let judged = match &snapshot {
-                    Ok(snapshot) => self.judge(
-                        snapshot,
-                        device.region_index,
-                        now_ns,
-                        self.seen.get(&key).copied(),
-                        &mut seen_now,
-                        &key,
-                        &mut report.problems,
-                    ),
+                    Ok(snapshot) => {
+                        let mut seen = self.history.remove(&key).unwrap_or_default();
+                        let judged = self.judge(
+                            snapshot,
+                            &live,
+                            device.region_index,
+                            now_ns,
+                            &mut seen,
+                            &key.0,
+                            &mut report.problems,
+                        );
+                        history.insert(key.clone(), seen);
+                        judged
+                    }
                     Err(()) => Judged::default(),
                 };
                 let limit = device.core_limit.clamp(1, 100);
@@ -215,21 +271,57 @@ impl Coordinator {
                         allowed: limit,
                         active: judged.active,
                         busy_permille: judged.busy_permille,
+                        card_permille: None,
+                        charge_permille: CHARGE_UNIT as u32,
                     },
-                    judged.active,
+                    judged,
                 ));
             }
         }
-        self.seen = seen_now;
+        self.history = history;
+        self.host_pids.forget_unused();
+        let mut factors = HashMap::new();
+        let mut others_seen = HashMap::new();
         for (uuid, entries) in cards {
+            let reading = self.read_card(&uuid);
             let containers = entries
                 .iter()
-                .map(|(entry, _)| {
+                .map(|(entry, judged)| {
                     let others_active = entries
                         .iter()
-                        .any(|(other, active)| *active && other.id != entry.id);
+                        .any(|(other, judged)| judged.active && other.id != entry.id);
+                    let allowed = allowed_now(entry, others_active);
+                    let mut card = CardSide::of(&reading, judged);
+                    let key = (entry.id.clone(), uuid.clone());
+                    let mut seen = self.others_seen.get(&key).copied().unwrap_or(0);
+                    if card.others_percent.is_none_or(|others| others >= ALONE_BELOW_PERCENT) {
+                        seen = now_ns;
+                    }
+                    others_seen.insert(key.clone(), seen);
+                    // Alone only once the whole window was: the card's utilization still
+                    // holds the work of processes that left within it.
+                    card.alone = now_ns.saturating_sub(seen) >= WINDOW_NS;
+                    let target = judged.self_percent.and_then(|self_percent| {
+                        charge_target(self_percent, &card, judged.all_found, allowed)
+                    });
+                    if target.is_some_and(|(_, far_beyond)| far_beyond) {
+                        report.problems.push(format!(
+                            "container {}: the card measured far more of its work than it counted (launches its limiter does not see?); charged the most the view allows",
+                            entry.id
+                        ));
+                    }
+                    let factor = match target {
+                        Some((target, _)) => {
+                            let before = self.factors.get(&key).copied().unwrap_or(1.0);
+                            before + (target - before) * SMOOTHING
+                        }
+                        None => 1.0,
+                    };
+                    factors.insert(key, factor);
                     ViewEntry {
-                        allowed: allowed_now(entry, others_active),
+                        allowed,
+                        card_permille: card.own_percent.map(|p| (p * 10.0).round() as u32),
+                        charge_permille: permille_of(factor),
                         ..entry.clone()
                     }
                 })
@@ -247,6 +339,8 @@ impl Coordinator {
             }
             report.views.push(view);
         }
+        self.factors = factors;
+        self.others_seen = others_seen;
         // Cards nobody limited is on any more: their views go.
         let current: HashSet<&String> = report.views.iter().map(|view| &view.uuid).collect();
         let gone: Vec<String> = self
@@ -264,38 +358,42 @@ impl Coordinator {
         report
     }
 
+    /// What the meter says of card `uuid` now.
+    fn read_card(&mut self, uuid: &str) -> CardReading {
+        match self.meter.as_mut() {
+            Some(meter) => meter.read(uuid),
+            None => CardReading::default(),
+        }
+    }
+
     /// Whether a container was active on the device at `region_index` lately, from its
-    /// live processes' words, and its busy fraction since the previous tick.
+    /// live processes' words, its busy fraction over the window (`seen`: its totals at
+    /// the earlier ticks, updated) and its processes' host PIDs.
     #[allow(clippy::too_many_arguments)]
     fn judge(
         &self,
         snapshot: &RegionSnapshot,
+        live: &[ProcessUsage],
         region_index: usize,
         now_ns: u64,
-        previous: Option<Seen>,
-        seen_now: &mut HashMap<(String, String), Seen>,
-        key: &(String, String),
+        seen: &mut VecDeque<Seen>,
+        id: &str,
         problems: &mut Vec<String>,
     ) -> Judged {
         if region_index >= snapshot.devices().len() {
             problems.push(format!(
-                "container {}: its region has no device {region_index}; counted as idle",
-                key.0
+                "container {id}: its region has no device {region_index}; counted as idle"
             ));
+            seen.clear();
             return Judged::default();
         }
         let mut latest = 0u64;
         let mut busy_ns = 0u64;
-        for process in snapshot.processes() {
-            if !self.is_alive(&process) {
-                continue;
-            }
-            let words = snapshot.slot_limiter(process.slot, region_index);
-            let active_ns = words[slot::ACTIVE_NS];
+        for process in live {
+            let active_ns = snapshot.slot_limiter(process.slot, region_index)[slot::ACTIVE_NS];
             if active_ns > now_ns.saturating_add(FUTURE_SLACK_NS) {
                 problems.push(format!(
-                    "container {}: process {} claims work {} ms in the future; not believed",
-                    key.0,
+                    "container {id}: process {} claims work {} ms in the future; not believed",
                     process.pid,
                     (active_ns - now_ns) / 1_000_000
                 ));
@@ -305,36 +403,48 @@ impl Coordinator {
             busy_ns =
                 busy_ns.saturating_add(process.busy_ns.get(region_index).copied().unwrap_or(0));
         }
-        let busy_permille = match previous {
-            Some(seen) if now_ns > seen.at_ns => {
-                let wall = now_ns - seen.at_ns;
-                let busy = busy_ns.saturating_sub(seen.busy_ns);
+        // A process that left takes its total with it: start the window afresh.
+        if seen.back().is_some_and(|last| busy_ns < last.busy_ns) {
+            seen.clear();
+        }
+        while seen.len() > 1 && now_ns.saturating_sub(seen[1].at_ns) >= WINDOW_NS {
+            seen.pop_front();
+        }
+        let (busy_permille, self_percent) = match seen.front() {
+            Some(first) if now_ns > first.at_ns => {
+                let wall = now_ns - first.at_ns;
+                let busy = busy_ns - first.busy_ns;
                 if busy > wall.saturating_mul(2) {
                     problems.push(format!(
-                        "container {}: {busy} ns busy in {wall} ns of wall time; not believed",
-                        key.0
+                        "container {id}: {busy} ns busy in {wall} ns of wall time; not believed"
                     ));
                 }
-                (busy.min(wall) as u128 * 1000 / wall as u128) as u32
+                let permille = (busy.min(wall) as u128 * 1000 / wall as u128) as u32;
+                let percent = (wall >= MIN_WINDOW_NS).then_some(permille as f64 / 10.0);
+                (permille, percent)
             }
-            _ => 0,
+            _ => (0, None),
         };
-        seen_now.insert(
-            key.clone(),
-            Seen {
-                busy_ns,
-                at_ns: now_ns,
-            },
-        );
+        seen.push_back(Seen {
+            busy_ns,
+            at_ns: now_ns,
+        });
+        let pids: Vec<u32> = live
+            .iter()
+            .filter_map(|process| self.host_pids.get(process))
+            .collect();
         Judged {
             active: latest != 0 && now_ns.saturating_sub(latest) <= ACTIVE_WITHIN_NS,
             busy_permille,
+            self_percent,
+            all_found: pids.len() == live.len(),
+            pids,
         }
     }
 
     /// Whether a slot's owner runs: by its host PID where the host side filled it in, by
     /// its own PID when it lives in our PID namespace; believed where neither tells.
-    fn is_alive(&self, usage: &crate::region::ProcessUsage) -> bool {
+    fn is_alive(&self, usage: &ProcessUsage) -> bool {
         if usage.host_pid > 0 {
             process::is_alive(usage.host_pid, usage.start_time)
         } else if usage.pid_ns != 0 && usage.pid_ns == self.my_pid_ns {
@@ -343,6 +453,107 @@ impl Coordinator {
             true
         }
     }
+}
+
+/// What the card measured of one container and of everything else on it, percent.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct CardSide {
+    /// The container's processes together (`None`: no per-process figures).
+    own_percent: Option<f64>,
+    /// Every other process on the card together (`None`: as above).
+    others_percent: Option<f64>,
+    /// The whole card.
+    card_percent: Option<f64>,
+    /// Whether no other process had work on the card for the last window.
+    alone: bool,
+}
+
+impl CardSide {
+    fn of(reading: &CardReading, judged: &Judged) -> CardSide {
+        let split = reading.processes.as_ref().map(|processes| {
+            processes
+                .iter()
+                .fold((0.0, 0.0), |(own, others), (pid, percent)| {
+                    if judged.pids.contains(pid) {
+                        (own + percent, others)
+                    } else {
+                        (own, others + percent)
+                    }
+                })
+        });
+        CardSide {
+            own_percent: split.map(|(own, _)| own),
+            others_percent: split.map(|(_, others)| others),
+            card_percent: reading.card_percent,
+            alone: false,
+        }
+    }
+}
+
+/// A container that measured itself below this (percent of the card) is not judged.
+const LEAST_JUDGED_PERCENT: f64 = 2.0;
+/// Other processes below this together (percent) leave a container alone on the card.
+const ALONE_BELOW_PERCENT: f64 = 1.0;
+/// A ratio this close to 1 is taken as 1 (NVML's figures are whole percents).
+const DEAD_BAND: f64 = 0.04;
+/// A raw ratio this far beyond what the view allows is reported.
+const FAR_BEYOND: f64 = 2.5;
+
+/// The charge factor a container should have on a card: what the card measured of its
+/// work against what it measured itself (`self_percent`, both over the last window),
+/// when the card can say. `None` when there is nothing to judge by (then: 1).
+///
+/// - Alone on the card (no other process had work for the whole window), the card's
+///   utilization is the container's: the factor is card / self. Events time the GPU's idle start-up
+///   latency of a kernel launched into an idle stream, which the card does not count as
+///   busy; and a container whose launches escape its limiter shows as card > self.
+/// - Beside others, only the card's per-process figures tell its work from theirs: its
+///   processes' sum / self. A card without MPS time-slices between processes, and a
+///   container's events also time the slices its neighbours ran in: without this it is
+///   charged for its neighbours' work.
+/// - A process the host cannot place (no PID found) makes the split unknowable: `None`.
+/// - Never less than 1 for a container the card sees above what it is allowed now
+///   (by more than 5 points): no tenant gets more than its share by claiming to have
+///   measured more than it did.
+///
+/// Ratios within [`DEAD_BAND`] of 1 are 1; the result is within what readers take, and
+/// says whether the ratio was [`FAR_BEYOND`] (worth reporting).
+fn charge_target(
+    self_percent: f64,
+    card: &CardSide,
+    all_found: bool,
+    allowed: u32,
+) -> Option<(f64, bool)> {
+    if self_percent < LEAST_JUDGED_PERCENT || !all_found {
+        return None;
+    }
+    let others = card.others_percent?;
+    let measured = if card.alone {
+        card.card_percent?
+    } else if others >= ALONE_BELOW_PERCENT {
+        card.own_percent?
+    } else {
+        // Others just stopped: neither figure is the container's alone yet.
+        return None;
+    };
+    let mut ratio = measured / self_percent;
+    if ratio < 1.0 && measured > allowed as f64 + 5.0 {
+        ratio = 1.0;
+    }
+    if (ratio - 1.0).abs() < DEAD_BAND {
+        ratio = 1.0;
+    }
+    let factor = ratio.clamp(
+        CHARGE_MIN_PERMILLE as f64 / CHARGE_UNIT as f64,
+        CHARGE_MAX_PERMILLE as f64 / CHARGE_UNIT as f64,
+    );
+    Some((factor, ratio >= FAR_BEYOND))
+}
+
+/// A factor as the view's per mille, within what readers take.
+fn permille_of(factor: f64) -> u32 {
+    ((factor * CHARGE_UNIT as f64).round() as u64).clamp(CHARGE_MIN_PERMILLE, CHARGE_MAX_PERMILLE)
+        as u32
 }
 
 /// What a container may use now: a hard one its limit; a soft one its ceiling while no
@@ -531,6 +742,115 @@ mod tests {
             100,
             "a dead process's claim is ignored"
         );
+    }
+
+    fn side(own: f64, others: f64, card: f64) -> CardSide {
+        CardSide {
+            own_percent: Some(own),
+            others_percent: Some(others),
+            card_percent: Some(card),
+            alone: others < ALONE_BELOW_PERCENT,
+        }
+    }
+
+    #[test]
+    fn the_charge_factor_is_what_the_card_saw_against_what_the_container_counted() {
+        // Beside a busy neighbour: its own processes' share of the card, not the card's.
+        let (factor, far) = charge_target(42.0, &side(30.0, 60.0, 90.0), true, 30).expect("judged");
+        assert!((factor - 30.0 / 42.0).abs() < 1e-9 && !far);
+        // Alone: the card's utilization is its own.
+        let (factor, _) = charge_target(40.0, &side(0.0, 0.0, 30.0), true, 30).expect("judged");
+        assert!((factor - 0.75).abs() < 1e-9);
+        // Agreeing within the dead band: exactly 1.
+        assert_eq!(charge_target(30.0, &side(0.0, 0.5, 29.5), true, 30), Some((1.0, false)));
+        // The card saw more than it counted: charged more, up to the most readers take.
+        assert_eq!(charge_target(20.0, &side(0.0, 0.0, 30.0), true, 30), Some((1.5, false)));
+        assert_eq!(charge_target(10.0, &side(0.0, 0.0, 90.0), true, 30), Some((2.0, true)));
+        // Claiming more than the card saw never wins more than its share: a container
+        // the card sees above its allowance is charged at least what it measured.
+        assert_eq!(charge_target(90.0, &side(45.0, 40.0, 85.0), true, 30), Some((1.0, false)));
+        assert_eq!(charge_target(99.0, &side(5.0, 60.0, 65.0), true, 30), Some((0.5, false)));
+        // Nothing to judge by: a process the host could not place, no per-process
+        // figures, too little work, or no card figure when alone.
+        assert_eq!(charge_target(40.0, &side(30.0, 60.0, 90.0), false, 30), None);
+        let unknown = CardSide {
+            own_percent: None,
+            others_percent: None,
+            card_percent: Some(90.0),
+            alone: false,
+        };
+        let just_left = CardSide {
+            alone: false,
+            ..side(0.0, 0.0, 90.0)
+        };
+        assert_eq!(
+            charge_target(40.0, &just_left, true, 30),
+            None,
+            "the card's figure still holds a neighbour that just left"
+        );
+        assert_eq!(charge_target(40.0, &unknown, true, 30), None);
+        assert_eq!(charge_target(1.0, &side(30.0, 60.0, 90.0), true, 30), None);
+        let no_card = CardSide {
+            card_percent: None,
+            ..side(0.0, 0.0, 0.0)
+        };
+        assert_eq!(charge_target(40.0, &no_card, true, 30), None);
+    }
+
+    /// A card that says what the test tells it.
+    struct FakeCard(std::sync::Arc<std::sync::Mutex<CardReading>>);
+
+    impl CardMeter for FakeCard {
+        fn read(&mut self, _uuid: &str) -> CardReading {
+            self.0.lock().expect("reading").clone()
+        }
+    }
+
+    #[test]
+    fn views_carry_the_hosts_correction_and_forget_it_without_a_reading() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reading = std::sync::Arc::new(std::sync::Mutex::new(CardReading::default()));
+        let mut coordinator = Coordinator::new(&dir.path().join("cards"))
+            .expect("coordinator")
+            .with_meter(Box::new(FakeCard(reading.clone())), Path::new("/proc"));
+        let alone = tenant(dir.path(), "alone", 30, CoreMode::Hard, None);
+        let specs = [alone.spec.clone()];
+        let me = process::current().pid as u32;
+        let start = monotonic_ns();
+        let tick = |coordinator: &mut Coordinator, n: u64| {
+            // It measures itself busy 40% of the time; the card says 30%.
+            alone.region.add_busy(alone.slot, 0, 20_000_000, 1);
+            alone.active_at(start + n * TICK_NS);
+            coordinator.tick_at(&specs, start + n * TICK_NS)
+        };
+        *reading.lock().expect("reading") = CardReading {
+            card_percent: Some(30.0),
+            processes: Some(vec![(me, 30.0)]),
+        };
+        let mut report = TickReport::default();
+        for n in 0..40 {
+            report = tick(&mut coordinator, n);
+        }
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        let entry = report.views[0].entry("alone").expect("entry").clone();
+        assert_eq!(entry.busy_permille, 400);
+        assert_eq!(entry.card_permille, Some(300));
+        assert!(
+            entry.charge_permille.abs_diff(750) <= 5,
+            "settles on card / self: {entry:?}"
+        );
+        // The view on disk says so, and a reader takes it.
+        let on_disk = CardView::read(&dir.path().join("cards"), CARD).expect("view");
+        let now = start + 39 * TICK_NS;
+        assert_eq!(
+            crate::cardview::charge_permille(Some(&on_disk), Some("alone"), now),
+            entry.charge_permille as u64
+        );
+        // A card that cannot say any more: back to what it measured, at once.
+        *reading.lock().expect("reading") = CardReading::default();
+        let report = tick(&mut coordinator, 40);
+        let entry = report.views[0].entry("alone").expect("entry");
+        assert_eq!((entry.charge_permille, entry.card_permille), (1000, None));
     }
 
     #[test]

@@ -2,16 +2,20 @@
 //! (`size`), the cross-process usage region (`region`, and the host's private copy of
 //! it, `snapshot`), process identity (`process`), and compute coordination: what the
 //! limiter's region words mean (`limiter_words`), the host-owned per-card view
-//! (`cardview`) and the host-side coordinator that writes it (`coordinator`).
+//! (`cardview`), the host-side coordinator that writes it (`coordinator`), what the card
+//! itself measured (`cardmeter`, NVML with the `nvml` feature) and the host PIDs it
+//! knows the containers' processes by (`hostpids`).
 //!
 //! Everything here is used from inside application processes (through the shims) as
 //! well as from host daemons, so nothing here panics on bad input, spawns threads or
 //! writes to stdout.
 
+pub mod cardmeter;
 pub mod cardview;
 pub mod clock;
 pub mod config;
 pub mod coordinator;
+pub mod hostpids;
 pub mod limiter_words;
 pub mod mapped;
 pub mod process;

@@ -1,0 +1,120 @@
+//! What a card itself says it spent, for the host-side coordinator to check what the
+//! containers measured: [`CardMeter`], and with the `nvml` feature [`NvmlMeter`], which
+//! asks the real NVML (the device plugin, the DRA driver and `vgpu run` load it from the
+//! driver folder).
+//!
+//! A container's limiter times its own kernels with CUDA events. On a card that
+//! time-slices between processes (no MPS), those events also time the slices other
+//! containers' processes ran in; the card's own accounting (NVML's per-process
+//! utilization) does not. The coordinator compares the two.
+
+/// What a card says about about the last second.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CardReading {
+    /// Percent of the time one or more kernels ran on the card (NVML's utilization);
+    /// `None` where it cannot say.
+    pub card_percent: Option<f64>,
+    /// Per process (by PID as the caller's namespace sees it), percent of the time its
+    /// kernels ran; `None` where the card cannot say per process. Processes with no
+    /// work may be missing.
+    pub processes: Option<Vec<(u32, f64)>>,
+}
+
+/// A source of [`CardReading`]s, one card at a time.
+pub trait CardMeter: Send {
+    /// The reading of the card with UUID `uuid`.
+    fn read(&mut self, uuid: &str) -> CardReading;
+}
+
+/// Per-process samples (`(pid, percent)`, any number per process) folded into one
+/// figure per process: the mean of its samples.
+pub fn per_process(samples: impl IntoIterator<Item = (u32, f64)>) -> Vec<(u32, f64)> {
+    let mut sums: Vec<(u32, f64, u32)> = Vec::new();
+    for (pid, percent) in samples {
+        let percent = percent.clamp(0.0, 100.0);
+        match sums.iter_mut().find(|(seen, _, _)| *seen == pid) {
+            Some((_, sum, count)) => {
+                *sum += percent;
+                *count += 1;
+            }
+            None => sums.push((pid, percent, 1)),
+        }
+    }
+    sums.into_iter()
+        .map(|(pid, sum, count)| (pid, sum / count as f64))
+        .collect()
+}
+
+#[cfg(feature = "nvml")]
+pub use nvml::NvmlMeter;
+
+#[cfg(feature = "nvml")]
+mod nvml {
+    use std::path::Path;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use nvml_wrapper::Nvml;
+    use nvml_wrapper::error::NvmlError;
+
+    use super::{CardMeter, CardReading, per_process};
+
+    /// Samples newer than this are asked for.
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    /// A [`CardMeter`] over the real NVML (or the simulator's).
+    pub struct NvmlMeter {
+        nvml: Nvml,
+    }
+
+    impl NvmlMeter {
+        /// Loads NVML from `library` (a path, or a name the loader finds).
+        pub fn open(library: &Path) -> Result<NvmlMeter, NvmlError> {
+            Ok(NvmlMeter {
+                nvml: Nvml::builder().lib_path(library.as_os_str()).init()?,
+            })
+        }
+    }
+
+    impl CardMeter for NvmlMeter {
+        fn read(&mut self, uuid: &str) -> CardReading {
+            let Ok(device) = self.nvml.device_by_uuid(uuid) else {
+                return CardReading::default();
+            };
+            let card_percent = device
+                .utilization_rates()
+                .ok()
+                .map(|rates| rates.gpu as f64);
+            // NVML stamps samples with the wall clock, in microseconds.
+            let since = SystemTime::now()
+                .checked_sub(WINDOW)
+                .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |at| at.as_micros() as u64);
+            let processes = match device.process_utilization_stats(since) {
+                Ok(samples) => Some(per_process(
+                    samples
+                        .into_iter()
+                        .map(|sample| (sample.pid, sample.sm_util as f64)),
+                )),
+                // No process had work in the window.
+                Err(NvmlError::NotFound) => Some(Vec::new()),
+                Err(_) => None,
+            };
+            CardReading {
+                card_percent,
+                processes,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_fold_into_one_mean_per_process() {
+        let folded = per_process([(7, 30.0), (9, 10.0), (7, 50.0), (9, 500.0)]);
+        assert_eq!(folded, vec![(7, 40.0), (9, 55.0)], "clamped to 100 first");
+        assert!(per_process([]).is_empty());
+    }
+}
