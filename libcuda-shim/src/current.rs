@@ -12,7 +12,9 @@
 //!
 //! A stale entry can only misdirect a launch to another visible device's limiter (the
 //! launch itself goes wherever the driver sends it); with one visible device the
-//! limiter does not ask at all.
+//! limiter does not ask at all. A launch never believes a cached "no context"
+//! ([`for_launch`]), and a measured launch checks the cache against the driver
+//! ([`refresh`]): its events must belong to the context really current.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -40,6 +42,7 @@ static NEXT_THREAD_TAG: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     static ENTRY: Cell<Entry> = const { Cell::new(EMPTY) };
     static THREAD_TAG: Cell<u64> = const { Cell::new(0) };
+    static STALE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// A small nonzero number naming the calling thread (its per-thread default stream).
@@ -82,6 +85,31 @@ pub fn current() -> Option<(usize, CUdevice)> {
     let fresh = ask_driver(epoch);
     ENTRY.with(|cell| cell.set(fresh));
     (fresh.context != 0).then_some((fresh.context, fresh.device))
+}
+
+/// [`current`] for a kernel launch: a launch always has a context, so a cached "none"
+/// (taken before the thread's context was made current by a call the hooks do not see,
+/// as the runtimes may make it) is asked about again rather than believed.
+pub fn for_launch() -> Option<(usize, CUdevice)> {
+    current().or_else(refresh)
+}
+
+/// Asks the driver now and caches the answer; whether the cache held something else
+/// (for the limiter's trace) comes with it through [`refresh_was_stale`].
+pub fn refresh() -> Option<(usize, CUdevice)> {
+    watch_forks();
+    let before = ENTRY.with(Cell::get);
+    let fresh = ask_driver(EPOCH.load(Ordering::Acquire));
+    ENTRY.with(|cell| cell.set(fresh));
+    STALE.with(|stale| {
+        stale.set(before.epoch != 0 && fresh.epoch != 0 && before.context != fresh.context)
+    });
+    (fresh.context != 0).then_some((fresh.context, fresh.device))
+}
+
+/// Whether the last [`refresh`] on this thread found the cache stale.
+pub fn refresh_was_stale() -> bool {
+    STALE.with(Cell::get)
 }
 
 fn ask_driver(epoch: u64) -> Entry {

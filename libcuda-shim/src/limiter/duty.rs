@@ -91,8 +91,18 @@ pub fn union_increment(start: u64, end: u64, horizon: u64) -> u64 {
     end.saturating_sub(start.max(horizon))
 }
 
-/// Launches between two samples of a short kernel.
+/// Launches between two samples of a short kernel, on average.
 pub const SAMPLE_EVERY: u32 = 8;
+
+/// The number of launches after which a short kernel's next sample is due, drawn anew
+/// for each launch from `entropy` (any fast-changing number, such as the clock's low
+/// bits): 4 to 12, 8 on average. A fixed count would alias with a program's period (the
+/// same launch of a kernel in every training step, say the one on the smallest tensor),
+/// and the estimate would then stand for that launch, not for all of them.
+pub fn sample_every(entropy: u64) -> u32 {
+    let mixed = entropy.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+    SAMPLE_EVERY / 2 + (mixed % (SAMPLE_EVERY as u64 + 1)) as u32
+}
 /// Kernels at least this long are measured every launch (the events cost nothing next to them).
 pub const ALWAYS_SAMPLE_NS: u64 = 1_000_000;
 
@@ -156,11 +166,12 @@ impl Estimate {
     }
 
     /// Counts one launch; `Some(counted)` with the sample counter reset when this launch
-    /// should be measured (every launch of a long kernel, one in `SAMPLE_EVERY` of a
-    /// short one, once `sample_allowed`), else the counted estimate and false.
-    pub fn count_launch(self, sample_allowed: bool) -> (Estimate, bool) {
+    /// should be measured (every launch of a long kernel; of a short one, once
+    /// `sample_allowed`, the first after `every` launches, see [`sample_every`]), else the
+    /// counted estimate and false.
+    pub fn count_launch(self, sample_allowed: bool, every: u32) -> (Estimate, bool) {
         let since = self.since_sample.saturating_add(1);
-        let due = self.cost_ns >= ALWAYS_SAMPLE_NS || (since >= SAMPLE_EVERY && sample_allowed);
+        let due = self.cost_ns >= ALWAYS_SAMPLE_NS || (since >= every && sample_allowed);
         let counted = Estimate {
             since_sample: if due { 0 } else { since },
             ..self
@@ -344,13 +355,24 @@ mod tests {
     }
 
     #[test]
+    fn sample_intervals_vary_around_eight() {
+        let draws: Vec<u32> = (0..10_000u64).map(|i| sample_every(i * 977)).collect();
+        assert!(draws.iter().all(|d| (4..=12).contains(d)), "4 to 12");
+        let mean = draws.iter().sum::<u32>() as f64 / draws.len() as f64;
+        assert!((mean - 8.0).abs() < 0.3, "mean {mean}");
+        for every in 4..=12 {
+            assert!(draws.contains(&every), "{every} is drawn");
+        }
+    }
+
+    #[test]
     fn estimates_pack_sample_and_follow_a_change() {
         let estimate = Estimate::first(100_000);
         assert_eq!(Estimate::unpack(estimate.pack()), estimate);
         let mut current = estimate;
         let mut sampled = 0;
         for _ in 0..SAMPLE_EVERY * 4 {
-            let (counted, due) = current.count_launch(true);
+            let (counted, due) = current.count_launch(true, SAMPLE_EVERY);
             current = if due {
                 sampled += 1;
                 counted.record(100_000)
@@ -363,13 +385,13 @@ mod tests {
             since_sample: SAMPLE_EVERY,
             ..current
         }
-        .count_launch(false);
+        .count_launch(false, SAMPLE_EVERY);
         assert!(
             !due && held.since_sample > SAMPLE_EVERY,
             "waits for a sample slot"
         );
         assert!(
-            Estimate::first(2 * MS).count_launch(false).1,
+            Estimate::first(2 * MS).count_launch(false, SAMPLE_EVERY).1,
             "long kernels: every launch"
         );
         for _ in 0..48 {

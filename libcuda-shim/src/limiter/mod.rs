@@ -32,6 +32,7 @@
 pub mod duty;
 mod shared;
 mod tables;
+mod trace;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -51,6 +52,7 @@ use crate::hooks::capture;
 use crate::state::{Enforcer, Visible, enforcer, real};
 use shared::Shared;
 use tables::{Estimates, Streams};
+use trace::Counter;
 
 /// Bucket window: the burst a limited container may take at once is `limit` of this,
 /// so no 100 ms stretch exceeds the limit by more than a fifth of it. Long enough that a
@@ -82,6 +84,9 @@ const SETTLE_EVERY_NS: u64 = 200_000;
 const ACTIVE_STAMP_NS: u64 = 1_000_000;
 /// Unsettled samples kept at most; beyond it launches are charged from estimates only.
 const MAX_PENDING: usize = 256;
+/// Unsettled samples of known kernels kept at most: the rest is room for the first
+/// measurements of unknown ones, which are charged nothing until they settle.
+const MAX_PENDING_KNOWN: usize = MAX_PENDING * 3 / 4;
 /// Events kept ready per context.
 const POOL_TARGET: usize = 32;
 const ESTIMATE_SLOTS: usize = 4096;
@@ -196,15 +201,21 @@ pub fn throttle_only(launch: impl FnOnce() -> CUresult) -> CUresult {
 #[inline(never)]
 fn limited_launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult) -> CUresult {
     let Some(device) = current_limited() else {
+        trace::count(Counter::NoDevice);
         return launch();
     };
     if capture::possible() && is_capturing(target) {
+        trace::count(Counter::Captured);
         return launch();
     }
+    trace::count(Counter::Launches);
     let now = monotonic_ns();
     let rate = device.rate();
     let sample_open = now >= device.next_sample_ns.load(Ordering::Relaxed);
-    let estimate = device.estimates.count_launch(work.key(), sample_open);
+    let estimate =
+        device
+            .estimates
+            .count_launch(work.key(), sample_open, duty::sample_every(now));
     if let Some((known, false)) = estimate
         && (device.shared.hold(now, rate, REFILL_NS) == 0
             || device.rides_along(target, known.cost_ns, now))
@@ -212,6 +223,7 @@ fn limited_launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult)
     {
         let result = launch();
         if result == CUDA_SUCCESS {
+            trace::count(Counter::FastPath);
             device.charge(target, known.cost_ns, now, rate);
         }
         return result;
@@ -233,7 +245,7 @@ fn current_limited() -> Option<&'static DeviceLimiter> {
     if limiter.only_device {
         return limiter.devices.first();
     }
-    let (_, device) = crate::current::current()?;
+    let (_, device) = crate::current::for_launch()?;
     limiter
         .devices
         .iter()
@@ -279,8 +291,15 @@ struct DeviceLimiter {
     next_sample_ns: AtomicU64,
     /// Busy time and launches not yet added to the region (one atomic per launch on
     /// this process's own memory; the region gets them at each publish tick): busy ns
-    /// in the low `BUSY_BITS`, launches above.
+    /// in the low `BUSY_BITS`, launches above. Busy time is as measured (the host's
+    /// coordinator compares it with what the card says), not scaled.
     unpublished: AtomicU64,
+    /// Busy ns that settled samples gave back, taken off the next publish.
+    given_back: AtomicU64,
+    /// The host's correction of this container's charges on this card, per mille: what
+    /// the card measured of the container's work against what the container measured
+    /// itself (`cardview::charge_permille`); 1000 without a fresh view.
+    charge_permille: AtomicU64,
     /// Pending samples of kernels that had no estimate yet.
     unknown_in_flight: AtomicUsize,
     /// Where the host's card views are, and who this container is in them.
@@ -394,20 +413,42 @@ struct Sample {
     projected_start: u64,
     projected_ns: u64,
     horizon_before: u64,
-    /// When the stream was idle as the start event went in, the start event fires at
-    /// once and the kernel only after the launch call submitted it: the host time from
-    /// the start event's record to the launch's return, which the GPU spent idle (as
-    /// NVML sees it) and must not be charged. Zero when the stream had work queued.
-    idle_gap_ns: u64,
+    /// Host times: just after the start event was recorded, and when the launch call
+    /// returned (by then the kernel was submitted).
+    recorded_ns: u64,
+    returned_ns: u64,
+    /// Whether the projection had the stream idle at the launch.
+    projected_idle: bool,
 }
 
 impl Sample {
-    /// The kernel's own GPU time from the events' elapsed time.
-    fn kernel_ns(&self, elapsed_ns: u64) -> u64 {
+    /// The host time from the start event to the kernel's submission that the GPU spent
+    /// idle on this stream, which must not be charged: on a stream with nothing queued
+    /// the start event fires at once, and the kernel only runs once the launch call has
+    /// submitted it. `start_fired_ns` is when the start event fired on the host's clock
+    /// (from the context's reference event); where that is unknown, the projection's
+    /// guess stands in. A stream with work queued fires the start event when that work
+    /// ends, after the launch returned: no gap.
+    ///
+    /// The GPU's own timestamp, not the projection, must decide: a projection that ran
+    /// behind the card would make every backlogged sample look idle and cut its cost,
+    /// shortening the projection further (and the other way round), until the estimates
+    /// stand at a quarter of the truth or include every launch's host time.
+    fn idle_gap_ns(&self, start_fired_ns: Option<u64>) -> u64 {
+        let most = self.returned_ns.saturating_sub(self.recorded_ns);
+        match start_fired_ns {
+            Some(fired) => self.returned_ns.saturating_sub(fired).min(most),
+            None if self.projected_idle => most,
+            None => 0,
+        }
+    }
+
+    /// The kernel's own GPU time from the events' elapsed time and the idle gap.
+    fn kernel_ns(elapsed_ns: u64, idle_gap_ns: u64) -> u64 {
         // Never below a quarter of what the events saw: an over-long host gap (the
         // thread descheduled, say) must not make a kernel look free.
         elapsed_ns
-            .saturating_sub(self.idle_gap_ns)
+            .saturating_sub(idle_gap_ns)
             .max(elapsed_ns / 4)
     }
 }
@@ -487,6 +528,8 @@ fn build_devices(enforcer: &'static Enforcer, devices: &[Visible]) -> Vec<Device
                 next_publish_ns: AtomicU64::new(0),
                 next_sample_ns: AtomicU64::new(0),
                 unpublished: AtomicU64::new(0),
+                given_back: AtomicU64::new(0),
+                charge_permille: AtomicU64::new(cardview::CHARGE_UNIT),
                 unknown_in_flight: AtomicUsize::new(0),
                 card_dir: enforcer.config.card_state_dir.clone(),
                 container_id: enforcer.config.container_id.clone(),
@@ -506,6 +549,7 @@ fn build_devices(enforcer: &'static Enforcer, devices: &[Visible]) -> Vec<Device
 fn register_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        trace::init();
         // SAFETY: registering plain extern "C" handlers that only touch atomics; the
         // shim is linked with -z nodelete.
         unsafe {
@@ -521,9 +565,36 @@ extern "C" fn after_fork_in_child() {
 
 extern "C" fn at_exit() {
     EXITING.store(true, Ordering::SeqCst);
+    if !trace::on() {
+        return;
+    }
+    // SAFETY: LIMITER only holds leaked, never-freed Limiter boxes.
+    let lines: Vec<String> = unsafe { LIMITER.load(Ordering::Acquire).as_ref() }
+        .map(|limiter| limiter.devices.iter().map(DeviceLimiter::describe).collect())
+        .unwrap_or_default();
+    trace::write(&lines);
 }
 
 impl DeviceLimiter {
+    /// One line for the trace: the device, its limit and rate, the host's factor, and
+    /// what its tables and queue hold (without waiting for the lock).
+    fn describe(&self) -> String {
+        let pending = self
+            .slow
+            .try_lock()
+            .map(|slow| slow.pending.len().to_string())
+            .unwrap_or_else(|_| "busy".into());
+        format!(
+            "device {} limit_ppm {} rate_ppm {} charge_permille {} soft {} pending {pending} unknown_in_flight {}",
+            self.visible.uuid,
+            self.limit_ppm,
+            self.rate(),
+            self.charge_permille.load(Ordering::Relaxed),
+            self.soft as u8,
+            self.unknown_in_flight.load(Ordering::Relaxed),
+        )
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Slow> {
         // A panic while the lock was held leaves consistent-enough numbers behind.
         self.slow
@@ -554,13 +625,26 @@ impl DeviceLimiter {
             || target.is_blocking(),
         );
         let (added, before) = self.shared.extend(placed.start, placed.end, now_ns);
-        self.shared.charge(added as i64, now_ns, rate);
+        let scaled = self.scaled(added as i64);
+        self.shared.charge(scaled, now_ns, rate);
+        trace::add(Counter::ChargedNs, added);
+        trace::add(Counter::ChargedScaledNs, scaled as u64);
         self.unpublished.fetch_add(
             added.min((1 << BUSY_BITS) - 1) + (1 << BUSY_BITS),
             Ordering::Relaxed,
         );
         self.stamp_active(now_ns);
         (placed.start, before)
+    }
+
+    /// `ns` of measured busy time as the bucket is charged it: scaled by the host's
+    /// correction factor.
+    fn scaled(&self, ns: i64) -> i64 {
+        let permille = self.charge_permille.load(Ordering::Relaxed);
+        if permille == cardview::CHARGE_UNIT || ns == 0 {
+            return ns;
+        }
+        (ns as i128 * permille as i128 / cardview::CHARGE_UNIT as i128) as i64
     }
 
     /// What a stream of `target`'s kind waits for before its work starts at `now_ns`:
@@ -620,6 +704,9 @@ impl DeviceLimiter {
     ) -> CUresult {
         let key = work.key();
         let mut unknown = estimate.is_none();
+        if unknown {
+            trace::count(Counter::Unknown);
+        }
         self.wait_turn(unknown, estimate.map(|(known, _)| (target, known.cost_ns)));
         // Another thread's sample may have taught the cost meanwhile.
         let known = match estimate {
@@ -635,7 +722,14 @@ impl DeviceLimiter {
         }
         let rate = self.rate();
         let cost = known.map(|k| k.cost_ns).unwrap_or(0);
-        let bracket = if due { self.begin_sample(target) } else { None };
+        let bracket = if due {
+            self.begin_sample(target, !unknown)
+        } else {
+            None
+        };
+        if unknown && bracket.is_none() {
+            trace::count(Counter::UnknownUnmeasured);
+        }
         let result = launch();
         let returned = monotonic_ns();
         if result != CUDA_SUCCESS {
@@ -654,8 +748,7 @@ impl DeviceLimiter {
             self.give_back(context, &[start, end]);
             return result;
         }
-        // Projected idle: the launch started at its own time, after nothing queued.
-        let was_idle = projected_start == now;
+        trace::count(Counter::Sampled);
         let sample = Sample {
             key,
             stream_key: target.key(),
@@ -666,11 +759,11 @@ impl DeviceLimiter {
             projected_start,
             projected_ns: cost,
             horizon_before,
-            idle_gap_ns: if was_idle {
-                returned.saturating_sub(recorded_ns)
-            } else {
-                0
-            },
+            recorded_ns,
+            returned_ns: returned,
+            // The projection's guess, used only where the GPU's own timestamps cannot
+            // say (no reference event in this context).
+            projected_idle: projected_start == now,
         };
         if unknown {
             self.unknown_in_flight.fetch_add(1, Ordering::AcqRel);
@@ -713,6 +806,8 @@ impl DeviceLimiter {
             if let Some(words) = self.mine {
                 words[slot_words::WAITED_NS].fetch_add(sleep, Ordering::Relaxed);
             }
+            trace::count(Counter::Waits);
+            trace::add(Counter::WaitedNs, sleep);
             self.stamp_active(now);
             std::thread::sleep(Duration::from_nanos(sleep));
         }
@@ -739,35 +834,53 @@ impl DeviceLimiter {
         }
     }
 
-    /// Stamps this process's heartbeat, adds its busy time and launches to the region,
-    /// and, in soft mode, takes the rate the card's view grants (the limit when there is
-    /// no fresh view that names this container).
+    /// Stamps this process's heartbeat, adds its busy time (as measured, net of what
+    /// settled samples gave back) and launches to the region, and reads the card's view:
+    /// the host's correction factor for this container's charges (1 without a fresh view
+    /// that names it), and in soft mode the rate it grants (the limit without one).
     fn publish(&self, now_ns: u64) {
         if let Some(words) = self.mine {
             words[slot_words::HEARTBEAT_NS].store(now_ns, Ordering::Relaxed);
         }
         let unpublished = self.unpublished.swap(0, Ordering::AcqRel);
-        if unpublished != 0
+        let busy = unpublished & ((1 << BUSY_BITS) - 1);
+        let back = self.given_back.swap(0, Ordering::AcqRel);
+        let net = busy.saturating_sub(back);
+        if back > busy {
+            // More given back than measured since: the rest comes off the next publish.
+            self.given_back.fetch_add(back - busy, Ordering::AcqRel);
+        }
+        if (net != 0 || unpublished >> BUSY_BITS != 0)
             && let Some(slot) = self.slot
         {
             self.region.add_busy(
                 slot,
                 self.visible.region_index,
-                unpublished & ((1 << BUSY_BITS) - 1),
+                net,
                 unpublished >> BUSY_BITS,
+            );
+        }
+        let Some(dir) = self.card_dir.as_deref() else {
+            return;
+        };
+        let view = CardView::read(dir, &self.visible.uuid)
+            .map_err(|error| debug!("{error}; assuming the card is contended"))
+            .ok();
+        let id = self.container_id.as_deref();
+        let factor = cardview::charge_permille(view.as_ref(), id, now_ns);
+        let before = self.charge_permille.swap(factor, Ordering::Relaxed);
+        if factor != before {
+            debug!(
+                "charge factor on {}: {before} -> {factor} per mille",
+                self.visible.uuid
             );
         }
         if !self.soft {
             return;
         }
-        let view = self.card_dir.as_deref().and_then(|dir| {
-            CardView::read(dir, &self.visible.uuid)
-                .map_err(|error| debug!("{error}; assuming the card is contended"))
-                .ok()
-        });
         let allowed = cardview::allowed_percent(
             view.as_ref(),
-            self.container_id.as_deref(),
+            id,
             now_ns,
             (self.limit_ppm / 10_000) as u32,
             self.ceiling,
@@ -784,24 +897,44 @@ impl DeviceLimiter {
         }
     }
 
-    /// Records the start event of a sampled launch: (context, start, end, when).
-    fn begin_sample(&self, target: Target) -> Option<(usize, CUevent, CUevent, u64)> {
-        let (context, _) = crate::current::current()?;
+    /// Records the start event of a sampled launch (of a `known` kernel, or the first
+    /// measurement of an unknown one): (context, start, end, when). The context is asked
+    /// of the driver (one call, on sampled launches only): events must be the context's
+    /// that is really current, whatever made it current.
+    fn begin_sample(&self, target: Target, known: bool) -> Option<(usize, CUevent, CUevent, u64)> {
+        let Some((context, _)) = crate::current::refresh() else {
+            trace::count(Counter::SkippedNoEvents);
+            return None;
+        };
+        if crate::current::refresh_was_stale() {
+            trace::count(Counter::StaleContext);
+        }
         let (start, end) = {
             let mut slow = self.lock();
-            if slow.pending.len() >= MAX_PENDING {
+            let room = if known { MAX_PENDING_KNOWN } else { MAX_PENDING };
+            if slow.pending.len() >= room {
+                trace::count(Counter::SkippedPending);
                 return None;
             }
-            let start = take_event(&mut slow, context)?;
-            let Some(end) = take_event(&mut slow, context) else {
-                slow.pools.entry(context).or_default().push(start);
+            let events = take_event(&mut slow, context).and_then(|start| {
+                match take_event(&mut slow, context) {
+                    Some(end) => Some((start, end)),
+                    None => {
+                        slow.pools.entry(context).or_default().push(start);
+                        None
+                    }
+                }
+            });
+            let Some(events) = events else {
+                trace::count(Counter::SkippedNoEvents);
                 return None;
             };
-            (start, end)
+            events
         };
         let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
         // SAFETY: events of the current context, recorded on the caller's stream.
         if unsafe { record(start, target.stream()) } != CUDA_SUCCESS {
+            trace::count(Counter::SkippedNoEvents);
             destroy_events(&[start, end]);
             return None;
         }
@@ -810,7 +943,9 @@ impl DeviceLimiter {
 
     /// Reads finished samples: learns their cost and corrects the bucket by what their
     /// measured run adds to the union beyond what was charged. Rate-limited unless
-    /// `force`.
+    /// `force`. Events of one stream complete in order, so only the oldest pending
+    /// sample of each stream is asked about: with the GPU far behind the host, one query
+    /// per stream, not one per pending sample.
     fn settle(&self, slow: &mut Slow, now_ns: u64, force: bool) {
         if slow.pending.is_empty()
             || (!force && now_ns.saturating_sub(slow.last_settle_ns) < SETTLE_EVERY_NS)
@@ -819,14 +954,21 @@ impl DeviceLimiter {
         }
         slow.last_settle_ns = now_ns;
         let query = real!(cuEventQuery as fn(CUevent) -> CUresult);
-        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
         let _relaxed = RelaxedCapture::enter_if_needed();
         let rate = self.rate();
+        // Streams whose oldest pending sample is still running.
+        let mut running: Vec<u64> = Vec::new();
         let mut index = 0;
         while index < slow.pending.len() {
+            let stream_key = slow.pending[index].stream_key;
+            if running.contains(&stream_key) {
+                index += 1;
+                continue;
+            }
             // SAFETY: an event we created and recorded.
             let state = unsafe { query(slow.pending[index].end) };
             if state == CUDA_ERROR_NOT_READY {
+                running.push(stream_key);
                 index += 1;
                 continue;
             }
@@ -836,73 +978,100 @@ impl DeviceLimiter {
             if !sample.known {
                 self.unknown_in_flight.fetch_sub(1, Ordering::AcqRel);
             }
-            let mut ms = 0f32;
-            // SAFETY: valid out-pointer; both events recorded on one stream.
-            let measured = (state == CUDA_SUCCESS
-                && unsafe { elapsed(&mut ms, sample.start, sample.end) } == CUDA_SUCCESS)
-                .then(|| sample.kernel_ns((ms.max(0.0) as f64 * 1e6) as u64));
-            let Some(ns) = measured else {
-                // A destroyed context or a failed launch: the events are no good.
-                slow.pools.remove(&sample.context);
-                slow.clocks.remove(&sample.context);
-                destroy_events(&[sample.start, sample.end]);
-                continue;
-            };
-            self.estimates.record(sample.key, ns);
-            // Where it really ended: by the context's reference event when there is
-            // one (and it says something sane), else where its projection put it.
-            let clock = match slow.clocks.entry(sample.context) {
-                std::collections::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
-                // Its stream must be made in the sample's own context.
-                std::collections::hash_map::Entry::Vacant(entry)
-                    if crate::current::current()
-                        .is_some_and(|(context, _)| context == sample.context) =>
-                {
-                    GpuClock::new().map(|c| entry.insert(c))
-                }
-                std::collections::hash_map::Entry::Vacant(_) => None,
-            };
-            let pool = slow.pools.entry(sample.context).or_default();
-            let real_end = clock
-                .and_then(|clock| clock.reference(pool, now_ns))
-                .and_then(|reference| GpuClock::host_time(reference, sample.end))
-                .filter(|end| *end <= now_ns && *end + CLOCK_REFRESH_NS * 4 >= now_ns);
-            let end = real_end.unwrap_or(sample.projected_start.saturating_add(ns));
-            let start = end.saturating_sub(ns);
-            // A kernel measured for the first time was charged nothing: it pays what its
-            // run adds to the union as it stood when it went out. A known one pays only
-            // for running past everything queued since (counted once however many
-            // samples find the same overrun).
-            let (beyond_now, _) = self.shared.extend(start, end, now_ns);
-            let mut correction = if sample.known {
-                beyond_now as i64
-            } else {
-                duty::union_increment(start, end, sample.horizon_before) as i64
-            };
-            // A known kernel that ended before its projection, with nothing of the
-            // container queued after it: the overshoot was charged for nothing (kernels
-            // that wait for SMs behind the container's own are projected with the wait,
-            // and the last ones of a round do not wait). Given back, and the horizon
-            // moves back, for the settling of any other to extend again if it ran later.
-            let projected_end = sample.projected_start.saturating_add(sample.projected_ns);
-            if sample.known && self.shared.pull_back(projected_end, end) {
-                correction -= (projected_end - end) as i64;
-                self.streams
-                    .pull_back(sample.stream_key, projected_end, end);
-            }
-            self.shared.charge(correction, now_ns, rate);
-            self.streams.extend(sample.stream_key, end);
-            if correction > 0
-                && let Some(slot) = self.slot
-            {
-                self.region
-                    .add_busy(slot, self.visible.region_index, correction as u64, 0);
-            }
-            slow.pools
-                .entry(sample.context)
-                .or_default()
-                .extend([sample.start, sample.end]);
+            self.settle_one(slow, sample, state == CUDA_SUCCESS, now_ns, rate);
         }
+    }
+
+    /// Learns from one finished sample (`completed`: its end event fired; else it failed)
+    /// and corrects the bucket and the projections by where it really ran.
+    fn settle_one(&self, slow: &mut Slow, sample: Sample, completed: bool, now_ns: u64, rate: u64) {
+        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer; both events recorded on one stream.
+        let measured = completed
+            && unsafe { elapsed(&mut ms, sample.start, sample.end) } == CUDA_SUCCESS
+            && ms.is_finite();
+        if !measured {
+            // A destroyed context or a failed launch: the events are no good.
+            trace::count(Counter::Dropped);
+            slow.pools.remove(&sample.context);
+            slow.clocks.remove(&sample.context);
+            destroy_events(&[sample.start, sample.end]);
+            return;
+        }
+        trace::count(Counter::Settled);
+        let elapsed_ns = (ms.max(0.0) as f64 * 1e6) as u64;
+        // When its events fired on the host's clock: by the context's reference event
+        // when there is one (and it says something sane).
+        let clock = match slow.clocks.entry(sample.context) {
+            std::collections::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
+            // Its stream must be made in the sample's own context.
+            std::collections::hash_map::Entry::Vacant(entry)
+                if crate::current::current()
+                    .is_some_and(|(context, _)| context == sample.context) =>
+            {
+                GpuClock::new().map(|c| entry.insert(c))
+            }
+            std::collections::hash_map::Entry::Vacant(_) => None,
+        };
+        let pool = slow.pools.entry(sample.context).or_default();
+        let reference = clock.and_then(|clock| clock.reference(pool, now_ns));
+        let sane = |at: &u64| *at <= now_ns && at.saturating_add(CLOCK_REFRESH_NS * 4) >= now_ns;
+        let fired = |event| {
+            reference
+                .and_then(|reference| GpuClock::host_time(reference, event))
+                .filter(sane)
+        };
+        let (start_fired, end_fired) = (fired(sample.start), fired(sample.end));
+        let gap = sample.idle_gap_ns(start_fired);
+        trace::count(if gap > 0 {
+            Counter::SettledIdle
+        } else {
+            Counter::SettledBacklogged
+        });
+        let ns = Sample::kernel_ns(elapsed_ns, gap);
+        self.estimates.record(sample.key, ns);
+        // Where it really ended, else where its projection put it.
+        let end = end_fired.unwrap_or(sample.projected_start.saturating_add(ns));
+        let start = end.saturating_sub(ns);
+        // A kernel measured for the first time was charged nothing: it pays what its run
+        // adds to the union as it stood when it went out. A known one pays only for
+        // running past everything queued since (counted once however many samples find
+        // the same overrun).
+        let (beyond_now, _) = self.shared.extend(start, end, now_ns);
+        let mut correction = if sample.known {
+            beyond_now as i64
+        } else {
+            duty::union_increment(start, end, sample.horizon_before) as i64
+        };
+        // A known kernel that ended before its projection, with nothing of the
+        // container queued after it: the overshoot was charged for nothing (kernels that
+        // wait for SMs behind the container's own are projected with the wait, and the
+        // last ones of a round do not wait). Given back, and the horizon moves back, for
+        // the settling of any other to extend again if it ran later.
+        let projected_end = sample.projected_start.saturating_add(sample.projected_ns);
+        if sample.known && self.shared.pull_back(projected_end, end) {
+            correction -= (projected_end - end) as i64;
+            self.streams
+                .pull_back(sample.stream_key, projected_end, end);
+        }
+        self.shared.charge(self.scaled(correction), now_ns, rate);
+        self.streams.extend(sample.stream_key, end);
+        if correction > 0 {
+            trace::add(Counter::CorrectedUpNs, correction as u64);
+            self.unpublished.fetch_add(
+                (correction as u64).min((1 << BUSY_BITS) - 1),
+                Ordering::Relaxed,
+            );
+        } else if correction < 0 {
+            trace::add(Counter::CorrectedDownNs, correction.unsigned_abs());
+            self.given_back
+                .fetch_add(correction.unsigned_abs(), Ordering::Relaxed);
+        }
+        slow.pools
+            .entry(sample.context)
+            .or_default()
+            .extend([sample.start, sample.end]);
     }
 
     fn give_back(&self, context: usize, events: &[CUevent]) {
@@ -972,7 +1141,9 @@ impl Drop for RelaxedCapture {
 mod tests {
     use super::*;
 
-    fn sample(idle_gap_ns: u64) -> Sample {
+    /// A sample whose start event was recorded at 1000 and whose launch returned at
+    /// 7000 (host ns), as the projection saw it.
+    fn sample(projected_idle: bool) -> Sample {
         Sample {
             key: 1,
             stream_key: 2,
@@ -983,24 +1154,41 @@ mod tests {
             projected_start: 0,
             projected_ns: 0,
             horizon_before: 0,
-            idle_gap_ns,
+            recorded_ns: 1_000,
+            returned_ns: 7_000,
+            projected_idle,
         }
+    }
+
+    #[test]
+    fn idle_gap_comes_from_the_gpus_timestamps_not_the_projection() {
+        // The start event fired at once (an idle stream): the host's 6 us until the
+        // kernel was submitted are not the kernel's, whatever the projection thought.
+        assert_eq!(sample(false).idle_gap_ns(Some(1_000)), 6_000);
+        // It fired after the launch returned (work queued before it): no gap, even
+        // where the projection had the stream idle.
+        assert_eq!(sample(true).idle_gap_ns(Some(9_000)), 0);
+        // Fired during the launch call: the part before the return.
+        assert_eq!(sample(true).idle_gap_ns(Some(5_000)), 2_000);
+        // No reference event in the context: the projection's guess.
+        assert_eq!(sample(true).idle_gap_ns(None), 6_000);
+        assert_eq!(sample(false).idle_gap_ns(None), 0);
     }
 
     #[test]
     fn idle_gap_is_not_charged_but_never_makes_a_kernel_free() {
         assert_eq!(
-            sample(0).kernel_ns(20_000),
+            Sample::kernel_ns(20_000, 0),
             20_000,
             "a backlogged stream: the events bracket the kernel alone"
         );
         assert_eq!(
-            sample(6_000).kernel_ns(20_000),
+            Sample::kernel_ns(20_000, 6_000),
             14_000,
             "an idle stream: the host gap before submission is not GPU time"
         );
         assert_eq!(
-            sample(1_000_000).kernel_ns(20_000),
+            Sample::kernel_ns(20_000, 1_000_000),
             5_000,
             "a descheduled thread's gap is capped"
         );

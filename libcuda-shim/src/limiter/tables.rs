@@ -55,8 +55,13 @@ impl Estimates {
 
     /// The estimate of `key`, counting this launch; and whether to measure it (see
     /// `Estimate::count_launch`; `sample_allowed` says whether a short kernel's sample
-    /// slot is open). `None` when the key is unknown.
-    pub fn count_launch(&self, key: u64, sample_allowed: bool) -> Option<(Estimate, bool)> {
+    /// slot is open, `every` after how many launches). `None` when the key is unknown.
+    pub fn count_launch(
+        &self,
+        key: u64,
+        sample_allowed: bool,
+        every: u32,
+    ) -> Option<(Estimate, bool)> {
         let index = self.find(key)?;
         let value = &self.values[index];
         // One add counts the launch (the counter is the word's top bits, so it can only
@@ -68,7 +73,7 @@ impl Estimates {
             // Claimed and not measured yet: unknown.
             return None;
         }
-        let (counted, due) = estimate.count_launch(sample_allowed);
+        let (counted, due) = estimate.count_launch(sample_allowed, every);
         if !due {
             return Some((counted, false));
         }
@@ -287,9 +292,9 @@ mod tests {
     #[test]
     fn estimates_are_learned_counted_and_evicted_without_locks() {
         let table = Estimates::new(64);
-        assert_eq!(table.count_launch(7, true), None, "unknown");
+        assert_eq!(table.count_launch(7, true, 8), None, "unknown");
         table.record(7, 100_000);
-        let (estimate, due) = table.count_launch(7, true).expect("known");
+        let (estimate, due) = table.count_launch(7, true, 8).expect("known");
         assert_eq!(
             (estimate.cost_ns, estimate.samples, due),
             (100_000, 1, false)
@@ -313,7 +318,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut due = 0;
                     for _ in 0..8000 {
-                        if table.count_launch(42, true).expect("known").1 {
+                        if table.count_launch(42, true, 8).expect("known").1 {
                             due += 1;
                             table.record(42, 50_000);
                         }
@@ -323,9 +328,10 @@ mod tests {
             })
             .collect();
         let due: u32 = handles.into_iter().map(|h| h.join().expect("thread")).sum();
-        // One launch in eight is due, whichever thread makes it.
+        // One launch in eight is due, whichever thread makes it (a due launch that
+        // loses the claim to another thread's count is not measured: a few fewer).
         assert!(
-            (7000..=9000).contains(&due),
+            (6000..=9000).contains(&due),
             "{due} samples of 64000 launches"
         );
         assert_eq!(table.get(42).map(|e| e.cost_ns), Some(50_000));

@@ -748,6 +748,7 @@ impl Registry {
             .map(|gpu| gpu.sms)
             .unwrap_or(1);
         let sms = blocks.min(u32::MAX as u64) as u32;
+        let duration_ns = super::schedule::kernel_duration(duration_ns, blocks, card_sms);
         let start = match self.sm_schedules.get_mut(device) {
             Some(schedule) => super::schedule::place_on_card(
                 &self.sim.state,

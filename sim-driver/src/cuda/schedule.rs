@@ -29,14 +29,32 @@ fn side_by_side() -> bool {
     *MPS.get_or_init(|| std::env::var(MPS_ENV).is_ok_and(|value| value == "1"))
 }
 
+/// Env: set to `1` for kernels whose duration is per wave: a kernel of more blocks than
+/// the card has SMs runs its named duration once per `SMs` blocks, as a real kernel's
+/// cost grows with its grid (so one function launched on tensors of different sizes
+/// costs different times per launch).
+pub const WAVES_ENV: &str = "VGPU_SIM_WAVES";
+
+/// How long a kernel of `blocks` blocks takes on a card of `card_sms` SMs whose name
+/// says `duration_ns`: per wave of blocks under `VGPU_SIM_WAVES=1`, else the name's.
+pub fn kernel_duration(duration_ns: u64, blocks: u64, card_sms: u32) -> u64 {
+    static WAVES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *WAVES.get_or_init(|| std::env::var(WAVES_ENV).is_ok_and(|value| value == "1")) {
+        duration_ns.saturating_mul(blocks.div_ceil(card_sms.max(1) as u64).max(1))
+    } else {
+        duration_ns
+    }
+}
+
 /// Places a kernel of `duration_ns` needing `sms` of `card_sms` SMs, ready at `ready_ns`,
 /// for the process holding `slot` on `device`, whose own SM schedule is `schedule`;
 /// returns its start.
 ///
 /// The card takes turns between processes: a kernel joins its process's current turn
-/// when that turn is still going when the kernel is ready and the kernel ends before
-/// another process's turn that was queued after it begins; otherwise it starts a new
-/// turn once every other process's queued kernels have run. So a process's concurrent
+/// when that turn is still going when the kernel is ready and the kernel starts before
+/// another process's turn that was queued after it begins (it may run into that turn
+/// by less than its own length, as a real time slice runs on past a kernel boundary);
+/// otherwise it starts a new turn once every other process's queued kernels have run. So a process's concurrent
 /// streams overlap within its turn, and processes alternate in the order they queued,
 /// as a card without MPS time-slices contexts. Under `VGPU_SIM_MPS=1`: the process's
 /// own schedule only.
@@ -57,15 +75,24 @@ pub fn place_on_card(
     }
     let others = state.others_turns(slot, device);
     let (turn_start, turn_end) = state.own_turn(slot, device);
+    if others.is_empty() {
+        // The card is the process's alone: its own schedule decides.
+        let start = schedule.place(ready_ns, duration_ns, sms, card_sms, now_ns);
+        if ready_ns >= turn_end {
+            state.begin_turn(slot, device, start);
+        }
+        return start;
+    }
     if ready_ns < turn_end {
         let next_turn = others
             .iter()
             .map(|&(start, _)| start)
             .filter(|start| *start >= turn_start)
             .min();
+        // Not before its turn (other processes' kernels ran until then).
         let at = ready_ns.max(turn_start);
         let start = schedule.earliest(at, duration_ns, sms, card_sms, now_ns);
-        if next_turn.is_none_or(|next| start.saturating_add(duration_ns) <= next) {
+        if next_turn.is_none_or(|next| start < next) {
             return schedule.place(at, duration_ns, sms, card_sms, now_ns);
         }
     }

@@ -1,0 +1,166 @@
+//! The limiter's own account of what it did, for an operator who has to explain a
+//! workload that is not held to its limit (or held below it): `VGPU_LIMITER_TRACE=FILE`
+//! makes the process write a few counters to FILE when it exits (one `name value` line
+//! each, then one line per limited device). Off by default: without the variable no
+//! counter is touched, so the launch path pays one load of a static flag.
+//!
+//! The counters say which way launches went (fast path, slow path, measured, skipped for
+//! a capture, or without a limiter for their device), what was charged (as measured, and
+//! after the host's correction factor), what the bucket made the process wait, and how
+//! samples fared (settled, dropped, never taken and why).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// The env var naming the file.
+pub const TRACE_ENV: &str = "VGPU_LIMITER_TRACE";
+
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// One counter of [`COUNTERS`].
+#[derive(Clone, Copy)]
+pub enum Counter {
+    /// Launches that reached the limiter of a limited device.
+    Launches,
+    /// Of those, how many took the fast path (no lock, no driver call).
+    FastPath,
+    /// Launches that found no limiter for their thread's device (no current context, or
+    /// a device without a limit).
+    NoDevice,
+    /// Launches recorded into a capture (neither delayed nor measured).
+    Captured,
+    /// Launches of a kernel whose cost was not known yet.
+    Unknown,
+    /// Unknown kernels launched without a measurement (no event could be had).
+    UnknownUnmeasured,
+    /// Launches bracketed by events.
+    Sampled,
+    /// Samples wanted but not taken: too many pending.
+    SkippedPending,
+    /// Samples wanted but not taken: no current context, or an event call failed.
+    SkippedNoEvents,
+    /// Samples read back, and samples dropped (a failed measurement).
+    Settled,
+    Dropped,
+    /// Of the settled samples, how many started behind queued work (no idle gap) and how
+    /// many on an idle stream, as the GPU's own timestamps told.
+    SettledBacklogged,
+    SettledIdle,
+    /// Busy ns charged as measured (the union increments and corrections), and what the
+    /// bucket was charged after the host's correction factor.
+    ChargedNs,
+    ChargedScaledNs,
+    /// Corrections of settled samples: added, and given back.
+    CorrectedUpNs,
+    CorrectedDownNs,
+    /// Launch waits on the bucket or a first measurement: how many sleeps, how long.
+    Waits,
+    WaitedNs,
+    /// The per-thread context cache found stale by a sampled launch.
+    StaleContext,
+}
+
+const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
+    "launches",
+    "fast_path",
+    "no_device",
+    "captured",
+    "unknown",
+    "unknown_unmeasured",
+    "sampled",
+    "skipped_pending",
+    "skipped_no_events",
+    "settled",
+    "dropped",
+    "settled_backlogged",
+    "settled_idle",
+    "charged_ns",
+    "charged_scaled_ns",
+    "corrected_up_ns",
+    "corrected_down_ns",
+    "waits",
+    "waited_ns",
+    "stale_context",
+];
+
+const COUNTERS_LEN: usize = Counter::StaleContext as usize + 1;
+static COUNTERS: [AtomicU64; COUNTERS_LEN] = [const { AtomicU64::new(0) }; COUNTERS_LEN];
+
+/// Turns tracing on when `VGPU_LIMITER_TRACE` names a file (read once, when the
+/// limiter is built).
+pub fn init() {
+    if std::env::var_os(TRACE_ENV).is_some_and(|path| !path.is_empty()) {
+        ON.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether tracing is on.
+#[inline]
+pub fn on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Adds `by` to `counter` (nothing when tracing is off).
+#[inline]
+pub fn add(counter: Counter, by: u64) {
+    if on() {
+        COUNTERS[counter as usize].fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+/// Counts one event.
+#[inline]
+pub fn count(counter: Counter) {
+    add(counter, 1);
+}
+
+/// The trace's text: every counter, then `device_lines` (one per limited device).
+pub fn render(device_lines: &[String]) -> String {
+    let mut text = String::from("vgpu-limiter-trace 1\n");
+    for (name, value) in COUNTER_NAMES.iter().zip(&COUNTERS) {
+        let _ = writeln!(text, "{name} {}", value.load(Ordering::Relaxed));
+    }
+    for line in device_lines {
+        let _ = writeln!(text, "{line}");
+    }
+    text
+}
+
+/// Writes the trace to the file `VGPU_LIMITER_TRACE` names (at exit), with the process
+/// id in the name when the path ends in `.%p`, so every process of a container leaves
+/// its own. Failure to write is ignored: the trace is a diagnostic.
+pub fn write(device_lines: &[String]) {
+    if !on() {
+        return;
+    }
+    let Some(path) = std::env::var_os(TRACE_ENV) else {
+        return;
+    };
+    let path = path.to_string_lossy().into_owned();
+    let path = match path.strip_suffix(".%p") {
+        Some(stem) => format!("{stem}.{}", std::process::id()),
+        None => path,
+    };
+    let _ = std::fs::write(path, render(device_lines));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_count_only_when_on_and_render_by_name() {
+        count(Counter::Launches);
+        assert!(render(&[]).contains("launches 0\n"), "off: nothing counted");
+        ON.store(true, Ordering::Relaxed);
+        count(Counter::Launches);
+        add(Counter::WaitedNs, 5_000);
+        let text = render(&["device GPU-1 limit 30".to_string()]);
+        ON.store(false, Ordering::Relaxed);
+        assert!(text.starts_with("vgpu-limiter-trace 1\n"), "{text}");
+        assert!(text.contains("launches 1\n"), "{text}");
+        assert!(text.contains("waited_ns 5000\n"), "{text}");
+        assert!(text.contains("stale_context 0\n"), "{text}");
+        assert!(text.ends_with("device GPU-1 limit 30\n"), "{text}");
+    }
+}
