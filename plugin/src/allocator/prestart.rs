@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use tonic::Status;
 use vgpu_common::{CoreMode, DeviceQuota};
+use vgpu_kube::pods::apply_ceiling;
 
 use super::holders::Listed;
 use super::{Allocator, HolderIndex, cards_fit, half_kind, list, set_of};
@@ -319,21 +320,21 @@ impl Allocator {
                 memory_cards.join(", ")
             )));
         }
-        let cores = core_ids.len() as u32;
-        let (core_mode, core_ceiling) = match self.config.default_core_ceiling {
-            Some(ceiling) => (CoreMode::Soft, Some(ceiling.max(cores))),
-            None => (CoreMode::Hard, None),
-        };
-        devices.push(DeviceQuota {
+        let mut partial = DeviceQuota {
             uuid: core_cards.first().cloned(),
             index: None,
             memory_limit: Some(vgpu_common::ByteSize(
                 self.config.memory_unit.bytes() * memory_ids.len() as u64,
             )),
-            core_limit: Some(cores),
-            core_mode,
-            core_ceiling,
-        });
+            core_limit: Some(core_ids.len() as u32),
+            core_mode: CoreMode::Hard,
+            core_ceiling: None,
+        };
+        // The operator's default ceiling, by the rule the pod annotation uses too.
+        if let Some(ceiling) = self.config.default_core_ceiling {
+            apply_ceiling(&mut partial, ceiling);
+        }
+        devices.push(partial);
         Ok(devices)
     }
 

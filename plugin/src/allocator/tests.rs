@@ -3,6 +3,7 @@
 use super::*;
 use crate::config::Policy;
 use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
+use vgpu_common::CoreMode;
 
 fn cards(count: u32) -> Vec<CardInfo> {
     (0..count)
@@ -310,4 +311,37 @@ fn an_unlisted_init_container_is_paired_with_its_neighbouring_call() {
         "{}",
         cores_only.message()
     );
+}
+
+#[test]
+fn default_core_ceiling_makes_a_partial_card_soft_and_leaves_a_whole_card_hard() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = PluginConfig {
+        state_dir: dir.path().to_path_buf(),
+        default_core_ceiling: Some(20),
+        ..PluginConfig::default()
+    };
+    let mut allocator = Allocator::new(config, cards(2), PluginState::default());
+    let cores = take(&mut allocator, Kind::Core, 30, 1);
+    let memory = take(&mut allocator, Kind::Memory, 4, 1);
+    let whole = take(&mut allocator, Kind::Core, 100, 2);
+    let holders = index(&[
+        pod("partial", &[("cuda", &cores, &memory)]),
+        pod("whole", &[("cuda", &whole, &[])]),
+    ]);
+    let partial = allocator
+        .plan_prestart(Kind::Core, &cores, &holders)
+        .expect("partial");
+    let device = &partial[0].devices[0];
+    assert_eq!(device.core_mode, CoreMode::Soft);
+    assert_eq!(
+        device.core_ceiling,
+        Some(30),
+        "a ceiling below the share is raised to it"
+    );
+    let whole = allocator
+        .plan_prestart(Kind::Core, &whole, &holders)
+        .expect("whole");
+    assert_eq!(whole[0].devices[0].core_mode, CoreMode::Hard);
+    assert_eq!(whole[0].devices[0].core_ceiling, None);
 }
