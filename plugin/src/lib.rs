@@ -9,6 +9,7 @@
 //! * [`devices`]: device discovery and health behind [`devices::DeviceSource`] (NVML or fake);
 //! * [`ids`]: the device IDs advertised to kubelet;
 //! * [`state`]: allocations kept on disk (`plugin-state.json`);
+//! * [`persist`]: versioned JSON files read with a version check and written atomically;
 //! * [`annotations`]: `tencent.com/vcuda-core-limit` read from the pod at PreStart;
 //! * [`allocator`]: card choice, pairing of core and memory, refusals, PreStart;
 //! * [`cdi`]: CDI spec files of allocations (shared with the DRA driver);
@@ -38,6 +39,7 @@ pub mod ids;
 pub mod kubelet;
 pub mod layout;
 pub mod metrics;
+pub mod persist;
 pub mod proto;
 pub mod reload;
 pub mod service;
