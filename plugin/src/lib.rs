@@ -18,6 +18,8 @@
 //! * [`kubelet`]: unix-socket gRPC clients (Registration, PodResources);
 //! * [`service`]: the DevicePlugin gRPC service of one resource;
 //! * [`daemon`]: sockets, registration, re-registration, GC, shutdown;
+//! * [`serve`]: a gRPC server on a unix socket that a supervisor keeps served (shared with the DRA driver);
+//! * [`tasks`]: a daemon's background tasks and health thread, stopped together (shared with the DRA driver);
 //! * [`coexist`]: refusing to start beside another plugin serving our resource names;
 //! * [`usage`]: running totals of each container's counters, monotonic across exits;
 //! * [`health`]: what `/healthz` answers;
@@ -42,8 +44,10 @@ pub mod metrics;
 pub mod persist;
 pub mod proto;
 pub mod reload;
+pub mod serve;
 pub mod service;
 pub mod state;
+pub mod tasks;
 pub mod usage;
 
 pub use config::PluginConfig;
