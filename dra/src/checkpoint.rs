@@ -5,10 +5,9 @@
 //! answer.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use vgpu_plugin::persist::{self, Versioned};
+use vgpu_plugin::persist::Versioned;
 
 /// Layout version of the state file.
 pub const CHECKPOINT_VERSION: u32 = 1;
@@ -60,19 +59,8 @@ impl Default for Checkpoint {
     }
 }
 
-impl Checkpoint {
-    /// Reads the file; missing is empty, corrupt is an error (the plugin refuses to
-    /// start rather than forget what it prepared).
-    pub fn load(path: &Path) -> anyhow::Result<Checkpoint> {
-        persist::load(path)
-    }
-
-    /// Writes the file atomically.
-    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
-        persist::save(self, path)
-    }
-}
-
+/// Read and written by `Versioned::load` and `Versioned::save`: missing is empty, corrupt
+/// is an error (the plugin refuses to start rather than forget what it prepared).
 impl Versioned for Checkpoint {
     const VERSION: u32 = CHECKPOINT_VERSION;
     const WHAT: &'static str = "checkpoint";

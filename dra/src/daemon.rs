@@ -27,6 +27,7 @@ use crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Serv
 use crate::proto::registration::registration_server::RegistrationServer;
 use crate::registration::{RegistrationBook, RegistrationService};
 use crate::service::{DraService, DraV1, DraV1beta1};
+use vgpu_plugin::persist::Versioned;
 
 /// A device-plugin socket that answers: the device plugin runs on this node.
 pub fn live_device_plugin_socket(config: &DraConfig) -> Option<PathBuf> {

@@ -25,6 +25,7 @@ use crate::health::ServingStatus;
 use crate::ids::Kind;
 use crate::kubelet;
 use crate::metrics;
+use crate::persist::Versioned;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 use crate::serve::{ServedSocket, socket_inode};
 use crate::service::{ResourceService, Shared, now_unix};

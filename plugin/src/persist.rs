@@ -9,41 +9,42 @@ use std::path::Path;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// A file layout with a version field.
+/// A file layout with a version field, read and written as pretty JSON.
 pub trait Versioned: Serialize + DeserializeOwned + Default {
     /// The layout this build reads and writes.
     const VERSION: u32;
     /// What the file is, in error messages ("state", "checkpoint").
     const WHAT: &'static str;
+
     /// The version the file says it has.
     fn version(&self) -> u32;
-}
 
-/// Reads `path`: a missing file is `T::default()`, a corrupt one or one of another
-/// version an error (a daemon refuses to start rather than forget what it recorded).
-pub fn load<T: Versioned>(path: &Path) -> anyhow::Result<T> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(T::default()),
-        Err(err) => anyhow::bail!("cannot read {}: {err}", path.display()),
-    };
-    let value: T = serde_json::from_str(&text)
-        .map_err(|err| anyhow::anyhow!("{} is corrupt: {err}", path.display()))?;
-    if value.version() != T::VERSION {
-        anyhow::bail!(
-            "{}: {} version {} (this build reads {})",
-            path.display(),
-            T::WHAT,
-            value.version(),
-            T::VERSION
-        );
+    /// Reads `path`: a missing file is `Self::default()`, a corrupt one or one of another
+    /// version an error (a daemon refuses to start rather than forget what it recorded).
+    fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(err) => anyhow::bail!("cannot read {}: {err}", path.display()),
+        };
+        let value: Self = serde_json::from_str(&text)
+            .map_err(|err| anyhow::anyhow!("{} is corrupt: {err}", path.display()))?;
+        if value.version() != Self::VERSION {
+            anyhow::bail!(
+                "{}: {} version {} (this build reads {})",
+                path.display(),
+                Self::WHAT,
+                value.version(),
+                Self::VERSION
+            );
+        }
+        Ok(value)
     }
-    Ok(value)
-}
 
-/// Writes `value` to `path` as pretty JSON, atomically.
-pub fn save<T: Versioned>(value: &T, path: &Path) -> anyhow::Result<()> {
-    write_atomically(path, &serde_json::to_vec_pretty(value)?)
+    /// Writes the file atomically.
+    fn save(&self, path: &Path) -> anyhow::Result<()> {
+        write_atomically(path, &serde_json::to_vec_pretty(self)?)
+    }
 }
 
 /// Replaces `path` with `bytes`: temp file, fsync, rename, fsync of the folder.
@@ -91,17 +92,23 @@ mod tests {
     }
 
     #[test]
-    fn a_file_of_another_version_is_refused_by_name() {
+    fn missing_is_default_corrupt_and_other_versions_are_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("book.json");
+        assert_eq!(Book::load(&path).expect("missing"), Book::default());
         let book = Book {
             version: 3,
             entries: vec!["a".into()],
         };
-        save(&book, &path).expect("save");
-        assert_eq!(load::<Book>(&path).expect("load"), book);
+        book.save(&path).expect("save");
+        assert_eq!(Book::load(&path).expect("load"), book);
+        let files: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+        assert_eq!(files.len(), 1, "no temp file is left behind");
+        std::fs::write(&path, b"{").expect("write");
+        let corrupt = Book::load(&path).unwrap_err().to_string();
+        assert!(corrupt.contains("is corrupt"), "{corrupt}");
         std::fs::write(&path, br#"{"version": 2, "entries": []}"#).expect("write");
-        let refused = load::<Book>(&path).unwrap_err().to_string();
+        let refused = Book::load(&path).unwrap_err().to_string();
         assert!(
             refused.ends_with("book version 2 (this build reads 3)"),
             "{refused}"

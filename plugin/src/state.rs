@@ -3,11 +3,10 @@
 //! replacement).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::persist::{self, Versioned};
+use crate::persist::Versioned;
 
 /// Layout version of the state file.
 pub const STATE_VERSION: u32 = 1;
@@ -116,19 +115,9 @@ impl PluginState {
             .flat_map(|record| record.folder_ids().cloned())
             .collect()
     }
-
-    /// Reads the state; a missing file is an empty state, a corrupt one an error (the
-    /// daemon refuses to start rather than forget allocations).
-    pub fn load(path: &Path) -> anyhow::Result<PluginState> {
-        persist::load(path)
-    }
-
-    /// Writes the state atomically.
-    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
-        persist::save(self, path)
-    }
 }
 
+/// Read and written by [`Versioned::load`] and [`Versioned::save`].
 impl Versioned for PluginState {
     const VERSION: u32 = STATE_VERSION;
     const WHAT: &'static str = "state";

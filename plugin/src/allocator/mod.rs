@@ -33,6 +33,7 @@ use std::path::PathBuf;
 use crate::config::PluginConfig;
 use crate::devices::CardInfo;
 use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
+use crate::persist::Versioned;
 use crate::proto::deviceplugin;
 use crate::state::{AllocationRecord, PluginState};
 
