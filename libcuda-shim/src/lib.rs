@@ -1,7 +1,7 @@
 //! libcuda-shim: a `libcuda.so.1` that forwards every export of the real driver and
 //! enforces the container's quota.
 //!
-//! - `forward` (generated from `symbols/libcuda.so.*.txt`): the slot table and one naked
+//! - `exports` (generated from `symbols/libcuda.so.*.txt`): the slot table and one naked
 //!   trampoline per export the shim does not hook.
 //! - `hooks`: the hooked exports, grouped by job (devices, contexts and which is
 //!   current, memory, proc address lookup, launches, stream capture).
@@ -20,8 +20,8 @@ mod cuda;
 mod current;
 mod ledger;
 mod limiter;
-mod forward {
-    include!(concat!(env!("OUT_DIR"), "/forward.rs"));
+mod exports {
+    include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
 pub mod hooks;
 mod state;
@@ -30,7 +30,7 @@ mod stubs;
 /// Defines an exported, panic-guarded hook (see `vgpu_shimgen::define_hook`).
 macro_rules! hook {
     ($($tokens:tt)*) => {
-        ::vgpu_shimgen::define_hook!(crate::forward, crate::cuda::CUDA_ERROR_UNKNOWN; $($tokens)*);
+        ::vgpu_shimgen::define_hook!(crate::exports, crate::cuda::CUDA_ERROR_UNKNOWN; $($tokens)*);
     };
 }
 pub(crate) use hook;

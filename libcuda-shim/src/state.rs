@@ -23,7 +23,7 @@ use vgpu_common::{CoreMode, DeviceSelector, process};
 use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
 
 use crate::cuda::*;
-use crate::forward::{self, SLOTS};
+use crate::exports::{self, SLOTS};
 use crate::ledger::pools::{Change, PoolDriver, PoolTable};
 use crate::ledger::vmm::{Freed, VmmTable};
 use crate::{debug, stubs};
@@ -31,7 +31,7 @@ use crate::{debug, stubs};
 /// Calls the real function behind export `$name` (see `vgpu_shimgen::call_real`).
 macro_rules! real {
     ($($tokens:tt)*) => {
-        ::vgpu_shimgen::call_real!(crate::forward, $($tokens)*)
+        ::vgpu_shimgen::call_real!(crate::exports, $($tokens)*)
     };
 }
 pub(crate) use real;
@@ -85,9 +85,9 @@ fn load() -> Shim {
         fail_closed_effect: "hiding every GPU (fail-closed)",
     };
     let (real, config, driver_dir) = start.run(
-        &forward::NAMES,
+        &exports::NAMES,
         &SLOTS,
-        |index| forward::HOOKS[index].is_some(),
+        |index| exports::HOOKS[index].is_some(),
         stubs::missing_in_driver as *mut c_void,
     );
     let policy = match config {

@@ -2,12 +2,12 @@
 //! shows the container its virtual GPU: only its devices (renumbered from 0), its quota
 //! as total memory, its own usage and processes, and its own utilization.
 //!
-//! - `forward` (generated from `symbols/libnvidia-ml.so.*.txt`): slots and trampolines.
+//! - `exports` (generated from `symbols/libnvidia-ml.so.*.txt`): slots and trampolines.
 //! - `hooks`: devices, memory, processes, utilization, error strings.
 //! - `state`: the config, the usage region and the visible devices.
 
-mod forward {
-    include!(concat!(env!("OUT_DIR"), "/forward.rs"));
+mod exports {
+    include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
 pub mod hooks;
 mod nvml;
@@ -17,7 +17,7 @@ mod stubs;
 /// Defines an exported, panic-guarded hook (see `vgpu_shimgen::define_hook`).
 macro_rules! hook {
     ($($tokens:tt)*) => {
-        ::vgpu_shimgen::define_hook!(crate::forward, crate::nvml::NVML_ERROR_UNKNOWN; $($tokens)*);
+        ::vgpu_shimgen::define_hook!(crate::exports, crate::nvml::NVML_ERROR_UNKNOWN; $($tokens)*);
     };
 }
 pub(crate) use hook;
@@ -25,7 +25,7 @@ pub(crate) use hook;
 /// Calls the real function behind export `$name` (see `vgpu_shimgen::call_real`).
 macro_rules! real {
     ($($tokens:tt)*) => {
-        ::vgpu_shimgen::call_real!(crate::forward, $($tokens)*)
+        ::vgpu_shimgen::call_real!(crate::exports, $($tokens)*)
     };
 }
 pub(crate) use real;

@@ -15,7 +15,7 @@ use vgpu_common::snapshot::RegionSnapshot;
 use vgpu_common::{DeviceSelector, UtilizationScale};
 use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
 
-use crate::forward::{self, SLOTS};
+use crate::exports::{self, SLOTS};
 use crate::nvml::*;
 use crate::{debug, real, stubs};
 
@@ -57,9 +57,9 @@ fn load() -> Shim {
         fail_closed_effect: "no GPU is visible (fail-closed)",
     };
     let (real, config, _) = start.run(
-        &forward::NAMES,
+        &exports::NAMES,
         &SLOTS,
-        |index| forward::HOOKS[index].is_some(),
+        |index| exports::HOOKS[index].is_some(),
         stubs::missing_in_driver as *mut c_void,
     );
     let policy = match config {

@@ -7,7 +7,7 @@
 use std::ffi::{CStr, c_char, c_void};
 
 use crate::cuda::*;
-use crate::forward::HOOKS;
+use crate::exports::HOOKS;
 use crate::state::{Policy, shim};
 use crate::{debug, hook};
 

@@ -1,12 +1,10 @@
-//! Application-side support shared by both shims: the slot table type, loading the real
-//! library into it, the reverse map from real function pointers to export names, the
-//! panic guard for hooks, and logging that is off unless `VGPU_LOG` asks.
+//! The slot table (one pointer per export, what the trampolines jump through), loading
+//! the real library into it, and the reverse map from real function pointers to export
+//! names that `cuGetProcAddress` answers are mapped back with.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// One pointer per export. `repr(transparent)` over an array of `AtomicPtr` (which has
@@ -43,6 +41,7 @@ pub struct RealLibrary {
     by_address: HashMap<usize, usize>,
     /// Names the real library lacks (their slots return the API's "not found" error).
     pub missing: Vec<&'static CStr>,
+    /// Where it was loaded from.
     pub path: std::path::PathBuf,
 }
 
@@ -113,197 +112,6 @@ pub fn load_real<const N: usize>(
     })
 }
 
-/// What the config says a shim should do with the calls it hooks.
-pub enum Policy<T> {
-    /// No config at all: a transparent forwarder.
-    Passthrough,
-    /// The config exists but is unusable: every device is hidden.
-    FailClosed,
-    /// The quota applies, through `T` (the shim's own machinery).
-    Apply(Box<T>),
-}
-
-/// The config as a shim starts with it.
-pub enum StartConfig {
-    Absent,
-    /// Unusable; the notice has been printed.
-    Broken,
-    Found(vgpu_common::Config, std::path::PathBuf),
-}
-
-/// What every shim does when it loads: read the config (`VGPU_CONFIG`; one stderr line
-/// naming the file and the error, then fail closed, when it is unusable), find the real
-/// library in the driver folder and fill the slots from it (one stderr line, and every
-/// call returns `unloaded_effect`'s error, when it cannot be loaded).
-pub struct Start {
-    pub shim: &'static str,
-    /// File name of the real library in the driver folder (`libcuda.so.1`).
-    pub library: &'static str,
-    /// What the application then gets, for the notices.
-    pub unloaded_effect: &'static str,
-    pub fail_closed_effect: &'static str,
-}
-
-impl Start {
-    pub fn run<const N: usize>(
-        &self,
-        names: &'static [&'static CStr; N],
-        slots: &Slots<N>,
-        hooked: impl Fn(usize) -> bool,
-        missing_stub: *mut c_void,
-    ) -> (Option<RealLibrary>, StartConfig, std::path::PathBuf) {
-        use vgpu_common::config::{Config, Loaded};
-        let config = match Config::load_from_env() {
-            Ok(Loaded::Found(config, path)) => StartConfig::Found(config, path),
-            Ok(Loaded::Absent) => StartConfig::Absent,
-            Err(err) => {
-                notice(
-                    self.shim,
-                    format_args!("config {err}; {}", self.fail_closed_effect),
-                );
-                StartConfig::Broken
-            }
-        };
-        let driver_dir = Config::resolved_driver_dir(match &config {
-            StartConfig::Found(config, _) => Some(config),
-            _ => None,
-        });
-        let path = driver_dir.join(self.library);
-        let real = match load_real(&path, names, slots, hooked, missing_stub) {
-            Ok(real) => {
-                log(
-                    Level::Debug,
-                    self.shim,
-                    format_args!(
-                        "loaded {} ({} of {N} exports, {} missing)",
-                        path.display(),
-                        real.resolved(),
-                        real.missing.len()
-                    ),
-                );
-                Some(real)
-            }
-            Err(err) => {
-                notice(
-                    self.shim,
-                    format_args!(
-                        "cannot load the real library {}: {err}; {}",
-                        path.display(),
-                        self.unloaded_effect
-                    ),
-                );
-                None
-            }
-        };
-        (real, config, driver_dir)
-    }
-}
-
-/// Runs a hook body; a panic becomes `on_panic` instead of unwinding into C.
-#[inline(always)]
-pub fn guard<R>(on_panic: R, body: impl FnOnce() -> R) -> R {
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or(on_panic)
-}
-
-/// Log levels of `VGPU_LOG` (`off` by default).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    Off = 0,
-    Error = 1,
-    Warn = 2,
-    Info = 3,
-    Debug = 4,
-}
-
-/// The level `VGPU_LOG` set, read once.
-pub fn log_level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        match std::env::var("VGPU_LOG")
-            .unwrap_or_default()
-            .to_ascii_lowercase()
-            .as_str()
-        {
-            "error" => Level::Error,
-            "warn" | "warning" => Level::Warn,
-            "info" => Level::Info,
-            "debug" | "trace" | "1" => Level::Debug,
-            _ => Level::Off,
-        }
-    })
-}
-
-/// Writes one line to stderr if `level` is enabled.
-pub fn log(level: Level, shim: &str, message: std::fmt::Arguments<'_>) {
-    if level != Level::Off && level <= log_level() {
-        eprintln!("vgpu-shim[{shim} {}]: {message}", std::process::id());
-    }
-}
-
-/// Writes one line to stderr whatever the log level: for the few conditions the user
-/// must hear about (a broken config, a missing real library).
-pub fn notice(shim: &str, message: std::fmt::Arguments<'_>) {
-    eprintln!("vgpu-shim[{shim}]: {message}");
-}
-
-/// Defines an exported hook for a shim. `$forward` is the shim's generated module (with
-/// `SLOTS` and `idx`), `$on_panic` the API's error code for a caught panic. The body
-/// sees `$real`, the real function with the hook's own signature (or the stub that
-/// returns the right error), and runs under [`guard`].
-#[macro_export]
-macro_rules! define_hook {
-    ($forward:path, $on_panic:expr;
-     $(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty |$real:ident| $body:block) => {
-        $(#[$meta])*
-        #[unsafe(no_mangle)]
-        #[allow(non_snake_case, clippy::missing_safety_doc)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            use $forward as forward;
-            // SAFETY: the slot holds the real function of this very export (same C
-            // signature), or a stub that ignores its arguments and returns an error code.
-            let $real = unsafe {
-                ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(
-                    forward::SLOTS.get(forward::idx::$name),
-                )
-            };
-            $crate::runtime::guard($on_panic, move || $body)
-        }
-    };
-}
-
-/// The real function behind export `$name` of a shim (`$forward` is its generated
-/// module), typed with the C signature the caller states.
-#[macro_export]
-macro_rules! call_real {
-    ($forward:path, $name:ident as fn($($ty:ty),*) -> $ret:ty) => {{
-        use $forward as forward;
-        // SAFETY: the slot holds the real export `$name` (whose C signature the caller
-        // states) or an error stub that ignores its arguments.
-        unsafe {
-            ::core::mem::transmute::<*mut ::core::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(
-                forward::SLOTS.get(forward::idx::$name),
-            )
-        }
-    }};
-}
-
-/// Runs `$init()` when the shim is loaded (an `.init_array` constructor), under
-/// [`guard`], so the real library is loaded before any call can arrive.
-#[macro_export]
-macro_rules! run_at_load {
-    ($init:path) => {
-        extern "C" fn vgpu_shim_on_load() {
-            $crate::runtime::guard((), || {
-                $init();
-            });
-        }
-
-        #[used]
-        #[unsafe(link_section = ".init_array")]
-        static VGPU_SHIM_ON_LOAD: extern "C" fn() = vgpu_shim_on_load;
-    };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,12 +133,6 @@ mod tests {
         assert_eq!(real.index_of(slots.get(0)), Some(0));
         assert_eq!(real.index_of(slots.get(2)), Some(2));
         assert_eq!(real.resolved(), 2);
-    }
-
-    #[test]
-    fn guard_turns_panics_into_errors() {
-        assert_eq!(guard(999, || 0), 0);
-        assert_eq!(guard(999, || panic!("boom")), 999);
     }
 
     #[test]
