@@ -72,6 +72,7 @@ pub const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
 
 /// `CUlaunchConfig` (CUDA 12.0+).
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct CUlaunchConfig {
     pub grid_dim: [core::ffi::c_uint; 3],
     pub block_dim: [core::ffi::c_uint; 3],
@@ -83,6 +84,7 @@ pub struct CUlaunchConfig {
 
 /// `CUDA_LAUNCH_PARAMS` (`cuLaunchCooperativeKernelMultiDevice`).
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct CudaLaunchParams {
     pub function: CUfunction,
     pub grid_dim: [core::ffi::c_uint; 3],
@@ -119,6 +121,7 @@ pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: i32 = 8;
 
 /// `CUmemAllocationProp` (CUDA 12+ layout; the shim reads only the location).
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct CUmemAllocationProp {
     pub kind: u32,
     pub requested_handle_types: u32,
@@ -133,6 +136,7 @@ pub struct CUmemAllocationProp {
 
 /// `CUmemPoolProps` (the shim reads only the location).
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct CUmemPoolProps {
     pub alloc_type: u32,
     pub handle_types: u32,

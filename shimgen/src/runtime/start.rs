@@ -22,11 +22,11 @@ impl<T> Policy<T> {
     /// quota applies, `passthrough` when the shim only forwards, `fail_closed` when the
     /// config is unusable. Each hook states all three; no arm is left implicit.
     #[inline]
-    pub fn decide<R>(
-        &self,
+    pub fn decide<'a, R>(
+        &'a self,
         fail_closed: impl FnOnce() -> R,
         passthrough: impl FnOnce() -> R,
-        apply: impl FnOnce(&T) -> R,
+        apply: impl FnOnce(&'a T) -> R,
     ) -> R {
         match self {
             Policy::Passthrough => passthrough(),
