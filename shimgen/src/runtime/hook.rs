@@ -10,7 +10,9 @@
 //! `forward` borrows a local of the hook's frame, so it cannot outlive the call (nor be
 //! stored or sent to another thread). Calls with any other arguments (our own
 //! out-pointers, a scratch copy) take `real`, the raw function, in an `unsafe` block
-//! that says why those arguments are valid.
+//! that says why those arguments are valid. What a body reads or writes through its
+//! caller's pointers goes through the copying functions of
+//! [`pointers`](super::pointers).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 

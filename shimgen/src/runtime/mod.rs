@@ -6,11 +6,13 @@
 //!   every hook acts on;
 //! - [`hook`]: the panic guard and the macros that write hooks, with the one audited
 //!   forwarding of a hook's own arguments;
+//! - [`pointers`]: the one audited way hooks read and write their caller's pointers;
 //! - [`sync`]: the one rule for poisoned locks;
 //! - [`log`]: logging, off unless `VGPU_LOG` asks.
 
 pub mod hook;
 pub mod log;
+pub mod pointers;
 pub mod slots;
 pub mod start;
 pub mod sync;
