@@ -83,6 +83,7 @@ const _: () = assert!(core::mem::size_of::<ProcessUtilizationSample>() == 32);
 
 /// `nvmlProcessDetailList_v1_t`.
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct ProcessDetailList {
     pub version: u32,
     pub mode: u32,
