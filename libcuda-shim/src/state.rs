@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 
 use vgpu_common::config::Config;
 use vgpu_common::region::{OpenOutcome, Region, RegionError};
-use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
+use vgpu_shimgen::runtime::{self, FailedClosed, RealLibrary, StartConfig};
 
 use crate::cuda::*;
 use crate::exports::{self, SLOTS};
@@ -75,7 +75,7 @@ pub fn enforce<R: From<FailedClosed>>(
     passthrough: impl FnOnce() -> R,
     apply: impl FnOnce(&'static Enforcer) -> R,
 ) -> R {
-    policy().decide(|| R::from(FailedClosed), passthrough, apply)
+    policy().decide_or_fail_with(CUDA_ERROR_NO_DEVICE, passthrough, apply)
 }
 
 /// The enforcer when the quota applies; `None` when the shim forwards or fails closed.
@@ -94,22 +94,6 @@ pub fn after_success(result: CUresult, then: impl FnOnce(&'static Enforcer)) -> 
         then(enforcer);
     }
     result
-}
-
-/// What a hook returns when the shim fails closed: CUDA_ERROR_NO_DEVICE, as a plain
-/// `CUresult` or as the error of a `Result`.
-pub struct FailedClosed;
-
-impl From<FailedClosed> for CUresult {
-    fn from(_: FailedClosed) -> CUresult {
-        CUDA_ERROR_NO_DEVICE
-    }
-}
-
-impl<T> From<FailedClosed> for Result<T, CUresult> {
-    fn from(_: FailedClosed) -> Result<T, CUresult> {
-        Err(CUDA_ERROR_NO_DEVICE)
-    }
 }
 
 /// The enforcer, `Ok(None)` when the shim only forwards, or the error every hooked

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use vgpu_common::config::Config;
-use vgpu_shimgen::runtime::{self, RealLibrary, StartConfig};
+use vgpu_shimgen::runtime::{self, FailedClosed, RealLibrary, StartConfig};
 
 use crate::devices::VisibleGpu;
 use crate::exports::{self, SLOTS};
@@ -61,23 +61,7 @@ pub fn virtualize<R: From<FailedClosed>>(
     passthrough: impl FnOnce() -> R,
     apply: impl FnOnce(&'static View) -> R,
 ) -> R {
-    policy().decide(|| R::from(FailedClosed), passthrough, apply)
-}
-
-/// What a hook returns when the shim fails closed: NVML_ERROR_INVALID_ARGUMENT, as a
-/// plain return code or as the error of a `Result`.
-pub struct FailedClosed;
-
-impl From<FailedClosed> for NvmlReturn {
-    fn from(_: FailedClosed) -> NvmlReturn {
-        NVML_ERROR_INVALID_ARGUMENT
-    }
-}
-
-impl<T> From<FailedClosed> for Result<T, NvmlReturn> {
-    fn from(_: FailedClosed) -> Result<T, NvmlReturn> {
-        Err(NVML_ERROR_INVALID_ARGUMENT)
-    }
+    policy().decide_or_fail_with(NVML_ERROR_INVALID_ARGUMENT, passthrough, apply)
 }
 
 fn load() -> Shim {

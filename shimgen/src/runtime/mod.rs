@@ -20,5 +20,5 @@ pub mod sync;
 pub use hook::guard;
 pub use log::{Level, log, log_level, notice};
 pub use slots::{RealLibrary, Slots, load_real};
-pub use start::{Policy, Start, StartConfig};
+pub use start::{FailedClosed, Policy, Start, StartConfig};
 pub use sync::{lock, try_lock};

@@ -1,6 +1,7 @@
 //! How a shim starts: the config it finds, the real library it loads, and the policy
 //! that follows from the config (forward only, fail closed, or apply the quota), which
-//! every hook then acts on through [`Policy::decide`] or [`Policy::applied`].
+//! every hook then acts on through [`Policy::decide`] (or
+//! [`Policy::decide_or_fail_with`]) or [`Policy::applied`].
 
 use std::ffi::{CStr, c_void};
 
@@ -35,6 +36,19 @@ impl<T> Policy<T> {
         }
     }
 
+    /// [`Policy::decide`] where failing closed answers the API's error code
+    /// `fail_closed` (both APIs return `u32` codes), as the hook's own result or as the
+    /// error of a `Result`.
+    #[inline]
+    pub fn decide_or_fail_with<'a, R: From<FailedClosed>>(
+        &'a self,
+        fail_closed: u32,
+        passthrough: impl FnOnce() -> R,
+        apply: impl FnOnce(&'a T) -> R,
+    ) -> R {
+        self.decide(|| R::from(FailedClosed(fail_closed)), passthrough, apply)
+    }
+
     /// The machinery when the quota applies (for what a hook does only then, such as
     /// crediting a free after the real call succeeded).
     #[inline]
@@ -43,6 +57,21 @@ impl<T> Policy<T> {
             Policy::Apply(machinery) => Some(machinery),
             Policy::Passthrough | Policy::FailClosed => None,
         }
+    }
+}
+
+/// The error code a hook answers with when its shim fails closed.
+pub struct FailedClosed(pub u32);
+
+impl From<FailedClosed> for u32 {
+    fn from(closed: FailedClosed) -> u32 {
+        closed.0
+    }
+}
+
+impl<T> From<FailedClosed> for Result<T, u32> {
+    fn from(closed: FailedClosed) -> Result<T, u32> {
+        Err(closed.0)
     }
 }
 
@@ -148,5 +177,10 @@ mod tests {
         assert_eq!(Policy::Apply(Box::new(7)).applied(), Some(&7));
         assert_eq!(Policy::<u32>::Passthrough.applied(), None);
         assert_eq!(Policy::<u32>::FailClosed.applied(), None);
+        let closed: Result<u8, u32> =
+            Policy::<u32>::FailClosed.decide_or_fail_with(100, || Ok(1), |_| Ok(2));
+        assert_eq!(closed, Err(100));
+        let code: u32 = Policy::Apply(Box::new(7)).decide_or_fail_with(100, || 0, |m| *m);
+        assert_eq!(code, 7);
     }
 }
