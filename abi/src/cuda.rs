@@ -501,4 +501,19 @@ mod tests {
         assert_eq!(array_bytes(0x51, 1, [1, 1, 1], 0, 1), None);
         assert_eq!(array_bytes(FLOAT, 4, [1 << 40, 1 << 20, 0], 0, 2), None);
     }
+
+    #[test]
+    fn odd_sizes_round_up_and_chains_stop_at_64_levels() {
+        // An absurd level count costs at most 64 levels, never a loop of billions.
+        assert_eq!(array_bytes(FLOAT, 1, [1, 1, 0], 0, u32::MAX), Some(64 * 4));
+        // Odd sides halve down (7 → 3 → 1) and odd 4:2:0 planes round up to a byte.
+        assert_eq!(
+            array_bytes(UNSIGNED_INT8, 1, [7, 7, 0], 0, 3),
+            Some(49 + 9 + 1)
+        );
+        assert_eq!(array_level_bytes(NV12, 1, 3, 3, 0), Some(14), "13.5 bytes");
+        // 0 channels count as one; blocks cover partial 4×4 tiles.
+        assert_eq!(array_level_bytes(FLOAT, 0, 2, 2, 0), Some(16));
+        assert_eq!(array_level_bytes(BC4_UNORM, 1, 1, 1, 0), Some(8));
+    }
 }
