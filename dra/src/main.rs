@@ -1,6 +1,8 @@
 //! The `vgpu-dra-plugin` daemon: loads the config, opens NVML, runs the DRA kubelet
 //! plugin until SIGTERM or SIGINT, then removes its sockets.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

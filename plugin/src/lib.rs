@@ -24,6 +24,8 @@
 //! * [`coordination`]: the host-side compute coordinator over the node's containers;
 //! * [`metrics`]: Prometheus metrics and `/healthz` over plain HTTP.
 
+#![forbid(unsafe_code)]
+
 pub mod allocator;
 pub mod annotations;
 pub mod cdi;

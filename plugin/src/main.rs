@@ -3,6 +3,8 @@
 //! ConfigMap update: it then exits cleanly and kubelet restarts it with the new one),
 //! then removes its sockets.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
