@@ -87,7 +87,18 @@ extern "C" fn after_fork_in_child() {
 }
 
 /// This process's state, built on first use in each process (after a fork as well).
+#[inline]
 pub fn process_state(enforcer: &Enforcer) -> &'static ProcessState {
+    match current(FORK_GENERATION.load(Ordering::Acquire)) {
+        Some(state) => state,
+        None => first_use(enforcer),
+    }
+}
+
+/// Builds this process's state (one thread per fork generation builds it; the others
+/// wait for it).
+#[cold]
+fn first_use(enforcer: &Enforcer) -> &'static ProcessState {
     loop {
         let generation = FORK_GENERATION.load(Ordering::Acquire);
         if let Some(state) = current(generation) {
@@ -126,6 +137,7 @@ pub fn process_state(enforcer: &Enforcer) -> &'static ProcessState {
 }
 
 /// The state built for fork generation `generation`, if there is one yet.
+#[inline]
 fn current(generation: u64) -> Option<&'static ProcessState> {
     // SAFETY: PROCESS is null or a leaked (never freed) ProcessState, which is never
     // written through after it was stored.
@@ -178,6 +190,7 @@ fn on_exit() {
 
 impl Enforcer {
     /// This process's slot, when it has one.
+    #[inline]
     pub fn slot(&self) -> Option<SlotId> {
         process_state(self).slot
     }

@@ -43,6 +43,7 @@ pub struct View {
 static SHIM: OnceLock<Shim> = OnceLock::new();
 
 /// The shim's state, loaded on first use (normally by the load-time constructor).
+#[inline]
 pub fn shim() -> &'static Shim {
     SHIM.get_or_init(load)
 }

@@ -13,7 +13,8 @@
 //! * [`allocator`]: card choice, pairing of core and memory, refusals, PreStart;
 //! * [`cdi`]: CDI spec files of allocations (shared with the DRA driver);
 //! * [`container`]: allocation folders, the container config, the Allocate response;
-//! * [`layout`]: the container-side paths (local copy until `vgpu_ldconfig::layout` lands);
+//! * [`layout`]: the per-container paths (config, usage region, card views, device
+//!   nodes); the driver part of the mounts is `vgpu_ldconfig::layout`;
 //! * [`kubelet`]: unix-socket gRPC clients (Registration, PodResources);
 //! * [`service`]: the DevicePlugin gRPC service of one resource;
 //! * [`daemon`]: sockets, registration, re-registration, GC, shutdown;

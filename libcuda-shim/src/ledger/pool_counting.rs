@@ -51,6 +51,7 @@ impl Enforcer {
     /// A synchronisation point passed (the driver may have released pool memory
     /// beyond the release thresholds): settle the pools. One load when no pool holds
     /// counted memory; never waits for a thread that is allocating.
+    #[inline]
     pub fn synchronized(&self) {
         let process = process_state(self);
         if let Some(slot) = process.slot {
@@ -60,6 +61,7 @@ impl Enforcer {
 
     /// Settles every pool (of the device of region index `index`, or all), unless none
     /// holds counted memory or another thread holds the table.
+    #[inline]
     pub(super) fn settle_pools(&self, process: &ProcessState, slot: SlotId, index: Option<usize>) {
         if !process.pools_hold_memory.load(Ordering::Relaxed) {
             return;
