@@ -66,19 +66,26 @@ fn hand_over(kept: &[u8], stride: usize, room: u32, records: *mut u8) -> (NvmlRe
     (NVML_SUCCESS, count)
 }
 
-/// A process-list call: the caller's `count` (in/out) and `records` of `stride` bytes.
+/// The real function of a process-list export (device, count in/out, records).
+type ProcessList = unsafe extern "C" fn(NvmlDevice, *mut u32, *mut u8) -> NvmlReturn;
+
+/// A process-list call: the caller's `count` (in/out) and `records` of `stride` bytes;
+/// `real` is the hook's own real function, whose records have that stride.
 fn filtered(
     device: NvmlDevice,
     count: *mut u32,
     records: *mut u8,
     stride: usize,
     forward: impl FnOnce() -> NvmlReturn,
-    list: impl FnMut(&mut u32, *mut u8) -> NvmlReturn,
+    real: ProcessList,
 ) -> NvmlReturn {
     virtualize(forward, |view| {
         if count.is_null() || view.find(device).is_none() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
+        // SAFETY: our own count and buffer (of `stride`-byte records, the layout of
+        // `real`'s export), to that real function.
+        let list = |found: &mut u32, buffer: *mut u8| unsafe { real(device, found, buffer) };
         let kept = match container_list(view, stride, list) {
             Ok(kept) => kept,
             Err(error) => return error,
@@ -92,64 +99,55 @@ fn filtered(
 
 hook! {
     fn nvmlDeviceGetComputeRunningProcesses(device: NvmlDevice, count: *mut u32, records: *mut u8) -> NvmlReturn |forward, real| {
-        // SAFETY: our own count and buffer, of the same record layout, to the real call.
-        filtered(device, count, records, PROCESS_INFO_V1_BYTES, forward, |c, r| unsafe { real(device, c, r) })
+        filtered(device, count, records, PROCESS_INFO_V1_BYTES, forward, real)
     }
 }
 
 hook! {
     fn nvmlDeviceGetComputeRunningProcesses_v2(device: NvmlDevice, count: *mut u32, records: *mut u8) -> NvmlReturn |forward, real| {
-        // SAFETY: our own count and buffer, of the same record layout, to the real call.
-        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, |c, r| unsafe { real(device, c, r) })
+        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, real)
     }
 }
 
 hook! {
     fn nvmlDeviceGetComputeRunningProcesses_v3(device: NvmlDevice, count: *mut u32, records: *mut u8) -> NvmlReturn |forward, real| {
-        // SAFETY: our own count and buffer, of the same record layout, to the real call.
-        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, |c, r| unsafe { real(device, c, r) })
+        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, real)
     }
 }
 
 hook! {
     fn nvmlDeviceGetGraphicsRunningProcesses(device: NvmlDevice, count: *mut u32, records: *mut u8) -> NvmlReturn |forward, real| {
-        // SAFETY: our own count and buffer, of the same record layout, to the real call.
-        filtered(device, count, records, PROCESS_INFO_V1_BYTES, forward, |c, r| unsafe { real(device, c, r) })
+        filtered(device, count, records, PROCESS_INFO_V1_BYTES, forward, real)
     }
 }
 
 hook! {
     fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: NvmlDevice, count: *mut u32, records: *mut u8) -> NvmlReturn |forward, real| {
-        // SAFETY: our own count and buffer, of the same record layout, to the real call.
-        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, |c, r| unsafe { real(device, c, r) })
+        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, real)
     }
 }
 
 hook! {
     fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: NvmlDevice, count: *mut u32, records: *mut u8) -> NvmlReturn |forward, real| {
-        // SAFETY: our own count and buffer, of the same record layout, to the real call.
-        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, |c, r| unsafe { real(device, c, r) })
+        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, real)
     }
 }
 
 hook! {
     fn nvmlDeviceGetMPSComputeRunningProcesses(device: NvmlDevice, count: *mut u32, records: *mut u8) -> NvmlReturn |forward, real| {
-        // SAFETY: our own count and buffer, of the same record layout, to the real call.
-        filtered(device, count, records, PROCESS_INFO_V1_BYTES, forward, |c, r| unsafe { real(device, c, r) })
+        filtered(device, count, records, PROCESS_INFO_V1_BYTES, forward, real)
     }
 }
 
 hook! {
     fn nvmlDeviceGetMPSComputeRunningProcesses_v2(device: NvmlDevice, count: *mut u32, records: *mut u8) -> NvmlReturn |forward, real| {
-        // SAFETY: our own count and buffer, of the same record layout, to the real call.
-        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, |c, r| unsafe { real(device, c, r) })
+        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, real)
     }
 }
 
 hook! {
     fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: NvmlDevice, count: *mut u32, records: *mut u8) -> NvmlReturn |forward, real| {
-        // SAFETY: our own count and buffer, of the same record layout, to the real call.
-        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, |c, r| unsafe { real(device, c, r) })
+        filtered(device, count, records, PROCESS_INFO_V2_BYTES, forward, real)
     }
 }
 
