@@ -14,7 +14,8 @@
 //! * [`allocator`]: card choice, pairing of core and memory, refusals, PreStart;
 //! * [`cdi`]: CDI spec files of allocations (shared with the DRA driver);
 //! * [`container`]: allocation folders, the container config, the Allocate response;
-//! * [`layout`]: the container-side paths (local copy until `vgpu_ldconfig::layout` lands);
+//! * [`layout`]: the per-container paths (config, usage region, card views, device
+//!   nodes); the driver part of the mounts is `vgpu_ldconfig::layout`;
 //! * [`kubelet`]: unix-socket gRPC clients (Registration, PodResources);
 //! * [`service`]: the DevicePlugin gRPC service of one resource;
 //! * [`daemon`]: sockets, registration, re-registration, GC, shutdown;
@@ -26,6 +27,8 @@
 //! * [`reload`]: noticing a changed config file (the plugin then exits to be restarted);
 //! * [`coordination`]: the host-side compute coordinator over the node's containers;
 //! * [`metrics`]: Prometheus metrics and `/healthz` over plain HTTP.
+
+#![forbid(unsafe_code)]
 
 pub mod allocator;
 pub mod annotations;

@@ -1,6 +1,7 @@
 //! Shared pieces of vgpu-shim: the per-container quota config (`config`), byte sizes
-//! (`size`), the cross-process usage region (`region`, and the host's private copy of
-//! it, `snapshot`), process identity (`process`), and compute coordination: what the
+//! (`size`), the `VGPU_LOG` setting (`log`), the monotonic clock (`clock`), the
+//! cross-process usage region (`region`, and the host's private copy of it,
+//! `snapshot`), process identity (`process`), and compute coordination: what the
 //! limiter's region words mean (`limiter_words`), the host-owned per-card view
 //! (`cardview`) and the host-side coordinator that writes it (`coordinator`).
 //!
@@ -13,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod coordinator;
 pub mod limiter_words;
+pub mod log;
 pub mod mapped;
 pub mod process;
 pub mod region;
