@@ -31,5 +31,7 @@ fi
 # against glibc 2.17 through cargo-zigbuild.
 python3 -m pip install --quiet --disable-pip-version-check "cuda-bindings>=13,<14" nvidia-ml-py ziglang cargo-zigbuild
 
+# No incremental caches: CI builds once, and they doubled the disk the build takes.
+export CARGO_INCREMENTAL=0
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast

@@ -8,6 +8,7 @@
 //! a fact is written once and a test (here) pins it to the header. Nothing in this crate
 //! does I/O, allocates on a hot path or panics on any input.
 
+#![forbid(unsafe_code)]
 #![no_std]
 #![allow(non_camel_case_types)]
 

@@ -10,6 +10,8 @@
 //! tracing::info!("{}", vgpu_build_info::banner("vgpu-plugin"));  // first log line
 //! ```
 
+#![forbid(unsafe_code)]
+
 /// The workspace version, e.g. `0.1.0`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 

@@ -172,8 +172,11 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
         cuda.function::<unsafe extern "C" fn(*mut u64, usize) -> CuResult>(c"cuMemAlloc_v2")?;
     let free = cuda.function::<unsafe extern "C" fn(u64) -> CuResult>(c"cuMemFree_v2")?;
 
+    // SAFETY: our own out-pointer, to cuDriverGetVersion.
     unsafe { driver_version(&mut report.driver_version) };
+    // SAFETY: cuInit takes flags only.
     cuda.check("cuInit", unsafe { init(0) })?;
+    // SAFETY: our own out-pointer, to cuDeviceGetCount.
     cuda.check("cuDeviceGetCount", unsafe {
         device_count(&mut report.device_count)
     })?;
@@ -182,6 +185,7 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
         // SAFETY: a driver API call with valid out-pointers and sizes.
         cuda.check("cuDeviceGet", unsafe { device_get(&mut device, ordinal) })?;
         let mut name = [0 as c_char; 256];
+        // SAFETY: our own buffer and its length, to cuDeviceGetName.
         unsafe { device_name(name.as_mut_ptr(), name.len() as c_int, device) };
         let mut total = 0usize;
         // SAFETY: a driver API call with valid out-pointers and sizes.
@@ -209,6 +213,7 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
     cuda.check("cuDevicePrimaryCtxRetain", unsafe {
         retain(&mut context, device)
     })?;
+    // SAFETY: the context the driver just retained for us.
     cuda.check("cuCtxSetCurrent", unsafe { set_current(context) })?;
     report.mem_get_info = Some(memory_info(&cuda)?);
     let mut held = Vec::new();

@@ -1,13 +1,13 @@
 //! Prepared claims kept on disk in `dra-state.json`, so a restarted plugin answers a
 //! repeated NodePrepareResources with the same devices and can still undo a claim
-//! prepared before the restart. Written atomically (the device plugin's temp file,
-//! fsync, rename, fsync of the folder) before kubelet hears the answer.
+//! prepared before the restart. Read and written by the device plugin's
+//! `vgpu_plugin::persist` (version check, atomic replacement) before kubelet hears the
+//! answer.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use vgpu_plugin::state::write_atomically;
+use vgpu_plugin::persist::Versioned;
 
 /// Layout version of the state file.
 pub const CHECKPOINT_VERSION: u32 = 1;
@@ -59,32 +59,13 @@ impl Default for Checkpoint {
     }
 }
 
-impl Checkpoint {
-    /// Reads the file; missing is empty, corrupt is an error (the plugin refuses to
-    /// start rather than forget what it prepared).
-    pub fn load(path: &Path) -> anyhow::Result<Checkpoint> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Checkpoint::default());
-            }
-            Err(err) => anyhow::bail!("cannot read {}: {err}", path.display()),
-        };
-        let checkpoint: Checkpoint = serde_json::from_str(&text)
-            .map_err(|err| anyhow::anyhow!("{} is corrupt: {err}", path.display()))?;
-        if checkpoint.version != CHECKPOINT_VERSION {
-            anyhow::bail!(
-                "{}: checkpoint version {} (this build reads {CHECKPOINT_VERSION})",
-                path.display(),
-                checkpoint.version
-            );
-        }
-        Ok(checkpoint)
-    }
-
-    /// Writes the file atomically.
-    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
-        write_atomically(path, &serde_json::to_vec_pretty(self)?)
+/// Read and written by `Versioned::load` and `Versioned::save`: missing is empty, corrupt
+/// is an error (the plugin refuses to start rather than forget what it prepared).
+impl Versioned for Checkpoint {
+    const VERSION: u32 = CHECKPOINT_VERSION;
+    const WHAT: &'static str = "checkpoint";
+    fn version(&self) -> u32 {
+        self.version
     }
 }
 

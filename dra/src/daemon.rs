@@ -5,18 +5,17 @@
 //! and on stop remove the sockets (kubelet then deregisters the driver).
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use vgpu_kube::slices::{GpuDevice, SlicePublisher};
 use vgpu_plugin::coordination;
+use vgpu_plugin::devices::watch_health;
+use vgpu_plugin::serve::ServedSocket;
+use vgpu_plugin::tasks::Background;
 use vgpu_plugin::{CardInfo, DeviceSource};
 
 use crate::cards::{Describe, Details, gpu_devices};
@@ -28,6 +27,7 @@ use crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Serv
 use crate::proto::registration::registration_server::RegistrationServer;
 use crate::registration::{RegistrationBook, RegistrationService};
 use crate::service::{DraService, DraV1, DraV1beta1};
+use vgpu_plugin::persist::Versioned;
 
 /// A device-plugin socket that answers: the device plugin runs on this node.
 pub fn live_device_plugin_socket(config: &DraConfig) -> Option<PathBuf> {
@@ -43,10 +43,7 @@ pub struct DraHandle {
     preparer: Arc<Preparer>,
     registration: Arc<RegistrationBook>,
     cards: watch::Receiver<Vec<GpuDevice>>,
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-    health_stop: Arc<AtomicBool>,
-    health_thread: Option<std::thread::JoinHandle<()>>,
+    background: Background,
     sockets: [PathBuf; 2],
 }
 
@@ -73,19 +70,7 @@ impl DraHandle {
     /// Stops serving, removes the sockets (the checkpoint, folders and CDI specs stay:
     /// the prepared claims belong to running pods) and waits for the background work.
     pub async fn stop(mut self) {
-        let _ = self.stop.send(true);
-        for task in self.tasks.drain(..) {
-            if tokio::time::timeout(Duration::from_secs(5), task)
-                .await
-                .is_err()
-            {
-                tracing::warn!("a background task did not stop within 5s");
-            }
-        }
-        self.health_stop.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.health_thread.take() {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-        }
+        self.background.stop().await;
         for socket in &self.sockets {
             let _ = std::fs::remove_file(socket);
         }
@@ -93,48 +78,13 @@ impl DraHandle {
     }
 }
 
-struct Served {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-    inode: u64,
-}
-
-fn inode(path: &Path) -> Option<u64> {
-    std::fs::symlink_metadata(path).ok().map(|meta| meta.ino())
-}
-
-fn serve(path: &Path, router: tonic::transport::server::Router) -> anyhow::Result<Served> {
+/// Serves `router` on `path`, creating its folder first.
+fn serve(path: &Path, router: tonic::transport::server::Router) -> anyhow::Result<ServedSocket> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", parent.display()))?;
     }
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)
-        .map_err(|err| anyhow::anyhow!("cannot listen on {}: {err}", path.display()))?;
-    let inode = inode(path).unwrap_or(0);
-    let (stop, mut stopped) = watch::channel(false);
-    let shown = path.display().to_string();
-    let task = tokio::spawn(async move {
-        let result = router
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                let _ = stopped.wait_for(|stopped| *stopped).await;
-            })
-            .await;
-        if let Err(err) = result {
-            tracing::error!(socket = %shown, error = %err, "gRPC server failed");
-        }
-    });
-    Ok(Served { stop, task, inode })
-}
-
-async fn stop_served(served: Served) {
-    let _ = served.stop.send(true);
-    if tokio::time::timeout(Duration::from_secs(5), served.task)
-        .await
-        .is_err()
-    {
-        tracing::warn!("a gRPC server did not stop within 5s");
-    }
+    ServedSocket::serve(path, |_| router)
 }
 
 /// Keeps the DRA socket and then the registration socket served until `stop`.
@@ -147,18 +97,16 @@ async fn supervise(
     let tick = Duration::from_millis(config.registration_watch_interval_ms);
     let dra_socket = config.dra_socket();
     let registration_socket = config.registration_socket();
-    let mut dra: Option<Served> = None;
-    let mut reg: Option<Served> = None;
+    let mut dra: Option<ServedSocket> = None;
+    let mut reg: Option<ServedSocket> = None;
     loop {
-        let alive = |served: &Option<Served>, path: &Path| {
-            served
-                .as_ref()
-                .is_some_and(|s| inode(path) == Some(s.inode) && !s.task.is_finished())
+        let alive = |served: &Option<ServedSocket>, path: &Path| {
+            served.as_ref().is_some_and(|s| s.is_serving(path))
         };
         if !alive(&dra, &dra_socket) {
             if let Some(old) = dra.take() {
                 tracing::info!(socket = %dra_socket.display(), "DRA socket removed; serving again");
-                stop_served(old).await;
+                old.stop().await;
             }
             let router = tonic::transport::Server::builder()
                 .add_service(V1Server::new(DraV1(service.clone())))
@@ -174,7 +122,7 @@ async fn supervise(
         if dra.is_some() && !alive(&reg, &registration_socket) {
             if let Some(old) = reg.take() {
                 tracing::info!(socket = %registration_socket.display(), "registration socket removed; serving again");
-                stop_served(old).await;
+                old.stop().await;
             }
             let router = tonic::transport::Server::builder().add_service(RegistrationServer::new(
                 RegistrationService {
@@ -200,7 +148,7 @@ async fn supervise(
     }
     // Registration first, so kubelet stops calling before the DRA socket goes.
     for served in [reg, dra].into_iter().flatten() {
-        stop_served(served).await;
+        served.stop().await;
     }
 }
 
@@ -251,33 +199,21 @@ async fn host_pid_loop(
     }
 }
 
+/// Probes the cards and publishes the devices (health included) when it changes.
 fn health_loop(
     source: Arc<dyn DeviceSource>,
     cards: Vec<CardInfo>,
     details: BTreeMap<String, Details>,
     interval: Duration,
     publish: watch::Sender<Vec<GpuDevice>>,
-    stop: Arc<AtomicBool>,
+    stop: &AtomicBool,
 ) {
-    let slice = interval.min(Duration::from_millis(500));
-    let mut critical: BTreeMap<String, String> = BTreeMap::new();
-    let mut last_probe = std::time::Instant::now();
-    while !stop.load(Ordering::SeqCst) {
-        let hit =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.wait_critical(slice)))
-                .unwrap_or_default();
-        // Critical Xids are sticky until the plugin restarts (as in the device plugin).
-        critical.extend(hit);
-        if last_probe.elapsed() < interval && critical.is_empty() {
-            continue;
-        }
-        last_probe = std::time::Instant::now();
-        let mut unhealthy = critical.clone();
-        for card in &cards {
-            if let Err(reason) = source.probe(&card.uuid) {
-                unhealthy.entry(card.uuid.clone()).or_insert(reason);
-            }
-        }
+    let uuids: Vec<String> = cards.iter().map(|card| card.uuid.clone()).collect();
+    watch_health(&*source, &uuids, interval, stop, |health| {
+        let unhealthy: BTreeMap<String, String> = health
+            .into_iter()
+            .filter_map(|(uuid, health)| health.err().map(|reason| (uuid, reason)))
+            .collect();
         let devices = gpu_devices(&cards, &details, &unhealthy);
         publish.send_if_modified(|current| {
             if *current == devices {
@@ -295,7 +231,7 @@ fn health_loop(
             *current = devices;
             true
         });
-    }
+    });
 }
 
 /// Starts the plugin. Returns once the DRA and registration sockets are served; the
@@ -365,8 +301,8 @@ pub async fn start(
     });
     let registration = Arc::new(RegistrationBook::default());
     let (stop, stop_receiver) = watch::channel(false);
-    let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(supervise(
+    let mut background = Background::new(stop);
+    background.push(tokio::spawn(supervise(
         config.clone(),
         service,
         registration.clone(),
@@ -378,28 +314,24 @@ pub async fn start(
         let devices = devices.clone();
         let resync = Duration::from_secs(config.slice_resync_secs);
         let stop = stop_receiver.clone();
-        tasks.push(tokio::spawn(async move {
+        background.push(tokio::spawn(async move {
             publisher.run(devices, resync, stop).await
         }));
     }
-    tasks.push(tokio::spawn(host_pid_loop(
+    background.push(tokio::spawn(host_pid_loop(
         preparer.clone(),
         config.host_proc.clone(),
         stop_receiver.clone(),
     )));
-    tasks.push(tokio::spawn(coordination::run(
+    background.push(tokio::spawn(coordination::run(
         plugin.state_dir.clone(),
         prepared_folders(preparer.clone()),
         stop_receiver.clone(),
     )));
-    let health_stop = Arc::new(AtomicBool::new(false));
-    let health_thread = {
-        let stop = health_stop.clone();
-        let interval = Duration::from_secs(config.health_interval_secs);
-        std::thread::Builder::new()
-            .name("vgpu-dra-health".into())
-            .spawn(move || health_loop(source, cards, details, interval, publish, stop))?
-    };
+    let interval = Duration::from_secs(config.health_interval_secs);
+    background.spawn_thread("vgpu-dra-health", move |stop| {
+        health_loop(source, cards, details, interval, publish, &stop)
+    })?;
     let sockets = [config.dra_socket(), config.registration_socket()];
     for _ in 0..100 {
         if sockets.iter().all(|socket| socket.exists()) {
@@ -411,10 +343,7 @@ pub async fn start(
         preparer,
         registration,
         cards: devices,
-        stop,
-        tasks,
-        health_stop,
-        health_thread: Some(health_thread),
+        background,
         sockets,
     })
 }

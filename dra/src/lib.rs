@@ -13,6 +13,8 @@
 //! * [`service`]: the DRAPlugin service, both versions;
 //! * [`daemon`]: sockets, re-serving, health, slice publishing, shutdown.
 
+#![forbid(unsafe_code)]
+
 pub mod cards;
 pub mod checkpoint;
 pub mod config;

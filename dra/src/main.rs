@@ -1,6 +1,8 @@
 //! The `vgpu-dra-plugin` daemon: loads the config, opens NVML, runs the DRA kubelet
 //! plugin until SIGTERM or SIGINT, then removes its sockets.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -38,8 +40,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VGPU_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // `VGPU_LOG` is read by the one parser every component shares; unset, or naming no
+    // level, it is `info`.
+    let level = vgpu_common::log::Level::from_env(vgpu_common::log::Level::Info);
+    let filter = tracing_subscriber::EnvFilter::new(level.directive());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

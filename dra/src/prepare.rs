@@ -19,7 +19,8 @@ use vgpu_kube::claims::{AllocatedShare, ClaimAllocation};
 use vgpu_kube::pods::{CeilingLookup, PodReader, apply_ceiling};
 use vgpu_kube::slices::{CORES_PER_CARD, device_name};
 use vgpu_plugin::cdi::SpecWriter;
-use vgpu_plugin::state::{AllocationRecord, write_atomically};
+use vgpu_plugin::persist::{Versioned, write_atomically};
+use vgpu_plugin::state::AllocationRecord;
 use vgpu_plugin::{CardInfo, PluginConfig, container};
 
 use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice, PreparedRequest};

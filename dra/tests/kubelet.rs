@@ -21,6 +21,7 @@ use vgpu_dra::cards::{NoDetails, NvmlDetails};
 use vgpu_kube::k8s_openapi::api::resource::v1::ResourceSlice;
 use vgpu_kube::standin::StandInApiServer;
 use vgpu_plugin::devices::{DeviceSource, FakeSource, NvmlSource};
+use vgpu_plugin::persist::Versioned;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

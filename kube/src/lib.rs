@@ -12,6 +12,8 @@
 //!   with a documented fallback when the API server cannot be reached;
 //! * `standin` (feature `standin`): a stand-in API server on loopback for tests.
 
+#![forbid(unsafe_code)]
+
 pub mod claims;
 pub mod client;
 pub mod pods;

@@ -17,6 +17,8 @@
 //! Nothing here panics on bad input or writes to stdout; the `vgpu-ldconfig` binary is
 //! the only printer.
 
+#![forbid(unsafe_code)]
+
 pub mod cache;
 pub mod check;
 pub mod discover;

@@ -16,6 +16,8 @@
 //! missing exports"); a refused deployment prints one line per missing export and the
 //! fix.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

@@ -1,15 +1,25 @@
 //! libcuda-shim: a `libcuda.so.1` that forwards every export of the real driver and
 //! enforces the container's quota.
 //!
-//! - `forward` (generated from `symbols/libcuda.so.*.txt`): the slot table and one naked
-//!   trampoline per export the shim does not hook.
-//! - `hooks`: the hooked exports, grouped by job (devices, contexts and which is
-//!   current, memory, proc address lookup, launches, stream capture).
+//! - `exports` (generated from `symbols/libcuda.so.*.txt`): the slot table, one naked
+//!   trampoline per export the shim does not hook, and the hooks' addresses.
+//! - `hooks`: the hooked exports, one file per API family (devices, contexts, which
+//!   context is current, memory, VMM, pools, proc address lookup, launches, stream
+//!   capture).
+//! - `state`: load and policy: what the shim does when it is loaded, and the policy
+//!   every hook acts on (forward, fail closed, enforce through the `Enforcer`).
+//! - `devices`: the visible devices and the device a call lands on.
+//! - `process`: this process's state (slot, ledger tables), rebuilt after fork, and
+//!   given back at exit.
+//! - `ledger`: what this process holds on the card, counted in the usage region: single
+//!   allocations, context overhead, VMM handles, memory pools.
+//! - `meter`: the real NVML's figures for this process (context overhead, and the
+//!   reconciliation that counts what the driver loads later).
+//! - `ffi`: every read and write through a caller's pointer.
 //! - `limiter`: the compute limiter behind the launch hooks; `current`: the per-thread
 //!   cache of the current context and device it reads.
-//! - `state`: what the shim learned at load: the real library, the config, the usage
-//!   region, the visible devices and this process's allocations.
-//! - `stubs`: what a slot points to when there is nothing real to call.
+//! - `cuda`: the driver API's facts (from `vgpu-abi`); `stubs`: what a slot points to
+//!   when there is nothing real to call.
 //!
 //! The real library is loaded when the shim is (an `.init_array` constructor), so the
 //! trampolines never have to resolve anything on the call path.
@@ -18,22 +28,34 @@
 
 mod cuda;
 mod current;
+mod devices;
+mod exports {
+    include!(concat!(env!("OUT_DIR"), "/exports.rs"));
+}
+mod ffi;
+mod hooks;
 mod ledger;
 mod limiter;
-mod forward {
-    include!(concat!(env!("OUT_DIR"), "/forward.rs"));
-}
-pub mod hooks;
+mod meter;
+mod process;
 mod state;
 mod stubs;
 
 /// Defines an exported, panic-guarded hook (see `vgpu_shimgen::define_hook`).
 macro_rules! hook {
     ($($tokens:tt)*) => {
-        ::vgpu_shimgen::define_hook!(crate::forward, crate::cuda::CUDA_ERROR_UNKNOWN; $($tokens)*);
+        ::vgpu_shimgen::define_hook!(crate::exports, crate::cuda::CUDA_ERROR_UNKNOWN; $($tokens)*);
     };
 }
 pub(crate) use hook;
+
+/// The real function behind export `$name` (see `vgpu_shimgen::call_real`).
+macro_rules! real {
+    ($($tokens:tt)*) => {
+        ::vgpu_shimgen::call_real!(crate::exports, $($tokens)*)
+    };
+}
+pub(crate) use real;
 
 /// Debug logging, off unless `VGPU_LOG` asks.
 macro_rules! debug {

@@ -1080,8 +1080,8 @@ impl Cuda {
 
     fn stream(&self) -> H {
         let mut stream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; a context is current.
         assert_eq!(
+            // SAFETY: valid out-pointer; a context is current.
             unsafe { (self.stream_create)(&mut stream, 1) },
             0,
             "cuStreamCreate"
@@ -1091,8 +1091,8 @@ impl Cuda {
 
     fn event(&self) -> H {
         let mut event = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; a context is current. Timing off: only for waiting.
         assert_eq!(
+            // SAFETY: valid out-pointer; a context is current. Timing off: only for waiting.
             unsafe { (self.event_create)(&mut event, 2) },
             0,
             "cuEventCreate"
@@ -1370,8 +1370,8 @@ fn child_process_entry() {
                     unsafe { (cuda.event_synchronize)(ring[slot]) };
                 }
                 let before = monotonic_ns();
-                // SAFETY: our graph and stream.
                 assert_eq!(
+                    // SAFETY: our graph and stream.
                     unsafe { (cuda.graph_launch)(exec, stream) },
                     0,
                     "cuGraphLaunch"

@@ -391,7 +391,7 @@ impl SpecWriter {
             reason,
         })?;
         let path = self.path_of(name);
-        crate::state::write_atomically(&path, &bytes).map_err(|err| CdiError::Io {
+        crate::persist::write_atomically(&path, &bytes).map_err(|err| CdiError::Io {
             action: "cannot write",
             path: path.clone(),
             source: std::io::Error::other(err.to_string()),

@@ -21,8 +21,9 @@ use crate::cdi::{ContainerEdits, DeviceNode, Mount as CdiMount};
 use crate::config::PluginConfig;
 use crate::devices::CardInfo;
 use crate::layout;
+use crate::persist::write_atomically;
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
-use crate::state::{AllocationRecord, Owner, write_atomically};
+use crate::state::{AllocationRecord, Owner};
 
 /// Annotation with the allocation ID (of this response's folder).
 pub const ANNOTATION_ALLOCATION: &str = "tencent.com/vcuda-allocation";

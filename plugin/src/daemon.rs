@@ -8,30 +8,29 @@
 //! remove the sockets.
 
 use std::net::SocketAddr;
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::allocator::{Allocator, HolderIndex};
 use crate::coexist;
 use crate::config::PluginConfig;
 use crate::container;
 use crate::coordination;
-use crate::devices::DeviceSource;
+use crate::devices::{DeviceSource, watch_health};
 use crate::health::ServingStatus;
 use crate::ids::Kind;
 use crate::kubelet;
 use crate::metrics;
+use crate::persist::Versioned;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
+use crate::serve::{ServedSocket, socket_inode};
 use crate::service::{ResourceService, Shared, now_unix};
 use crate::state::PluginState;
+use crate::tasks::Background;
 use crate::usage::UsageTotals;
 use vgpu_common::snapshot::RegionSnapshot;
 
@@ -40,10 +39,7 @@ pub struct PluginHandle {
     shared: Arc<Shared>,
     usage: Arc<UsageTotals>,
     status: Arc<ServingStatus>,
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-    health_stop: Arc<AtomicBool>,
-    health_thread: Option<std::thread::JoinHandle<()>>,
+    background: Background,
     metrics_address: Option<SocketAddr>,
     sockets: Vec<PathBuf>,
 }
@@ -76,19 +72,7 @@ impl PluginHandle {
 
     /// Stops serving, removes the sockets and waits for the background work.
     pub async fn stop(mut self) {
-        let _ = self.stop.send(true);
-        for task in self.tasks.drain(..) {
-            if tokio::time::timeout(Duration::from_secs(5), task)
-                .await
-                .is_err()
-            {
-                tracing::warn!("a background task did not stop within 5s");
-            }
-        }
-        self.health_stop.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.health_thread.take() {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-        }
+        self.background.stop().await;
         for socket in &self.sockets {
             let _ = std::fs::remove_file(socket);
         }
@@ -99,55 +83,20 @@ impl PluginHandle {
     }
 }
 
-struct RunningServer {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-    inode: u64,
-}
-
-fn socket_inode(path: &std::path::Path) -> Option<u64> {
-    std::fs::symlink_metadata(path).ok().map(|meta| meta.ino())
-}
-
+/// Serves the DevicePlugin service of one resource on `path`; its ListAndWatch streams
+/// end when the server stops.
 fn serve_resource(
     shared: &Arc<Shared>,
     kind: Kind,
     path: &std::path::Path,
-) -> anyhow::Result<RunningServer> {
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)
-        .map_err(|err| anyhow::anyhow!("cannot listen on {}: {err}", path.display()))?;
-    let inode = socket_inode(path).unwrap_or(0);
-    let (stop, stop_receiver) = watch::channel(false);
-    let service = ResourceService {
-        kind,
-        shared: shared.clone(),
-        stop: stop_receiver.clone(),
-    };
-    let mut shutdown = stop_receiver;
-    let shown = path.display().to_string();
-    let task = tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
-            .add_service(DevicePluginServer::new(service))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                let _ = shutdown.wait_for(|stopped| *stopped).await;
-            })
-            .await;
-        if let Err(err) = result {
-            tracing::error!(socket = %shown, error = %err, "device plugin server failed");
-        }
-    });
-    Ok(RunningServer { stop, task, inode })
-}
-
-async fn stop_server(server: RunningServer) {
-    let _ = server.stop.send(true);
-    if tokio::time::timeout(Duration::from_secs(5), server.task)
-        .await
-        .is_err()
-    {
-        tracing::warn!("a device plugin server did not stop within 5s");
-    }
+) -> anyhow::Result<ServedSocket> {
+    ServedSocket::serve(path, |stop| {
+        tonic::transport::Server::builder().add_service(DevicePluginServer::new(ResourceService {
+            kind,
+            shared: shared.clone(),
+            stop,
+        }))
+    })
 }
 
 /// Keeps both resources served and registered until `stop`.
@@ -160,7 +109,7 @@ async fn supervise(
     let config = shared.config.clone();
     let kubelet_socket = config.kubelet_socket_path();
     let tick = Duration::from_millis(config.kubelet_watch_interval_ms);
-    let mut servers: Vec<Option<RunningServer>> = resources.iter().map(|_| None).collect();
+    let mut servers: Vec<Option<ServedSocket>> = resources.iter().map(|_| None).collect();
     let mut registered = vec![false; resources.len()];
     let mut kubelet_inode = None;
     loop {
@@ -173,13 +122,13 @@ async fn supervise(
             kubelet_inode = inode_now;
         }
         for (slot, (kind, resource, path)) in resources.iter().enumerate() {
-            let alive = servers[slot].as_ref().is_some_and(|server| {
-                socket_inode(path) == Some(server.inode) && !server.task.is_finished()
-            });
+            let alive = servers[slot]
+                .as_ref()
+                .is_some_and(|server| server.is_serving(path));
             if !alive {
                 if let Some(old) = servers[slot].take() {
                     tracing::info!(socket = %path.display(), "plugin socket removed (kubelet restart?); serving again");
-                    stop_server(old).await;
+                    old.stop().await;
                 }
                 match serve_resource(&shared, *kind, path) {
                     Ok(server) => servers[slot] = Some(server),
@@ -209,9 +158,7 @@ async fn supervise(
             .zip(&registered)
             .map(|(server, registered)| {
                 (
-                    server
-                        .as_ref()
-                        .is_some_and(|server| !server.task.is_finished()),
+                    server.as_ref().is_some_and(ServedSocket::is_running),
                     *registered,
                 )
             })
@@ -223,7 +170,7 @@ async fn supervise(
         }
     }
     for server in servers.into_iter().flatten() {
-        stop_server(server).await;
+        server.stop().await;
     }
 }
 
@@ -315,36 +262,20 @@ async fn region_loop(
     }
 }
 
-fn health_loop(shared: Arc<Shared>, source: Arc<dyn DeviceSource>, stop: Arc<AtomicBool>) {
+/// Probes the cards and feeds what it finds to the ListAndWatch streams.
+fn health_loop(shared: Arc<Shared>, source: Arc<dyn DeviceSource>, stop: &AtomicBool) {
     let interval = Duration::from_secs(shared.config.health_interval_secs);
-    let slice = interval.min(Duration::from_millis(500));
     let uuids: Vec<String> = shared
         .allocator()
         .cards()
         .iter()
         .map(|card| card.uuid.clone())
         .collect();
-    let mut critical: std::collections::BTreeMap<String, String> = Default::default();
-    let mut last_probe = std::time::Instant::now();
-    while !stop.load(Ordering::SeqCst) {
-        let hit =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.wait_critical(slice)))
-                .unwrap_or_default();
-        for (uuid, reason) in hit {
-            // Critical Xids are sticky: the card stays out until the plugin restarts.
-            critical.insert(uuid, reason);
+    watch_health(&*source, &uuids, interval, stop, |health| {
+        for (uuid, health) in health {
+            shared.set_health(&uuid, health);
         }
-        if last_probe.elapsed() >= interval || !critical.is_empty() {
-            last_probe = std::time::Instant::now();
-            for uuid in &uuids {
-                let health = match critical.get(uuid) {
-                    Some(reason) => Err(reason.clone()),
-                    None => source.probe(uuid),
-                };
-                shared.set_health(uuid, health);
-            }
-        }
-    }
+    });
 }
 
 /// The folders of the containers that passed PreStartContainer (their config holds the
@@ -426,7 +357,7 @@ pub async fn start(
         Duration::from_millis(config.kubelet_watch_interval_ms),
     ));
     let usage = Arc::new(UsageTotals::load(&config.state_dir));
-    let mut tasks = Vec::new();
+    let mut background = Background::new(stop);
     let metrics_address = match config.metrics_address {
         Some(address) => {
             let listener = tokio::net::TcpListener::bind(address)
@@ -439,7 +370,7 @@ pub async fn start(
                 usage: usage.clone(),
                 status: status.clone(),
             };
-            tasks.push(tokio::spawn(metrics::serve(
+            background.push(tokio::spawn(metrics::serve(
                 listener,
                 sources,
                 stop_receiver.clone(),
@@ -450,34 +381,32 @@ pub async fn start(
     };
     // Serve before anything registers: each supervisor pass binds a socket before it
     // calls Register for it.
-    tasks.push(tokio::spawn(supervise(
+    background.push(tokio::spawn(supervise(
         shared.clone(),
         resources,
         status.clone(),
         stop_receiver.clone(),
     )));
-    tasks.push(tokio::spawn(garbage_loop(
+    background.push(tokio::spawn(garbage_loop(
         shared.clone(),
         stop_receiver.clone(),
     )));
-    tasks.push(tokio::spawn(region_loop(
+    background.push(tokio::spawn(region_loop(
         shared.clone(),
         usage.clone(),
         stop_receiver.clone(),
     )));
-    tasks.push(tokio::spawn(coordination::run(
+    background.push(tokio::spawn(coordination::run(
         config.state_dir.clone(),
         prepared_folders(shared.clone()),
         stop_receiver.clone(),
     )));
-    let health_stop = Arc::new(AtomicBool::new(false));
-    let health_thread = {
+    {
         let shared = shared.clone();
-        let stop = health_stop.clone();
-        std::thread::Builder::new()
-            .name("vgpu-health".into())
-            .spawn(move || health_loop(shared, source, stop))?
-    };
+        background.spawn_thread("vgpu-health", move |stop| {
+            health_loop(shared, source, &stop)
+        })?;
+    }
     // Wait (briefly) until both sockets exist so callers can connect right away.
     for _ in 0..100 {
         if sockets.iter().all(|socket| socket.exists()) {
@@ -489,10 +418,7 @@ pub async fn start(
         shared,
         usage,
         status,
-        stop,
-        tasks,
-        health_stop,
-        health_thread: Some(health_thread),
+        background,
         metrics_address,
         sockets,
     })

@@ -1,10 +1,12 @@
 //! Device discovery and health, behind [`DeviceSource`]: [`NvmlSource`] reads the cards
 //! through nvml-wrapper (the real NVML, or the sim driver's in tests); [`FakeSource`] is
-//! a scripted source for unit tests.
+//! a scripted source for unit tests. [`watch_health`] is the health loop both daemons
+//! run over a source.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nvml_wrapper::Nvml;
@@ -24,6 +26,47 @@ pub struct CardInfo {
     pub memory_total: u64,
     /// NUMA node of the card's PCI device, when known.
     pub numa_node: Option<i64>,
+}
+
+/// The longest wait for critical events between two looks at the stop flag.
+const EVENT_SLICE: Duration = Duration::from_millis(500);
+
+/// Watches the health of the cards `uuids` until `stop` is set. Waits for critical
+/// events in slices of at most 500 ms (a panicking source counts as no event); a card
+/// hit stays unhealthy until the process restarts. Every `interval`, and on every pass
+/// once a card was hit, hands `report` each card's health in order: the critical
+/// event's reason, else what [`DeviceSource::probe`] says.
+pub fn watch_health(
+    source: &dyn DeviceSource,
+    uuids: &[String],
+    interval: Duration,
+    stop: &AtomicBool,
+    mut report: impl FnMut(Vec<(String, Result<(), String>)>),
+) {
+    let slice = interval.min(EVENT_SLICE);
+    let mut critical: BTreeMap<String, String> = BTreeMap::new();
+    let mut last_probe = std::time::Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        let hit =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.wait_critical(slice)))
+                .unwrap_or_default();
+        critical.extend(hit);
+        if last_probe.elapsed() < interval && critical.is_empty() {
+            continue;
+        }
+        last_probe = std::time::Instant::now();
+        let health = uuids
+            .iter()
+            .map(|uuid| {
+                let health = match critical.get(uuid) {
+                    Some(reason) => Err(reason.clone()),
+                    None => source.probe(uuid),
+                };
+                (uuid.clone(), health)
+            })
+            .collect();
+        report(health);
+    }
 }
 
 /// Where cards and their health come from.

@@ -9,20 +9,26 @@
 //! * [`devices`]: device discovery and health behind [`devices::DeviceSource`] (NVML or fake);
 //! * [`ids`]: the device IDs advertised to kubelet;
 //! * [`state`]: allocations kept on disk (`plugin-state.json`);
+//! * [`persist`]: versioned JSON files read with a version check and written atomically;
 //! * [`annotations`]: `tencent.com/vcuda-core-limit` read from the pod at PreStart;
 //! * [`allocator`]: card choice, pairing of core and memory, refusals, PreStart;
 //! * [`cdi`]: CDI spec files of allocations (shared with the DRA driver);
 //! * [`container`]: allocation folders, the container config, the Allocate response;
-//! * [`layout`]: the container-side paths (local copy until `vgpu_ldconfig::layout` lands);
+//! * [`layout`]: the per-container paths (config, usage region, card views, device
+//!   nodes); the driver part of the mounts is `vgpu_ldconfig::layout`;
 //! * [`kubelet`]: unix-socket gRPC clients (Registration, PodResources);
 //! * [`service`]: the DevicePlugin gRPC service of one resource;
 //! * [`daemon`]: sockets, registration, re-registration, GC, shutdown;
+//! * [`serve`]: a gRPC server on a unix socket that a supervisor keeps served (shared with the DRA driver);
+//! * [`tasks`]: a daemon's background tasks and health thread, stopped together (shared with the DRA driver);
 //! * [`coexist`]: refusing to start beside another plugin serving our resource names;
 //! * [`usage`]: running totals of each container's counters, monotonic across exits;
 //! * [`health`]: what `/healthz` answers;
 //! * [`reload`]: noticing a changed config file (the plugin then exits to be restarted);
 //! * [`coordination`]: the host-side compute coordinator over the node's containers;
 //! * [`metrics`]: Prometheus metrics and `/healthz` over plain HTTP.
+
+#![forbid(unsafe_code)]
 
 pub mod allocator;
 pub mod annotations;
@@ -38,10 +44,13 @@ pub mod ids;
 pub mod kubelet;
 pub mod layout;
 pub mod metrics;
+pub mod persist;
 pub mod proto;
 pub mod reload;
+pub mod serve;
 pub mod service;
 pub mod state;
+pub mod tasks;
 pub mod usage;
 
 pub use config::PluginConfig;

@@ -1,12 +1,12 @@
 //! Allocations kept on disk in `plugin-state.json`, so a restarted plugin neither loses
-//! nor double-books them. Written atomically: a temp file beside it, fsync, rename,
-//! fsync of the folder.
+//! nor double-books them. Read and written by [`crate::persist`] (version check, atomic
+//! replacement).
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+use crate::persist::Versioned;
 
 /// Layout version of the state file.
 pub const STATE_VERSION: u32 = 1;
@@ -115,60 +115,15 @@ impl PluginState {
             .flat_map(|record| record.folder_ids().cloned())
             .collect()
     }
-
-    /// Reads the state; a missing file is an empty state, a corrupt one an error (the
-    /// daemon refuses to start rather than forget allocations).
-    pub fn load(path: &Path) -> anyhow::Result<PluginState> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(PluginState::default());
-            }
-            Err(err) => anyhow::bail!("cannot read {}: {err}", path.display()),
-        };
-        let state: PluginState = serde_json::from_str(&text)
-            .map_err(|err| anyhow::anyhow!("{} is corrupt: {err}", path.display()))?;
-        if state.version != STATE_VERSION {
-            anyhow::bail!(
-                "{}: state version {} (this build reads {STATE_VERSION})",
-                path.display(),
-                state.version
-            );
-        }
-        Ok(state)
-    }
-
-    /// Writes the state atomically.
-    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
-        let text = serde_json::to_vec_pretty(self)?;
-        write_atomically(path, &text)
-    }
 }
 
-/// Replaces `path` with `bytes`: temp file, fsync, rename, fsync of the folder.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| anyhow::anyhow!("{} has no parent folder", path.display()))?;
-    std::fs::create_dir_all(dir)
-        .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
-    let name = path
-        .file_name()
-        .and_then(|name| name.to_str())
-        .unwrap_or("state");
-    let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&temp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if let Err(err) = result {
-        let _ = std::fs::remove_file(&temp);
-        anyhow::bail!("cannot write {}: {err}", path.display());
+/// Read and written by [`Versioned::load`] and [`Versioned::save`].
+impl Versioned for PluginState {
+    const VERSION: u32 = STATE_VERSION;
+    const WHAT: &'static str = "state";
+    fn version(&self) -> u32 {
+        self.version
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use vgpu_common::region::ProcessUsage;
 
-use crate::state::write_atomically;
+use crate::persist::write_atomically;
 
 /// The book's file name in the state folder.
 pub const TOTALS_FILE: &str = "usage-totals.json";

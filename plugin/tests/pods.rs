@@ -11,207 +11,193 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{CORE, MEMORY, Plugin, TestKubelet, card_of, config_of, host_path_of};
+use common::{Admitted, CORE, MEMORY, Plugin, TestKubelet, card_of, config_of, host_path_of};
 use tonic::Code;
-use vgpu_common::{ByteSize, CoreMode};
+use vgpu_common::{ByteSize, Config, CoreMode};
 use vgpu_plugin::devices::FakeSource;
 
 const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB
 
-async fn plugin(kubelet: &TestKubelet, cards: u32) -> Plugin {
-    Plugin::start(
-        kubelet,
-        kubelet.plugin_config(),
-        Arc::new(FakeSource::uniform(cards, CARD_MEMORY)),
-    )
-    .await
+/// The stand-in kubelet and the plugin under test, with the steps of a pod's life that
+/// every test takes (each must succeed unless the name says it is refused).
+struct Node {
+    kubelet: TestKubelet,
+    plugin: Plugin,
+}
+
+impl Node {
+    /// A kubelet and a plugin over `cards` fake cards of 4 GiB.
+    async fn start(cards: u32) -> Node {
+        let kubelet = TestKubelet::start().await;
+        let plugin = Plugin::start(
+            &kubelet,
+            kubelet.plugin_config(),
+            Arc::new(FakeSource::uniform(cards, CARD_MEMORY)),
+        )
+        .await;
+        Node { kubelet, plugin }
+    }
+
+    /// Admits `container` of pod `namespace/pod` asking `requests`, in that order.
+    async fn admit(
+        &mut self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        requests: &[(&str, usize)],
+    ) -> Admitted {
+        match self
+            .kubelet
+            .admit(&mut self.plugin, namespace, pod, container, requests)
+            .await
+        {
+            Ok(admitted) => admitted,
+            Err((_, status)) => panic!("{namespace}/{pod}/{container} not admitted: {status}"),
+        }
+    }
+
+    /// Starts an admitted container (PreStartContainer of its resources).
+    async fn start_container(&mut self, admitted: &Admitted) -> Result<(), tonic::Status> {
+        self.kubelet
+            .start_container(&mut self.plugin, admitted)
+            .await
+    }
+
+    /// Starts an admitted container, which must start; its config.
+    async fn started(&mut self, admitted: &Admitted, what: &str) -> Config {
+        if let Err(status) = self.start_container(admitted).await {
+            panic!("{what} does not start: {status}");
+        }
+        config_of(admitted)
+    }
+
+    /// PreStartContainer must refuse the container (FailedPrecondition), saying `fix`.
+    async fn refused(&mut self, admitted: &Admitted, fix: &str) {
+        let refused = self
+            .start_container(admitted)
+            .await
+            .expect_err("refused at start");
+        assert_eq!(refused.code(), Code::FailedPrecondition);
+        assert!(refused.message().contains(fix), "{}", refused.message());
+    }
+
+    async fn stop(self) {
+        self.plugin.handle.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_only_pod_does_not_break_the_next_pod_on_its_card() {
-    let kubelet = TestKubelet::start().await;
-    let mut plugin = plugin(&kubelet, 1).await;
-    let stray = kubelet
-        .admit(&mut plugin, "default", "stray", "main", &[(MEMORY, 2)])
-        .await
-        .expect("kubelet cannot know it is memory alone");
+    let mut node = Node::start(1).await;
+    // Kubelet cannot know it is memory alone.
+    let stray = node.admit("default", "stray", "main", &[(MEMORY, 2)]).await;
     // The next pod, cores first: its cores are the very next call after the stray half.
-    let tenant = kubelet
-        .admit(
-            &mut plugin,
-            "default",
-            "tenant",
-            "cuda",
-            &[(CORE, 30), (MEMORY, 10)],
-        )
-        .await
-        .expect("admitted");
+    let tenant = node
+        .admit("default", "tenant", "cuda", &[(CORE, 30), (MEMORY, 10)])
+        .await;
     assert_eq!(card_of(&tenant.cores[0]), card_of(&stray.memory[0]));
-    kubelet
-        .start_container(&mut plugin, &tenant)
-        .await
-        .expect("the second pod starts");
-    let config = config_of(&tenant);
+    let config = node.started(&tenant, "the second pod").await;
     assert_eq!(config.devices.len(), 1);
     assert_eq!(config.devices[0].core_limit, Some(30));
     assert_eq!(config.devices[0].memory_limit, Some(ByteSize::mib(2560)));
     // And once more with memory first, after another memory-only pod.
-    let stray2 = kubelet
-        .admit(&mut plugin, "default", "stray2", "main", &[(MEMORY, 1)])
-        .await
-        .expect("admitted");
-    let other = kubelet
-        .admit(
-            &mut plugin,
-            "default",
-            "other",
-            "cuda",
-            &[(MEMORY, 2), (CORE, 20)],
-        )
-        .await
-        .expect("admitted");
-    kubelet
-        .start_container(&mut plugin, &other)
-        .await
-        .expect("starts");
-    let config = config_of(&other);
+    let stray2 = node
+        .admit("default", "stray2", "main", &[(MEMORY, 1)])
+        .await;
+    let other = node
+        .admit("default", "other", "cuda", &[(MEMORY, 2), (CORE, 20)])
+        .await;
+    let config = node.started(&other, "the memory-first pod").await;
     assert_eq!(config.devices[0].core_limit, Some(20));
     assert_eq!(config.devices[0].memory_limit, Some(ByteSize::mib(512)));
     // The memory-only pods themselves are refused at start, saying what to change.
     for stray in [&stray, &stray2] {
-        let refused = kubelet
-            .start_container(&mut plugin, stray)
-            .await
-            .expect_err("memory alone");
-        assert_eq!(refused.code(), Code::FailedPrecondition);
-        assert!(
-            refused
-                .message()
-                .contains("add tencent.com/vcuda-core: N (1-99 for part of a card, 100 per whole card) to this container's limits"),
-            "{}",
-            refused.message()
-        );
+        node.refused(
+            stray,
+            "add tencent.com/vcuda-core: N (1-99 for part of a card, 100 per whole card) to this container's limits",
+        )
+        .await;
     }
-    plugin.handle.stop().await;
+    node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_card_pod_without_memory_does_not_break_the_next_pod() {
-    let kubelet = TestKubelet::start().await;
-    let mut plugin = plugin(&kubelet, 2).await;
-    let trainer = kubelet
-        .admit(&mut plugin, "ml", "trainer", "main", &[(CORE, 100)])
-        .await
-        .expect("whole card");
+    let mut node = Node::start(2).await;
+    let trainer = node.admit("ml", "trainer", "main", &[(CORE, 100)]).await;
     let whole = card_of(&trainer.cores[0]);
     // The next pod asks for memory first: it must not be drawn onto the card held whole.
-    let tenant = kubelet
-        .admit(
-            &mut plugin,
-            "default",
-            "tenant",
-            "cuda",
-            &[(MEMORY, 4), (CORE, 30)],
-        )
-        .await
-        .expect("admitted");
+    let tenant = node
+        .admit("default", "tenant", "cuda", &[(MEMORY, 4), (CORE, 30)])
+        .await;
     assert_ne!(card_of(&tenant.memory[0]), whole);
     assert_eq!(card_of(&tenant.cores[0]), card_of(&tenant.memory[0]));
-    kubelet
-        .start_container(&mut plugin, &tenant)
-        .await
-        .expect("the second pod starts");
-    assert_eq!(config_of(&tenant).devices[0].core_limit, Some(30));
-    kubelet
-        .start_container(&mut plugin, &trainer)
-        .await
-        .expect("the whole-card pod starts");
-    let config = config_of(&trainer);
+    let config = node.started(&tenant, "the second pod").await;
+    assert_eq!(config.devices[0].core_limit, Some(30));
+    let config = node.started(&trainer, "the whole-card pod").await;
     assert_eq!(config.devices[0].uuid.as_deref(), Some(whole.as_str()));
     assert_eq!(config.devices[0].core_limit, None);
     assert_eq!(config.devices[0].memory_limit, None);
     // A pod of cores without memory is refused at start with what to add.
-    let lonely = kubelet
-        .admit(&mut plugin, "default", "lonely", "main", &[(CORE, 10)])
-        .await
-        .expect("admitted");
-    let refused = kubelet
-        .start_container(&mut plugin, &lonely)
-        .await
-        .expect_err("cores alone");
-    assert!(
-        refused
-            .message()
-            .contains("add tencent.com/vcuda-memory: M (M x 256MiB of that card)"),
-        "{}",
-        refused.message()
-    );
-    plugin.handle.stop().await;
+    let lonely = node.admit("default", "lonely", "main", &[(CORE, 10)]).await;
+    node.refused(
+        &lonely,
+        "add tencent.com/vcuda-memory: M (M x 256MiB of that card)",
+    )
+    .await;
+    node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_init_containers_devices_are_reused_by_the_app_container() {
-    let kubelet = TestKubelet::start().await;
-    let mut plugin = plugin(&kubelet, 1).await;
+    let mut node = Node::start(1).await;
     // Admission: the init container, then the app container with the very same IDs
     // (kubelet's devicesToReuse), each resource allocated again. (The stand-in records
     // the init container in PodResources as it goes, as kubelets that list init
     // containers do; below it is taken out again, as the others never list it.)
-    let init = kubelet
-        .admit(
-            &mut plugin,
-            "default",
-            "job",
-            "init",
-            &[(CORE, 30), (MEMORY, 10)],
-        )
-        .await
-        .expect("init container");
-    let mut app = common::Admitted {
+    let init = node
+        .admit("default", "job", "init", &[(CORE, 30), (MEMORY, 10)])
+        .await;
+    let mut app = Admitted {
         cores: init.cores.clone(),
         memory: init.memory.clone(),
         responses: Vec::new(),
     };
     for (resource, ids) in [(MEMORY, &init.memory), (CORE, &init.cores)] {
-        let response = common::allocate(plugin.client(resource), ids)
+        let response = common::allocate(node.plugin.client(resource), ids)
             .await
             .expect("reused IDs are handed out again during admission");
         app.responses.push(response);
     }
     // PodResources lists regular containers only: the app container holds the IDs.
-    kubelet.remove_pod("default", "job");
-    kubelet.set_container("default", "job", "app", &app.cores, &app.memory);
+    node.kubelet.remove_pod("default", "job");
+    node.kubelet
+        .set_container("default", "job", "app", &app.cores, &app.memory);
     let init_folder = host_path_of(&init.merged(), "/etc/vgpu/vgpu.yaml").to_string();
     let app_folder = host_path_of(&app.merged(), "/etc/vgpu/vgpu.yaml").to_string();
     assert_ne!(init_folder, app_folder, "each container has its own state");
-    kubelet
-        .start_container(&mut plugin, &init)
-        .await
-        .expect("the init container starts");
-    let init_config = config_of(&init);
+    let init_config = node.started(&init, "the init container").await;
     assert_eq!(init_config.devices[0].core_limit, Some(30));
     assert_eq!(
         init_config.devices[0].memory_limit,
         Some(ByteSize::mib(2560))
     );
-    kubelet
-        .start_container(&mut plugin, &app)
-        .await
-        .expect("then the app container, with the same devices");
-    let app_config = config_of(&app);
+    let app_config = node
+        .started(&app, "then the app container, with the same devices,")
+        .await;
     assert_eq!(app_config.devices, init_config.devices, "the same quota");
     assert_ne!(
         app_config.container_id, init_config.container_id,
         "and its own identity"
     );
     // Metrics count the shared devices once.
-    let metrics = common::scrape(plugin.handle.metrics_address().expect("metrics")).await;
+    let metrics = common::scrape(node.plugin.handle.metrics_address().expect("metrics")).await;
     assert!(
         metrics.contains("vgpu_card_allocated_cores{UUID=\"GPU-fake-0\",gpu=\"0\"} 30"),
         "{metrics}"
     );
     // Once a container of the pod has started, the IDs are no longer handed out.
-    let refused = common::allocate(&mut plugin.cores, &init.cores)
+    let refused = common::allocate(&mut node.plugin.cores, &init.cores)
         .await
         .expect_err("held by a started container");
     assert_eq!(refused.code(), Code::FailedPrecondition);
@@ -221,32 +207,18 @@ async fn an_init_containers_devices_are_reused_by_the_app_container() {
         refused.message()
     );
     // The app container restarts: its PreStart is answered again, the quota unchanged.
-    kubelet
-        .start_container(&mut plugin, &app)
-        .await
-        .expect("restart");
-    assert_eq!(config_of(&app).devices[0].core_mode, CoreMode::Hard);
-    plugin.handle.stop().await;
+    let restarted = node.started(&app, "the restarted app container").await;
+    assert_eq!(restarted.devices[0].core_mode, CoreMode::Hard);
+    node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_truncating_its_region_in_a_loop_neither_crashes_nor_stalls_the_plugin() {
-    let kubelet = TestKubelet::start().await;
-    let mut plugin = plugin(&kubelet, 2).await;
-    let tenant = kubelet
-        .admit(
-            &mut plugin,
-            "default",
-            "tenant",
-            "cuda",
-            &[(CORE, 30), (MEMORY, 4)],
-        )
-        .await
-        .expect("admitted");
-    kubelet
-        .start_container(&mut plugin, &tenant)
-        .await
-        .expect("starts");
+    let mut node = Node::start(2).await;
+    let tenant = node
+        .admit("default", "tenant", "cuda", &[(CORE, 30), (MEMORY, 4)])
+        .await;
+    node.start_container(&tenant).await.expect("starts");
     let region = std::path::PathBuf::from(host_path_of(&tenant.merged(), "/etc/vgpu/usage.region"));
     // The tenant's side: it holds the file read-write (its mount) and truncates,
     // regrows and scribbles on it as fast as it can, as the region's own processes could.
@@ -274,7 +246,7 @@ async fn a_tenant_truncating_its_region_in_a_loop_neither_crashes_nor_stalls_the
             rounds
         })
     };
-    let address = plugin.handle.metrics_address().expect("metrics");
+    let address = node.plugin.handle.metrics_address().expect("metrics");
     let started = Instant::now();
     let mut scrapes = 0;
     let mut allocations = 0;
@@ -285,9 +257,10 @@ async fn a_tenant_truncating_its_region_in_a_loop_neither_crashes_nor_stalls_the
         assert!(text.contains("vgpu_card_allocated_cores"), "{text}");
         scrapes += 1;
         // Allocate and ListAndWatch keep answering too.
-        let other = kubelet
+        let other = node
+            .kubelet
             .admit(
-                &mut plugin,
+                &mut node.plugin,
                 "default",
                 &format!("other-{allocations}"),
                 "main",
@@ -301,9 +274,10 @@ async fn a_tenant_truncating_its_region_in_a_loop_neither_crashes_nor_stalls_the
         );
         allocations += 1;
         if allocations >= 20 {
-            kubelet.clear_pods();
-            kubelet.set_container("default", "tenant", "cuda", &tenant.cores, &tenant.memory);
-            vgpu_plugin::daemon::collect_garbage(plugin.handle.shared())
+            node.kubelet.clear_pods();
+            node.kubelet
+                .set_container("default", "tenant", "cuda", &tenant.cores, &tenant.memory);
+            vgpu_plugin::daemon::collect_garbage(node.plugin.handle.shared())
                 .await
                 .expect("gc");
             allocations = 0;
@@ -329,10 +303,7 @@ async fn a_tenant_truncating_its_region_in_a_loop_neither_crashes_nor_stalls_the
     // Only the host can put a file in the allocation folder (the tenant holds the one
     // inode it mounts); with the FIFO gone, the next start gets a valid region again.
     std::fs::remove_file(&region).expect("rm fifo");
-    kubelet
-        .start_container(&mut plugin, &tenant)
-        .await
-        .expect("restart");
+    node.start_container(&tenant).await.expect("restart");
     assert!(vgpu_common::snapshot::RegionSnapshot::read(&region).is_ok());
-    plugin.handle.stop().await;
+    node.stop().await;
 }

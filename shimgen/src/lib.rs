@@ -5,8 +5,9 @@
 //!   and generates the slot table, the name tables and one naked trampoline per
 //!   un-hooked export.
 //! - [`runtime`] runs inside the application: it loads the real library, fills the slots,
-//!   maps real function pointers back to export names, guards hooks against panics and
-//!   logs (off unless `VGPU_LOG` asks).
+//!   maps real function pointers back to export names, turns the config into the policy
+//!   hooks act on, writes hooks (panic-guarded, forwarding their own arguments through
+//!   one audited call), recovers poisoned locks and logs (off unless `VGPU_LOG` asks).
 
 pub mod build;
 pub mod runtime;

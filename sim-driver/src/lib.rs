@@ -32,15 +32,14 @@ static SIM: OnceLock<Result<Sim, String>> = OnceLock::new();
 /// This process's slot in the state file, plus one; 0 while none is held.
 static SLOT: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether `VGPU_LOG` asks for logs.
+/// Whether `VGPU_LOG` names a level other than `off` (`vgpu_common::log`).
 pub fn log_enabled() -> bool {
+    use vgpu_common::log::Level;
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| {
-        std::env::var_os("VGPU_LOG").is_some_and(|value| !value.is_empty() && value != "0")
-    })
+    *ENABLED.get_or_init(|| Level::from_env(Level::Off) != Level::Off)
 }
 
-/// One line on stderr, only when `VGPU_LOG` is set.
+/// One line on stderr, only when `VGPU_LOG` names a level.
 pub fn log(message: &str) {
     if log_enabled() {
         eprintln!("vgpu-sim: {message}");
@@ -48,7 +47,7 @@ pub fn log(message: &str) {
 }
 
 /// Our own panic hook: this library has its own copy of std, so this changes nothing for
-/// the host application; it keeps panic messages off stderr unless `VGPU_LOG` is set.
+/// the host application; it keeps panic messages off stderr unless `VGPU_LOG` names a level.
 pub fn install_panic_hook() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {

@@ -15,6 +15,7 @@ use common::Sim;
 
 macro_rules! call {
     ($sim:expr, $name:literal, fn($($t:ty),* $(,)?) $(, $a:expr)* $(,)?) => {
+        // SAFETY: the test names the export's C signature with the arguments it passes.
         unsafe { ($sim.sym::<unsafe extern "C" fn($($t),*) -> i32>($name))($($a),*) }
     };
 }
@@ -136,6 +137,7 @@ isolated!(
             SUCCESS
         );
         assert_eq!(
+            // SAFETY: the sim NUL-terminates the name within the buffer.
             unsafe { CStr::from_ptr(name.as_ptr()) }.to_str().unwrap(),
             "NVIDIA H200 (simulated)"
         );
@@ -216,6 +218,7 @@ isolated!(
             SUCCESS
         );
         assert_eq!(
+            // SAFETY: the sim NUL-terminates the bus id within the buffer.
             unsafe { CStr::from_ptr(bus.as_ptr()) }.to_str().unwrap(),
             "0000:12:00.0"
         );
@@ -1770,6 +1773,7 @@ isolated!(
             ),
             SUCCESS
         );
+        // SAFETY: the sim's kernel name, a static C string.
         assert_eq!(unsafe { CStr::from_ptr(name) }.to_str().unwrap(), "k_20ms");
         // cuLaunchKernelEx with a CUlaunchConfig, and a CUkernel passed as the function.
         #[repr(C)]
@@ -1968,7 +1972,9 @@ isolated!(
             ),
             SUCCESS
         );
+        // SAFETY: cuGetProcAddress handed out cuInit's address.
         let cu_init: unsafe extern "C" fn(u32) -> i32 = unsafe { std::mem::transmute(pfn) };
+        // SAFETY: cuInit takes flags only.
         assert_eq!(unsafe { cu_init(0) }, SUCCESS);
         // Error names and strings.
         let mut text: *const c_char = std::ptr::null();
@@ -1983,6 +1989,7 @@ isolated!(
             SUCCESS
         );
         assert_eq!(
+            // SAFETY: the sim's error name, a static C string.
             unsafe { CStr::from_ptr(text) }.to_str().unwrap(),
             "CUDA_ERROR_OUT_OF_MEMORY"
         );
@@ -1997,6 +2004,7 @@ isolated!(
             SUCCESS
         );
         assert_eq!(
+            // SAFETY: the sim's error string, a static C string.
             unsafe { CStr::from_ptr(text) }.to_str().unwrap(),
             "device not ready"
         );
@@ -2125,9 +2133,11 @@ isolated!(
                     }
                 }
             }
+            // SAFETY: _exit in the forked child, which must not unwind.
             unsafe { libc::_exit(code) };
         }
         let mut status = 0;
+        // SAFETY: waiting for our own child, with our own status word.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         assert!(libc::WIFEXITED(status));
         assert_eq!(

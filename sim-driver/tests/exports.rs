@@ -83,6 +83,7 @@ fn every_cuda_export_is_reachable_through_get_proc_address() {
                 let name = std::ffi::CString::new(base.as_str()).unwrap();
                 let mut pfn = std::ptr::null_mut();
                 let mut status = 0;
+                // SAFETY: our own C string and out-pointers, to cuGetProcAddress_v2.
                 if unsafe { get_proc(name.as_ptr(), &mut pfn, version, flags, &mut status) } == 0 {
                     reachable.insert(pfn as usize);
                 }

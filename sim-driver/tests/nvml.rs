@@ -10,6 +10,7 @@ use common::Sim;
 
 macro_rules! call {
     ($sim:expr, $name:literal, fn($($t:ty),* $(,)?) $(, $a:expr)* $(,)?) => {
+        // SAFETY: the test names the export's C signature with the arguments it passes.
         unsafe { ($sim.sym::<unsafe extern "C" fn($($t),*) -> i32>($name))($($a),*) }
     };
 }
@@ -42,6 +43,7 @@ isolated!(
         assert_eq!(count, 3);
         let mut text = [0 as c_char; 96];
         let read = |buffer: &[c_char]| {
+            // SAFETY: the sim NUL-terminates within the buffer.
             unsafe { CStr::from_ptr(buffer.as_ptr()) }
                 .to_str()
                 .unwrap()
@@ -225,6 +227,7 @@ isolated!(
             subsystem: u32,
             bus_id: [u8; 32],
         }
+        // SAFETY: an all-zero nvmlPciInfo_t is valid.
         let mut pci: Pci = unsafe { std::mem::zeroed() };
         assert_eq!(
             call!(
@@ -541,10 +544,12 @@ isolated!(
 
         let error_string: unsafe extern "C" fn(i32) -> *const c_char = sim.sym("nvmlErrorString");
         assert_eq!(
+            // SAFETY: the sim's error string, a static C string.
             unsafe { CStr::from_ptr(error_string(7)) }.to_str().unwrap(),
             "Insufficient Size"
         );
         assert_eq!(
+            // SAFETY: the sim's error string, a static C string.
             unsafe { CStr::from_ptr(error_string(12345)) }
                 .to_str()
                 .unwrap(),

@@ -4,6 +4,8 @@
 //! The tests drive the real built shims and the real simulated driver, never a mock:
 //! `tests/run.sh` (the CI command) builds the whole workspace before `cargo test`.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -57,9 +57,11 @@ pub const CHARGE_MAX_PERMILLE: u64 = 2000;
 /// One container on the card, as the coordinator judged it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ViewEntry {
+    /// The container's `container_id`.
     pub id: String,
     /// Its entitlement: percent of the card, 1-100.
     pub limit: u32,
+    /// Hard or soft limit.
     pub mode: CoreMode,
     /// What soft mode may take on an idle card (the limit in hard mode).
     pub ceiling: u32,
@@ -79,20 +81,36 @@ pub struct ViewEntry {
 /// A whole view.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CardView {
+    /// The card.
     pub uuid: String,
+    /// When the coordinator wrote it (`clock::monotonic_ns`).
     pub written_ns: u64,
+    /// Every container on the card.
     pub containers: Vec<ViewEntry>,
 }
 
 /// Why a view could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
+    /// The UUID cannot name a file.
     #[error("card view: `{0}` is not a usable card UUID for a file name")]
     BadUuid(String),
+    /// The file could not be read or written.
     #[error("card view {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The view file.
+        path: PathBuf,
+        /// What the system said.
+        source: io::Error,
+    },
+    /// The file is not a valid view.
     #[error("card view {path}: {reason}")]
-    Invalid { path: PathBuf, reason: String },
+    Invalid {
+        /// The view file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Whether `uuid` can name a view file: no separators, no leading dot, printable.

@@ -78,7 +78,9 @@ pub enum UtilizationScale {
 /// Which physical card a config entry means.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceSelector {
+    /// By UUID (`GPU-...`), as NVML and nvidia-smi print it.
     Uuid(String),
+    /// By host index, counted in PCI order as nvidia-smi does.
     Index(u32),
 }
 
@@ -95,8 +97,10 @@ impl fmt::Display for DeviceSelector {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceQuota {
+    /// The card by UUID (wins over `index`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
+    /// The card by host index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<u32>,
     /// Device memory the container may hold; `None` is the whole card.
@@ -105,6 +109,7 @@ pub struct DeviceQuota {
     /// Percent of one card's SMs; `None` or 100 is no throttling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub core_limit: Option<u32>,
+    /// `hard` (never above the limit) or `soft` (may use what the card has idle).
     #[serde(default)]
     pub core_mode: CoreMode,
     /// Soft mode's ceiling when the card is idle (gpu-manager's `vcuda-core-limit`).
@@ -150,16 +155,23 @@ pub struct Config {
     /// it, never by a path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// The folder of the real driver libraries (`VGPU_DRIVER_DIR` and a default
+    /// otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_dir: Option<PathBuf>,
+    /// The container's usage region (relative: beside the config).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_region: Option<PathBuf>,
+    /// The host-owned folder of card views the compute limiter reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub card_state_dir: Option<PathBuf>,
+    /// Count allocations past the quota instead of refusing them.
     #[serde(default)]
     pub memory_oversubscribe: bool,
+    /// How NVML's utilization is scaled for the container.
     #[serde(default)]
     pub utilization_scale: UtilizationScale,
+    /// The devices the container may use, in the order it sees them.
     #[serde(default)]
     pub devices: Vec<DeviceQuota>,
 }
@@ -167,15 +179,30 @@ pub struct Config {
 /// Why a config could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file could not be read (or is not a regular file of a sane size).
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The config file.
         path: PathBuf,
+        /// What the system said.
         source: std::io::Error,
     },
+    /// The file is not YAML of the config's schema.
     #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    Parse {
+        /// The config file.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// The config parses but a value is out of range.
     #[error("{path}: {message}")]
-    Invalid { path: PathBuf, message: String },
+    Invalid {
+        /// The config file.
+        path: PathBuf,
+        /// Which value, and why.
+        message: String,
+    },
 }
 
 /// What `Config::load_from_env` found.

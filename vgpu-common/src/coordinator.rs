@@ -52,6 +52,7 @@ pub struct Entitlement {
     pub region_index: usize,
     /// Percent of the card, 1-99 (100 is not throttled and needs no coordination).
     pub core_limit: u32,
+    /// Hard or soft limit.
     pub mode: CoreMode,
     /// Soft mode's ceiling on an idle card; `None` is the whole card.
     pub ceiling: Option<u32>,

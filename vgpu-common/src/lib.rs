@@ -1,6 +1,7 @@
 //! Shared pieces of vgpu-shim: the per-container quota config (`config`), byte sizes
-//! (`size`), the cross-process usage region (`region`, and the host's private copy of
-//! it, `snapshot`), process identity (`process`), and compute coordination: what the
+//! (`size`), the `VGPU_LOG` setting (`log`), the monotonic clock (`clock`), the
+//! cross-process usage region (`region`, and the host's private copy of it,
+//! `snapshot`), process identity (`process`), and compute coordination: what the
 //! limiter's region words mean (`limiter_words`), the host-owned per-card view
 //! (`cardview`), the host-side coordinator that writes it (`coordinator`), what the card
 //! itself measured (`cardmeter`, NVML with the `nvml` feature) and the host PIDs it
@@ -17,6 +18,7 @@ pub mod config;
 pub mod coordinator;
 pub mod hostpids;
 pub mod limiter_words;
+pub mod log;
 pub mod mapped;
 pub mod process;
 pub mod region;

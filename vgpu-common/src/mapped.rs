@@ -34,6 +34,7 @@ pub fn fnv1a(bytes: &[u8], mut hash: u64) -> u64 {
 /// How [`open_regular`] opens a file.
 #[derive(Clone, Copy, Debug)]
 pub struct Access {
+    /// Open it for writing as well.
     pub write: bool,
     /// Create it (mode 0666) when missing.
     pub create: bool,
@@ -286,6 +287,7 @@ impl MappedFile {
         self.base
     }
 
+    /// The file this maps.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -12,6 +12,7 @@ use std::path::Path;
 /// Who a process is, as seen from its own PID namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Identity {
+    /// Its PID in its own namespace.
     pub pid: i32,
     /// Field 22 of `/proc/PID/stat`: clock ticks after boot at which the process started.
     pub start_time: u64,

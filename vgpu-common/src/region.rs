@@ -209,16 +209,35 @@ const fn layout_fingerprint() -> u64 {
 /// Why a region could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum RegionError {
+    /// The file could not be opened, sized or mapped.
     #[error("usage region {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The region file.
+        path: PathBuf,
+        /// What the system said.
+        source: io::Error,
+    },
+    /// The file is no usable region (and could not be rebuilt).
     #[error("usage region {path}: {reason}")]
-    Invalid { path: PathBuf, reason: String },
+    Invalid {
+        /// The region file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The region fails its checks (or belongs to other devices) while live processes
     /// hold it: rebuilding it would erase their usage, so it is left as it is.
     #[error("usage region {path}: {reason}, and live processes still hold it; it is left as it is")]
-    Held { path: PathBuf, reason: String },
+    Held {
+        /// The region file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// More devices than a region records.
     #[error("usage region: {0} devices, at most {MAX_DEVICES}")]
     TooManyDevices(usize),
+    /// No process slot is free.
     #[error("usage region {0}: all {MAX_SLOTS} process slots are held by live processes")]
     Full(PathBuf),
 }
@@ -241,14 +260,23 @@ pub enum OpenOutcome {
 /// One process's usage, for readers. Every count is clamped to [`MAX_COUNT`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessUsage {
+    /// Its slot in the region.
     pub slot: usize,
+    /// Its PID in its own namespace.
     pub pid: i32,
+    /// Its PID on the host, as the host filled it in (0 until then).
     pub host_pid: i32,
+    /// When it started (clock ticks after boot), to tell a reused PID apart.
     pub start_time: u64,
+    /// Its PID namespace's inode.
     pub pid_ns: u64,
+    /// Bytes it holds, per device.
     pub used: Vec<u64>,
+    /// Of those, its contexts' overhead, per device.
     pub context: Vec<u64>,
+    /// GPU time its kernels took, per device, in ns.
     pub busy_ns: Vec<u64>,
+    /// Kernel launches, per device.
     pub launches: Vec<u64>,
 }
 
@@ -344,6 +372,7 @@ pub struct SlotId {
 }
 
 impl SlotId {
+    /// The slot's index in the region.
     pub fn index(self) -> usize {
         self.index
     }
@@ -698,6 +727,7 @@ impl Region {
         Ok(region)
     }
 
+    /// The region's file.
     pub fn path(&self) -> &Path {
         self.map.path()
     }

@@ -26,18 +26,29 @@ pub struct ByteSize(pub u64);
 /// Why a size string was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeError {
+    /// Nothing to parse.
     #[error("empty size")]
     Empty,
+    /// Not a number with an optional unit.
     #[error("`{0}` is not a size: expected bytes or a number with a unit such as 7680Mi or 30Gi")]
     Malformed(String),
+    /// Below zero.
     #[error("`{0}` is negative")]
     Negative(String),
+    /// A unit that is none of Kubernetes' nor the usual byte units.
     #[error(
         "unknown unit `{unit}` in `{text}` (use Ki Mi Gi Ti Pi Ei for powers of 1024, k M G T P E for powers of 1000, or KiB MiB GiB TiB, kB MB GB TB)"
     )]
-    UnknownUnit { text: String, unit: String },
+    UnknownUnit {
+        /// The whole size.
+        text: String,
+        /// The unit it names.
+        unit: String,
+    },
+    /// `K`, which Kubernetes does not have.
     #[error("`{0}`: `K` is no Kubernetes unit; write `k` (1000) or `Ki` (1024)")]
     UpperK(String),
+    /// More than `u64::MAX` bytes.
     #[error("`{0}` does not fit in 64 bits of bytes")]
     Overflow(String),
 }
@@ -77,14 +88,17 @@ const UNITS: &[(&str, u128)] = &[
 ];
 
 impl ByteSize {
+    /// The number of bytes.
     pub const fn bytes(self) -> u64 {
         self.0
     }
 
+    /// `n` MiB.
     pub const fn mib(n: u64) -> ByteSize {
         ByteSize(n << 20)
     }
 
+    /// `n` GiB.
     pub const fn gib(n: u64) -> ByteSize {
         ByteSize(n << 30)
     }

@@ -1,47 +1,26 @@
-//! The single-allocation paths (`cuMemAlloc*`, pitched, managed, arrays), counted
-//! against the container's quota in the shared usage region, every free credited back
-//! exactly, and what `cuMemGetInfo` tells the container. VMM handles are in `vmm`, pools
-//! and stream-ordered allocation in `pool`.
-//!
-//! The order is always: reserve in the region (refusing with CUDA_ERROR_OUT_OF_MEMORY
-//! and allocating nothing when the quota would be passed), call the real allocator,
-//! then record the allocation, or give the reservation back if the driver failed.
+//! The single-allocation hooks (`cuMemAlloc*`, pitched, managed, arrays) and what
+//! `cuMemGetInfo` tells the container. Each allocation goes to the ledger once
+//! (`Enforcer::allocate`: reserve, the real call, record or give back), each free
+//! credits back exactly what was recorded. VMM handles are in `vmm`, pools and
+//! stream-ordered allocation in `pool`.
 
 use std::ffi::c_void;
 
 use crate::cuda::*;
-use crate::hook;
-use crate::state::{AllocKey, Enforcer, Ticket, Visible, charged_size, enforcer, real};
+use crate::devices::Target;
+use crate::ffi::{read_descriptor, read_out, write_out};
+use crate::ledger::Ticket;
+use crate::ledger::allocations::{AllocKey, charged_size};
+use crate::state::{Enforcer, after_success, enforce, enforcing};
+use crate::{hook, real};
 
-/// Which device an allocation lands on.
-pub(crate) enum Target {
-    /// The calling thread's current context.
-    Current,
-    /// A device named by the call (VMM location).
-    Device(CUdevice),
-}
-
+/// The calling thread's current context, as the driver says.
 pub(crate) fn current_context() -> usize {
     let get_current = real!(cuCtxGetCurrent as fn(*mut CUcontext) -> CUresult);
     let mut context: CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
+    // SAFETY: our own out-pointer, to the real cuCtxGetCurrent.
     unsafe { get_current(&mut context) };
     context as usize
-}
-
-pub(crate) fn resolve<'a>(
-    enforcer: &'a Enforcer,
-    target: &Target,
-) -> Result<&'a Visible, CUresult> {
-    match target {
-        Target::Current => enforcer.current(),
-        Target::Device(handle) => {
-            if enforcer.devices().is_none() {
-                return Err(CUDA_ERROR_NOT_INITIALIZED);
-            }
-            enforcer.visible(*handle).ok_or(CUDA_ERROR_INVALID_DEVICE)
-        }
-    }
 }
 
 /// Reserve `bytes` (as charged), run `allocate`, and on success record the allocation
@@ -49,7 +28,7 @@ pub(crate) fn resolve<'a>(
 fn counted(
     bytes: u64,
     target: Target,
-    allocate: impl FnOnce() -> CUresult,
+    allocate: impl FnOnce() -> CUresult + Copy,
     key: impl FnOnce() -> AllocKey,
 ) -> CUresult {
     charged(charged_size(bytes), target, allocate, |enforcer, ticket| {
@@ -57,101 +36,52 @@ fn counted(
     })
 }
 
-/// Reserve `charge` bytes, run `allocate`, and on success hand the reservation to
-/// `commit` (which remembers what will credit it back).
+/// Under the quota, reserve `charge` bytes, run `allocate`, and on success hand the
+/// reservation to `commit` (which remembers what will credit it back); otherwise just
+/// `allocate` (or fail closed).
 pub(crate) fn charged(
     charge: u64,
     target: Target,
-    allocate: impl FnOnce() -> CUresult,
+    allocate: impl FnOnce() -> CUresult + Copy,
     commit: impl FnOnce(&Enforcer, Ticket),
 ) -> CUresult {
-    let enforcer = match enforcer() {
-        Err(error) => return error,
-        Ok(None) => return allocate(),
-        Ok(Some(enforcer)) => enforcer,
-    };
-    let device = match resolve(enforcer, &target) {
-        Ok(device) => device,
-        Err(CUDA_ERROR_INVALID_DEVICE) => return CUDA_ERROR_INVALID_DEVICE,
-        Err(_) => {
-            // No current context (or the driver is not initialised): the driver gives
-            // its own error. Should it succeed anyway, count what it handed out.
-            let result = allocate();
-            if result == CUDA_SUCCESS
-                && let Ok(device) = resolve(enforcer, &target)
-                && let Some(slot) = enforcer.slot()
-            {
-                enforcer.region.add_used(slot, device.region_index, charge);
-                commit(enforcer, enforcer.ticket(slot, device, charge));
-            }
-            return result;
-        }
-    };
-    let ticket = match enforcer.reserve(device, charge) {
-        Ok(ticket) => ticket,
-        Err(error) => return error,
-    };
-    let result = allocate();
-    if result == CUDA_SUCCESS {
-        commit(enforcer, ticket);
-    } else {
-        enforcer.unreserve(ticket);
-    }
-    result
+    enforce(allocate, |enforcer| {
+        enforcer.allocate(target, charge, allocate, commit)
+    })
 }
 
+/// Credits the allocation under `key` once the real free succeeded.
 fn freed(key: AllocKey, result: CUresult) -> CUresult {
-    if result == CUDA_SUCCESS
-        && let Ok(Some(enforcer)) = enforcer()
-    {
-        enforcer.forget(key);
-    }
-    result
-}
-
-/// Reads a pointer out-parameter after a successful call.
-pub(crate) fn read<T: Copy + Default>(out: *const T) -> T {
-    if out.is_null() {
-        T::default()
-    } else {
-        // SAFETY: only called after the driver succeeded, so it wrote `out`.
-        unsafe { *out }
-    }
+    after_success(result, |enforcer| enforcer.forget(key))
 }
 
 /// After a call that synchronises (a synchronous free, a stream, event or context
 /// synchronisation), the driver may have released pool memory: settle the pools.
 pub(crate) fn synchronized(result: CUresult) -> CUresult {
-    if result == CUDA_SUCCESS
-        && let Ok(Some(enforcer)) = enforcer()
-    {
-        enforcer.synchronized();
-    }
-    result
+    after_success(result, Enforcer::synchronized)
+}
+
+/// The device pointer a successful allocation wrote (0 for a null out-pointer).
+fn allocated(pointer: *const CUdeviceptr) -> u64 {
+    read_out(pointer).unwrap_or(0)
 }
 
 hook! {
-    fn cuMemAlloc_v2(pointer: *mut CUdeviceptr, bytes: usize) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes) }, || AllocKey::Pointer(read(pointer)))
+    fn cuMemAlloc_v2(pointer: *mut CUdeviceptr, bytes: usize) -> CUresult |forward| {
+        counted(bytes as u64, Target::Current, forward, || AllocKey::Pointer(allocated(pointer)))
     }
 }
 
 hook! {
     /// The pre-3.2 ABI (32-bit pointers and sizes).
-    fn cuMemAlloc(pointer: *mut u32, bytes: u32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes) }, || AllocKey::Pointer(read(pointer) as u64))
+    fn cuMemAlloc(pointer: *mut u32, bytes: u32) -> CUresult |forward| {
+        counted(bytes as u64, Target::Current, forward, || AllocKey::Pointer(read_out(pointer).unwrap_or(0) as u64))
     }
 }
 
 hook! {
-    fn cuMemAllocManaged(pointer: *mut CUdeviceptr, bytes: usize, flags: u32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        counted(bytes as u64, Target::Current, || unsafe { real(pointer, bytes, flags) }, || AllocKey::Pointer(read(pointer)))
+    fn cuMemAllocManaged(pointer: *mut CUdeviceptr, bytes: usize, flags: u32) -> CUresult |forward| {
+        counted(bytes as u64, Target::Current, forward, || AllocKey::Pointer(allocated(pointer)))
     }
 }
 
@@ -160,7 +90,7 @@ hook! {
 fn pitched(
     width: u64,
     height: u64,
-    allocate: impl FnOnce() -> CUresult,
+    allocate: impl FnOnce() -> CUresult + Copy,
     result_of: impl Fn() -> (u64, u64),
     free: impl FnOnce(u64),
 ) -> CUresult {
@@ -173,7 +103,7 @@ fn pitched(
     if result != CUDA_SUCCESS {
         return result;
     }
-    let Ok(Some(enforcer)) = enforcer() else {
+    let Some(enforcer) = enforcing() else {
         return result;
     };
     let (pointer, pitch) = result_of();
@@ -203,34 +133,30 @@ fn pitched(
 }
 
 hook! {
-    fn cuMemAllocPitch_v2(pointer: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_bytes: u32) -> CUresult |real| {
+    fn cuMemAllocPitch_v2(pointer: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_bytes: u32) -> CUresult |forward| {
         let free = real!(cuMemFree_v2 as fn(CUdeviceptr) -> CUresult);
         pitched(
             width as u64,
             height as u64,
-            // SAFETY: forwarding the caller's own arguments to the real function (or
-            // writing through out-pointers the real call has just validated).
-            || unsafe { real(pointer, pitch, width, height, element_bytes) },
-            || (read(pointer), read(pitch) as u64),
-            // SAFETY: forwarding the caller's own arguments to the real function (or
-            // writing through out-pointers the real call has just validated).
+            forward,
+            || (allocated(pointer), read_out(pitch).unwrap_or(0) as u64),
+            // SAFETY: freeing the allocation the real call just made (the quota cannot
+            // take its pitch), with the real cuMemFree_v2.
             |p| unsafe { free(p); },
         )
     }
 }
 
 hook! {
-    fn cuMemAllocPitch(pointer: *mut u32, pitch: *mut u32, width: u32, height: u32, element_bytes: u32) -> CUresult |real| {
+    fn cuMemAllocPitch(pointer: *mut u32, pitch: *mut u32, width: u32, height: u32, element_bytes: u32) -> CUresult |forward| {
         let free = real!(cuMemFree as fn(u32) -> CUresult);
         pitched(
             width as u64,
             height as u64,
-            // SAFETY: forwarding the caller's own arguments to the real function (or
-            // writing through out-pointers the real call has just validated).
-            || unsafe { real(pointer, pitch, width, height, element_bytes) },
-            || (read(pointer) as u64, read(pitch) as u64),
-            // SAFETY: forwarding the caller's own arguments to the real function (or
-            // writing through out-pointers the real call has just validated).
+            forward,
+            || (read_out(pointer).unwrap_or(0) as u64, read_out(pitch).unwrap_or(0) as u64),
+            // SAFETY: freeing the allocation the real call just made (a 32-bit pointer,
+            // as it was handed out), with the real cuMemFree.
             |p| unsafe { free(p as u32); },
         )
     }
@@ -239,30 +165,21 @@ hook! {
 /// Credits a pointer and the pitch surcharge that may ride along with it. (A pointer
 /// from a pool credits nothing: the pool keeps the memory reserved.)
 pub(crate) fn pointer_freed(pointer: u64, result: CUresult) -> CUresult {
-    let result = freed(AllocKey::Pointer(pointer), result);
-    if result == CUDA_SUCCESS
-        && let Ok(Some(enforcer)) = enforcer()
-    {
+    after_success(result, |enforcer| {
+        enforcer.forget(AllocKey::Pointer(pointer));
         enforcer.forget(AllocKey::Pointer(pointer ^ (1 << 63)));
-    }
-    result
+    })
 }
 
 hook! {
-    fn cuMemFree_v2(pointer: CUdeviceptr) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        let result = pointer_freed(pointer, unsafe { real(pointer) });
-        synchronized(result)
+    fn cuMemFree_v2(pointer: CUdeviceptr) -> CUresult |forward| {
+        synchronized(pointer_freed(pointer, forward()))
     }
 }
 
 hook! {
-    fn cuMemFree(pointer: u32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function (or
-        // writing through out-pointers the real call has just validated).
-        let result = pointer_freed(pointer as u64, unsafe { real(pointer) });
-        synchronized(result)
+    fn cuMemFree(pointer: u32) -> CUresult |forward| {
+        synchronized(pointer_freed(pointer as u64, forward()))
     }
 }
 
@@ -291,128 +208,108 @@ pub(crate) fn array_charge(
 /// Reserve what an array takes, run `allocate`, and key it by the handle it returns.
 fn array_counted(
     charge: u64,
-    allocate: impl FnOnce() -> CUresult,
+    allocate: impl FnOnce() -> CUresult + Copy,
     handle: *const usize,
 ) -> CUresult {
     charged(charge, Target::Current, allocate, |enforcer, ticket| {
-        enforcer.record(AllocKey::Array(read(handle)), ticket, current_context())
+        enforcer.record(
+            AllocKey::Array(read_out(handle).unwrap_or(0)),
+            ticket,
+            current_context(),
+        )
     })
 }
 
-/// Reads a descriptor the caller passed, or `None` for a null pointer.
-pub(crate) fn descriptor<T>(pointer: *const T) -> Option<&'static T> {
-    // SAFETY: a non-null descriptor pointer is the caller's valid input, read before the
-    // real call as the driver itself does.
-    unsafe { pointer.as_ref() }
-}
-
 hook! {
-    fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CudaArrayDescriptor) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        let Some(d) = descriptor(desc) else { return unsafe { real(handle, desc) } };
+    fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CudaArrayDescriptor) -> CUresult |forward| {
+        let Some(d) = read_descriptor(desc) else { return forward() };
         let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, 0], 0, 1);
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        array_counted(charge, || unsafe { real(handle, desc) }, handle.cast())
+        array_counted(charge, forward, handle.cast())
     }
 }
 
 hook! {
-    fn cuArrayCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        let Some(d) = descriptor(desc as *const CudaArrayDescriptorV1) else { return unsafe { real(handle, desc) } };
+    fn cuArrayCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |forward| {
+        let Some(d) = read_descriptor(desc.cast::<CudaArrayDescriptorV1>()) else { return forward() };
         let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, 0], 0, 1);
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        array_counted(charge, || unsafe { real(handle, desc) }, handle.cast())
+        array_counted(charge, forward, handle.cast())
     }
 }
 
 hook! {
-    fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CudaArray3dDescriptor) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        let Some(d) = descriptor(desc) else { return unsafe { real(handle, desc) } };
+    fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CudaArray3dDescriptor) -> CUresult |forward| {
+        let Some(d) = read_descriptor(desc) else { return forward() };
         let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64], d.flags, 1);
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        array_counted(charge, || unsafe { real(handle, desc) }, handle.cast())
+        array_counted(charge, forward, handle.cast())
     }
 }
 
 hook! {
-    fn cuArray3DCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        let Some(d) = descriptor(desc as *const CudaArray3dDescriptorV1) else { return unsafe { real(handle, desc) } };
+    fn cuArray3DCreate(handle: *mut CUarray, desc: *const c_void) -> CUresult |forward| {
+        let Some(d) = read_descriptor(desc.cast::<CudaArray3dDescriptorV1>()) else { return forward() };
         let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64], d.flags, 1);
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        array_counted(charge, || unsafe { real(handle, desc) }, handle.cast())
+        array_counted(charge, forward, handle.cast())
     }
 }
 
 hook! {
-    fn cuArrayDestroy(handle: CUarray) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        freed(AllocKey::Array(handle as usize), unsafe { real(handle) })
+    fn cuArrayDestroy(handle: CUarray) -> CUresult |forward| {
+        freed(AllocKey::Array(handle as usize), forward())
     }
 }
 
 hook! {
-    fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CudaArray3dDescriptor, levels: u32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        let Some(d) = descriptor(desc) else { return unsafe { real(handle, desc, levels) } };
+    fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CudaArray3dDescriptor, levels: u32) -> CUresult |forward| {
+        let Some(d) = read_descriptor(desc) else { return forward() };
         let charge = array_charge(d.format, d.num_channels, [d.width as u64, d.height as u64, d.depth as u64], d.flags, levels);
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        array_counted(charge, || unsafe { real(handle, desc, levels) }, handle.cast())
+        array_counted(charge, forward, handle.cast())
     }
 }
 
 hook! {
-    fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        freed(AllocKey::Array(handle as usize), unsafe { real(handle) })
+    fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult |forward| {
+        freed(AllocKey::Array(handle as usize), forward())
     }
 }
 
 // --- what the container is told ----------------------------------------------------
 
-/// free = quota − used (never more than the card really has free), total = quota.
+/// free = quota − used (never more than the card really has free), total = quota;
+/// `real_info` is the real call's (free, total).
 fn memory_info(
-    real_info: impl FnOnce(&mut u64, &mut u64) -> CUresult,
+    real_info: impl FnOnce() -> Result<(u64, u64), CUresult>,
 ) -> Result<(u64, u64), CUresult> {
-    let (mut real_free, mut real_total) = (0u64, 0u64);
-    let result = real_info(&mut real_free, &mut real_total);
-    if result != CUDA_SUCCESS {
-        return Err(result);
-    }
-    match enforcer()? {
-        None => Ok((real_free, real_total)),
-        Some(enforcer) => {
+    let (real_free, real_total) = real_info()?;
+    enforce(
+        || Ok((real_free, real_total)),
+        |enforcer| {
             let device = enforcer.current()?;
             let free = device
                 .memory_limit
                 .saturating_sub(enforcer.used(device))
                 .min(real_free);
             Ok((free, device.memory_limit))
-        }
-    }
+        },
+    )
 }
 
 hook! {
-    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult |real| {
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult |forward, real| {
         if free.is_null() || total.is_null() {
-            // SAFETY: forwarding the caller's own arguments to the real function (or
-            // writing through out-pointers the real call has just validated).
-            return unsafe { real(free, total) };
+            return forward();
         }
-        let answer = memory_info(|f, t| {
-            let (mut rf, mut rt) = (0usize, 0usize);
-            // SAFETY: forwarding the caller's own arguments to the real function (or
-            // writing through out-pointers the real call has just validated).
-            let result = unsafe { real(&mut rf, &mut rt) };
-            (*f, *t) = (rf as u64, rt as u64);
-            result
+        let answer = memory_info(|| {
+            let (mut real_free, mut real_total) = (0usize, 0usize);
+            // SAFETY: our own out-pointers, to the real cuMemGetInfo_v2.
+            match unsafe { real(&mut real_free, &mut real_total) } {
+                CUDA_SUCCESS => Ok((real_free as u64, real_total as u64)),
+                error => Err(error),
+            }
         });
         match answer {
             Ok((f, t)) => {
-                // SAFETY: both checked non-null above.
-                unsafe { (*free, *total) = (f as usize, t as usize) };
+                write_out(free, f as usize);
+                write_out(total, t as usize);
                 CUDA_SUCCESS
             }
             Err(error) => error,
@@ -421,24 +318,22 @@ hook! {
 }
 
 hook! {
-    fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CUresult |real| {
+    fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CUresult |forward, real| {
         if free.is_null() || total.is_null() {
-            // SAFETY: forwarding the caller's own arguments to the real function (or
-            // writing through out-pointers the real call has just validated).
-            return unsafe { real(free, total) };
+            return forward();
         }
-        let answer = memory_info(|f, t| {
-            let (mut rf, mut rt) = (0u32, 0u32);
-            // SAFETY: forwarding the caller's own arguments to the real function (or
-            // writing through out-pointers the real call has just validated).
-            let result = unsafe { real(&mut rf, &mut rt) };
-            (*f, *t) = (rf as u64, rt as u64);
-            result
+        let answer = memory_info(|| {
+            let (mut real_free, mut real_total) = (0u32, 0u32);
+            // SAFETY: our own out-pointers, to the real cuMemGetInfo.
+            match unsafe { real(&mut real_free, &mut real_total) } {
+                CUDA_SUCCESS => Ok((real_free as u64, real_total as u64)),
+                error => Err(error),
+            }
         });
         match answer {
             Ok((f, t)) => {
-                // SAFETY: both checked non-null above.
-                unsafe { (*free, *total) = (f.min(u32::MAX as u64) as u32, t.min(u32::MAX as u64) as u32) };
+                write_out(free, f.min(u32::MAX as u64) as u32);
+                write_out(total, t.min(u32::MAX as u64) as u32);
                 CUDA_SUCCESS
             }
             Err(error) => error,
@@ -449,25 +344,8 @@ hook! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::pool_growth_bound;
 
     const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn allocations_are_charged_as_the_driver_spends_them() {
-        assert_eq!(charged_size(1), 512);
-        assert_eq!(charged_size(513), 1024);
-        assert_eq!(charged_size(MIB - 1), MIB);
-        assert_eq!(charged_size(MIB), 2 * MIB, "from 1 MiB up: 2 MiB pages");
-        assert_eq!(charged_size(3 * MIB), 4 * MIB);
-        assert_eq!(charged_size(300 * MIB), 300 * MIB);
-        assert_eq!(
-            pool_growth_bound(5 * MIB),
-            32 * MIB,
-            "a pool grows by 32 MiB at least"
-        );
-        assert_eq!(pool_growth_bound(301 * MIB), 302 * MIB);
-    }
 
     #[test]
     fn arrays_are_charged_in_2_mib_units_over_every_level() {

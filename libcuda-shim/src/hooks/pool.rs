@@ -2,24 +2,24 @@
 //! its release threshold, and past it until a synchronisation), so the quota counts what
 //! each pool this process uses has *reserved*, as the driver reports it, not what callers
 //! hold: an allocation reserves the most its pool can grow by first, then the pool is
-//! settled at the driver's figure (`Enforcer::pool_allocate`); frees credit nothing;
+//! settled at the driver's figure (`crate::ledger::pool_counting`); frees credit nothing;
 //! synchronisation points, trims, attribute changes and pool destruction settle again.
 //! Before refusing any allocation the shim trims this process's pools if that makes room.
 
 use std::ffi::c_void;
 
 use crate::cuda::*;
-use crate::hook;
-use crate::hooks::memory::{
-    Target, current_context, descriptor, pointer_freed, read, resolve, synchronized,
-};
-use crate::state::{Enforcer, Visible, enforcer, real};
+use crate::devices::{Target, Visible};
+use crate::ffi::{read_descriptor, read_out};
+use crate::hooks::memory::{current_context, pointer_freed, synchronized};
+use crate::state::{after_success, enforce};
+use crate::{hook, real};
 
 /// The pool `cuMemAllocAsync` takes from on `device`: its current pool.
 fn current_pool(device: &Visible) -> Option<usize> {
     let get = real!(cuDeviceGetMemPool as fn(*mut CUmemoryPool, CUdevice) -> CUresult);
     let mut pool: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: valid out-pointer, a real device handle.
+    // SAFETY: our own out-pointer and a real device handle, to the real cuDeviceGetMemPool.
     (unsafe { get(&mut pool, device.real) } == CUDA_SUCCESS && !pool.is_null())
         .then_some(pool as usize)
 }
@@ -29,35 +29,32 @@ fn pooled(
     pool: Option<CUmemoryPool>,
     bytes: usize,
     pointer: *mut CUdeviceptr,
-    allocate: impl FnOnce() -> CUresult,
+    allocate: impl FnOnce() -> CUresult + Copy,
     undo: impl FnOnce(u64),
 ) -> CUresult {
-    let enforcer = match enforcer() {
-        Err(error) => return error,
-        Ok(None) => return allocate(),
-        Ok(Some(enforcer)) => enforcer,
-    };
-    let device = match pool.and_then(|pool| enforcer.pool_device(pool as usize)) {
-        Some(device) => device,
-        None => match resolve(enforcer, &Target::Current) {
-            Ok(device) => device,
-            Err(CUDA_ERROR_INVALID_DEVICE) => return CUDA_ERROR_INVALID_DEVICE,
-            // No context: the driver gives its own error.
-            Err(_) => return allocate(),
-        },
-    };
-    let Some(pool) = pool.map(|p| p as usize).or_else(|| current_pool(device)) else {
-        return allocate();
-    };
-    enforcer.pool_allocate(
-        device,
-        pool,
-        bytes as u64,
-        current_context(),
-        allocate,
-        || read(pointer),
-        undo,
-    )
+    enforce(allocate, |enforcer| {
+        let device = match pool.and_then(|pool| enforcer.pool_device(pool as usize)) {
+            Some(device) => device,
+            None => match enforcer.device_for(&Target::Current) {
+                Ok(device) => device,
+                Err(CUDA_ERROR_INVALID_DEVICE) => return CUDA_ERROR_INVALID_DEVICE,
+                // No context: the driver gives its own error.
+                Err(_) => return allocate(),
+            },
+        };
+        let Some(pool) = pool.map(|p| p as usize).or_else(|| current_pool(device)) else {
+            return allocate();
+        };
+        enforcer.pool_allocate(
+            device,
+            pool,
+            bytes as u64,
+            current_context(),
+            allocate,
+            || read_out(pointer).unwrap_or(0),
+            undo,
+        )
+    })
 }
 
 /// `cuMemAllocAsync`-style: `allocate` from `pool` (`None`: the device's current pool),
@@ -68,7 +65,7 @@ fn stream_ordered(
     pointer: *mut CUdeviceptr,
     stream: CUstream,
     per_thread: bool,
-    allocate: impl FnOnce() -> CUresult,
+    allocate: impl FnOnce() -> CUresult + Copy,
 ) -> CUresult {
     let (free, sync) = if per_thread {
         (
@@ -82,7 +79,8 @@ fn stream_ordered(
         )
     };
     pooled(pool, bytes, pointer, allocate, |p| {
-        // SAFETY: freeing the allocation just made, on its own stream, and waiting.
+        // SAFETY: freeing the allocation the real call just made, on the caller's stream
+        // it was made on, and waiting for that stream, with the real functions.
         unsafe {
             free(p, stream);
             sync(stream);
@@ -91,87 +89,68 @@ fn stream_ordered(
 }
 
 hook! {
-    fn cuMemAllocAsync(pointer: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        stream_ordered(None, bytes, pointer, stream, false, || unsafe { real(pointer, bytes, stream) })
+    fn cuMemAllocAsync(pointer: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult |forward| {
+        stream_ordered(None, bytes, pointer, stream, false, forward)
     }
 }
 
 hook! {
-    fn cuMemAllocAsync_ptsz(pointer: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        stream_ordered(None, bytes, pointer, stream, true, || unsafe { real(pointer, bytes, stream) })
+    fn cuMemAllocAsync_ptsz(pointer: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult |forward| {
+        stream_ordered(None, bytes, pointer, stream, true, forward)
     }
 }
 
 hook! {
-    fn cuMemAllocFromPoolAsync(pointer: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        stream_ordered(Some(pool), bytes, pointer, stream, false, || unsafe { real(pointer, bytes, pool, stream) })
+    fn cuMemAllocFromPoolAsync(pointer: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult |forward| {
+        stream_ordered(Some(pool), bytes, pointer, stream, false, forward)
     }
 }
 
 hook! {
-    fn cuMemAllocFromPoolAsync_ptsz(pointer: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        stream_ordered(Some(pool), bytes, pointer, stream, true, || unsafe { real(pointer, bytes, pool, stream) })
+    fn cuMemAllocFromPoolAsync_ptsz(pointer: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult |forward| {
+        stream_ordered(Some(pool), bytes, pointer, stream, true, forward)
     }
 }
 
 hook! {
-    fn cuMemFreeAsync(pointer: CUdeviceptr, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        pointer_freed(pointer, unsafe { real(pointer, stream) })
+    fn cuMemFreeAsync(pointer: CUdeviceptr, stream: CUstream) -> CUresult |forward| {
+        pointer_freed(pointer, forward())
     }
 }
 
 hook! {
-    fn cuMemFreeAsync_ptsz(pointer: CUdeviceptr, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        pointer_freed(pointer, unsafe { real(pointer, stream) })
+    fn cuMemFreeAsync_ptsz(pointer: CUdeviceptr, stream: CUstream) -> CUresult |forward| {
+        pointer_freed(pointer, forward())
     }
 }
 
 // --- the pools themselves -----------------------------------------------------------
 
-/// Runs `then` when the real call succeeded and the quota applies.
-fn after(result: CUresult, then: impl FnOnce(&Enforcer)) -> CUresult {
-    if result == CUDA_SUCCESS
-        && let Ok(Some(enforcer)) = enforcer()
-    {
-        then(enforcer);
-    }
-    result
-}
-
 /// Learns which device a looked-up pool belongs to.
 fn looked_up(result: CUresult, pool: *mut CUmemoryPool, device: CUdevice) -> CUresult {
-    after(result, |enforcer| {
+    after_success(result, |enforcer| {
         if let Some(visible) = enforcer.visible(device) {
-            enforcer.pool_known(read(pool as *const usize), visible);
+            enforcer.pool_known(read_out(pool.cast::<usize>()).unwrap_or(0), visible);
         }
     })
 }
 
 hook! {
-    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, device: CUdevice) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        looked_up(unsafe { real(pool, device) }, pool, device)
+    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, device: CUdevice) -> CUresult |forward| {
+        looked_up(forward(), pool, device)
     }
 }
 
 hook! {
-    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, device: CUdevice) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        looked_up(unsafe { real(pool, device) }, pool, device)
+    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, device: CUdevice) -> CUresult |forward| {
+        looked_up(forward(), pool, device)
     }
 }
 
 hook! {
-    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        let result = unsafe { real(pool, props) };
-        match descriptor(props) {
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult |forward| {
+        let result = forward();
+        match read_descriptor(props) {
             Some(p) if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE => looked_up(result, pool, p.location_id),
             // Host pools take no device memory.
             _ => result,
@@ -180,59 +159,51 @@ hook! {
 }
 
 hook! {
-    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        after(unsafe { real(pool) }, |enforcer| enforcer.pool_destroyed(pool as usize))
+    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult |forward| {
+        after_success(forward(), |enforcer| enforcer.pool_destroyed(pool as usize))
     }
 }
 
 hook! {
-    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        after(unsafe { real(pool, keep) }, |enforcer| enforcer.pool_settle(pool as usize))
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult |forward| {
+        after_success(forward(), |enforcer| enforcer.pool_settle(pool as usize))
     }
 }
 
 hook! {
-    fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: i32, value: *mut c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        after(unsafe { real(pool, attribute, value) }, |enforcer| enforcer.pool_settle(pool as usize))
+    fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: i32, value: *mut c_void) -> CUresult |forward| {
+        after_success(forward(), |enforcer| enforcer.pool_settle(pool as usize))
     }
 }
 
 // --- where the driver may release pool memory -------------------------------------
 
 hook! {
-    fn cuStreamSynchronize(stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        synchronized(unsafe { real(stream) })
+    fn cuStreamSynchronize(stream: CUstream) -> CUresult |forward| {
+        synchronized(forward())
     }
 }
 
 hook! {
-    fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        synchronized(unsafe { real(stream) })
+    fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult |forward| {
+        synchronized(forward())
     }
 }
 
 hook! {
-    fn cuEventSynchronize(event: CUevent) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        synchronized(unsafe { real(event) })
+    fn cuEventSynchronize(event: CUevent) -> CUresult |forward| {
+        synchronized(forward())
     }
 }
 
 hook! {
-    fn cuCtxSynchronize() -> CUresult |real| {
-        // SAFETY: forwarding to the real function.
-        synchronized(unsafe { real() })
+    fn cuCtxSynchronize() -> CUresult |forward| {
+        synchronized(forward())
     }
 }
 
 hook! {
-    fn cuCtxSynchronize_v2(context: CUcontext) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        synchronized(unsafe { real(context) })
+    fn cuCtxSynchronize_v2(context: CUcontext) -> CUresult |forward| {
+        synchronized(forward())
     }
 }

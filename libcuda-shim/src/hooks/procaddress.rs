@@ -4,39 +4,32 @@
 //! the export whose address it is, and if the shim hooks that export, the hook is handed
 //! out instead. No version table is needed, and nothing hooked can be bypassed.
 
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{c_char, c_void};
 
 use crate::cuda::*;
-use crate::forward::HOOKS;
+use crate::exports::HOOKS;
+use crate::ffi::{c_string, read_out, write_out};
 use crate::state::{Policy, shim};
 use crate::{debug, hook};
 
 /// Replaces `*function` with the hook of the export it points to, if there is one.
 fn swap_in_hook(symbol: *const c_char, function: *mut *mut c_void) {
     let shim = shim();
-    if matches!(shim.policy, Policy::Passthrough) || function.is_null() {
+    if matches!(shim.policy, Policy::Passthrough) {
         return;
     }
     let Some(real) = &shim.real else { return };
-    // SAFETY: the real lookup succeeded, so it wrote `*function`.
-    let pointer = unsafe { *function };
-    if pointer.is_null() {
+    let Some(pointer) = read_out(function).filter(|pointer| !pointer.is_null()) else {
         return;
-    }
+    };
     match real.index_of(pointer) {
         Some(index) => {
             if let Some(hook) = HOOKS[index] {
-                // SAFETY: `function` is the caller's valid out-pointer.
-                unsafe { *function = hook as *mut c_void };
+                write_out(function, hook as *mut c_void);
             }
         }
         None => {
-            let name = if symbol.is_null() {
-                "?".into()
-            } else {
-                // SAFETY: the driver accepted `symbol` as a C string.
-                unsafe { CStr::from_ptr(symbol) }.to_string_lossy()
-            };
+            let name = c_string(symbol);
             debug!(
                 "cuGetProcAddress({name}) returned {pointer:p}, which is no export: passed through"
             );
@@ -45,9 +38,8 @@ fn swap_in_hook(symbol: *const c_char, function: *mut *mut c_void) {
 }
 
 hook! {
-    fn cuGetProcAddress(symbol: *const c_char, function: *mut *mut c_void, cuda_version: i32, flags: u64) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        let result = unsafe { real(symbol, function, cuda_version, flags) };
+    fn cuGetProcAddress(symbol: *const c_char, function: *mut *mut c_void, cuda_version: i32, flags: u64) -> CUresult |forward| {
+        let result = forward();
         if result == CUDA_SUCCESS {
             swap_in_hook(symbol, function);
         }
@@ -56,9 +48,8 @@ hook! {
 }
 
 hook! {
-    fn cuGetProcAddress_v2(symbol: *const c_char, function: *mut *mut c_void, cuda_version: i32, flags: u64, status: *mut i32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        let result = unsafe { real(symbol, function, cuda_version, flags, status) };
+    fn cuGetProcAddress_v2(symbol: *const c_char, function: *mut *mut c_void, cuda_version: i32, flags: u64, status: *mut i32) -> CUresult |forward| {
+        let result = forward();
         if result == CUDA_SUCCESS {
             swap_in_hook(symbol, function);
         }

@@ -2,69 +2,55 @@
 //! there: PyTorch's expandable segments and NCCL allocate this way) and lives until its
 //! last mapping is gone and its last reference is released, whatever the order:
 //! `cuMemRelease` of a still-mapped handle credits nothing, the last `cuMemUnmap` does.
-//! The hooks feed the ledger (`crate::ledger::vmm`) after each real call succeeds.
+//! The hooks feed the ledger (`crate::ledger::vmm_counting`) after each real call
+//! succeeds.
 
 use std::ffi::c_void;
 
 use crate::cuda::*;
+use crate::devices::Target;
+use crate::ffi::{read_descriptor, read_out};
 use crate::hook;
-use crate::hooks::memory::{Target, charged, descriptor, read};
-use crate::state::{charged_size, enforcer};
-
-/// Runs `after` with the enforcer when the real call succeeded and the quota applies.
-fn after(result: CUresult, then: impl FnOnce(&crate::state::Enforcer)) -> CUresult {
-    if result == CUDA_SUCCESS
-        && let Ok(Some(enforcer)) = enforcer()
-    {
-        then(enforcer);
-    }
-    result
-}
+use crate::hooks::memory::charged;
+use crate::ledger::allocations::charged_size;
+use crate::state::after_success;
 
 hook! {
-    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult |real| {
-        let target = match descriptor(prop) {
+    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult |forward| {
+        let target = match read_descriptor(prop) {
             Some(p) if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE => Target::Device(p.location_id),
             // Host-located (or unknown) allocations do not take device memory.
-            // SAFETY: forwarding the caller's own arguments to the real function.
-            _ => return unsafe { real(handle, bytes, prop, flags) },
+            _ => return forward(),
         };
         charged(
             charged_size(bytes as u64),
             target,
-            // SAFETY: forwarding the caller's own arguments to the real function.
-            || unsafe { real(handle, bytes, prop, flags) },
-            |enforcer, ticket| enforcer.vmm_created(read(handle), ticket),
+            forward,
+            |enforcer, ticket| enforcer.vmm_created(read_out(handle).unwrap_or(0), ticket),
         )
     }
 }
 
 hook! {
-    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        after(unsafe { real(handle) }, |enforcer| enforcer.vmm_released(handle))
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult |forward| {
+        after_success(forward(), |enforcer| enforcer.vmm_released(handle))
     }
 }
 
 hook! {
-    fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, address: *mut c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        after(unsafe { real(handle, address) }, |enforcer| enforcer.vmm_retained(read(handle)))
+    fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, address: *mut c_void) -> CUresult |forward| {
+        after_success(forward(), |enforcer| enforcer.vmm_retained(read_out(handle).unwrap_or(0)))
     }
 }
 
 hook! {
-    fn cuMemMap(address: CUdeviceptr, bytes: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        after(unsafe { real(address, bytes, offset, handle, flags) }, |enforcer| {
-            enforcer.vmm_mapped(address, bytes as u64, handle)
-        })
+    fn cuMemMap(address: CUdeviceptr, bytes: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult |forward| {
+        after_success(forward(), |enforcer| enforcer.vmm_mapped(address, bytes as u64, handle))
     }
 }
 
 hook! {
-    fn cuMemUnmap(address: CUdeviceptr, bytes: usize) -> CUresult |real| {
-        // SAFETY: forwarding the caller's own arguments to the real function.
-        after(unsafe { real(address, bytes) }, |enforcer| enforcer.vmm_unmapped(address, bytes as u64))
+    fn cuMemUnmap(address: CUdeviceptr, bytes: usize) -> CUresult |forward| {
+        after_success(forward(), |enforcer| enforcer.vmm_unmapped(address, bytes as u64))
     }
 }

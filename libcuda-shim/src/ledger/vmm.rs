@@ -5,8 +5,8 @@
 //! ledger credits a handle only then. A `cuMemUnmap` may cover several mappings, or part
 //! of one (what stays mapped keeps the handle alive).
 //!
-//! Pure bookkeeping: the hooks call it after the real call succeeded, and credit what it
-//! returns.
+//! Pure bookkeeping: `super::vmm_counting` calls it after each hook's real call
+//! succeeded, and credits what it returns.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,0 +1,227 @@
+//! Single allocations (`cuMemAlloc*`, pitched, managed, arrays, and what VMM and pools
+//! reserve through the same door): the order is always reserve in the region (refusing
+//! with CUDA_ERROR_OUT_OF_MEMORY, allocating nothing, when the quota would be passed),
+//! call the real allocator, then record the allocation, or give the reservation back if
+//! the driver failed. A free credits back exactly what was recorded.
+//!
+//! Sizes are charged as the driver spends memory (`charged_size`), not as asked.
+
+use vgpu_shimgen::runtime;
+
+use super::Ticket;
+use crate::cuda::*;
+use crate::debug;
+use crate::devices::{Target, Visible};
+use crate::process::{ProcessState, process_state};
+use crate::state::Enforcer;
+
+/// What an allocation is keyed by: a device pointer or an array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AllocKey {
+    /// A device pointer (a pitched allocation's surcharge is keyed by the pointer with
+    /// its top bit flipped).
+    Pointer(u64),
+    /// A `CUarray` or `CUmipmappedArray` handle.
+    Array(usize),
+}
+
+/// One recorded allocation.
+pub struct Allocation {
+    pub(super) ticket: Ticket,
+    pub(super) context: usize,
+    /// The pool it came from (its memory is counted as the pool's reservation).
+    pub(super) pool: Option<usize>,
+}
+
+/// Rounds an allocation the way the driver's allocator spends memory: large blocks in
+/// 2 MiB pages, small ones in 512-byte units.
+pub fn charged_size(bytes: u64) -> u64 {
+    const PAGE: u64 = 2 << 20;
+    if bytes >= (1 << 20) {
+        bytes.div_ceil(PAGE).saturating_mul(PAGE)
+    } else {
+        bytes.div_ceil(512) * 512
+    }
+}
+
+impl Enforcer {
+    /// Reserves `charge` bytes on the device `target` names, runs `allocate` (the real
+    /// call), and on success hands the reservation to `commit` (which remembers what will
+    /// credit it back); gives it back when the driver failed. A hidden device is
+    /// CUDA_ERROR_INVALID_DEVICE; no current context (or no cuInit) is the driver's own
+    /// error, and should the driver succeed anyway, what it handed out is counted.
+    pub fn allocate(
+        &self,
+        target: Target,
+        charge: u64,
+        allocate: impl FnOnce() -> CUresult,
+        commit: impl FnOnce(&Enforcer, Ticket),
+    ) -> CUresult {
+        let device = match self.device_for(&target) {
+            Ok(device) => device,
+            Err(CUDA_ERROR_INVALID_DEVICE) => return CUDA_ERROR_INVALID_DEVICE,
+            Err(_) => {
+                let result = allocate();
+                if result == CUDA_SUCCESS
+                    && let Ok(device) = self.device_for(&target)
+                    && let Some(slot) = self.slot()
+                {
+                    self.region.add_used(slot, device.region_index, charge);
+                    commit(self, self.ticket(slot, device, charge));
+                }
+                return result;
+            }
+        };
+        let ticket = match self.reserve(device, charge) {
+            Ok(ticket) => ticket,
+            Err(error) => return error,
+        };
+        let result = allocate();
+        if result == CUDA_SUCCESS {
+            commit(self, ticket);
+        } else {
+            self.unreserve(ticket);
+        }
+        result
+    }
+
+    /// Reserves `bytes` on `device` for this process, or says why not. Before saying no,
+    /// it credits back what dead processes held, settles this process's pools, and
+    /// trims them if what they hold unused makes room.
+    pub fn reserve(&self, device: &Visible, bytes: u64) -> Result<Ticket, CUresult> {
+        let process = process_state(self);
+        let Some(slot) = process.slot else {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        self.sync_with_driver(process, slot, device);
+        let limit = self.limit(device);
+        let index = device.region_index;
+        let ticket = Ticket {
+            slot,
+            region_index: index,
+            bytes,
+        };
+        if self.region.try_reserve(slot, index, bytes, limit) {
+            return Ok(ticket);
+        }
+        if self.reserve_making_room(slot, device, bytes, &mut process.pools()) {
+            return Ok(ticket);
+        }
+        debug!(
+            "refused {bytes} bytes on {}: {} used of {limit}",
+            device.uuid,
+            self.region.device_used(index)
+        );
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// Remembers a successful allocation so that its free credits it back.
+    pub fn record(&self, key: AllocKey, ticket: Ticket, context: usize) {
+        self.remember(
+            key,
+            Allocation {
+                ticket,
+                context,
+                pool: None,
+            },
+        );
+    }
+
+    pub(super) fn remember(&self, key: AllocKey, allocation: Allocation) {
+        let process = process_state(self);
+        let previous = runtime::lock(&process.allocations).insert(key, allocation);
+        if let Some(previous) = previous {
+            // The driver reused a key we still held: the old one was freed behind our back.
+            self.credit_allocation(process, previous);
+        }
+    }
+
+    fn credit_allocation(&self, process: &ProcessState, allocation: Allocation) {
+        self.region.release(
+            allocation.ticket.slot,
+            allocation.ticket.region_index,
+            allocation.ticket.bytes,
+        );
+        if let Some(pool) = allocation.pool
+            && let Some(change) = process.pools().freed(pool)
+        {
+            self.apply(allocation.ticket.slot, [change]);
+        }
+    }
+
+    /// Credits back the allocation under `key`, if we counted it. A pool allocation
+    /// credits nothing: its memory stays reserved in the pool (see `settle_pools`).
+    pub fn forget(&self, key: AllocKey) {
+        let process = process_state(self);
+        let removed = runtime::lock(&process.allocations).remove(&key);
+        if let Some(allocation) = removed {
+            self.credit_allocation(process, allocation);
+        }
+    }
+
+    /// Credits back everything allocated in `context` (its destruction frees it all),
+    /// and settles the pools, whose allocations went with it.
+    pub fn forget_context(&self, context: usize) {
+        let process = process_state(self);
+        let removed: Vec<Allocation> = {
+            let mut allocations = runtime::lock(&process.allocations);
+            let keys: Vec<AllocKey> = allocations
+                .iter()
+                .filter(|(_, a)| a.context == context)
+                .map(|(key, _)| *key)
+                .collect();
+            keys.iter()
+                .filter_map(|key| allocations.remove(key))
+                .collect()
+        };
+        for allocation in removed {
+            self.credit_allocation(process, allocation);
+        }
+        if let Some(slot) = process.slot {
+            self.settle_pools(process, slot, None);
+        }
+    }
+
+    /// Bytes the container holds on a device, after crediting back what processes that
+    /// are gone held (one `kill(pid, 0)` per other process), settling this process's
+    /// pools and reconciling with NVML (what `cuMemGetInfo` answers from).
+    pub fn used(&self, device: &Visible) -> u64 {
+        let process = process_state(self);
+        let Some(slot) = process.slot else {
+            return if self.refused {
+                device.memory_limit
+            } else {
+                self.region.device_used(device.region_index)
+            };
+        };
+        self.region.reclaim_gone(slot, process.pid_ns);
+        self.settle_pools(process, slot, Some(device.region_index));
+        self.sync_with_driver(process, slot, device);
+        self.region.device_used(device.region_index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn allocations_are_charged_as_the_driver_spends_them() {
+        assert_eq!(charged_size(0), 0);
+        assert_eq!(charged_size(1), 512);
+        assert_eq!(charged_size(512), 512);
+        assert_eq!(charged_size(513), 1024);
+        assert_eq!(charged_size(MIB - 1), MIB);
+        assert_eq!(charged_size(MIB), 2 * MIB, "from 1 MiB up: 2 MiB pages");
+        assert_eq!(charged_size(2 * MIB + 1), 4 * MIB);
+        assert_eq!(charged_size(3 * MIB), 4 * MIB);
+        assert_eq!(charged_size(300 * MIB), 300 * MIB);
+        assert_eq!(
+            charged_size(u64::MAX),
+            u64::MAX,
+            "a size past the last page saturates: it is refused, never wrapped to 0"
+        );
+    }
+}

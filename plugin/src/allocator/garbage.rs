@@ -1,0 +1,85 @@
+//! Liveness and garbage collection: which records a container may still use, and
+//! dropping the others (the periodic pass, and records in the way of an Allocate call).
+
+use super::{Allocator, HolderIndex};
+use crate::state::AllocationRecord;
+
+impl Allocator {
+    /// Whether an allocation may still be in use: its devices are held in PodResources;
+    /// or it is younger than the grace period, unless PodResources listed its container
+    /// at PreStart and lists it no more (that container is gone).
+    pub fn is_live(&self, record: &AllocationRecord, holders: &HolderIndex, now: u64) -> bool {
+        if record.device_ids().any(|id| holders.holder(id).is_some()) {
+            return true;
+        }
+        let listed_once = record.prepared_unix.is_some() && record.owner.is_some();
+        !listed_once && now.saturating_sub(record.created_unix) < self.config.gc_grace_secs
+    }
+
+    /// Drops the allocations among `ids` that are no longer live; returns them.
+    pub fn release_stale(
+        &mut self,
+        ids: &[String],
+        holders: &HolderIndex,
+        now: u64,
+    ) -> anyhow::Result<Vec<AllocationRecord>> {
+        self.release_where(ids, |allocator, record| {
+            !allocator.is_live(record, holders, now)
+        })
+    }
+
+    /// Drops the allocations among `ids` that stand in the way of an Allocate call
+    /// kubelet made and that no container can be using: kubelet hands out only device
+    /// IDs it holds free, so a record PodResources does not list is stale, unless it may
+    /// be the same pod's own a moment ago (not prepared, within the pairing window:
+    /// kubelet reusing an init container's devices). Returns them.
+    pub fn release_colliding(
+        &mut self,
+        ids: &[String],
+        holders: &HolderIndex,
+        now: u64,
+    ) -> anyhow::Result<Vec<AllocationRecord>> {
+        let window = self.config.pairing_window_secs;
+        self.release_where(ids, |_, record| {
+            let listed = record.device_ids().any(|id| holders.holder(id).is_some());
+            let admitting =
+                record.prepared_unix.is_none() && now.saturating_sub(record.created_unix) <= window;
+            !listed && !admitting
+        })
+    }
+
+    fn release_where(
+        &mut self,
+        ids: &[String],
+        stale: impl Fn(&Allocator, &AllocationRecord) -> bool,
+    ) -> anyhow::Result<Vec<AllocationRecord>> {
+        let doomed: Vec<String> = ids
+            .iter()
+            .filter(|id| {
+                self.state
+                    .allocations
+                    .get(*id)
+                    .is_some_and(|record| stale(self, record))
+            })
+            .cloned()
+            .collect();
+        let removed: Vec<AllocationRecord> = doomed
+            .iter()
+            .filter_map(|id| self.state.allocations.remove(id))
+            .collect();
+        if !removed.is_empty() {
+            self.save()?;
+        }
+        Ok(removed)
+    }
+
+    /// Drops every allocation that is no longer live; returns them.
+    pub fn collect_garbage(
+        &mut self,
+        holders: &HolderIndex,
+        now: u64,
+    ) -> anyhow::Result<Vec<AllocationRecord>> {
+        let ids: Vec<String> = self.state.allocations.keys().cloned().collect();
+        self.release_stale(&ids, holders, now)
+    }
+}

@@ -1,0 +1,399 @@
+//! Modules, libraries, kernels and functions: images (PTX, cubin, fatbin) are parsed
+//! for their entry names, a module's code is charged after its context (the shim does
+//! not hook them).
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_char, c_void};
+
+use super::support::{Res, cuda, out, require_current};
+use crate::clock::duration_from_name;
+use crate::cuda::errors::*;
+use crate::cuda::registry::*;
+use crate::cuda::with_registry;
+use crate::ffi::{self, c_str};
+
+/// The most bytes an image header may claim (1 GiB).
+const MAX_IMAGE: u64 = 1 << 30;
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
+
+/// Entry names declared by a PTX text.
+fn ptx_entries(text: &str) -> HashSet<String> {
+    let mut entries = HashSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(".entry") {
+        let after = &rest[at + ".entry".len()..];
+        let name: String = after
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.'))
+            .collect();
+        if !name.is_empty() {
+            entries.insert(name);
+        }
+        rest = after;
+    }
+    entries
+}
+
+/// Kernel names of a cubin: its `.text.<name>` sections.
+fn elf_entries(image: &[u8]) -> Result<HashSet<String>, CUresult> {
+    let u16_at = |at: usize| {
+        image
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64)
+    };
+    let u32_at = |at: usize| {
+        image
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64)
+    };
+    let u64_at = |at: usize| {
+        image
+            .get(at..at + 8)
+            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+    };
+    if image.get(4) != Some(&2) {
+        return Err(CUDA_ERROR_INVALID_IMAGE); // only ELF64 cubins
+    }
+    let shoff = u64_at(0x28).ok_or(CUDA_ERROR_INVALID_IMAGE)? as usize;
+    let shentsize = u16_at(0x3a).ok_or(CUDA_ERROR_INVALID_IMAGE)? as usize;
+    let shnum = u16_at(0x3c).ok_or(CUDA_ERROR_INVALID_IMAGE)? as usize;
+    let shstrndx = u16_at(0x3e).ok_or(CUDA_ERROR_INVALID_IMAGE)? as usize;
+    let section = |index: usize| -> Option<(u64, u64, u64)> {
+        let at = shoff + index * shentsize;
+        Some((u32_at(at)?, u64_at(at + 0x18)?, u64_at(at + 0x20)?))
+    };
+    let (_, strtab_offset, strtab_size) = section(shstrndx).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+    let strtab = image
+        .get(strtab_offset as usize..(strtab_offset + strtab_size) as usize)
+        .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+    let mut entries = HashSet::new();
+    for index in 0..shnum {
+        let (name_offset, _, _) = section(index).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        let name_bytes = strtab.get(name_offset as usize..).unwrap_or(&[]);
+        let end = name_bytes
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(name_bytes.len());
+        if let Some(kernel) = std::str::from_utf8(&name_bytes[..end])
+            .ok()
+            .and_then(|name| name.strip_prefix(".text."))
+        {
+            entries.insert(kernel.to_string());
+        }
+    }
+    Ok(entries)
+}
+
+/// The entry names of an image in memory: PTX text, an ELF cubin (its length read from
+/// its header), or a fatbin (whose kernels are not listed: any name is accepted).
+fn image_entries(image: *const c_void) -> Result<Option<HashSet<String>>, CUresult> {
+    let head = ffi::bytes(image.cast::<u8>(), 4).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let magic = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    if head == b"\x7fELF" {
+        let header = ffi::bytes(image.cast::<u8>(), 64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let shoff = u64::from_le_bytes(
+            header[0x28..0x30]
+                .try_into()
+                .map_err(|_| CUDA_ERROR_INVALID_IMAGE)?,
+        );
+        let shentsize = u16::from_le_bytes([header[0x3a], header[0x3b]]) as u64;
+        let shnum = u16::from_le_bytes([header[0x3c], header[0x3d]]) as u64;
+        let len = shoff
+            .checked_add(shentsize * shnum)
+            .filter(|len| *len <= MAX_IMAGE && *len >= 64)
+            .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        let whole = ffi::bytes(image.cast::<u8>(), len as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        return elf_entries(whole).map(Some);
+    }
+    if magic == FATBIN_MAGIC || magic == FATBIN_WRAPPER_MAGIC {
+        return Ok(None);
+    }
+    let text = c_str(image.cast::<c_char>()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    ptx_from_text(&text).map(Some)
+}
+
+fn ptx_from_text(text: &str) -> Result<HashSet<String>, CUresult> {
+    if !(text.contains(".version") || text.contains(".entry") || text.contains(".target")) {
+        return Err(CUDA_ERROR_INVALID_IMAGE);
+    }
+    require_jit_compiler()?;
+    Ok(ptx_entries(text))
+}
+
+/// Loads the JIT helper named by `VGPU_SIM_PTX_JIT_LIBRARY` by name, through the loader's
+/// search path as the real driver does, so a container layout that hides the driver's
+/// helpers fails over the sim as it fails on a GPU.
+fn require_jit_compiler() -> Result<(), CUresult> {
+    use std::os::unix::ffi::OsStringExt;
+    let Some(name) = std::env::var_os(crate::config::PTX_JIT_LIBRARY_ENV).filter(|n| !n.is_empty())
+    else {
+        return Ok(());
+    };
+    // cuda.h's code (vgpu_abi's CUresult is unsigned, the sim's signed).
+    const NOT_FOUND: CUresult = vgpu_abi::cuda::CUDA_ERROR_JIT_COMPILER_NOT_FOUND as CUresult;
+    let name = std::ffi::CString::new(name.into_vec()).map_err(|_| NOT_FOUND)?;
+    // SAFETY: dlopen of a NUL-terminated name; the handle is never closed, as the driver
+    // keeps its helper loaded.
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        Err(NOT_FOUND)
+    } else {
+        Ok(())
+    }
+}
+
+/// The entry names of an image file.
+fn file_entries(path: &str) -> Result<Option<HashSet<String>>, CUresult> {
+    let bytes = std::fs::read(path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    if bytes.starts_with(b"\x7fELF") {
+        return elf_entries(&bytes).map(Some);
+    }
+    if bytes.len() >= 4 {
+        let magic = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        if magic == FATBIN_MAGIC || magic == FATBIN_WRAPPER_MAGIC {
+            return Ok(None);
+        }
+    }
+    ptx_from_text(&String::from_utf8_lossy(&bytes)).map(Some)
+}
+
+fn load_module(module_out: *mut u64, entries: Option<HashSet<String>>) -> Res {
+    if module_out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = require_current()?;
+    let handle = with_registry(|registry| {
+        // The driver loads the module's code into device memory, after the context.
+        let charged = registry.sim.config.module_overhead;
+        let device = registry.context(ctx)?.device;
+        registry.charge(device, charged)?;
+        let handle = registry.handle(TAG_MODULE);
+        registry.modules.insert(
+            handle,
+            Module {
+                ctx,
+                charged,
+                entries,
+                functions: HashMap::new(),
+            },
+        );
+        Ok(handle)
+    })?;
+    out(module_out, handle)
+}
+
+fn load_library(library_out: *mut u64, entries: Option<HashSet<String>>) -> Res {
+    if library_out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let handle = with_registry(|registry| {
+        let handle = registry.handle(TAG_LIBRARY);
+        registry.libraries.insert(
+            handle,
+            Library {
+                entries,
+                kernels: HashMap::new(),
+            },
+        );
+        Ok(handle)
+    })?;
+    out(library_out, handle)
+}
+
+fn kernel_duration(registry: &Registry, name: &str) -> u64 {
+    duration_from_name(name).unwrap_or(registry.sim.config.kernel_ns)
+}
+
+/// Function attributes of every simulated kernel.
+fn function_attribute(attribute: i32) -> Option<i32> {
+    Some(match attribute {
+        0 => 1024,    // MAX_THREADS_PER_BLOCK
+        1 => 0,       // SHARED_SIZE_BYTES
+        2 => 0,       // CONST_SIZE_BYTES
+        3 => 0,       // LOCAL_SIZE_BYTES
+        4 => 32,      // NUM_REGS
+        5 => 90,      // PTX_VERSION
+        6 => 90,      // BINARY_VERSION
+        7 => 0,       // CACHE_MODE_CA
+        8 => 49152,   // MAX_DYNAMIC_SHARED_SIZE_BYTES
+        9 => -1,      // PREFERRED_SHARED_MEMORY_CARVEOUT
+        10 => 0,      // CLUSTER_SIZE_MUST_BE_SET
+        11..=13 => 0, // REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH
+        14 => 1,      // NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        15 => 0,      // CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        _ => return None,
+    })
+}
+
+cuda! {
+    fn cuModuleLoad(module: *mut u64, path: *const c_char) {
+        let path = c_str(path).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        require_current()?;
+        let entries = file_entries(&path)?;
+        load_module(module, entries)
+    }
+
+    fn cuModuleLoadData(module: *mut u64, image: *const c_void) {
+        require_current()?;
+        let entries = image_entries(image)?;
+        load_module(module, entries)
+    }
+
+    /// JIT options are accepted and ignored.
+    fn cuModuleLoadDataEx(module: *mut u64, image: *const c_void, num_options: u32, options: *mut i32, option_values: *mut *mut c_void) {
+        if num_options > 0 && (options.is_null() || option_values.is_null()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        require_current()?;
+        let entries = image_entries(image)?;
+        load_module(module, entries)
+    }
+
+    fn cuModuleLoadFatBinary(module: *mut u64, image: *const c_void) {
+        require_current()?;
+        let entries = image_entries(image)?;
+        load_module(module, entries)
+    }
+
+    fn cuModuleUnload(module: u64) {
+        with_registry(|registry| if registry.unload_module(module) { Ok(()) } else { Err(CUDA_ERROR_INVALID_HANDLE) })
+    }
+
+    fn cuModuleGetFunction(function: *mut u64, module: u64, name: *const c_char) {
+        let name = c_str(name).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if function.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = with_registry(|registry| {
+            let found = registry.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            if let Some(existing) = found.functions.get(&name) {
+                return Ok(*existing);
+            }
+            if found.entries.as_ref().is_some_and(|entries| !entries.contains(&name)) {
+                return Err(CUDA_ERROR_NOT_FOUND);
+            }
+            let duration_ns = kernel_duration(registry, &name);
+            let handle = registry.handle(TAG_FUNCTION);
+            registry.functions.insert(handle, Function { module, name: name.clone(), duration_ns });
+            if let Some(m) = registry.modules.get_mut(&module) {
+                m.functions.insert(name, handle);
+            }
+            Ok(handle)
+        })?;
+        out(function, handle)
+    }
+
+    fn cuLibraryLoadData(library: *mut u64, code: *const c_void, jit_options: *mut i32, jit_values: *mut *mut c_void, num_jit: u32, library_options: *mut i32, library_values: *mut *mut c_void, num_library: u32) {
+        if (num_jit > 0 && (jit_options.is_null() || jit_values.is_null())) || (num_library > 0 && (library_options.is_null() || library_values.is_null())) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let entries = image_entries(code)?;
+        load_library(library, entries)
+    }
+
+    fn cuLibraryLoadFromFile(library: *mut u64, path: *const c_char, jit_options: *mut i32, jit_values: *mut *mut c_void, num_jit: u32, library_options: *mut i32, library_values: *mut *mut c_void, num_library: u32) {
+        let _ = (jit_options, jit_values, num_jit, library_options, library_values, num_library);
+        let path = c_str(path).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        with_registry(|_| Ok(()))?;
+        let entries = file_entries(&path)?;
+        load_library(library, entries)
+    }
+
+    fn cuLibraryUnload(library: u64) {
+        with_registry(|registry| {
+            let removed = registry.libraries.remove(&library).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            for kernel in removed.kernels.values() {
+                if let Some(k) = registry.kernels.remove(kernel) {
+                    for function in k.functions.values() {
+                        registry.functions.remove(function);
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn cuLibraryGetKernel(kernel: *mut u64, library: u64, name: *const c_char) {
+        let name = c_str(name).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if kernel.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = with_registry(|registry| {
+            let found = registry.libraries.get(&library).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            if let Some(existing) = found.kernels.get(&name) {
+                return Ok(*existing);
+            }
+            if found.entries.as_ref().is_some_and(|entries| !entries.contains(&name)) {
+                return Err(CUDA_ERROR_NOT_FOUND);
+            }
+            let duration_ns = kernel_duration(registry, &name);
+            let handle = registry.handle(TAG_KERNEL);
+            registry.kernels.insert(handle, Kernel { library, name: name.clone(), duration_ns, functions: HashMap::new() });
+            if let Some(l) = registry.libraries.get_mut(&library) {
+                l.kernels.insert(name, handle);
+            }
+            Ok(handle)
+        })?;
+        out(kernel, handle)
+    }
+
+    fn cuKernelGetFunction(function: *mut u64, kernel: u64) {
+        if function.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let ctx = require_current()?;
+        let handle = with_registry(|registry| {
+            let found = registry.kernels.get(&kernel).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            if let Some(existing) = found.functions.get(&ctx) {
+                return Ok(*existing);
+            }
+            let (name, duration_ns) = (found.name.clone(), found.duration_ns);
+            let handle = registry.handle(TAG_FUNCTION);
+            registry.functions.insert(handle, Function { module: 0, name, duration_ns });
+            if let Some(k) = registry.kernels.get_mut(&kernel) {
+                k.functions.insert(ctx, handle);
+            }
+            Ok(handle)
+        })?;
+        out(function, handle)
+    }
+
+    fn cuFuncGetAttribute(value: *mut i32, attribute: i32, function: u64) {
+        with_registry(|registry| {
+            if tag_of(function) == TAG_KERNEL && registry.kernels.contains_key(&function) || registry.functions.contains_key(&function) {
+                Ok(())
+            } else {
+                Err(CUDA_ERROR_INVALID_HANDLE)
+            }
+        })?;
+        out(value, function_attribute(attribute).ok_or(CUDA_ERROR_INVALID_VALUE)?)
+    }
+
+    fn cuFuncSetAttribute(function: u64, attribute: i32, value: i32) {
+        with_registry(|registry| if registry.functions.contains_key(&function) { Ok(()) } else { Err(CUDA_ERROR_INVALID_HANDLE) })?;
+        match attribute {
+            8 if (0..=232_448).contains(&value) => Ok(()),
+            9 if (-1..=100).contains(&value) => Ok(()),
+            10 | 14 | 15 => Ok(()),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn cuFuncGetName(name: *mut *const c_char, function: u64) {
+        // Names live as long as their function; interned so the pointer stays valid after.
+        static NAMES: std::sync::Mutex<Vec<std::ffi::CString>> = std::sync::Mutex::new(Vec::new());
+        let text = with_registry(|registry| registry.functions.get(&function).map(|f| f.name.clone()).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
+        let c_name = std::ffi::CString::new(text).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let mut names = NAMES.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        let pointer = match names.iter().find(|held| **held == c_name) {
+            Some(held) => held.as_ptr(),
+            None => {
+                names.push(c_name);
+                names.last().map(|held| held.as_ptr()).ok_or(CUDA_ERROR_UNKNOWN)?
+            }
+        };
+        out(name, pointer)
+    }
+}
