@@ -325,6 +325,8 @@ pub async fn start(
     )));
     background.push(tokio::spawn(coordination::run(
         plugin.state_dir.clone(),
+        config.nvml_library.clone(),
+        config.host_proc.clone(),
         prepared_folders(preparer.clone()),
         stop_receiver.clone(),
     )));

@@ -8,6 +8,11 @@
 //! [`crate::layout::CONTAINER_CARDS`]. The list of containers is read again every
 //! second (a few small files), and the file work runs on the blocking pool, so neither
 //! a slow disk nor a hostile tenant holds the daemon's other tasks.
+//!
+//! The coordinator checks what each container measured against the card's own
+//! per-process utilization, from the node's NVML (the card view's charge factor: on a
+//! card without MPS a container's events also time its neighbours' time slices). Without
+//! NVML every container is charged what it measured.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -16,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use vgpu_common::Config;
+use vgpu_common::cardmeter::NvmlMeter;
 use vgpu_common::coordinator::{ContainerSpec, Coordinator, TICK_NS};
 
 use crate::container::{CONFIG_FILE, REGION_FILE};
@@ -49,10 +55,18 @@ fn specs(folders: &[PathBuf]) -> Vec<ContainerSpec> {
         .collect()
 }
 
-/// Runs the coordinator over `folders` until `stop`. A folder that cannot be
+/// Runs the coordinator over `folders` until `stop`, checking the containers' figures
+/// against the NVML at `nvml_library` (the daemon's own), whose PIDs are the host's
+/// (found through `host_proc`, the host's `/proc` as the daemon sees it). A folder that cannot be
 /// created leaves soft-mode containers at their limits (a missing view means
-/// "contended"); that is logged once.
-pub async fn run(state_dir: PathBuf, folders: Folders, mut stop: watch::Receiver<bool>) {
+/// "contended"); that is logged once, as is an NVML that cannot be loaded.
+pub async fn run(
+    state_dir: PathBuf,
+    nvml_library: PathBuf,
+    host_proc: PathBuf,
+    folders: Folders,
+    mut stop: watch::Receiver<bool>,
+) {
     let dir = cards_dir(&state_dir);
     let mut coordinator = match Coordinator::new(&dir) {
         Ok(coordinator) => coordinator,
@@ -62,6 +76,14 @@ pub async fn run(state_dir: PathBuf, folders: Folders, mut stop: watch::Receiver
             return;
         }
     };
+    match tokio::task::spawn_blocking(move || NvmlMeter::open(&nvml_library)).await {
+        Ok(Ok(meter)) => {
+            coordinator = coordinator.with_meter(Box::new(meter), &host_proc);
+        }
+        Ok(Err(err)) => tracing::warn!(error = %err,
+            "compute coordination without NVML: containers are charged what they measure"),
+        Err(_) => {}
+    }
     let mut containers: Vec<ContainerSpec> = Vec::new();
     let mut refreshed: Option<Instant> = None;
     let mut logged: Vec<(String, Instant)> = Vec::new();

@@ -398,6 +398,8 @@ pub async fn start(
     )));
     background.push(tokio::spawn(coordination::run(
         config.state_dir.clone(),
+        config.nvml_library.clone(),
+        config.host_proc.clone(),
         prepared_folders(shared.clone()),
         stop_receiver.clone(),
     )));
