@@ -9,6 +9,12 @@
 //! card views into `<host>/cards`, which every container's config names as its
 //! `card_state_dir`; when that run ends, another takes over within a tick. The host
 //! folder is `$VGPU_HOST_DIR`, else `/run/vgpu` for root, else a folder of the user's.
+//!
+//! The coordinator checks what each container measured against the card's own
+//! per-process utilization, through the real NVML ([`NvmlMeter`]). NVML loads
+//! `libcuda.so.1`, which in this mount namespace is our shim bound over the public
+//! driver: [`pin_real_driver`] loads the real one first, so the host side never runs the
+//! shim (which, without a config, would say it cannot find the real driver).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -21,6 +27,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use vgpu_common::CoreMode;
+use vgpu_common::cardmeter::NvmlMeter;
+use vgpu_common::config::DRIVER_DIR_ENV;
 use vgpu_common::coordinator::{ContainerSpec, Coordinator, Entitlement, TICK_NS};
 use vgpu_common::process;
 
@@ -137,8 +145,34 @@ fn host_folder(dir: &Path) -> Result<()> {
         .with_context(|| format!("chmod {}", dir.display()))
 }
 
-/// Registers `spec` under `host` and takes part in electing the host's coordinator.
-pub fn start(host: &Path, spec: &ContainerSpec) -> Result<Coordination> {
+/// Loads the real `libcuda.so.1` of `driver_dir` into this process for good (where it
+/// exists), so that a later `dlopen("libcuda.so.1")` (NVML's) finds it by its soname
+/// instead of mapping what the public path now holds (our shim); and names
+/// `driver_dir` in `VGPU_DRIVER_DIR`, so that a shim loaded by any other name still
+/// finds the real driver and only forwards. Call it while the process has one thread
+/// (it changes the environment); the command's own environment is set explicitly.
+pub fn pin_real_driver(driver_dir: &Path) {
+    let real = driver_dir.join("libcuda.so.1");
+    // SAFETY: loading the real driver library runs its initialisers, which set up
+    // nothing but its own state (the driver starts threads at cuInit, not at load).
+    match unsafe {
+        libloading::os::unix::Library::open(
+            Some(&real),
+            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+        )
+    } {
+        // Never unloaded: NVML may load it again by name at any time.
+        Ok(library) => std::mem::forget(library),
+        Err(_) => return,
+    }
+    // SAFETY: called while this process has one thread (before the coordinator's
+    // thread starts), so nothing reads the environment concurrently.
+    unsafe { std::env::set_var(DRIVER_DIR_ENV, driver_dir) };
+}
+
+/// Registers `spec` under `host` and takes part in electing the host's coordinator,
+/// which checks the containers' figures against the NVML at `nvml`.
+pub fn start(host: &Path, spec: &ContainerSpec, nvml: &Path) -> Result<Coordination> {
     let containers = host.join("containers");
     host_folder(host)?;
     host_folder(&containers)?;
@@ -158,9 +192,10 @@ pub fn start(host: &Path, spec: &ContainerSpec) -> Result<Coordination> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let host = host.to_path_buf();
+    let nvml = nvml.to_path_buf();
     let thread = std::thread::Builder::new()
         .name("vgpu-coordinator".into())
-        .spawn(move || elect_and_coordinate(&host, &lock, &flag))
+        .spawn(move || elect_and_coordinate(&host, &nvml, &lock, &flag))
         .context("start the coordinator thread")?;
     Ok(Coordination {
         registration: path,
@@ -169,15 +204,21 @@ pub fn start(host: &Path, spec: &ContainerSpec) -> Result<Coordination> {
     })
 }
 
-/// Every tick: take the lock if nobody holds it; while holding it, coordinate.
-fn elect_and_coordinate(host: &Path, lock: &File, stop: &AtomicBool) {
+/// Every tick: take the lock if nobody holds it; while holding it, coordinate (with
+/// the card's own figures from the NVML at `nvml`, where it loads).
+fn elect_and_coordinate(host: &Path, nvml: &Path, lock: &File, stop: &AtomicBool) {
     let mut coordinator: Option<Coordinator> = None;
     while !stop.load(Ordering::Relaxed) {
         if coordinator.is_none()
             // SAFETY: flock on a descriptor we hold open for the thread's life.
             && unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0
         {
-            coordinator = Coordinator::new(&cards_dir(host)).ok();
+            coordinator = Coordinator::new(&cards_dir(host))
+                .ok()
+                .map(|coordinator| match NvmlMeter::open(nvml) {
+                    Ok(meter) => coordinator.with_meter(Box::new(meter), Path::new("/proc")),
+                    Err(_) => coordinator,
+                });
         }
         if let Some(coordinator) = coordinator.as_mut() {
             coordinator.tick(&registered(&host.join("containers")));
@@ -264,8 +305,9 @@ mod tests {
     fn runs_register_and_one_of_them_writes_the_views() {
         let dir = tempfile::tempdir().expect("tempdir");
         let host = dir.path().join("host");
-        let first = start(&host, &spec(dir.path(), "a")).expect("first");
-        let second = start(&host, &spec(dir.path(), "b")).expect("second");
+        let no_nvml = dir.path().join("no-libnvidia-ml.so.1");
+        let first = start(&host, &spec(dir.path(), "a"), &no_nvml).expect("first");
+        let second = start(&host, &spec(dir.path(), "b"), &no_nvml).expect("second");
         let view = host.join("cards/GPU-1.card");
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         let listed = |text: &str| text.contains("container a ") && text.contains("container b ");

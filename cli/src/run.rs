@@ -380,11 +380,14 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     // host's compute coordination, resolving index selectors through the real NVML.
     let _coordination = match &coordinated {
         Some((config, host)) => {
-            let uuid_of = crate::coordinate::uuid_by_index(&plan.driver_dir.join(LIBS[1]));
+            // Still one thread: the real driver pinned before any NVML of ours loads.
+            crate::coordinate::pin_real_driver(&plan.driver_dir);
+            let nvml = plan.driver_dir.join(LIBS[1]);
+            let uuid_of = crate::coordinate::uuid_by_index(&nvml);
             let region = work.path.join("usage.region");
             let spec =
                 vgpu_common::coordinator::ContainerSpec::from_config(config, &region, uuid_of);
-            match spec.map(|spec| crate::coordinate::start(host, &spec)) {
+            match spec.map(|spec| crate::coordinate::start(host, &spec, &nvml)) {
                 Some(Ok(coordination)) => Some(coordination),
                 Some(Err(error)) => {
                     eprintln!("vgpu: {error:#}; containers on these cards do not coordinate");
