@@ -307,7 +307,7 @@ impl Coordinator {
                     });
                     if target.is_some_and(|(_, far_beyond)| far_beyond) {
                         report.problems.push(format!(
-                            "container {}: the card measured far more of its work than it counted (launches its limiter does not see?); charged the most the view allows",
+                            "container {}: the card measured far more of its work than it counted (launches its limiter does not see, or PIDs misplaced)",
                             entry.id
                         ));
                     }
@@ -512,7 +512,10 @@ const FAR_BEYOND: f64 = 2.5;
 ///   processes' sum / self. A card without MPS time-slices between processes, and a
 ///   container's events also time the slices its neighbours ran in: without this it is
 ///   charged for its neighbours' work.
-/// - A process the host cannot place (no PID found) makes the split unknowable: `None`.
+/// - A process the host cannot place (no PID found), or a busy container the card lists
+///   next to nothing for, makes the split unknowable: `None`.
+/// - Beside others, never more than 1: the split can take the neighbours' slices out of
+///   what it is charged, never charge it for work the host may have misattributed.
 /// - Never less than 1 for a container the card sees above what it is allowed now
 ///   (by more than 5 points): no tenant gets more than its share by claiming to have
 ///   measured more than it did.
@@ -537,9 +540,21 @@ fn charge_target(
         // Others just stopped: neither figure is the container's alone yet.
         return None;
     };
-    let mut ratio = measured / self_percent;
+    if !card.alone && measured < LEAST_JUDGED_PERCENT {
+        // Busy by its own account, and the card lists next to nothing under its PIDs:
+        // its work is not where the host looks (a PID the card reports otherwise).
+        return None;
+    }
+    let raw = measured / self_percent;
+    let mut ratio = raw;
     if ratio < 1.0 && measured > allowed as f64 + 5.0 {
         ratio = 1.0;
+    }
+    if !card.alone {
+        // Beside others the card's split only takes their time slices back out: a
+        // factor above 1 would charge the container for work the host may have
+        // misplaced (PIDs), below its share.
+        ratio = ratio.min(1.0);
     }
     if (ratio - 1.0).abs() < DEAD_BAND {
         ratio = 1.0;
@@ -548,7 +563,7 @@ fn charge_target(
         CHARGE_MIN_PERMILLE as f64 / CHARGE_UNIT as f64,
         CHARGE_MAX_PERMILLE as f64 / CHARGE_UNIT as f64,
     );
-    Some((factor, ratio >= FAR_BEYOND))
+    Some((factor, raw >= FAR_BEYOND))
 }
 
 /// A factor as the view's per mille, within what readers take.
@@ -771,6 +786,11 @@ mod tests {
         // the card sees above its allowance is charged at least what it measured.
         assert_eq!(charge_target(90.0, &side(45.0, 40.0, 85.0), true, 30), Some((1.0, false)));
         assert_eq!(charge_target(99.0, &side(5.0, 60.0, 65.0), true, 30), Some((0.5, false)));
+        // Beside others: never charged above what it measured (the card's figure under
+        // its PIDs may hold a neighbour's work), and a busy container the card lists
+        // nothing for is not judged.
+        assert_eq!(charge_target(12.0, &side(31.0, 0.0 + 29.0, 60.0), true, 30), Some((1.0, true)));
+        assert_eq!(charge_target(60.0, &side(0.0, 31.0, 31.0), true, 60), None);
         // Nothing to judge by: a process the host could not place, no per-process
         // figures, too little work, or no card figure when alone.
         assert_eq!(charge_target(40.0, &side(30.0, 60.0, 90.0), false, 30), None);
