@@ -11,13 +11,15 @@
 #      written), with the machine's driver libraries hidden in it, as an image has none;
 #   4. inside q30: nvidia-smi from the prepared folder shows 2560 MiB, PyTorch fills the
 #      quota then gets OutOfMemoryError, a PTX module loads (cuModuleLoadData, PTX text)
-#      and its kernel's store reads back; then q30 and p60 run the limiter's spin kernels
-#      for 10 s at once and each reports its busy share (30 and 60, +-5 points: this
-#      needs the host-side compute coordinator the plugin runs once it is wired in).
+#      and its kernel's store reads back; then q30 and p60 run the limiter's workload
+#      (tests/gpu/limiter/streams.c, one stream of full-card 1 ms kernels) for 10 s at
+#      once and each reports its busy share of the card (30 and 60, +-5 points: the
+#      plugin's host-side compute coordinator corrects each one's charges by what the
+#      card, time-slicing between them, says it ran).
 #
 # Needs beside $PREFIX/bin/vgpu: `vgpu-ldconfig` and `pod_harness` (from
 # target/release/ and target/release/examples/; looked up in $PREFIX/bin first), runc,
-# nvcc, PyTorch, cuda-bindings. A dry run over the sim sets POD_DRIVER_DIRS (where
+# a C compiler, PyTorch, cuda-bindings. A dry run over the sim sets POD_DRIVER_DIRS (where
 # prepare looks: Debian's 535 libraries), POD_AFTER_PREPARE (a command run in the
 # prepared lib64: puts the sim in the real driver's place), POD_VERIFY=0 (the sim runs
 # no kernels) and POD_EXTRA_ENV (the sim's knobs).
@@ -77,7 +79,7 @@ pod_cleanup() {
 section_pod() {
     log "pod: runc containers from real Allocate responses over the machine's prepared driver"
     # $B is the one host folder the containers write (outputs, the go marker); they
-    # also read the kernels binary and their command from it.
+    # also read the streams binary and their command from it.
     local P=$WORK/pod B=$WORK/pod/bundles
     mkdir -p "$P/state" "$B"
     local LDC HARNESS
@@ -89,9 +91,10 @@ section_pod() {
         pod_record setup FAIL "runc is not installed"
         return
     fi
-    # The pair's kernels, built while the driver folder is prepared.
-    ( timeout 90 nvcc -O2 -arch=sm_90 -o "$B/kernels" "$ROOT/tests/gpu/limiter/kernels.cu" -lcuda > "$OUT/pod-nvcc.txt" 2>&1 ) &
-    local nvcc_job=$!
+    # The pair's workload (driver API, PTX the driver compiles), built while the driver
+    # folder is prepared.
+    ( timeout 60 cc -O2 -o "$B/streams" "$ROOT/tests/gpu/limiter/streams.c" -ldl -lpthread > "$OUT/pod-cc.txt" 2>&1 ) &
+    local cc_job=$!
 
     # 1. The driver folder.
     local extra=() dir
@@ -107,7 +110,7 @@ section_pod() {
         pod_record prepare PASS "$(tail -1 "$OUT/pod-prepare.txt"); helpers mounted by SONAME: ${helpers:-none}"
     else
         pod_record prepare FAIL "rc=$rc: $(tail -1 "$OUT/pod-prepare.txt")"
-        wait $nvcc_job
+        wait $cc_job
         return
     fi
 
@@ -146,11 +149,11 @@ PY
     else
         pod_record allocate FAIL "$(tail -2 "$OUT/pod-harness.err" | tr '\n' ' ')"
         exec {keep}>&-
-        wait $harness; wait $nvcc_job
+        wait $harness; wait $cc_job
         return
     fi
-    wait $nvcc_job
-    [ -x "$B/kernels" ] || log "pod: nvcc failed: $(tail -2 "$OUT/pod-nvcc.txt")"
+    wait $cc_job
+    [ -x "$B/streams" ] || log "pod: cc streams.c failed: $(tail -2 "$OUT/pod-cc.txt")"
 
     # 3. The containers' commands.
     local verify=--verify
@@ -161,12 +164,12 @@ echo "rc \$?" >> $B/q30-smi.txt
 python3 $ROOT/tests/gpu/pod_torch.py $((2560 << 20)) > $B/q30-torch.txt 2>&1
 python3 $ROOT/tests/gpu/ptx_module.py $verify > $B/q30-ptx.txt 2>&1
 : > $B/go
-[ -x $B/kernels ] && $B/kernels spin 1000 10 > $B/q30-spin.txt 2>&1
+[ -x $B/streams ] && $B/streams run f1ms 10 > $B/q30-spin.txt 2>&1
 exit 0
 SH
     cat > "$B/p60.sh" <<SH
 for i in \$(seq 1 900); do [ -e $B/go ] && break; sleep 0.1; done
-[ -x $B/kernels ] && $B/kernels spin 1000 10 > $B/p60-spin.txt 2>&1
+[ -x $B/streams ] && $B/streams run f1ms 10 > $B/p60-spin.txt 2>&1
 exit 0
 SH
     local name ok=1
@@ -212,11 +215,14 @@ PY
         python3 - "$B/q30-spin.txt" "$B/p60-spin.txt" <<'PY' > "$P/share.verdict"
 import json, sys
 def busy(path):
+    """streams.c's line: completions per second x each one's work, as a share of the
+    card (full-card kernels: one fits at a time)."""
     try:
         for line in open(path):
             if line.startswith("{"):
-                return json.loads(line).get("busy_pct")
-    except OSError:
+                r = json.loads(line)
+                return r["per_s"] * r["work_s"] / r["fit"] * 100.0
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
         pass
     return None
 b30, b60 = busy(sys.argv[1]), busy(sys.argv[2])
