@@ -2,6 +2,9 @@
 // whatever libcuda.so.1 the loader finds (the sim bare, or the shim over the sim under
 // vgpu run, with or without --cores). The kernel is shorter than a launch, so a limit
 // of 99 never binds: what is left is what the limiter adds to each launch.
+// `launch_cost N KERNEL` launches KERNEL instead (a sim name such as k_2us): a kernel
+// longer than a launch keeps the simulated GPU behind the host, as a real one is behind
+// a fast enough host, so that unsettled samples pile up and their settling shows.
 // Build: cc -O2 -o launch_cost launch_cost.c -ldl
 #include <dlfcn.h>
 #include <stdio.h>
@@ -19,8 +22,8 @@ typedef int (*stream_sync_t)(void *);
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, void *, void **, void **);
 
-static const char PTX[] =
-    ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k_100ns()\n{\n ret;\n}\n";
+static const char PTX_FORMAT[] =
+    ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry %s()\n{\n ret;\n}\n";
 
 static double now_ns(void) {
     struct timespec t;
@@ -30,6 +33,12 @@ static double now_ns(void) {
 
 int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : 200000;
+    const char *kernel = argc > 2 ? argv[2] : "k_100ns";
+    char ptx[256];
+    if (snprintf(ptx, sizeof ptx, PTX_FORMAT, kernel) >= (int)sizeof ptx) {
+        puts("kernel name too long");
+        return 1;
+    }
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     if (!lib) {
         puts(dlerror());
@@ -47,7 +56,7 @@ int main(int argc, char **argv) {
     int device;
     void *context, *module, *function, *stream;
     if (init(0) || device_get(&device, 0) || retain(&context, device) || set_current(context) ||
-        load_data(&module, PTX) || get_function(&function, module, "k_100ns") ||
+        load_data(&module, ptx) || get_function(&function, module, kernel) ||
         stream_create(&stream, 1)) {
         puts("setup failed");
         return 1;

@@ -3,13 +3,16 @@
 synchronised (the next token needs this one), for SECONDS.
 
 Usage: decode.py SECONDS
-Prints one line: RESULT {"steps_per_s", "p50_ms", "p99_ms", "steps", "t0", "wall_s"}.
+Prints one line: RESULT {"steps_per_s", "p50_ms", "p99_ms", "steps", "t0", "wall_s",
+"card_util"} (card_util: NVML's mean utilization meanwhile, see cardutil.py).
 """
 import json
 import sys
 import time
 
 import torch
+
+from cardutil import CardUtil
 
 seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -24,6 +27,8 @@ with torch.inference_mode():
     torch.cuda.synchronize()
     steps = []
     t0 = float(open("/proc/uptime").read().split()[0])
+    card = CardUtil()
+    card.start()
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         step = time.perf_counter()
@@ -31,8 +36,9 @@ with torch.inference_mode():
         y[0, 0].item()  # the next token depends on this one
         steps.append(time.perf_counter() - step)
     wall = time.perf_counter() - start
+    card_util = card.stop()
 steps.sort()
 pick = lambda q: steps[min(len(steps) - 1, int(q * len(steps)))] * 1e3
 print("RESULT " + json.dumps({
     "steps_per_s": round(len(steps) / wall, 1), "p50_ms": round(pick(0.50), 3),
-    "p99_ms": round(pick(0.99), 3), "steps": len(steps), "t0": t0, "wall_s": round(wall, 3)}))
+    "p99_ms": round(pick(0.99), 3), "steps": len(steps), "t0": t0, "wall_s": round(wall, 3), "card_util": card_util}))

@@ -56,7 +56,8 @@ step() {
         [ "${SIMULATE:-0}" = 1 ] && wrap=("$VGPU" run --simulate --)
     else
         # shellcheck disable=SC2206 # RUN_FLAGS is a list of words
-        wrap=("$VGPU" run "${SIM[@]}" --memory 8GiB --cores "$cores" ${RUN_FLAGS:-} --)
+        wrap=(env "VGPU_LIMITER_TRACE=$LOGS/$name.trace.%p"
+              "$VGPU" run "${SIM[@]}" --memory 8GiB --cores "$cores" ${RUN_FLAGS:-} --)
     fi
     timeout -k 5 "$limit" "${wrap[@]}" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err"
     echo $? >"$LOGS/$name.rc"

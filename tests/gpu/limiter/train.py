@@ -3,13 +3,16 @@
 warm-up; its throughput under `--cores 50` should be half of the bare run's.
 
 Usage: train.py SECONDS
-Prints one line: RESULT {"steps_per_s", "steps", "wall_s"}.
+Prints one line: RESULT {"steps_per_s", "steps", "wall_s", "card_util"} (card_util: NVML's
+mean utilization meanwhile, see cardutil.py).
 """
 import json
 import sys
 import time
 
 import torch
+
+from cardutil import CardUtil
 
 seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 6.0
 torch.manual_seed(0)
@@ -30,6 +33,8 @@ def step():
 for _ in range(5):
     step()
 torch.cuda.synchronize()
+card = CardUtil()
+card.start()
 start = time.perf_counter()
 steps = 0
 while time.perf_counter() - start < seconds:
@@ -39,4 +44,6 @@ while time.perf_counter() - start < seconds:
         torch.cuda.synchronize()
 torch.cuda.synchronize()
 wall = time.perf_counter() - start
-print("RESULT " + json.dumps({"steps_per_s": round(steps / wall, 3), "steps": steps, "wall_s": round(wall, 3)}))
+card_util = card.stop()
+print("RESULT " + json.dumps({"steps_per_s": round(steps / wall, 3), "steps": steps, "wall_s": round(wall, 3),
+                              "card_util": card_util}))
