@@ -213,12 +213,12 @@ fn elect_and_coordinate(host: &Path, nvml: &Path, lock: &File, stop: &AtomicBool
             // SAFETY: flock on a descriptor we hold open for the thread's life.
             && unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0
         {
-            coordinator = Coordinator::new(&cards_dir(host))
-                .ok()
-                .map(|coordinator| match NvmlMeter::open(nvml) {
+            coordinator = Coordinator::new(&cards_dir(host)).ok().map(|coordinator| {
+                match NvmlMeter::open(nvml) {
                     Ok(meter) => coordinator.with_meter(Box::new(meter), Path::new("/proc")),
                     Err(_) => coordinator,
-                });
+                }
+            });
         }
         if let Some(coordinator) = coordinator.as_mut() {
             coordinator.tick(&registered(&host.join("containers")));

@@ -52,11 +52,8 @@ fn build(dir: &Path, name: &str, source: &str) {
 #[test]
 fn the_hosts_nvml_gets_the_real_driver_and_no_shim_speaks() {
     // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "vgpu run's mount namespace needs root"
-    );
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(uid, 0, "vgpu run's mount namespace needs root");
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = dir.path().join("driver");
     std::fs::create_dir(&driver).expect("driver dir");

@@ -180,7 +180,10 @@ impl Machine {
                 "--test-threads=1",
             ])
             .env("LIMITER_ROLE", role.encode())
-            .env("VGPU_SIM_WAVES", if role.mode == "torch" { "1" } else { "0" })
+            .env(
+                "VGPU_SIM_WAVES",
+                if role.mode == "torch" { "1" } else { "0" },
+            )
             .env("VGPU_CONFIG", config)
             .env("VGPU_DRIVER_DIR", self.scratch.0.join("driver"))
             .env("VGPU_SIM_STATE", self.scratch.0.join("sim.state"))
@@ -237,12 +240,19 @@ impl Host {
                     spec.id,
                     spec.region.display(),
                     device.core_limit,
-                    if device.mode == CoreMode::Soft { "soft" } else { "hard" },
+                    if device.mode == CoreMode::Soft {
+                        "soft"
+                    } else {
+                        "hard"
+                    },
                     device.ceiling.unwrap_or(0)
                 )
             })
             .collect();
-        let stop_file = machine.scratch.0.join(format!("host-stop-{}", monotonic_ns()));
+        let stop_file = machine
+            .scratch
+            .0
+            .join(format!("host-stop-{}", monotonic_ns()));
         let mut command = machine.command(Path::new("/dev/null"), Role::plain("k_1ms", 0));
         command
             .env_remove("LIMITER_ROLE")
@@ -302,7 +312,11 @@ fn run_host(encoded: &str) {
                 region: PathBuf::from(region),
                 devices: on_the_card(
                     limit.parse().expect("limit"),
-                    if *mode == "soft" { CoreMode::Soft } else { CoreMode::Hard },
+                    if *mode == "soft" {
+                        CoreMode::Soft
+                    } else {
+                        CoreMode::Hard
+                    },
                     (ceiling > 0).then_some(ceiling),
                 ),
             }
@@ -1216,21 +1230,16 @@ impl TorchLike {
         ptx.push('\0');
         let mut module = std::ptr::null_mut();
         // SAFETY: valid out-pointer and NUL-terminated PTX; a context is current.
-        assert_eq!(
-            unsafe { (cuda.load_data)(&mut module, ptx.as_ptr().cast()) },
-            0,
-            "cuModuleLoadData"
-        );
+        let loaded = unsafe { (cuda.load_data)(&mut module, ptx.as_ptr().cast()) };
+        assert_eq!(loaded, 0, "cuModuleLoadData");
         let functions: Vec<H> = names
             .iter()
             .map(|(name, _)| {
                 let name = CString::new(name.as_str()).expect("name");
                 let mut function = std::ptr::null_mut();
-                // SAFETY: valid out-pointer; a name of the module.
-                assert_eq!(
-                    unsafe { (cuda.get_function)(&mut function, module, name.as_ptr()) },
-                    0
-                );
+                // SAFETY: valid out-pointer; a NUL-terminated name of the loaded module.
+                let found = unsafe { (cuda.get_function)(&mut function, module, name.as_ptr()) };
+                assert_eq!(found, 0, "cuModuleGetFunction");
                 function
             })
             .collect();
@@ -1263,8 +1272,8 @@ impl TorchLike {
     fn train(&self, cuda: &Cuda, context: H, deadline: u64) -> (Vec<u64>, u64) {
         let driver = PathBuf::from(std::env::var("VGPU_DRIVER_DIR").expect("driver dir"));
         // SAFETY: the real driver the shim loaded already (the same file).
-        let real = unsafe { libloading::Library::new(driver.join("libcuda.so.1")) }
-            .expect("real driver");
+        let real =
+            unsafe { libloading::Library::new(driver.join("libcuda.so.1")) }.expect("real driver");
         let real_set_current: libloading::Symbol<unsafe extern "C" fn(H) -> u32> =
             // SAFETY: as above.
             unsafe { real.get(b"cuCtxSetCurrent") }.expect("cuCtxSetCurrent");
@@ -1294,7 +1303,7 @@ impl TorchLike {
                 TorchLike::launch_all(cuda, &self.optimizer);
                 max_call = max_call.max(monotonic_ns() - before);
                 steps += 1;
-                if steps % TORCH_SYNC_EVERY == 0 {
+                if steps.is_multiple_of(TORCH_SYNC_EVERY) {
                     // SAFETY: a context is current on this thread.
                     assert_eq!(unsafe { (cuda.ctx_synchronize)() }, 0);
                     let now = monotonic_ns();

@@ -511,9 +511,7 @@ impl SharedState {
         let my_ns = process::current().pid_ns;
         (0..self.high_water())
             .filter_map(|index| self.live(index))
-            .find(|(slot, owner)| {
-                *owner == pid && slot.pid_ns.load(Ordering::Acquire) == my_ns
-            })
+            .find(|(slot, owner)| *owner == pid && slot.pid_ns.load(Ordering::Acquire) == my_ns)
             .map(|(slot, _)| slot.calls.load(Ordering::Acquire))
     }
 

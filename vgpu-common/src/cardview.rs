@@ -493,7 +493,10 @@ mod tests {
             CHARGE_UNIT,
             "stale: what it measured"
         );
-        assert_eq!(charge_permille(Some(&fresh), Some("alloc-9"), now), CHARGE_UNIT);
+        assert_eq!(
+            charge_permille(Some(&fresh), Some("alloc-9"), now),
+            CHARGE_UNIT
+        );
         assert_eq!(charge_permille(Some(&fresh), None, now), CHARGE_UNIT);
         let mut forged = view(now);
         forged.containers[0].charge_permille = 1;

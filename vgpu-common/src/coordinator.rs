@@ -30,8 +30,8 @@ use crate::cardview::{
 };
 use crate::clock::monotonic_ns;
 use crate::config::{Config, CoreMode, DeviceSelector, validate_container_id};
-use crate::limiter_words::slot;
 use crate::hostpids::HostPids;
+use crate::limiter_words::slot;
 use crate::process;
 use crate::region::ProcessUsage;
 use crate::snapshot::RegionSnapshot;
@@ -778,22 +778,43 @@ mod tests {
         let (factor, _) = charge_target(40.0, &side(0.0, 0.0, 30.0), true, 30).expect("judged");
         assert!((factor - 0.75).abs() < 1e-9);
         // Agreeing within the dead band: exactly 1.
-        assert_eq!(charge_target(30.0, &side(0.0, 0.5, 29.5), true, 30), Some((1.0, false)));
+        assert_eq!(
+            charge_target(30.0, &side(0.0, 0.5, 29.5), true, 30),
+            Some((1.0, false))
+        );
         // The card saw more than it counted: charged more, up to the most readers take.
-        assert_eq!(charge_target(20.0, &side(0.0, 0.0, 30.0), true, 30), Some((1.5, false)));
-        assert_eq!(charge_target(10.0, &side(0.0, 0.0, 90.0), true, 30), Some((2.0, true)));
+        assert_eq!(
+            charge_target(20.0, &side(0.0, 0.0, 30.0), true, 30),
+            Some((1.5, false))
+        );
+        assert_eq!(
+            charge_target(10.0, &side(0.0, 0.0, 90.0), true, 30),
+            Some((2.0, true))
+        );
         // Claiming more than the card saw never wins more than its share: a container
         // the card sees above its allowance is charged at least what it measured.
-        assert_eq!(charge_target(90.0, &side(45.0, 40.0, 85.0), true, 30), Some((1.0, false)));
-        assert_eq!(charge_target(99.0, &side(5.0, 60.0, 65.0), true, 30), Some((0.5, false)));
+        assert_eq!(
+            charge_target(90.0, &side(45.0, 40.0, 85.0), true, 30),
+            Some((1.0, false))
+        );
+        assert_eq!(
+            charge_target(99.0, &side(5.0, 60.0, 65.0), true, 30),
+            Some((0.5, false))
+        );
         // Beside others: never charged above what it measured (the card's figure under
         // its PIDs may hold a neighbour's work), and a busy container the card lists
         // nothing for is not judged.
-        assert_eq!(charge_target(12.0, &side(31.0, 0.0 + 29.0, 60.0), true, 30), Some((1.0, true)));
+        assert_eq!(
+            charge_target(12.0, &side(31.0, 0.0 + 29.0, 60.0), true, 30),
+            Some((1.0, true))
+        );
         assert_eq!(charge_target(60.0, &side(0.0, 31.0, 31.0), true, 60), None);
         // Nothing to judge by: a process the host could not place, no per-process
         // figures, too little work, or no card figure when alone.
-        assert_eq!(charge_target(40.0, &side(30.0, 60.0, 90.0), false, 30), None);
+        assert_eq!(
+            charge_target(40.0, &side(30.0, 60.0, 90.0), false, 30),
+            None
+        );
         let unknown = CardSide {
             own_percent: None,
             others_percent: None,

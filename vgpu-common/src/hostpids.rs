@@ -55,9 +55,8 @@ impl HostPids {
                 continue;
             }
             let found = if process.pid_ns != 0 && process.pid_ns == self.my_pid_ns {
-                (process::start_time_in(&self.proc_root, process.pid)
-                    == Some(process.start_time))
-                .then_some(process.pid)
+                (process::start_time_in(&self.proc_root, process.pid) == Some(process.start_time))
+                    .then_some(process.pid)
             } else if process.host_pid > 0 && self.checks_out(process.host_pid, key) {
                 Some(process.host_pid)
             } else {
@@ -135,7 +134,11 @@ mod tests {
         let all = [mine.clone(), reborn.clone(), forged.clone()];
         pids.resolve(&all, now);
         assert_eq!(pids.get(&mine), Some(me.pid as u32));
-        assert_eq!(pids.get(&reborn), None, "another start time is another process");
+        assert_eq!(
+            pids.get(&reborn),
+            None,
+            "another start time is another process"
+        );
         assert_eq!(pids.get(&forged), None, "a claim /proc does not back");
         pids.forget_unused();
         assert_eq!(pids.known.len(), 1);

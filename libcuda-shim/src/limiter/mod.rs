@@ -212,10 +212,9 @@ fn limited_launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult)
     let now = monotonic_ns();
     let rate = device.rate();
     let sample_open = now >= device.next_sample_ns.load(Ordering::Relaxed);
-    let estimate =
-        device
-            .estimates
-            .count_launch(work.key(), sample_open, duty::sample_every(now));
+    let estimate = device
+        .estimates
+        .count_launch(work.key(), sample_open, duty::sample_every(now));
     if let Some((known, false)) = estimate
         && (device.shared.hold(now, rate, REFILL_NS) == 0
             || device.rides_along(target, known.cost_ns, now))
@@ -447,9 +446,7 @@ impl Sample {
     fn kernel_ns(elapsed_ns: u64, idle_gap_ns: u64) -> u64 {
         // Never below a quarter of what the events saw: an over-long host gap (the
         // thread descheduled, say) must not make a kernel look free.
-        elapsed_ns
-            .saturating_sub(idle_gap_ns)
-            .max(elapsed_ns / 4)
+        elapsed_ns.saturating_sub(idle_gap_ns).max(elapsed_ns / 4)
     }
 }
 
@@ -570,7 +567,13 @@ extern "C" fn at_exit() {
     }
     // SAFETY: LIMITER only holds leaked, never-freed Limiter boxes.
     let lines: Vec<String> = unsafe { LIMITER.load(Ordering::Acquire).as_ref() }
-        .map(|limiter| limiter.devices.iter().map(DeviceLimiter::describe).collect())
+        .map(|limiter| {
+            limiter
+                .devices
+                .iter()
+                .map(DeviceLimiter::describe)
+                .collect()
+        })
         .unwrap_or_default();
     trace::write(&lines);
 }
@@ -911,7 +914,11 @@ impl DeviceLimiter {
         }
         let (start, end) = {
             let mut slow = self.lock();
-            let room = if known { MAX_PENDING_KNOWN } else { MAX_PENDING };
+            let room = if known {
+                MAX_PENDING_KNOWN
+            } else {
+                MAX_PENDING
+            };
             if slow.pending.len() >= room {
                 trace::count(Counter::SkippedPending);
                 return None;

@@ -225,6 +225,8 @@ mod tests {
     /// busy programs would: each process's four run side by side within its turn, the
     /// processes alternate, and nothing of one overlaps the other.
     #[test]
+    // Streams outside, processes inside (the order they queue): two indices into one table.
+    #[allow(clippy::needless_range_loop)]
     fn processes_take_turns_and_their_streams_overlap_within_a_turn() {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = SharedState::open(&dir.path().join("state")).expect("state");
