@@ -3,12 +3,14 @@
 //! cross-process usage region (`region`, and the host's private copy of it,
 //! `snapshot`), process identity (`process`), and compute coordination: what the
 //! limiter's region words mean (`limiter_words`), the host-owned per-card view
-//! (`cardview`) and the host-side coordinator that writes it (`coordinator`).
+//! (`cardview`) and the host-side coordinator that writes it (`coordinator`); where a
+//! Cargo build left the workspace's libraries (`built`).
 //!
 //! Everything here is used from inside application processes (through the shims) as
 //! well as from host daemons, so nothing here panics on bad input, spawns threads or
 //! writes to stdout.
 
+pub mod built;
 pub mod cardview;
 pub mod clock;
 pub mod config;
