@@ -54,6 +54,8 @@ pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 /// PTX could not be compiled: the JIT compiler is missing.
 pub const CUDA_ERROR_JIT_COMPILER_NOT_FOUND: CUresult = 221;
+/// A file named to the driver (a module path) does not exist.
+pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 /// A handle (stream, event, function, ...) is not valid.
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 /// The call is not allowed in the object's current state.
@@ -62,6 +64,14 @@ pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 /// Asynchronous work has not completed yet (`cuEventQuery`, `cuStreamQuery`).
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+/// A launch asked for more resources (registers, shared memory) than the device has.
+pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
+/// The primary context is already active with other flags.
+pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
+/// A cooperative launch asked for more blocks than can be resident at once.
+pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
+/// The operation is not permitted (a VMM handle exported with the wrong type, say).
+pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
 /// The operation (or the export: the real driver lacks it) is not supported.
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, the first of the stream-capture errors.

@@ -15,6 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use vgpu_common::built;
 
 /// The files `vgpu run` mounts.
 #[derive(Clone, Debug)]
@@ -64,19 +65,20 @@ impl Artifacts {
         })
     }
 
-    /// A Cargo target folder (`target/debug`, `target/release`).
+    /// A Cargo target folder (`target/debug`, `target/release`; `cargo test` leaves
+    /// the libraries in its `deps/`).
     pub fn in_target_dir(dir: &Path) -> Result<Artifacts> {
-        let cuda_shim = dir.join("libcuda_shim.so");
-        let nvml_shim = dir.join("libnvml_shim.so");
-        for path in [&cuda_shim, &nvml_shim] {
-            if !path.is_file() {
-                bail!(
+        let built = |name: &str| {
+            built::in_profile_dir(dir, name).with_context(|| {
+                format!(
                     "{} is missing: build the whole workspace first (`cargo build --release --workspace`) or set VGPU_PREFIX",
-                    path.display()
-                );
-            }
-        }
-        let sim = Some(dir.join("libvgpu_sim.so")).filter(|p| p.is_file());
+                    dir.join(name).display()
+                )
+            })
+        };
+        let cuda_shim = built("libcuda_shim.so")?;
+        let nvml_shim = built("libnvml_shim.so")?;
+        let sim = built::in_profile_dir(dir, "libvgpu_sim.so");
         Ok(Artifacts {
             cuda_shim,
             nvml_shim,

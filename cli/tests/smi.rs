@@ -18,14 +18,10 @@ const SIM_UUID_1: &str = "GPU-51d00000-0000-4000-8000-000000000002";
 fn sim_library() -> PathBuf {
     let binary = Path::new(env!("CARGO_BIN_EXE_vgpu"));
     let profile_dir = binary.parent().expect("the vgpu binary lives in a folder");
-    let candidates = [
-        profile_dir.join("libvgpu_sim.so"),
-        profile_dir.join("deps").join("libvgpu_sim.so"),
-    ];
-    candidates.iter().find(|path| path.is_file()).cloned().unwrap_or_else(|| {
+    vgpu_common::built::in_profile_dir(profile_dir, "libvgpu_sim.so").unwrap_or_else(|| {
         panic!(
-            "the simulated driver is not built ({} missing): run `cargo build -p vgpu-sim-driver` first",
-            candidates[0].display()
+            "the simulated driver is not built (libvgpu_sim.so missing in {}): run `cargo test --workspace`",
+            profile_dir.display()
         )
     })
 }

@@ -67,24 +67,23 @@ fn golden(name: &str, actual: &Value) {
 
 /// The built pieces the shim check needs, or `None` after saying what is missing.
 fn shim_artifacts(test: &str) -> Option<[PathBuf; 4]> {
-    let profile = profile_dir();
     let wanted = [
         "libcuda_shim.so",
         "libnvml_shim.so",
         "libvgpu_sim.so",
         "vgpu",
-    ]
-    .map(|name| profile.join(name));
-    match wanted.iter().find(|path| !path.exists()) {
-        Some(path) => {
-            missing(
-                test,
-                &format!("{} not built (cargo build --workspace)", path.display()),
-            );
-            None
+    ];
+    let mut found = Vec::new();
+    for name in wanted {
+        match built(name) {
+            Some(path) => found.push(path),
+            None => {
+                missing(test, &format!("{name} not built (cargo test --workspace)"));
+                return None;
+            }
         }
-        None => Some(wanted),
     }
+    found.try_into().ok()
 }
 
 /// Runs `vgpu probe` and pynvml through the shims under the prepared config, as the

@@ -30,7 +30,7 @@ fn works(program: &str, arg: &str) -> bool {
         .is_ok_and(|out| out.status.success())
 }
 
-fn prerequisites() -> Option<(PathBuf, PathBuf)> {
+fn prerequisites() -> Option<PathBuf> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         missing(TEST, "not root");
@@ -55,46 +55,45 @@ fn prerequisites() -> Option<(PathBuf, PathBuf)> {
         missing(TEST, "python3 with pynvml (pip install nvidia-ml-py)");
         return None;
     };
-    let profile = profile_dir();
     for name in [
         "libcuda_shim.so",
         "libnvml_shim.so",
         "libvgpu_sim.so",
         "vgpu",
     ] {
-        if !profile.join(name).exists() {
-            missing(TEST, &format!("{name} not built (cargo build --workspace)"));
+        if built(name).is_none() {
+            missing(TEST, &format!("{name} not built (cargo test --workspace)"));
             return None;
         }
     }
-    Some((profile, python))
+    Some(python)
 }
 
 /// A prepared driver folder as `vgpu-ldconfig prepare` leaves it, with the sim as the
 /// real driver.
-fn driver_folder(kubelet: &TestKubelet, profile: &Path) {
+fn driver_folder(kubelet: &TestKubelet) {
     let lib = kubelet.path("driver/lib64");
     let shim = kubelet.path("driver/shim");
     for dir in [&lib, &shim] {
         std::fs::create_dir_all(dir).expect("mkdir");
     }
     for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
-        std::fs::copy(profile.join("libvgpu_sim.so"), lib.join(name)).expect("copy sim");
+        std::fs::copy(built("libvgpu_sim.so").expect("checked"), lib.join(name)).expect("copy sim");
     }
     for name in ["libcuda_shim.so", "libnvml_shim.so"] {
-        std::fs::copy(profile.join(name), shim.join(name)).expect("copy shim");
+        std::fs::copy(built(name).expect("checked"), shim.join(name)).expect("copy shim");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_podman_container_runs_through_the_claims_cdi_spec() {
-    let Some((profile, python)) = prerequisites() else {
+    let Some(python) = prerequisites() else {
         return;
     };
     let Some(sim) = sim_library(TEST) else { return };
     let server = StandInApiServer::start().await.expect("stand-in");
     let kubelet = TestKubelet::new();
-    driver_folder(&kubelet, &profile);
+    driver_folder(&kubelet);
     let mut config = kubelet.config(&server.url());
     config.cdi_dir = PathBuf::from("/var/run/cdi");
     let source: Arc<dyn DeviceSource> = Arc::new(NvmlSource::open(&sim).expect("NVML"));
@@ -147,7 +146,7 @@ async fn a_podman_container_runs_through_the_claims_cdi_spec() {
          u = pynvml.nvmlDeviceGetUUID(h); u = u.decode() if isinstance(u, bytes) else u; \
          print(\"NVML\", pynvml.nvmlDeviceGetCount(), u, pynvml.nvmlDeviceGetMemoryInfo(h).total)'; \
          grep -E \"container_id|core_\" /etc/vgpu/vgpu.yaml",
-        vgpu = profile.join("vgpu").display(),
+        vgpu = built("vgpu").expect("checked").display(),
         python = python.display(),
     );
     let output = Command::new("timeout")

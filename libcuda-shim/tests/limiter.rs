@@ -50,6 +50,12 @@ fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// A library this build made (`cargo test` leaves them in `deps/`).
+fn built(name: &str) -> PathBuf {
+    vgpu_common::built::in_profile_dir(&profile_dir(), name)
+        .unwrap_or_else(|| panic!("{name} is not built: run `cargo test --workspace`"))
+}
+
 fn monotonic_ns() -> u64 {
     vgpu_common::clock::monotonic_ns()
 }
@@ -128,16 +134,8 @@ struct Machine {
 
 impl Machine {
     fn new(name: &str) -> Machine {
-        let sim = profile_dir().join("libvgpu_sim.so");
-        assert!(
-            sim.exists(),
-            "{} missing: run `cargo build -p vgpu-sim-driver` first",
-            sim.display()
-        );
-        assert!(
-            profile_dir().join("libcuda_shim.so").exists(),
-            "libcuda_shim.so missing: run `cargo build -p libcuda-shim`"
-        );
+        let sim = built("libvgpu_sim.so");
+        built("libcuda_shim.so");
         let scratch = Scratch::new(name);
         let driver = scratch.0.join("driver");
         std::fs::create_dir_all(&driver).expect("driver dir");
@@ -1032,8 +1030,8 @@ unsafe impl Sync for Cuda {}
 impl Cuda {
     fn load() -> Cuda {
         // SAFETY: loading the shim under test; its constructor loads the simulator.
-        let lib = unsafe { libloading::Library::new(profile_dir().join("libcuda_shim.so")) }
-            .expect("dlopen shim");
+        let lib =
+            unsafe { libloading::Library::new(built("libcuda_shim.so")) }.expect("dlopen shim");
         macro_rules! sym {
             ($name:literal) => {
                 // SAFETY: the C signature of the driver API function.

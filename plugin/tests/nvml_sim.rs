@@ -16,11 +16,8 @@ use vgpu_plugin::proto::deviceplugin::Empty;
 async fn sim_cards_are_advertised() {
     let exe = std::env::current_exe().expect("exe");
     let profile = exe.parent().and_then(Path::parent).expect("profile dir");
-    let sim = profile.join("libvgpu_sim.so");
-    if !sim.exists() {
-        eprintln!("nvml_sim: skipped: {} not built", sim.display());
-        return;
-    }
+    let sim = vgpu_common::built::in_profile_dir(profile, "libvgpu_sim.so")
+        .expect("libvgpu_sim.so is not built: run `cargo test --workspace`");
     // SAFETY: set before the sim is loaded and before other threads read the environment.
     unsafe { std::env::set_var("VGPU_SIM_GPUS", "2") };
     let source = NvmlSource::open(&sim).expect("NVML from the sim");

@@ -356,20 +356,20 @@ async fn refuses_to_start_beside_another_plugin_of_our_resources() {
     nvidia.abort();
 }
 
-/// The simulated NVML beside this test binary (target/<profile>/libvgpu_sim.so).
+/// The simulated NVML this build made (`cargo test` builds it: a dev-dependency).
 fn sim_nvml() -> Option<PathBuf> {
     let exe = std::env::current_exe().expect("test exe");
-    let sim = exe.parent()?.parent()?.join("libvgpu_sim.so");
-    if sim.is_file() {
-        return Some(sim);
-    }
+    let profile = exe.parent()?.parent()?;
+    let sim = vgpu_common::built::in_profile_dir(profile, "libvgpu_sim.so");
     assert!(
-        std::env::var_os("CI").is_none(),
-        "{} is not built: tests/run.sh builds the workspace first",
-        sim.display()
+        sim.is_some() || std::env::var_os("CI").is_none(),
+        "libvgpu_sim.so is not built in {}: run `cargo test --workspace`",
+        profile.display()
     );
-    eprintln!("operations: {} not built; skipped", sim.display());
-    None
+    if sim.is_none() {
+        eprintln!("operations: libvgpu_sim.so not built; skipped");
+    }
+    sim
 }
 
 /// Publishes `text` as a ConfigMap volume does: a new timestamped folder, then the

@@ -8,13 +8,13 @@
 //! (`Sim`: config + the cross-process state file), this process's state slot, the
 //! opt-in stderr log and the panic hook.
 
-pub mod clock;
-pub mod config;
-pub mod cuda;
+pub(crate) mod clock;
+pub(crate) mod config;
+pub(crate) mod cuda;
 pub(crate) mod ffi;
-pub mod nvml;
-pub mod state;
-pub mod sync;
+pub(crate) mod nvml;
+pub(crate) mod state;
+pub(crate) mod sync;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,7 +24,9 @@ use state::{SharedState, SlotIndex};
 
 /// The simulated machine as this process sees it.
 pub struct Sim {
+    /// The machine description from `VGPU_SIM_*`.
     pub config: SimConfig,
+    /// The cross-process state file every simulated process shares.
     pub state: SharedState,
 }
 

@@ -16,17 +16,18 @@ pub fn target_dir() -> PathBuf {
     deps.parent().expect("profile folder").to_path_buf()
 }
 
-/// A built artifact in the target folder; panics with the build command if missing.
+/// A built artifact in the target folder (or its `deps/`, where `cargo test` leaves
+/// the shims and the sim driver); panics with the build command if missing.
 pub fn artifact(name: &str) -> PathBuf {
-    let path = target_dir().join(name);
-    assert!(
-        path.exists(),
-        "{} is not built: run `cargo build --workspace` first (tests/run.sh does)",
-        path.display()
-    );
-    path
+    vgpu_common::built::in_profile_dir(&target_dir(), name).unwrap_or_else(|| {
+        panic!(
+            "{} is not built: run `cargo test --workspace` or `cargo build --workspace`",
+            target_dir().join(name).display()
+        )
+    })
 }
 
+/// The `vgpu` CLI of this build.
 pub fn vgpu() -> PathBuf {
     artifact("vgpu")
 }

@@ -33,6 +33,12 @@ pub fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// A library or program this build made: the newer of `target/<profile>/NAME` and
+/// `target/<profile>/deps/NAME` (where `cargo test` leaves the shims and the sim).
+pub fn built(name: &str) -> Option<PathBuf> {
+    vgpu_common::built::in_profile_dir(&profile_dir(), name)
+}
+
 /// On CI a missing prerequisite fails the test; elsewhere it is reported and skipped.
 pub fn missing(test: &str, what: &str) -> bool {
     if std::env::var("CI").is_ok_and(|value| value == "true") {
@@ -45,14 +51,10 @@ pub fn missing(test: &str, what: &str) -> bool {
 /// The sim driver, loaded with four GPUs; `None` (after saying so) when not built.
 pub fn sim_library(test: &str) -> Option<PathBuf> {
     static ENV: Once = Once::new();
-    let sim = profile_dir().join("libvgpu_sim.so");
-    if !sim.exists() {
-        missing(
-            test,
-            &format!("{} not built (cargo build --workspace)", sim.display()),
-        );
+    let Some(sim) = built("libvgpu_sim.so") else {
+        missing(test, "libvgpu_sim.so not built (cargo test --workspace)");
         return None;
-    }
+    };
     ENV.call_once(|| {
         // SAFETY: set once, before the sim is loaded by this process; the test threads
         // read it only through the sim, after this point.

@@ -124,57 +124,49 @@ extern "C" fn after_fork_in_child() {
 pub type CUgraph = *mut c_void;
 
 hook! {
-    fn cuStreamBeginCapture(stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        began(stream, false, unsafe { real(stream) })
+    fn cuStreamBeginCapture(stream: CUstream) -> CUresult |forward| {
+        began(stream, false, forward())
     }
 }
 
 hook! {
-    fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        began(stream, true, unsafe { real(stream) })
+    fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult |forward| {
+        began(stream, true, forward())
     }
 }
 
 hook! {
-    fn cuStreamBeginCapture_v2(stream: CUstream, mode: u32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        began(stream, false, unsafe { real(stream, mode) })
+    fn cuStreamBeginCapture_v2(stream: CUstream, mode: u32) -> CUresult |forward| {
+        began(stream, false, forward())
     }
 }
 
 hook! {
-    fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: u32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        began(stream, true, unsafe { real(stream, mode) })
+    fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: u32) -> CUresult |forward| {
+        began(stream, true, forward())
     }
 }
 
 hook! {
-    fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, dependencies: *const c_void, data: *const c_void, count: usize, mode: u32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        began(stream, false, unsafe { real(stream, graph, dependencies, data, count, mode) })
+    fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, dependencies: *const c_void, data: *const c_void, count: usize, mode: u32) -> CUresult |forward| {
+        began(stream, false, forward())
     }
 }
 
 hook! {
-    fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, dependencies: *const c_void, data: *const c_void, count: usize, mode: u32) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        began(stream, true, unsafe { real(stream, graph, dependencies, data, count, mode) })
+    fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, dependencies: *const c_void, data: *const c_void, count: usize, mode: u32) -> CUresult |forward| {
+        began(stream, true, forward())
     }
 }
 
 hook! {
-    fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        ended(stream, false, unsafe { real(stream, graph) })
+    fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult |forward| {
+        ended(stream, false, forward())
     }
 }
 
 hook! {
-    fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        ended(stream, true, unsafe { real(stream, graph) })
+    fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult |forward| {
+        ended(stream, true, forward())
     }
 }

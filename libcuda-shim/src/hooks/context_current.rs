@@ -32,50 +32,43 @@ fn maybe_gone(result: CUresult) -> CUresult {
 }
 
 hook! {
-    fn cuCtxSetCurrent(context: CUcontext) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        set(context, unsafe { real(context) })
+    fn cuCtxSetCurrent(context: CUcontext) -> CUresult |forward| {
+        set(context, forward())
     }
 }
 
 hook! {
-    fn cuCtxPushCurrent(context: CUcontext) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        set(context, unsafe { real(context) })
+    fn cuCtxPushCurrent(context: CUcontext) -> CUresult |forward| {
+        set(context, forward())
     }
 }
 
 hook! {
-    fn cuCtxPushCurrent_v2(context: CUcontext) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        set(context, unsafe { real(context) })
+    fn cuCtxPushCurrent_v2(context: CUcontext) -> CUresult |forward| {
+        set(context, forward())
     }
 }
 
 hook! {
-    fn cuCtxPopCurrent(context: *mut CUcontext) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        popped(unsafe { real(context) })
+    fn cuCtxPopCurrent(context: *mut CUcontext) -> CUresult |forward| {
+        popped(forward())
     }
 }
 
 hook! {
-    fn cuCtxPopCurrent_v2(context: *mut CUcontext) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        popped(unsafe { real(context) })
+    fn cuCtxPopCurrent_v2(context: *mut CUcontext) -> CUresult |forward| {
+        popped(forward())
     }
 }
 
 hook! {
-    fn cuCtxDetach(context: CUcontext) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        maybe_gone(unsafe { real(context) })
+    fn cuCtxDetach(context: CUcontext) -> CUresult |forward| {
+        maybe_gone(forward())
     }
 }
 
 hook! {
-    fn cuGreenCtxDestroy(green: *mut c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        maybe_gone(unsafe { real(green) })
+    fn cuGreenCtxDestroy(green: *mut c_void) -> CUresult |forward| {
+        maybe_gone(forward())
     }
 }

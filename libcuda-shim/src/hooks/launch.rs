@@ -35,86 +35,74 @@ fn config_stream(config: *const CUlaunchConfig) -> CUstream {
 }
 
 hook! {
-    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Kernel(f as usize), on(stream), || unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) })
+    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |forward| {
+        limiter::launch(Work::Kernel(f as usize), on(stream), forward)
     }
 }
 
 hook! {
-    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Kernel(f as usize), on_per_thread(stream), || unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) })
+    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |forward| {
+        limiter::launch(Work::Kernel(f as usize), on_per_thread(stream), forward)
     }
 }
 
 hook! {
-    fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Kernel(f as usize), on(config_stream(config)), || unsafe { real(config, f, params, extra) })
+    fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |forward| {
+        limiter::launch(Work::Kernel(f as usize), on(config_stream(config)), forward)
     }
 }
 
 hook! {
-    fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Kernel(f as usize), on_per_thread(config_stream(config)), || unsafe { real(config, f, params, extra) })
+    fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult |forward| {
+        limiter::launch(Work::Kernel(f as usize), on_per_thread(config_stream(config)), forward)
     }
 }
 
 hook! {
-    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Kernel(f as usize), on(stream), || unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) })
+    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult |forward| {
+        limiter::launch(Work::Kernel(f as usize), on(stream), forward)
     }
 }
 
 hook! {
-    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Kernel(f as usize), on_per_thread(stream), || unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) })
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult |forward| {
+        limiter::launch(Work::Kernel(f as usize), on_per_thread(stream), forward)
     }
 }
 
 hook! {
-    fn cuLaunchCooperativeKernelMultiDevice(list: *mut CudaLaunchParams, devices: c_uint, flags: c_uint) -> CUresult |real| {
+    fn cuLaunchCooperativeKernelMultiDevice(list: *mut CudaLaunchParams, devices: c_uint, flags: c_uint) -> CUresult |forward| {
         // One launch over several devices and streams: throttled, not bracketed.
-        // SAFETY: forwarding the caller's arguments.
-        limiter::throttle_only(|| unsafe { real(list, devices, flags) })
+        limiter::throttle_only(forward)
     }
 }
 
 hook! {
-    fn cuLaunch(f: CUfunction) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Kernel(f as usize), on(std::ptr::null_mut()), || unsafe { real(f) })
+    fn cuLaunch(f: CUfunction) -> CUresult |forward| {
+        limiter::launch(Work::Kernel(f as usize), on(std::ptr::null_mut()), forward)
     }
 }
 
 hook! {
-    fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Kernel(f as usize), on(std::ptr::null_mut()), || unsafe { real(f, width, height) })
+    fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int) -> CUresult |forward| {
+        limiter::launch(Work::Kernel(f as usize), on(std::ptr::null_mut()), forward)
     }
 }
 
 hook! {
-    fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Kernel(f as usize), on(stream), || unsafe { real(f, width, height, stream) })
+    fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> CUresult |forward| {
+        limiter::launch(Work::Kernel(f as usize), on(stream), forward)
     }
 }
 
 hook! {
-    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Graph(exec as usize), on(stream), || unsafe { real(exec, stream) })
+    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult |forward| {
+        limiter::launch(Work::Graph(exec as usize), on(stream), forward)
     }
 }
 
 hook! {
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult |real| {
-        // SAFETY: forwarding the caller's arguments.
-        limiter::launch(Work::Graph(exec as usize), on_per_thread(stream), || unsafe { real(exec, stream) })
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult |forward| {
+        limiter::launch(Work::Graph(exec as usize), on_per_thread(stream), forward)
     }
 }

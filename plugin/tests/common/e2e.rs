@@ -26,6 +26,11 @@ pub fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// A library this build made (`cargo test` leaves them in `deps/`).
+pub fn built(name: &str) -> Option<PathBuf> {
+    vgpu_common::built::in_profile_dir(&profile_dir(), name)
+}
+
 /// The repository root.
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -48,10 +53,8 @@ pub fn prerequisites(test: &str, runtime: &str) -> bool {
             python_has(&["pynvml", "cuda.bindings.driver"]),
         ),
     ];
-    let profile = profile_dir();
     for name in ["libcuda_shim.so", "libnvml_shim.so", "libvgpu_sim.so"] {
-        let path = profile.join(name);
-        checks.push((path.display().to_string(), path.exists()));
+        checks.push((name.to_string(), built(name).is_some()));
     }
     let missing: Vec<String> = checks
         .into_iter()
@@ -112,14 +115,14 @@ pub fn python() -> (PathBuf, PathBuf) {
 /// helper (a real shared object with the real SONAME, built with `cc`) under a
 /// versioned file name with its SONAME link, and the shims in `shim_dir`.
 pub fn prepare_sim_driver(config: &PluginConfig) {
-    let profile = profile_dir();
     let lib64 = config.host_driver_dir.join("lib64");
     std::fs::create_dir_all(&lib64).expect("lib64");
     std::fs::create_dir_all(&config.shim_dir).expect("shim dir");
     for shim in ["libcuda_shim.so", "libnvml_shim.so"] {
-        std::fs::copy(profile.join(shim), config.shim_dir.join(shim)).expect("copy shim");
+        std::fs::copy(built(shim).expect(shim), config.shim_dir.join(shim)).expect("copy shim");
     }
-    std::fs::copy(profile.join("libvgpu_sim.so"), lib64.join("libvgpu_sim.so")).expect("sim");
+    let sim = built("libvgpu_sim.so").expect("libvgpu_sim.so");
+    std::fs::copy(sim, lib64.join("libvgpu_sim.so")).expect("sim");
     for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
         std::os::unix::fs::symlink("libvgpu_sim.so", lib64.join(name)).expect("link");
     }

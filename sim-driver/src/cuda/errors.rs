@@ -1,25 +1,13 @@
-//! `CUresult`: the codes the sim returns, and the driver's table of names and strings
-//! behind `cuGetErrorName` / `cuGetErrorString`.
+//! `CUresult`: the codes the sim returns (the constants are vgpu-abi's), and the driver's
+//! table of names and strings behind `cuGetErrorName` / `cuGetErrorString`.
 
-pub type CUresult = i32;
-
-pub const CUDA_SUCCESS: CUresult = 0;
-pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
-pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
-pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
-pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
-pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
-pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
-pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
-pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
-pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
-pub const CUDA_ERROR_NOT_READY: CUresult = 600;
-pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
-pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
-pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
-pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
-pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
-pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+pub use vgpu_abi::cuda::{
+    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, CUDA_ERROR_FILE_NOT_FOUND, CUDA_ERROR_INVALID_CONTEXT,
+    CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_IMAGE,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED,
+    CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY,
+    CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, CUresult,
+};
 
 /// (code, name, string), as the 580.159.04 driver reports them (measured with
 /// tools/probe_real_driver.py on an H200).
@@ -446,8 +434,3 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
     ),
     (999, "CUDA_ERROR_UNKNOWN", "unknown error"),
 ];
-
-/// The table entry of `code`.
-pub fn lookup(code: CUresult) -> Option<&'static (CUresult, &'static str, &'static str)> {
-    ERRORS.iter().find(|(c, _, _)| *c == code)
-}

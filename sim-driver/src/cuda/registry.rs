@@ -95,7 +95,6 @@ pub struct Module {
 }
 
 pub struct Function {
-    pub module: u64,
     pub name: String,
     pub duration_ns: u64,
 }
@@ -106,7 +105,6 @@ pub struct Library {
 }
 
 pub struct Kernel {
-    pub library: u64,
     pub name: String,
     pub duration_ns: u64,
     /// One function per context it was fetched in.
@@ -144,7 +142,6 @@ pub struct Array {
     pub ctx: u64,
     /// width, height, depth, format, channels, flags as created.
     pub descriptor: [u64; 6],
-    pub levels: u32,
 }
 
 pub struct VmmHandle {

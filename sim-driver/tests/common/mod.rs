@@ -13,24 +13,16 @@ use std::process::Command;
 /// builds), whichever is newer.
 pub fn library_path() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
-    let deps_dir = exe.parent().expect("target/<profile>/deps");
-    let profile_dir = deps_dir.parent().expect("target/<profile>");
-    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let candidates = [
-        deps_dir.join("libvgpu_sim.so"),
-        profile_dir.join("libvgpu_sim.so"),
-    ];
-    let newest = candidates
-        .iter()
-        .filter(|path| path.exists())
-        .max_by_key(|path| modified(path));
-    match newest {
-        Some(path) => path.clone(),
-        None => panic!(
-            "libvgpu_sim.so missing beside {}: run `cargo build -p vgpu-sim-driver` first",
-            deps_dir.display()
-        ),
-    }
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    vgpu_common::built::in_profile_dir(profile_dir, "libvgpu_sim.so").unwrap_or_else(|| {
+        panic!(
+            "libvgpu_sim.so missing in {}: run `cargo test --workspace`",
+            profile_dir.display()
+        )
+    })
 }
 
 /// The loaded simulated driver.

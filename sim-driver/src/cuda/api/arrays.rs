@@ -52,7 +52,6 @@ fn create_array(
                 charged,
                 ctx,
                 descriptor,
-                levels: levels.max(1),
             },
         );
         Ok(handle)

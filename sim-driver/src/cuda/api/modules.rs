@@ -276,7 +276,7 @@ cuda! {
             }
             let duration_ns = kernel_duration(registry, &name);
             let handle = registry.handle(TAG_FUNCTION);
-            registry.functions.insert(handle, Function { module, name: name.clone(), duration_ns });
+            registry.functions.insert(handle, Function { name: name.clone(), duration_ns });
             if let Some(m) = registry.modules.get_mut(&module) {
                 m.functions.insert(name, handle);
             }
@@ -330,7 +330,7 @@ cuda! {
             }
             let duration_ns = kernel_duration(registry, &name);
             let handle = registry.handle(TAG_KERNEL);
-            registry.kernels.insert(handle, Kernel { library, name: name.clone(), duration_ns, functions: HashMap::new() });
+            registry.kernels.insert(handle, Kernel { name: name.clone(), duration_ns, functions: HashMap::new() });
             if let Some(l) = registry.libraries.get_mut(&library) {
                 l.kernels.insert(name, handle);
             }
@@ -351,7 +351,7 @@ cuda! {
             }
             let (name, duration_ns) = (found.name.clone(), found.duration_ns);
             let handle = registry.handle(TAG_FUNCTION);
-            registry.functions.insert(handle, Function { module: 0, name, duration_ns });
+            registry.functions.insert(handle, Function { name, duration_ns });
             if let Some(k) = registry.kernels.get_mut(&kernel) {
                 k.functions.insert(ctx, handle);
             }
