@@ -732,9 +732,9 @@ fn two_processes_of_one_container_share_its_limit() {
     let first = machine.spawn(&config, role);
     let second = machine.spawn(&config, role);
     let (first, second) = (finish(first), finish(second));
-    // After both have started (a few windows in), until the end. The sim runs the two
-    // processes' kernels side by side (a real card time-slices them), so what the
-    // container's one budget holds is the union of their work on the card: 30%.
+    // After both have started (a few windows in), until the end. The sim time-slices
+    // the two processes as a real card does; the container's one budget holds the
+    // union of their work on the card: 30%.
     let (a, b) = (first.mean(4, 18), second.mean(4, 18));
     eprintln!(
         "one container, two processes of 4 streams: {a:.1}% and {b:.1}% of their bare throughput, card busy {}%\n{:?}\n{:?}",

@@ -95,10 +95,8 @@ pub(crate) fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
     Some(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
-/// Runs an API body (counted in the process's slot), turning a panic into the API's
-/// "unknown error" code.
+/// Runs an API body, turning a panic into the API's "unknown error" code.
 pub(crate) fn guard<R: Copy>(unknown: R, body: impl FnOnce() -> R) -> R {
     crate::install_panic_hook();
-    crate::count_call();
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(unknown)
 }

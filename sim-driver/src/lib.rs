@@ -95,17 +95,6 @@ pub fn my_slot(sim: &Sim) -> Option<SlotIndex> {
     }
 }
 
-/// Counts a driver call in this process's slot, once it holds one (a call never claims
-/// a slot by itself).
-pub(crate) fn count_call() {
-    let held = SLOT.load(Ordering::Relaxed);
-    if held != 0
-        && let Some(Ok(sim)) = SIM.get()
-    {
-        sim.state.count_call(SlotIndex(held - 1));
-    }
-}
-
 /// After fork, the child is a new process: it must claim its own slot.
 pub(crate) fn forget_slot_after_fork() {
     SLOT.store(0, Ordering::Release);

@@ -64,8 +64,6 @@ struct Slot {
     owner: AtomicU64,
     start_time: AtomicU64,
     pid_ns: AtomicU64,
-    /// Driver (CUDA and NVML) calls the process made since it claimed the slot.
-    calls: AtomicU64,
     used: [AtomicU64; MAX_GPUS],
     contexts: [AtomicU64; MAX_GPUS],
     launches: [AtomicU64; MAX_GPUS],
@@ -338,7 +336,6 @@ impl SharedState {
                 {
                     slot.start_time.store(start_time, Ordering::Release);
                     slot.pid_ns.store(pid_ns, Ordering::Release);
-                    slot.calls.store(0, Ordering::Release);
                     for gpu in 0..MAX_GPUS {
                         slot.used[gpu].store(0, Ordering::Release);
                         slot.contexts[gpu].store(0, Ordering::Release);
@@ -498,21 +495,6 @@ impl SharedState {
             mine.busy_total_ns[gpu].fetch_add(ns, Ordering::AcqRel);
             ring_add_interval(&mine.buckets[gpu], from, end, now);
         }
-    }
-
-    /// Counts one driver call of `slot`'s process.
-    pub fn count_call(&self, slot: SlotIndex) {
-        self.slot(slot.0).calls.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Driver calls made so far by the live process `pid` of the caller's PID namespace
-    /// (None when it holds no slot): how tests see what a shim costs in driver round trips.
-    pub fn driver_calls(&self, pid: u32) -> Option<u64> {
-        let my_ns = process::current().pid_ns;
-        (0..self.high_water())
-            .filter_map(|index| self.live(index))
-            .find(|(slot, owner)| *owner == pid && slot.pid_ns.load(Ordering::Acquire) == my_ns)
-            .map(|(slot, _)| slot.calls.load(Ordering::Acquire))
     }
 
     /// Every other live process's current turn on `gpu`: (where it began, where its
