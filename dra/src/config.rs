@@ -89,14 +89,16 @@ pub struct DraConfig {
     /// `api_server_url`: an API server over plain HTTP without credentials (the tests'
     /// stand-in only); exclusive with `kubeconfig`.
     pub api_server_url: Option<String>,
-    /// `health_interval_secs`: seconds between NVML health probes of the cards (a
-    /// change republishes the slices).
+    /// `health_interval_secs`: seconds between NVML health probes of the cards
+    /// (critical Xid events, where the driver has events, count within 500 ms); a
+    /// change republishes the slices.
     pub health_interval_secs: u64,
     /// `registration_watch_interval_ms`: milliseconds between checks that both sockets
     /// are still served (kubelet may wipe its folders); a missing one is served again.
     pub registration_watch_interval_ms: u64,
-    /// `slice_resync_secs`: seconds between full comparisons of the stored slices with
-    /// the cards, beside the watch (repairs slices someone else edited or deleted).
+    /// `slice_resync_secs`: seconds between publish passes while nothing changes; a
+    /// change of the cards, or of the node's slices by someone else (a watch), starts
+    /// one sooner.
     pub slice_resync_secs: u64,
     /// `host_proc`: the host's `/proc`, to map containers' PIDs to host PIDs for NVML
     /// readers.

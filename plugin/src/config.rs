@@ -131,8 +131,9 @@ pub struct PluginConfig {
     /// `gc_grace_secs`: an allocation never seen in PodResources, and a folder unknown
     /// to the state, are kept this many seconds after creation before GC removes them.
     pub gc_grace_secs: u64,
-    /// `health_interval_secs`: seconds between NVML health probes of the cards (a
-    /// change is sent to kubelet in ListAndWatch).
+    /// `health_interval_secs`: seconds between NVML health probes of the cards
+    /// (critical Xid events, where the driver has events, count within 500 ms); a
+    /// change is sent to kubelet in ListAndWatch.
     pub health_interval_secs: u64,
     /// `kubelet_watch_interval_ms`: milliseconds between checks of `kubelet.sock` (a new
     /// inode means kubelet restarted: register again) and of the plugin's own sockets.
