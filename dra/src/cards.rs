@@ -10,16 +10,23 @@ use nvml_wrapper::Nvml;
 use vgpu_kube::slices::GpuDevice;
 use vgpu_plugin::CardInfo;
 
-/// What the slice adds to a [`CardInfo`].
+/// What the slice adds to a [`CardInfo`]; a `None` leaves that attribute out of the
+/// slice.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Details {
+    /// NVML's product name (`NVIDIA H200`): the `productName` attribute.
     pub product_name: Option<String>,
+    /// CUDA compute capability (major, minor): the `computeCapability` attribute.
     pub compute_capability: Option<(u32, u32)>,
+    /// The driver version as NVML writes it (`580.159.04`): the `driverVersion`
+    /// attribute.
     pub driver_version: Option<String>,
 }
 
 /// Where [`Details`] come from.
 pub trait Describe: Send + Sync + 'static {
+    /// The details of the card with this NVML UUID; what cannot be read is `None`
+    /// (never an error: the slice is published without it).
     fn details(&self, uuid: &str) -> Details;
 }
 
@@ -38,6 +45,8 @@ pub struct NvmlDetails {
 }
 
 impl NvmlDetails {
+    /// Initialises NVML from `library` (a name the loader resolves, or a path); fails
+    /// with the library and NVML's error where it cannot.
     pub fn open(library: &Path) -> anyhow::Result<NvmlDetails> {
         let nvml = Nvml::builder()
             .lib_path(library.as_os_str())

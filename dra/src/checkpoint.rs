@@ -15,15 +15,21 @@ pub const CHECKPOINT_VERSION: u32 = 1;
 /// One device entry of a NodePrepareResources answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedDevice {
+    /// The `Device.request_names` answered: the claim's requests this device serves.
     pub request_names: Vec<String>,
+    /// `Device.pool_name`: the ResourceSlice pool (this node's).
     pub pool_name: String,
+    /// `Device.device_name`: the slice's device (`gpu-<index>`).
     pub device_name: String,
+    /// `Device.cdi_device_ids`: fully-qualified CDI names (`vendor/class=name`) the
+    /// runtime applies to the container.
     pub cdi_device_ids: Vec<String>,
 }
 
 /// One prepared request: its container config folder and CDI device.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedRequest {
+    /// The claim's request (`name` or `name/subrequest`).
     pub request: String,
     /// The config's `container_id`, the allocation folder's and the CDI device's name.
     pub container_id: String,
@@ -36,15 +42,20 @@ pub struct PreparedRequest {
 /// One prepared claim.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedClaim {
+    /// The claim's namespace, as kubelet named it.
     pub namespace: String,
+    /// The claim's name.
     pub name: String,
+    /// The answer kubelet got, returned unchanged if it asks again.
     pub devices: Vec<PreparedDevice>,
+    /// What was written per request, so unprepare removes exactly that.
     pub requests: Vec<PreparedRequest>,
 }
 
 /// The whole file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
+    /// The file's layout version ([`CHECKPOINT_VERSION`]); another version is refused.
     pub version: u32,
     /// By claim UID.
     pub claims: BTreeMap<String, PreparedClaim>,

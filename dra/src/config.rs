@@ -44,28 +44,67 @@ pub const NODE_NAME_ENV: &str = "NODE_NAME";
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DraConfig {
+    /// `driver_name`: the DRA driver name (a lower-case DNS subdomain with a dot): the
+    /// slices' `spec.driver`, what DeviceClass selectors and claim results name, and the
+    /// registration socket's name.
     pub driver_name: String,
+    /// `node_name`: the node whose pool this plugin publishes; `None` in the file means
+    /// env `NODE_NAME`, and validation refuses a config where both are missing.
     pub node_name: Option<String>,
+    /// `plugins_registry_dir`: kubelet's plugin-watcher folder, where
+    /// `<driver_name>-reg.sock` is served.
     pub plugins_registry_dir: PathBuf,
-    /// Default: `/var/lib/kubelet/plugins/<driver_name>`.
+    /// `plugin_dir`: where `dra.sock` is served. Default:
+    /// `/var/lib/kubelet/plugins/<driver_name>`.
     pub plugin_dir: Option<PathBuf>,
+    /// `state_dir`: `dra-state.json` and the per-request `allocations/` folders.
     pub state_dir: PathBuf,
+    /// `cdi_dir`: where one CDI spec per prepared request is written (the runtime's CDI
+    /// spec directory).
     pub cdi_dir: PathBuf,
+    /// `cdi_kind`: the CDI `vendor/class` of the devices named in the answer to kubelet.
     pub cdi_kind: String,
+    /// `host_driver_dir`: the driver libraries prepared by `vgpu-ldconfig prepare`,
+    /// mounted into containers.
     pub host_driver_dir: PathBuf,
+    /// `shim_dir`: the folder with `libcuda_shim.so` and `libnvml_shim.so`.
     pub shim_dir: PathBuf,
+    /// `nvml_library`: what nvml-wrapper loads for discovery and health (a name or a
+    /// path).
     pub nvml_library: PathBuf,
+    /// `device_plugin_dir`: kubelet's device-plugin folder, checked at start so this
+    /// plugin refuses to run beside a live `vgpu-plugin` on the same cards.
     pub device_plugin_dir: PathBuf,
+    /// `device_plugin_sockets`: the `vgpu-plugin` socket names looked for in
+    /// `device_plugin_dir` (default: the core and memory resources' endpoints).
     pub device_plugin_sockets: Vec<String>,
+    /// `unhealthy`: what the slice does with an unhealthy card (taint or remove).
     pub unhealthy: UnhealthyPolicy,
+    /// `default_core_ceiling`: the soft-mode ceiling (percent, 1-100) written for pods
+    /// without `tencent.com/vcuda-core-limit`; `None`: hard limits.
     pub default_core_ceiling: Option<u32>,
+    /// `kubeconfig`: a kubeconfig file for the API server; `None` (and no
+    /// `api_server_url`): the pod's service account, else env `KUBECONFIG`.
     pub kubeconfig: Option<PathBuf>,
+    /// `api_server_url`: an API server over plain HTTP without credentials (the tests'
+    /// stand-in only); exclusive with `kubeconfig`.
     pub api_server_url: Option<String>,
+    /// `health_interval_secs`: seconds between NVML health probes of the cards
+    /// (critical Xid events, where the driver has events, count within 500 ms); a
+    /// change republishes the slices.
     pub health_interval_secs: u64,
+    /// `registration_watch_interval_ms`: milliseconds between checks that both sockets
+    /// are still served (kubelet may wipe its folders); a missing one is served again.
     pub registration_watch_interval_ms: u64,
+    /// `slice_resync_secs`: seconds between publish passes while nothing changes; a
+    /// change of the cards, or of the node's slices by someone else (a watch), starts
+    /// one sooner.
     pub slice_resync_secs: u64,
-    /// The host's `/proc`, to map containers' PIDs to host PIDs for NVML readers.
+    /// `host_proc`: the host's `/proc`, to map containers' PIDs to host PIDs for NVML
+    /// readers.
     pub host_proc: PathBuf,
+    /// `dev_root`: the root under which host device nodes (`nvidia<minor>`, `nvidiactl`,
+    /// ...) are looked up for the CDI spec (tests point it elsewhere).
     pub dev_root: PathBuf,
 }
 

@@ -48,6 +48,7 @@ pub struct DraHandle {
 }
 
 impl DraHandle {
+    /// The claims' preparer: what is prepared now and where its folders are.
     pub fn preparer(&self) -> &Arc<Preparer> {
         &self.preparer
     }

@@ -10,7 +10,7 @@
 //! * [`checkpoint`]: prepared claims on disk (`dra-state.json`);
 //! * [`prepare`]: a claim's allocation → config, region and CDI spec, and back;
 //! * [`registration`]: the pluginregistration service kubelet's plugin watcher calls;
-//! * [`service`]: the DRAPlugin service, both versions;
+//! * `service`: the DRAPlugin service, both versions;
 //! * [`daemon`]: sockets, re-serving, health, slice publishing, shutdown.
 
 #![forbid(unsafe_code)]
@@ -22,7 +22,7 @@ pub mod daemon;
 pub mod prepare;
 pub mod proto;
 pub mod registration;
-pub mod service;
+mod service;
 
 pub use config::DraConfig;
 pub use daemon::{DraHandle, start};

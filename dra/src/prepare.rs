@@ -28,7 +28,7 @@ use crate::config::DraConfig;
 
 /// What kubelet names in a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClaimRef {
+pub(crate) struct ClaimRef {
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -47,7 +47,7 @@ fn sanitize(text: &str) -> String {
 
 /// `<uid>-<request>`, at most 64 characters (longer ones keep their head and end in an
 /// FNV-1a hash of the whole, so distinct requests stay distinct).
-pub fn container_id(claim_uid: &str, request: &str) -> String {
+pub(crate) fn container_id(claim_uid: &str, request: &str) -> String {
     let id = format!("{}-{}", sanitize(claim_uid), sanitize(request));
     if id.len() <= 64 {
         return id;
@@ -61,7 +61,11 @@ pub fn container_id(claim_uid: &str, request: &str) -> String {
 /// The quota of one share: its consumed cores and memory; absent or 100 cores is the
 /// card's whole compute, absent memory its whole memory. A ceiling makes a partial
 /// share soft, never below its own cores (the device plugin's rule).
-pub fn share_quota(card: &CardInfo, share: &AllocatedShare, ceiling: Option<u32>) -> DeviceQuota {
+pub(crate) fn share_quota(
+    card: &CardInfo,
+    share: &AllocatedShare,
+    ceiling: Option<u32>,
+) -> DeviceQuota {
     let mut quota = DeviceQuota {
         uuid: Some(card.uuid.clone()),
         index: None,
@@ -81,7 +85,7 @@ pub fn share_quota(card: &CardInfo, share: &AllocatedShare, ceiling: Option<u32>
 
 /// One request of a claim, ready to be written.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RequestPlan {
+pub(crate) struct RequestPlan {
     pub request: String,
     pub container_id: String,
     pub shares: Vec<AllocatedShare>,
@@ -90,7 +94,7 @@ pub struct RequestPlan {
 }
 
 /// Groups this driver's shares by request and checks them against the node's cards.
-pub fn plan_claim(
+pub(crate) fn plan_claim(
     allocation: &ClaimAllocation,
     node: &str,
     cards: &[CardInfo],
@@ -143,7 +147,7 @@ pub fn plan_claim(
 
 /// The soft ceiling of a claim's pods: the lowest any of them asks for; the default
 /// when none does or none can be read.
-pub async fn claim_ceiling(
+pub(crate) async fn claim_ceiling(
     reader: Option<&PodReader>,
     allocation: &ClaimAllocation,
     default: Option<u32>,
@@ -196,7 +200,7 @@ pub struct Preparer {
 }
 
 impl Preparer {
-    pub fn new(
+    pub(crate) fn new(
         config: DraConfig,
         cards: Vec<CardInfo>,
         checkpoint: Checkpoint,
@@ -224,18 +228,13 @@ impl Preparer {
         self.book().claims.clone()
     }
 
-    /// The cards this node has.
-    pub fn cards(&self) -> &[CardInfo] {
-        &self.cards
-    }
-
     /// `<state_dir>/allocations/<container_id>`.
     pub fn allocation_dir(&self, container_id: &str) -> PathBuf {
         container::allocation_dir(&self.plugin, container_id)
     }
 
     /// The checkpointed answer, if the claim was prepared already.
-    pub fn already_prepared(&self, uid: &str) -> Option<Vec<PreparedDevice>> {
+    pub(crate) fn already_prepared(&self, uid: &str) -> Option<Vec<PreparedDevice>> {
         self.book()
             .claims
             .get(uid)
@@ -243,7 +242,7 @@ impl Preparer {
     }
 
     /// Prepares `claim`, whose allocation `read` fetches; the same answer every time.
-    pub async fn prepare<F, Fut>(
+    pub(crate) async fn prepare<F, Fut>(
         &self,
         claim: &ClaimRef,
         read: F,
@@ -377,7 +376,7 @@ impl Preparer {
     /// At start: removes folders and specs that no checkpointed claim names (left by a
     /// crash between writing them and checkpointing; kubelet was never told of them and
     /// prepares the claim again). Returns how many names were swept.
-    pub fn sweep_orphans(&self) -> usize {
+    pub(crate) fn sweep_orphans(&self) -> usize {
         let known: Vec<String> = self
             .book()
             .claims
@@ -399,7 +398,7 @@ impl Preparer {
     /// Undoes `uid`: its CDI specs, allocation folders and checkpoint entry. A claim
     /// this plugin never prepared is a success, after sweeping anything named after
     /// its UID (left by a crash between writing and checkpointing).
-    pub async fn unprepare(&self, uid: &str) -> Result<(), String> {
+    pub(crate) async fn unprepare(&self, uid: &str) -> Result<(), String> {
         let _serial = self.serial.lock().await;
         let known = self.book().claims.get(uid).cloned();
         match &known {

@@ -18,12 +18,17 @@ use crate::proto::{dra_v1, dra_v1beta1};
 /// What kubelet said about registration.
 #[derive(Default)]
 pub struct RegistrationBook {
+    /// NotifyRegistrationStatus calls with `plugin_registered: true`: one per successful
+    /// registration (kubelet's plugin watcher registers again after it restarts or the
+    /// socket is served anew).
     pub accepted: AtomicU64,
+    /// NotifyRegistrationStatus calls with `plugin_registered: false` (kubelet refused the
+    /// plugin; its `error` is logged).
     pub refused: AtomicU64,
 }
 
 /// The Registration service.
-pub struct RegistrationService {
+pub(crate) struct RegistrationService {
     pub driver: String,
     pub endpoint: PathBuf,
     pub book: Arc<RegistrationBook>,

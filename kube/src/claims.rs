@@ -12,8 +12,14 @@ use crate::quantity;
 pub struct AllocatedShare {
     /// The request (`name`, or `name/subrequest`).
     pub request: String,
+    /// The result's `pool`: the ResourceSlice pool the device came from (this driver
+    /// names its pool after the node).
     pub pool: String,
+    /// The result's `device`: the slice's device name (`gpu-<index>`).
     pub device: String,
+    /// The result's `shareID`: set by the scheduler when it allocated one share of a
+    /// multi-allocatable device (KEP-5075), unique among that device's shares; `None`
+    /// where the device was allocated whole.
     pub share_id: Option<String>,
     /// Consumed `cores`; `None` where the allocation carries no consumed capacity (a
     /// cluster without consumable capacity allocates the device whole).
@@ -25,46 +31,85 @@ pub struct AllocatedShare {
 /// A pod a claim is reserved for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRef {
+    /// The consumer's `name` in `status.reservedFor` (the pod, in the claim's namespace).
     pub name: String,
+    /// The consumer's `uid`: tells this pod from a later one of the same name.
     pub uid: String,
 }
 
 /// What a claim holds from this driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimAllocation {
+    /// The claim's `metadata.namespace`.
     pub namespace: String,
+    /// The claim's `metadata.name`.
     pub name: String,
+    /// The claim's `metadata.uid`, checked equal to the one kubelet asked for.
     pub uid: String,
+    /// This driver's entries of `status.allocation.devices.results`, in their order;
+    /// results of other drivers are left out.
     pub shares: Vec<AllocatedShare>,
+    /// The pods of `status.reservedFor` (consumers of another resource are left out);
+    /// empty until the scheduler reserves the claim.
     pub pods: Vec<PodRef>,
 }
 
 /// Why a claim could not be read.
+///
+/// Every variant names the claim (`namespace`, `name`) so the message can be handed back
+/// to kubelet as it is.
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimError {
+    /// The API server answered 404: the claim was deleted (or never existed).
     #[error("ResourceClaim {namespace}/{name} not found")]
-    NotFound { namespace: String, name: String },
+    NotFound {
+        /// The claim's namespace.
+        namespace: String,
+        /// The claim's name.
+        name: String,
+    },
+    /// The claim of that name is another object than the one kubelet prepares.
     #[error(
         "ResourceClaim {namespace}/{name} has UID {found}, kubelet asked for {wanted} (the claim was replaced)"
     )]
     UidMismatch {
+        /// The claim's namespace.
         namespace: String,
+        /// The claim's name.
         name: String,
+        /// The `metadata.uid` the API server holds (empty if it has none).
         found: String,
+        /// The UID kubelet named in its request.
         wanted: String,
     },
+    /// The claim has no `status.allocation.devices.results` yet.
     #[error("ResourceClaim {namespace}/{name} is not allocated")]
-    NotAllocated { namespace: String, name: String },
+    NotAllocated {
+        /// The claim's namespace.
+        namespace: String,
+        /// The claim's name.
+        name: String,
+    },
+    /// The allocation is malformed (e.g. a `consumedCapacity` that is not a whole
+    /// quantity).
     #[error("ResourceClaim {namespace}/{name}: {message}")]
     Invalid {
+        /// The claim's namespace.
         namespace: String,
+        /// The claim's name.
         name: String,
+        /// What is wrong, naming the request, device and field.
         message: String,
     },
+    /// The GET failed for another reason than 404 (connection, auth, server error);
+    /// worth retrying.
     #[error("cannot read ResourceClaim {namespace}/{name}: {message}")]
     Unreachable {
+        /// The claim's namespace.
         namespace: String,
+        /// The claim's name.
         name: String,
+        /// The client's error.
         message: String,
     },
 }

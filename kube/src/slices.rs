@@ -55,14 +55,24 @@ pub enum UnhealthyPolicy {
 /// One card as the slice describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuDevice {
+    /// The NVML UUID (`GPU-…`), published as the `uuid` attribute.
     pub uuid: String,
     /// Host index (NVML order); the device is named `gpu-<index>`.
     pub index: u32,
+    /// The `/dev/nvidia<minor>` number, published as the `minor` attribute; `None` leaves
+    /// the attribute out.
     pub minor: Option<u32>,
+    /// NVML's product name (`NVIDIA H200`), the `productName` attribute; `None` leaves it
+    /// out.
     pub product_name: Option<String>,
+    /// Total memory in bytes: the `memory` capacity (its valid range rounds down to
+    /// 256Mi steps).
     pub memory_bytes: u64,
-    /// (major, minor).
+    /// (major, minor), published as the `computeCapability` version `major.minor.0`;
+    /// `None` leaves it out.
     pub compute_capability: Option<(u32, u32)>,
+    /// The card's NUMA node, the `numaNode` attribute; `None` where the host has no NUMA
+    /// information.
     pub numa_node: Option<i64>,
     /// As NVML writes it (`580.159.04`); published as a semantic version.
     pub driver_version: Option<String>,
@@ -256,9 +266,15 @@ pub fn build_slices(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Published {
     /// The API already held exactly these slices.
-    Unchanged { generation: i64 },
+    Unchanged {
+        /// The pool's `spec.pool.generation` as found.
+        generation: i64,
+    },
     /// Slices were created, replaced or deleted; the pool is at this generation.
-    Written { generation: i64 },
+    Written {
+        /// The pool's `spec.pool.generation` after the write.
+        generation: i64,
+    },
 }
 
 /// The devices of a stored slice with what the server adds (taint times) taken out.
@@ -283,6 +299,8 @@ pub struct SlicePublisher {
 }
 
 impl SlicePublisher {
+    /// A publisher of `node`'s pool for `driver` (the DRA driver name, which is also the
+    /// slices' `spec.driver`); it writes nothing until asked to publish.
     pub fn new(client: kube::Client, driver: &str, node: &str, policy: UnhealthyPolicy) -> Self {
         SlicePublisher {
             api: Api::all(client),

@@ -27,7 +27,7 @@ pub struct PodCeilings {
 }
 
 impl PodCeilings {
-    pub fn new(config: &PluginConfig) -> PodCeilings {
+    pub(crate) fn new(config: &PluginConfig) -> PodCeilings {
         PodCeilings {
             enabled: config.pod_annotations,
             source: match &config.api_server_url {

@@ -30,8 +30,10 @@ pub const DEFAULT_SPEC_DIR: &str = "/var/run/cdi";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SpecFormat {
+    /// `<name>.json` (config value `json`); the default.
     #[default]
     Json,
+    /// `<name>.yaml` (config value `yaml`).
     Yaml,
 }
 
@@ -47,18 +49,41 @@ impl SpecFormat {
 /// Why a spec could not be written, removed or named.
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {
+    /// The kind is not `vendor/class` as CDI names them.
     #[error("CDI kind `{kind}`: {reason}")]
-    BadKind { kind: String, reason: String },
+    BadKind {
+        /// The kind as given.
+        kind: String,
+        /// Which rule it breaks.
+        reason: String,
+    },
+    /// The device name is empty or has characters CDI does not allow.
     #[error("CDI device name `{name}`: {reason}")]
-    BadName { name: String, reason: String },
+    BadName {
+        /// The name as given.
+        name: String,
+        /// Which rule it breaks.
+        reason: String,
+    },
+    /// The container edits are invalid (a relative path, a malformed env entry).
     #[error("CDI edits of `{name}`: {reason}")]
-    BadEdits { name: String, reason: String },
+    BadEdits {
+        /// The device whose edits they are.
+        name: String,
+        /// The offending entry.
+        reason: String,
+    },
+    /// A path given as a device node is neither a character nor a block device.
     #[error("{0} is not a device node")]
     NotDevice(PathBuf),
+    /// A file operation failed.
     #[error("{action} {path}: {source}")]
     Io {
+        /// What was being done (`cannot read`, `cannot stat device node`, ...).
         action: &'static str,
+        /// The file it was done to.
         path: PathBuf,
+        /// The OS error.
         source: std::io::Error,
     },
 }
@@ -75,8 +100,10 @@ pub struct DeviceNode {
     /// `c` or `b`.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub node_type: Option<String>,
+    /// The device's major number; `None`: the runtime reads it from the host node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub major: Option<i64>,
+    /// The device's minor number; `None` as for `major`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub minor: Option<i64>,
     /// Cgroup access: some of `r`, `w`, `m`.
@@ -121,8 +148,12 @@ impl DeviceNode {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Mount {
+    /// `hostPath`: the absolute host path mounted.
     pub host_path: String,
+    /// `containerPath`: the absolute path it appears at in the container.
     pub container_path: String,
+    /// `options`: mount(8) options (`ro`/`rw`, `nosuid`, `nodev`, `bind`); empty leaves
+    /// the runtime's defaults.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub options: Vec<String>,
 }
@@ -152,8 +183,12 @@ pub struct ContainerEdits {
     /// `KEY=VALUE`, sorted by key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
+    /// `deviceNodes`: nodes the runtime creates in the container and allows in its
+    /// device cgroup.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub device_nodes: Vec<DeviceNode>,
+    /// `mounts`: bind mounts the runtime adds (it replaces one at the same container
+    /// path).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<Mount>,
 }
@@ -212,7 +247,10 @@ impl ContainerEdits {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Device {
+    /// `devices[].name`: the device's name within its kind (the allocation or container
+    /// id), the part after `=` of the fully-qualified name.
     pub name: String,
+    /// `devices[].containerEdits`: what naming this device does to a container.
     pub container_edits: ContainerEdits,
 }
 
@@ -220,8 +258,12 @@ pub struct Device {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Spec {
+    /// `cdiVersion`: the lowest CDI version whose schema covers the spec (see
+    /// [`Spec::minimum_version`]), so older runtimes read it.
     pub cdi_version: String,
+    /// `kind`: `vendor/class`, the part before `=` of every device's qualified name.
     pub kind: String,
+    /// `devices`: the spec's devices (one per file here).
     pub devices: Vec<Device>,
 }
 

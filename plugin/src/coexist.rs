@@ -36,7 +36,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Another plugin serving one of our resource names.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Foreign {
+pub(crate) struct Foreign {
     pub resource: String,
     pub socket: PathBuf,
     /// How we know: the checkpoint's devices, or gpu-manager's socket name.
@@ -104,7 +104,7 @@ async fn advertised(socket: &Path) -> Option<BTreeSet<String>> {
 }
 
 /// Live foreign plugins serving our resource names.
-pub async fn foreign_plugins(config: &PluginConfig) -> Vec<Foreign> {
+pub(crate) async fn foreign_plugins(config: &PluginConfig) -> Vec<Foreign> {
     let ours: BTreeSet<String> = [
         config.kubelet_socket.clone(),
         PluginConfig::endpoint_name(&config.core_resource),

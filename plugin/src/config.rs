@@ -91,32 +91,72 @@ impl DeviceListStrategy {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PluginConfig {
+    /// `device_plugin_dir`: kubelet's device-plugin folder, holding `kubelet.sock` and
+    /// the plugin's own two sockets.
     pub device_plugin_dir: PathBuf,
+    /// `kubelet_socket`: kubelet's Registration socket, relative to `device_plugin_dir`.
     pub kubelet_socket: String,
+    /// `pod_resources_socket`: kubelet's PodResources v1 socket, which names the
+    /// container that holds each device ID (PreStart, GC).
     pub pod_resources_socket: PathBuf,
+    /// `state_dir`: `plugin-state.json`, `allocations/`, `containers/` and `cards/`.
     pub state_dir: PathBuf,
+    /// `host_driver_dir`: the driver libraries prepared by `vgpu-ldconfig prepare`,
+    /// mounted into containers.
     pub host_driver_dir: PathBuf,
+    /// `shim_dir`: the folder with `libcuda_shim.so` and `libnvml_shim.so`.
     pub shim_dir: PathBuf,
+    /// `nvml_library`: what nvml-wrapper loads for discovery and health (a name or a
+    /// path).
     pub nvml_library: PathBuf,
+    /// `core_resource`: the extended resource of SM percent (`tencent.com/vcuda-core`).
     pub core_resource: String,
+    /// `memory_resource`: the extended resource of memory units
+    /// (`tencent.com/vcuda-memory`).
     pub memory_resource: String,
+    /// `memory_unit`: the memory one `memory_resource` device stands for (default
+    /// 256MiB, gpu-manager's).
     pub memory_unit: ByteSize,
+    /// `policy`: how GetPreferredAllocation picks a card.
     pub policy: Policy,
+    /// `default_core_ceiling`: the soft-mode ceiling (percent, 1-100) written for pods
+    /// without `tencent.com/vcuda-core-limit`; `None`: hard limits.
     pub default_core_ceiling: Option<u32>,
+    /// `pairing_window_secs`: how long after an Allocate call its record may still be
+    /// paired with the container's other resource, or be a pod's own record during
+    /// admission (not collected, not treated as stale).
     pub pairing_window_secs: u64,
+    /// `gc_interval_secs`: seconds between garbage collections against PodResources.
     pub gc_interval_secs: u64,
+    /// `gc_grace_secs`: an allocation never seen in PodResources, and a folder unknown
+    /// to the state, are kept this many seconds after creation before GC removes them.
     pub gc_grace_secs: u64,
+    /// `health_interval_secs`: seconds between NVML health probes of the cards
+    /// (critical Xid events, where the driver has events, count within 500 ms); a
+    /// change is sent to kubelet in ListAndWatch.
     pub health_interval_secs: u64,
+    /// `kubelet_watch_interval_ms`: milliseconds between checks of `kubelet.sock` (a new
+    /// inode means kubelet restarted: register again) and of the plugin's own sockets.
     pub kubelet_watch_interval_ms: u64,
     /// The host's `/proc`, to map containers' PIDs to host PIDs for NVML readers.
     pub host_proc: PathBuf,
+    /// `metrics_address`: where Prometheus metrics and `/healthz` are served over plain
+    /// HTTP; `None` (omitted or null) turns the server off.
     pub metrics_address: Option<SocketAddr>,
+    /// `device_list_strategy`: whether Allocate answers with mounts, a CDI device, or
+    /// both.
     pub device_list_strategy: DeviceListStrategy,
+    /// `cdi_kind`: the CDI `vendor/class` of the devices named in Allocate answers.
     pub cdi_kind: String,
+    /// `cdi_spec_dir`: where one CDI spec per allocation is written (the runtime's CDI
+    /// spec directory).
     pub cdi_spec_dir: PathBuf,
+    /// `cdi_spec_format`: JSON or YAML spec files.
     pub cdi_spec_format: SpecFormat,
     /// Read `tencent.com/vcuda-core-limit` from the pod at PreStartContainer.
     pub pod_annotations: bool,
+    /// `node_name`: this node; a pod whose annotation is read must be bound to it.
+    /// `None`: env `NODE_NAME`, and where that is unset too the binding is not checked.
     pub node_name: Option<String>,
     /// The API server without credentials (tests' stand-in); `None`: in-cluster.
     pub api_server_url: Option<String>,

@@ -17,6 +17,7 @@ use nvml_wrapper::event::EventSet;
 /// One physical card.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CardInfo {
+    /// The NVML UUID (`GPU-…`), the stable name of the card in device IDs and configs.
     pub uuid: String,
     /// Host index (NVML enumeration order).
     pub index: u32,
@@ -93,6 +94,7 @@ pub struct FakeSource {
 }
 
 impl FakeSource {
+    /// A source of exactly `cards`, all healthy until a test says otherwise.
     pub fn new(cards: Vec<CardInfo>) -> FakeSource {
         FakeSource {
             cards,

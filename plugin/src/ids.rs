@@ -7,7 +7,10 @@ pub const CORES_PER_CARD: u32 = 100;
 /// Which of the two resources an ID belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
+    /// `tencent.com/vcuda-core`: one ID per percent of a card's SMs (`<uuid>-core-<k>`).
     Core,
+    /// `tencent.com/vcuda-memory`: one ID per `memory_unit` of a card's memory
+    /// (`<uuid>-mem-<k>`).
     Memory,
 }
 
@@ -31,13 +34,17 @@ impl Kind {
 /// One parsed device ID.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceId {
+    /// The card's NVML UUID (`GPU-…`).
     pub uuid: String,
+    /// Which resource the ID is of.
     pub kind: Kind,
+    /// The ID's number on its card: 0-99 for cores, 0 up to the card's memory units for
+    /// memory.
     pub unit: u32,
 }
 
 impl DeviceId {
-    pub fn new(uuid: &str, kind: Kind, unit: u32) -> DeviceId {
+    pub(crate) fn new(uuid: &str, kind: Kind, unit: u32) -> DeviceId {
         DeviceId {
             uuid: uuid.to_string(),
             kind,

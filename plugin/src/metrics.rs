@@ -269,7 +269,7 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
 
 /// What the metrics server answers from.
 #[derive(Clone)]
-pub struct Sources {
+pub(crate) struct Sources {
     pub shared: Arc<Shared>,
     pub usage: Arc<UsageTotals>,
     pub status: Arc<ServingStatus>,
@@ -310,7 +310,11 @@ async fn answer(
 }
 
 /// Serves `GET /metrics` and `GET /healthz` until `stop`.
-pub async fn serve(listener: TcpListener, sources: Sources, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    sources: Sources,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,

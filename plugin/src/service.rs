@@ -25,7 +25,7 @@ use crate::proto::deviceplugin::{
 
 /// Counters exported as metrics.
 #[derive(Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     pub allocations: AtomicU64,
     pub refusals: AtomicU64,
     pub prestarts: AtomicU64,
@@ -35,13 +35,13 @@ pub struct Counters {
 
 /// State shared by both services, the health watcher, GC and metrics.
 pub struct Shared {
-    pub config: PluginConfig,
+    pub(crate) config: PluginConfig,
     allocator: Mutex<Allocator>,
     /// Bumped whenever a card's health changes.
-    pub health: watch::Sender<u64>,
-    pub counters: Counters,
+    pub(crate) health: watch::Sender<u64>,
+    pub(crate) counters: Counters,
     /// The pods' `tencent.com/vcuda-core-limit`, read at PreStart.
-    pub ceilings: crate::annotations::PodCeilings,
+    pub(crate) ceilings: crate::annotations::PodCeilings,
 }
 
 /// Seconds since the epoch.
@@ -52,7 +52,7 @@ pub fn now_unix() -> u64 {
 }
 
 impl Shared {
-    pub fn new(allocator: Allocator) -> Arc<Shared> {
+    pub(crate) fn new(allocator: Allocator) -> Arc<Shared> {
         let config = allocator.config().clone();
         Arc::new(Shared {
             allocator: Mutex::new(allocator),
@@ -96,7 +96,7 @@ impl Shared {
 }
 
 /// The DevicePlugin service of one resource.
-pub struct ResourceService {
+pub(crate) struct ResourceService {
     pub kind: Kind,
     pub shared: Arc<Shared>,
     /// Ends ListAndWatch streams when the server stops.

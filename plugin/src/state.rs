@@ -14,8 +14,11 @@ pub const STATE_VERSION: u32 = 1;
 /// The pod and container that hold an allocation (known after PreStartContainer).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {
+    /// The pod's namespace, as PodResources lists it.
     pub namespace: String,
+    /// The pod's name.
     pub pod: String,
+    /// The container's name within the pod.
     pub container: String,
 }
 
@@ -32,13 +35,19 @@ impl Owner {
 /// alias of this one).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocationRecord {
+    /// `a<creation seconds, hex>-<sequence>`: the allocation folder's name, the CDI
+    /// device's name and (for the record a container keeps) its `container_id`.
     pub id: String,
     /// Order of creation (newest is highest): one per Allocate call, so a container's two
     /// calls are neighbours.
     pub sequence: u64,
     /// Card UUIDs, in order (several only for whole-card requests).
     pub cards: Vec<String>,
+    /// The `tencent.com/vcuda-core` device IDs kubelet allocated (`<uuid>-core-<k>`);
+    /// empty for a memory-only record.
     pub core_ids: Vec<String>,
+    /// The `tencent.com/vcuda-memory` device IDs (`<uuid>-mem-<k>`); empty for a
+    /// core-only record.
     pub memory_ids: Vec<String>,
     /// Seconds since the epoch at the Allocate call.
     pub created_unix: u64,
@@ -91,9 +100,11 @@ impl AllocationRecord {
 /// The whole state file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PluginState {
+    /// The file's layout version ([`STATE_VERSION`]); another version is refused.
     pub version: u32,
     /// Next sequence number for allocation IDs.
     pub next_sequence: u64,
+    /// Every live allocation, by [`AllocationRecord::id`].
     pub allocations: BTreeMap<String, AllocationRecord>,
 }
 

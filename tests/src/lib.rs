@@ -42,12 +42,17 @@ pub fn repo_root() -> PathBuf {
 
 /// A simulated host: its own sim state file and GPU count, so tests never share a card.
 pub struct SimHost {
+    /// The host's private folder: the sim state file, marker files and whatever a test
+    /// writes; removed when the host is dropped.
     pub dir: tempfile::TempDir,
-    pub gpus: u32,
-    pub memory: &'static str,
+    /// `VGPU_SIM_GPUS`: how many cards the sim driver reports.
+    gpus: u32,
+    /// `VGPU_SIM_MEMORY`: each simulated card's total memory, in the sim's size syntax.
+    memory: &'static str,
 }
 
 impl SimHost {
+    /// A host of `gpus` simulated 80 GiB cards, in a fresh temporary folder.
     pub fn new(gpus: u32) -> SimHost {
         SimHost {
             dir: tempfile::tempdir().expect("tempdir"),
@@ -270,5 +275,7 @@ pub fn client(name: &str) -> String {
         .to_string()
 }
 
+/// One mebibyte, in bytes (the unit of quotas and client arguments).
 pub const MIB: u64 = 1 << 20;
+/// One gibibyte, in bytes.
 pub const GIB: u64 = 1 << 30;

@@ -13,6 +13,7 @@ use crate::state::AllocationRecord;
 /// What Allocate decided: the new record.
 #[derive(Clone, Debug)]
 pub struct AllocateDecision {
+    /// The record as stored (already in the state file); its folder is written next.
     pub record: AllocationRecord,
 }
 

@@ -82,7 +82,7 @@ fn cards_fit(core: &AllocationRecord, memory: &AllocationRecord) -> bool {
 }
 
 impl Allocator {
-    pub fn new(config: PluginConfig, cards: Vec<CardInfo>, state: PluginState) -> Allocator {
+    pub(crate) fn new(config: PluginConfig, cards: Vec<CardInfo>, state: PluginState) -> Allocator {
         let state_path = config.state_file();
         Allocator {
             config,
@@ -93,14 +93,16 @@ impl Allocator {
         }
     }
 
-    pub fn config(&self) -> &PluginConfig {
+    pub(crate) fn config(&self) -> &PluginConfig {
         &self.config
     }
 
-    pub fn cards(&self) -> &[CardInfo] {
+    pub(crate) fn cards(&self) -> &[CardInfo] {
         &self.cards
     }
 
+    /// The allocations as they are on disk (the state file is written before any
+    /// answer to kubelet).
     pub fn state(&self) -> &PluginState {
         &self.state
     }

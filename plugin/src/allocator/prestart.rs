@@ -23,6 +23,8 @@ pub struct PreStartPlan {
     pub alias_ids: Vec<String>,
     /// The container, when PodResources lists it.
     pub owner: Option<Owner>,
+    /// The container config's `devices`: one quota per card (memory limit from the
+    /// memory IDs, core limit from the core IDs, soft ceiling if any).
     pub devices: Vec<DeviceQuota>,
     /// The records folded into the allocation.
     pub(super) folded: Vec<String>,
