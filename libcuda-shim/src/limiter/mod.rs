@@ -562,6 +562,12 @@ extern "C" fn after_fork_in_child() {
 
 extern "C" fn at_exit() {
     EXITING.store(true, Ordering::SeqCst);
+    // The trace formats and writes a file: a panic there must not unwind into libc.
+    vgpu_shimgen::runtime::guard((), write_trace);
+}
+
+/// Writes `VGPU_LIMITER_TRACE` at exit, when it is on.
+fn write_trace() {
     if !trace::on() {
         return;
     }
