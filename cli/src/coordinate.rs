@@ -34,6 +34,9 @@ use vgpu_common::process;
 
 /// Env var naming the host folder.
 pub const HOST_DIR_ENV: &str = "VGPU_HOST_DIR";
+/// Env var naming a file the elected coordinator appends what it judged to, every tick
+/// (off when unset): how a charge factor came about, for an operator who doubts one.
+pub const TRACE_ENV: &str = "VGPU_COORDINATOR_TRACE";
 
 /// The host folder: `$VGPU_HOST_DIR`, else `/run/vgpu` (root), else
 /// `$XDG_RUNTIME_DIR/vgpu`, else `/tmp/vgpu-<uid>`.
@@ -208,6 +211,8 @@ pub fn start(host: &Path, spec: &ContainerSpec, nvml: &Path) -> Result<Coordinat
 /// the card's own figures from the NVML at `nvml`, where it loads).
 fn elect_and_coordinate(host: &Path, nvml: &Path, lock: &File, stop: &AtomicBool) {
     let mut coordinator: Option<Coordinator> = None;
+    let mut trace = Trace::from_env();
+    let started = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) {
         if coordinator.is_none()
             // SAFETY: flock on a descriptor we hold open for the thread's life.
@@ -216,14 +221,46 @@ fn elect_and_coordinate(host: &Path, nvml: &Path, lock: &File, stop: &AtomicBool
             coordinator = Coordinator::new(&cards_dir(host)).ok().map(|coordinator| {
                 match NvmlMeter::open(nvml) {
                     Ok(meter) => coordinator.with_meter(Box::new(meter), Path::new("/proc")),
-                    Err(_) => coordinator,
+                    Err(error) => {
+                        trace.line(started, &format!("meter none: {}: {error}", nvml.display()));
+                        coordinator
+                    }
                 }
             });
         }
         if let Some(coordinator) = coordinator.as_mut() {
-            coordinator.tick(&registered(&host.join("containers")));
+            let report = coordinator.tick(&registered(&host.join("containers")));
+            for judgement in &report.judgements {
+                trace.line(started, &judgement.render());
+            }
+            for problem in &report.problems {
+                trace.line(started, &format!("problem {problem}"));
+            }
         }
         std::thread::sleep(Duration::from_nanos(TICK_NS));
+    }
+}
+
+/// The opt-in trace of [`TRACE_ENV`]: lines stamped with milliseconds since the thread
+/// started; a file that cannot be written turns it off.
+struct Trace(Option<File>);
+
+impl Trace {
+    fn from_env() -> Trace {
+        let file = std::env::var_os(TRACE_ENV)
+            .filter(|path| !path.is_empty())
+            .and_then(|path| File::options().create(true).append(true).open(path).ok());
+        Trace(file)
+    }
+
+    fn line(&mut self, started: std::time::Instant, text: &str) {
+        use std::io::Write;
+        if let Some(file) = self.0.as_mut() {
+            let ms = started.elapsed().as_millis();
+            if writeln!(file, "{ms} {text}").is_err() {
+                self.0 = None;
+            }
+        }
     }
 }
 

@@ -80,7 +80,9 @@ pub fn run(command: Command, region: Option<PathBuf>) -> Result<i32> {
             std::io::Error::last_os_error()
         );
     }
-    // SAFETY: `vgpu run` is single-threaded here; the child runs only the init below.
+    // SAFETY: the child runs only the init below. `vgpu run` may have one other thread
+    // here (the coordinator's, which holds no lock the init takes: it never writes the
+    // environment, and glibc's malloc is made fork-safe by its own atfork handlers).
     let init = unsafe { libc::fork() };
     if init < 0 {
         bail!("fork: {}", std::io::Error::last_os_error());
@@ -104,8 +106,20 @@ fn container_init(mut command: Command, region: Option<PathBuf>) -> i32 {
     // SAFETY: prctl with a signal number; the init passes SIGTERM on to the command.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
     install_handlers();
-    // SAFETY: mounting a proc of this (new) PID namespace over /proc, in the private
-    // mount namespace `vgpu run` entered, with constant NUL-terminated strings.
+    // The namespace's /proc goes into a mount namespace of the init's own: `vgpu run`'s
+    // coordinator thread keeps the host's /proc, where it finds containers' processes by
+    // their host PIDs (NVML's, from the host). The binds `vgpu run` made are copied in.
+    // SAFETY: unshare on this process (the forked init, one thread); `vgpu run` made
+    // every mount private, so nothing the init mounts propagates back.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        eprintln!(
+            "vgpu run: cannot give the PID namespace its own mounts: {}",
+            std::io::Error::last_os_error()
+        );
+        return 1;
+    }
+    // SAFETY: mounting a proc of this (new) PID namespace over /proc, in the init's own
+    // mount namespace, with constant NUL-terminated strings.
     let mounted = unsafe {
         libc::mount(
             c"proc".as_ptr(),

@@ -18,6 +18,8 @@ pub struct CardReading {
     /// kernels ran; `None` where the card cannot say per process. Processes with no
     /// work may be missing.
     pub processes: Option<Vec<(u32, f64)>>,
+    /// Why the card could not say (`None` when it said all it was asked).
+    pub error: Option<String>,
 }
 
 /// A source of [`CardReading`]s, one card at a time.
@@ -77,11 +79,19 @@ mod nvml {
 
     impl CardMeter for NvmlMeter {
         fn read(&mut self, uuid: &str) -> CardReading {
-            let Ok(device) = self.nvml.device_by_uuid(uuid) else {
-                return CardReading::default();
+            let device = match self.nvml.device_by_uuid(uuid) {
+                Ok(device) => device,
+                Err(error) => {
+                    return CardReading {
+                        error: Some(format!("nvmlDeviceGetHandleByUUID: {error}")),
+                        ..CardReading::default()
+                    };
+                }
             };
+            let mut errors = Vec::new();
             let card_percent = device
                 .utilization_rates()
+                .map_err(|error| errors.push(format!("nvmlDeviceGetUtilizationRates: {error}")))
                 .ok()
                 .map(|rates| rates.gpu as f64);
             // NVML stamps samples with the wall clock, in microseconds.
@@ -97,11 +107,15 @@ mod nvml {
                 )),
                 // No process had work in the window.
                 Err(NvmlError::NotFound) => Some(Vec::new()),
-                Err(_) => None,
+                Err(error) => {
+                    errors.push(format!("nvmlDeviceGetProcessUtilization: {error}"));
+                    None
+                }
             };
             CardReading {
                 card_percent,
                 processes,
+                error: (!errors.is_empty()).then(|| errors.join("; ")),
             }
         }
     }

@@ -6,8 +6,9 @@
 //! slot's. A process of the host's own namespace is its own PID (start time checked).
 //!
 //! Answers are cached by (namespace, PID, start time), which no other process can ever
-//! share; a process not found is looked for by a scan of `/proc` at most once per
-//! [`RESCAN_NS`], so a host with many processes is not scanned every tick.
+//! share; a process is looked for by a scan of `/proc` as soon as it is first asked
+//! about, and one not found then at most once per [`RESCAN_NS`], so a host with many
+//! processes is not scanned every tick.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,8 @@ pub struct HostPids {
     known: HashMap<Key, u32>,
     /// Keys asked about since the last [`HostPids::forget_unused`].
     used: HashMap<Key, ()>,
+    /// Keys a scan looked for already (and did not find).
+    scanned_for: HashMap<Key, ()>,
     last_scan_ns: u64,
 }
 
@@ -39,13 +42,15 @@ impl HostPids {
             my_pid_ns: process::pid_namespace_in(proc_root, "self").unwrap_or(0),
             known: HashMap::new(),
             used: HashMap::new(),
+            scanned_for: HashMap::new(),
             last_scan_ns: 0,
         }
     }
 
     /// Finds the host PIDs of `processes` that are not known yet: a process of this
     /// namespace by its own PID, one whose slot names a host PID by checking that PID,
-    /// the rest by one scan of `/proc` when it is due (`now_ns`). Then [`HostPids::get`].
+    /// the rest by one scan of `/proc`, made when one of them was never looked for, or
+    /// else when one is due (`now_ns`). Then [`HostPids::get`].
     pub fn resolve(&mut self, processes: &[ProcessUsage], now_ns: u64) {
         let mut wanted = Vec::new();
         for (index, process) in processes.iter().enumerate() {
@@ -67,10 +72,16 @@ impl HostPids {
                 self.known.insert(key, pid);
             }
         }
-        if wanted.is_empty() || now_ns.saturating_sub(self.last_scan_ns) < RESCAN_NS {
+        let new = wanted.iter().any(|&(_, pid, pid_ns, start_time)| {
+            !self.scanned_for.contains_key(&(pid_ns, pid, start_time))
+        });
+        if wanted.is_empty() || (!new && now_ns.saturating_sub(self.last_scan_ns) < RESCAN_NS) {
             return;
         }
         self.last_scan_ns = now_ns;
+        for &(_, pid, pid_ns, start_time) in &wanted {
+            self.scanned_for.insert((pid_ns, pid, start_time), ());
+        }
         for (index, host_pid) in crate::region::find_host_pids(&wanted, &self.proc_root) {
             let process = &processes[index];
             if let Ok(pid) = u32::try_from(host_pid) {
@@ -100,6 +111,7 @@ impl HostPids {
     pub fn forget_unused(&mut self) {
         let used = std::mem::take(&mut self.used);
         self.known.retain(|key, _| used.contains_key(key));
+        self.scanned_for.retain(|key, _| used.contains_key(key));
     }
 }
 

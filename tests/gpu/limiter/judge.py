@@ -147,30 +147,90 @@ else:
     record("one-container-two-processes-at-30", "FAIL",
            "; ".join(why(n) for n, r in zip(("pair-bare-a", "pair-bare-b", "pair-30-a", "pair-30-b"), pair) if not r))
 
-# 5. Two containers; soft mode falling back.
-for limit in (30, 60):
+# 5. Two containers; soft mode falling back. Their kernels spin on the GPU's clock, so a
+# time-sliced kernel still ends on time and throughput overstates what a container got of
+# the card; the card's own per-process account (NVML, sampled from the host by
+# nvml_probe.py) is what is judged where there is one, the throughput share is shown.
+def host_pids():
+    found = {}
+    try:
+        for line in open(os.path.join(logs, "pids.txt")):
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                found[parts[0]] = int(parts[1])
+    except OSError:
+        pass
+    return found
+
+
+def card_samples(probe):
+    """{pid: [(ts_us, sm_percent)]} from a probe's incremental samples, deduplicated."""
+    seen = {}
+    try:
+        for line in open(os.path.join(logs, probe + ".nvml.jsonl")):
+            try:
+                poll = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            for sample in poll.get("newer") or []:
+                seen[(sample["pid"], sample["ts"])] = sample["sm"]
+    except OSError:
+        pass
+    samples = {}
+    for (pid, ts), sm in sorted(seen.items(), key=lambda item: item[0][1]):
+        samples.setdefault(pid, []).append((ts, sm))
+    return samples
+
+
+def card_mean(samples, pid, since_us, until_us=None):
+    values = [sm for ts, sm in samples.get(pid, []) if ts >= since_us and (until_us is None or ts <= until_us)]
+    return statistics.mean(values) if values else None
+
+
+pids = host_pids()
+fmt = lambda x: "-" if x is None else f"{x:.1f}"
+two = card_samples("two")
+two_pids = [pids.get(f"two-{limit}") for limit in (30, 60)]
+first = min((two[p][0][0] for p in two_pids if p in two and two[p]), default=None)
+for limit, pid in zip((30, 60), two_pids):
     value, res, base = share(f"two-{limit}", "f1ms")
-    record(f"two-containers-{limit}", "PASS" if within(value, limit, 5) else "FAIL",
-           why(f"two-{limit}") if value is None else f"{value:.1f}% of bare beside the other, target {limit}+-5",
-           share=None if value is None else round(value, 2))
+    card = None if first is None or pid is None else card_mean(two, pid, first + 1_000_000)
+    judged = card if card is not None else value
+    record(f"two-containers-{limit}", "PASS" if within(judged, limit, 5) else "FAIL",
+           why(f"two-{limit}") if value is None else
+           f"card {fmt(card)}% (NVML per process, from 1 s in), throughput {value:.1f}% of bare beside the other, "
+           f"target {limit}+-5" + ("" if card is not None else " (no card figure: throughput judged)"),
+           share=None if value is None else round(value, 2), card=card)
 soft, other = result("soft-30"), result("soft-other")
 if soft and other and soft.get("windows") and other.get("windows"):
     wins = soft["windows"]
     start = max(0, int(round((other["t0"] - soft["t0"]) * 10)))
     end = min(len(wins), start + len(other["windows"]))
     alone = wins[3:start]
-    fell = next((i for i in range(start, end) if all(w <= 40 for w in wins[i:end])), None)
+    # Fallen back: from then on every half second (5 windows) averages at most 40.
+    rolling = lambda i: statistics.mean(wins[i:i + 5])
+    fell = next((i for i in range(start, max(start, end - 4))
+                 if all(rolling(j) <= 40 for j in range(i, end - 4))), None)
     contended = wins[start + 10:end]
     alone_mean = statistics.mean(alone) if alone else None
     contended_mean = statistics.mean(contended) if contended else None
     fallback_ms = None if fell is None else (fell - start) * 100
+    samples = card_samples("soft")
+    soft_pid, other_pid = pids.get("soft-30"), pids.get("soft-other")
+    other_samples = samples.get(other_pid, [])
+    card = card_other = None
+    if soft_pid in samples and other_samples:
+        since, until = other_samples[0][0] + 1_000_000, other_samples[-1][0]
+        card = card_mean(samples, soft_pid, since, until)
+        card_other = card_mean(samples, other_pid, since, until)
+    judged = card if card is not None else contended_mean
     ok = (alone_mean is not None and alone_mean >= 80 and fallback_ms is not None and fallback_ms <= 1000
-          and within(contended_mean, 30, 5))
-    fmt = lambda x: "-" if x is None else f"{x:.1f}"
+          and within(judged, 30, 5))
     record("soft-falls-back", "PASS" if ok else "FAIL",
            f"alone {fmt(alone_mean)}% of the card, back to <=40% {fallback_ms} ms after a hard 60 starts, "
-           f"then {fmt(contended_mean)}% (target: alone >=80, within 1000 ms, 30+-5)",
-           alone=alone_mean, fallback_ms=fallback_ms, contended=contended_mean)
+           f"then card {fmt(card)}% (NVML; the hard 60 {fmt(card_other)}%), throughput {fmt(contended_mean)}% "
+           f"(target: alone >=80, within 1000 ms, 30+-5)",
+           alone=alone_mean, fallback_ms=fallback_ms, contended=contended_mean, card=card, card_other=card_other)
 else:
     record("soft-falls-back", "FAIL", f"soft: {why('soft-30')}; other: {why('soft-other')}")
 
@@ -185,7 +245,7 @@ def launch_cost(kind, key, label):
     b, l = statistics.median(bare_runs), statistics.median(limited_runs)
     record(f"launch-cost-{kind}", "PASS" if l / b <= 1.10 else "FAIL",
            f"{label}: bare {b:.3f} us, --cores 99 {l:.3f} us per launch: {l / b:.3f}x (target <=1.10; before 2.5x)"
-           + trace_text(f"{kind}-99-1"),
+           + trace_text(f"{kind}-99-trace"),
            bare_us=b, limited_us=l, runs_bare=bare_runs, runs_limited=limited_runs)
 
 

@@ -30,6 +30,8 @@ mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 # The runs' compute coordination (registrations, elected coordinator, card views).
 export VGPU_HOST_DIR="$OUT/host"
+# What the elected coordinator judged every tick (the charge factors' reasons).
+export VGPU_COORDINATOR_TRACE="$LOGS/coordinator.trace"
 SIM=()
 [ "${SIMULATE:-0}" = 1 ] && SIM=(--simulate)
 
@@ -56,7 +58,7 @@ step() {
         [ "${SIMULATE:-0}" = 1 ] && wrap=("$VGPU" run --simulate --)
     else
         # shellcheck disable=SC2206 # RUN_FLAGS is a list of words
-        wrap=(env "VGPU_LIMITER_TRACE=$LOGS/$name.trace.%p"
+        wrap=(env "VGPU_LIMITER_TRACE=${VGPU_LIMITER_TRACE-$LOGS/$name.trace.%p}"
               "$VGPU" run "${SIM[@]}" --memory 8GiB --cores "$cores" ${RUN_FLAGS:-} --)
     fi
     timeout -k 5 "$limit" "${wrap[@]}" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err"
@@ -95,26 +97,57 @@ if [ -n "$STREAMS" ]; then
     wait
 
     echo "== two containers, soft mode" >&2
-    ( step two-30 "$case_timeout" 30 "$STREAMS" run f1ms "$CASE_S" ) &
-    ( step two-60 "$case_timeout" 60 "$STREAMS" run f1ms "$CASE_S" ) &
+    # The card's own account of each container (NVML's per-process samples, asked from
+    # here, the host) beside the throughput: kernels that spin on the GPU's clock finish
+    # on time even when time-sliced, so only the card can say what each got of it.
+    # logs/pids.txt maps each step to its workload's host PID (PID 2 of its namespace).
+    probe() {
+        if [ "${SIMULATE:-0}" != 1 ] && python3 -c "import pynvml" 2>/dev/null; then
+            ( timeout 40 python3 "$HERE/nvml_probe.py" "$2" >"$LOGS/$1.nvml.jsonl" 2>&1 ) &
+        fi
+    }
+    pid_of() {
+        local _
+        for _ in $(seq 1 30); do
+            local found; found=$(python3 "$HERE/../host_pid.py" 2 "$2")
+            if [ -n "$found" ]; then echo "$1 $found" >> "$LOGS/pids.txt"; return; fi
+            sleep 0.1
+        done
+    }
+    TWO_S=4
+    probe two $(( TWO_S + 2 ))
+    ( step two-30 $(( TWO_S + 30 )) 30 "$STREAMS" run f1ms "$TWO_S" ) & A=$!
+    ( step two-60 $(( TWO_S + 30 )) 60 "$STREAMS" run f1ms "$TWO_S" ) & B=$!
+    pid_of two-30 $A; pid_of two-60 $B
     wait
-    ( RUN_FLAGS="--core-mode soft" step soft-30 40 30 "$STREAMS" run f1ms 6 windows ) &
-    sleep 2.5
-    step soft-other 40 60 "$STREAMS" run f1ms 3 windows
+    probe soft 9
+    ( RUN_FLAGS="--core-mode soft" step soft-30 40 30 "$STREAMS" run f1ms 6 windows ) & A=$!
+    pid_of soft-30 $A
+    sleep 2.2
+    ( step soft-other 40 60 "$STREAMS" run f1ms 3 windows ) & B=$!
+    pid_of soft-other $B
     wait
 
     echo "== launch cost" >&2
+    # What the limiter's parts cost here, on the bare driver (a diagnostic, not judged).
+    if timeout 60 cc -O2 -o "$OUT/costs" "$HERE/costs.c" -ldl >>"$LOGS/cc.log" 2>&1; then
+        step costs 60 bare "$OUT/costs"
+    fi
+    # Timed runs without the trace (its counters cost a few atomics per launch); one
+    # traced run after them says what the limiter did.
     for i in 1 2 3; do
         step "launch-bare-$i" 60 bare "$STREAMS" launch 200000
-        step "launch-99-$i" 60 99 "$STREAMS" launch 200000
+        VGPU_LIMITER_TRACE= step "launch-99-$i" 60 99 "$STREAMS" launch 200000
     done
+    step launch-99-trace 60 99 "$STREAMS" launch 200000
 fi
 if [ -n "${NVCC:-}" ] && wait "$NVCC" && [ -x "$OUT/bench" ]; then
     BENCH="$OUT/bench"
     for i in 1 2 3; do
         step "cudart-bare-$i" 60 bare "$BENCH" launch 200000
-        step "cudart-99-$i" 60 99 "$BENCH" launch 200000
+        VGPU_LIMITER_TRACE= step "cudart-99-$i" 60 99 "$BENCH" launch 200000
     done
+    step cudart-99-trace 60 99 "$BENCH" launch 200000
 fi
 
 if [ "$HAVE_TORCH" = 1 ]; then

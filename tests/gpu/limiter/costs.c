@@ -1,0 +1,135 @@
+// What the limiter's building blocks cost on this machine, on the bare driver: the
+// clocks, a system call, the driver calls a sampled launch makes, and empty-kernel
+// launches with and without a pair of timing events every N launches (what sampling
+// adds to a launch loop). One JSON line per figure. Diagnostic for the launch-cost
+// check of tests/gpu/limiter/run_limiter.sh.
+//
+//   cc -O2 -o costs costs.c -ldl && ./costs PTX_FILE
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef void *H;
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuDeviceGet)(int *, int);
+static CUresult (*cuCtxCreate)(H *, unsigned, int);
+static CUresult (*cuCtxGetCurrent)(H *);
+static CUresult (*cuStreamCreate)(H *, unsigned);
+static CUresult (*cuStreamIsCapturing)(H, int *);
+static CUresult (*cuStreamSynchronize)(H);
+static CUresult (*cuEventCreate)(H *, unsigned);
+static CUresult (*cuEventRecord)(H, H);
+static CUresult (*cuEventQuery)(H);
+static CUresult (*cuEventElapsedTime)(float *, H, H);
+static CUresult (*cuModuleLoadData)(H *, const void *);
+static CUresult (*cuModuleGetFunction)(H *, H, const char *);
+static CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  unsigned, H, void **, void **);
+
+static const char PTX[] =
+    ".version 7.0\n.target sm_50\n.address_size 64\n"
+    ".visible .entry empty(.param .u64 p) { ret; }\n";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+#define LOAD(name)                                                        \
+    do {                                                                  \
+        *(void **)&name = dlsym(cuda, #name);                             \
+        if (!name) *(void **)&name = dlsym(cuda, #name "_v2");            \
+        if (!name) { fprintf(stderr, "no %s\n", #name); return 1; }       \
+    } while (0)
+#define CHECK(call)                                                       \
+    do {                                                                  \
+        CUresult r_ = (call);                                             \
+        if (r_) { fprintf(stderr, "%s: %d\n", #call, r_); return 1; }     \
+    } while (0)
+#define TIME(label, n, body)                                              \
+    do {                                                                  \
+        double t0_ = now_s();                                             \
+        for (long i_ = 0; i_ < (n); i_++) { body; }                       \
+        printf("{\"cost\": \"%s\", \"ns\": %.1f}\n", label,              \
+               (now_s() - t0_) / (n) * 1e9);                              \
+    } while (0)
+
+int main(void) {
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!cuda) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    LOAD(cuInit); LOAD(cuDeviceGet); LOAD(cuCtxCreate); LOAD(cuCtxGetCurrent);
+    LOAD(cuStreamCreate); LOAD(cuStreamIsCapturing); LOAD(cuStreamSynchronize);
+    LOAD(cuEventCreate); LOAD(cuEventRecord); LOAD(cuEventQuery); LOAD(cuEventElapsedTime);
+    LOAD(cuModuleLoadData); LOAD(cuModuleGetFunction); LOAD(cuLaunchKernel);
+    char source[128] = "?";
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    if (f) { if (fscanf(f, "%127s", source) != 1) strcpy(source, "?"); fclose(f); }
+    printf("{\"clocksource\": \"%s\"}\n", source);
+    struct timespec ts;
+    TIME("clock_gettime_monotonic", 1000000, clock_gettime(CLOCK_MONOTONIC, &ts));
+    TIME("clock_gettime_coarse", 1000000, clock_gettime(CLOCK_MONOTONIC_COARSE, &ts));
+    TIME("syscall_getppid", 200000, syscall(SYS_getppid));
+
+    int device;
+    H context, stream, module, function, start, end;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&device, 0));
+    CHECK(cuCtxCreate(&context, 0, device));
+    CHECK(cuStreamCreate(&stream, 1));
+    CHECK(cuEventCreate(&start, 0));
+    CHECK(cuEventCreate(&end, 0));
+    CHECK(cuModuleLoadData(&module, PTX));
+    CHECK(cuModuleGetFunction(&function, module, "empty"));
+    unsigned long long arg = 0;
+    void *params[] = {&arg};
+    H current;
+    int capturing;
+    TIME("cuCtxGetCurrent", 1000000, cuCtxGetCurrent(&current));
+    TIME("cuStreamIsCapturing", 1000000, cuStreamIsCapturing(stream, &capturing));
+    TIME("cuEventRecord_idle", 100000, cuEventRecord(end, stream));
+    CHECK(cuStreamSynchronize(stream));
+    TIME("cuEventQuery_done", 1000000, cuEventQuery(end));
+    float ms;
+    CHECK(cuEventRecord(start, stream));
+    CHECK(cuEventRecord(end, stream));
+    CHECK(cuStreamSynchronize(stream));
+    TIME("cuEventElapsedTime", 1000000, cuEventElapsedTime(&ms, start, end));
+    // Launch loops: warm, then 200k launches bare, with an event pair every 50, every 500.
+    for (int round = 0; round < 2; round++) {
+        long every_of[] = {0, 50, 500};
+        for (int k = 0; k < 3; k++) {
+            long every = every_of[k];
+            long n = 200000;
+            CHECK(cuStreamSynchronize(stream));
+            double t0 = now_s();
+            for (long i = 0; i < n; i++) {
+                int sampled = every && i % every == 0;
+                if (sampled) CHECK(cuEventRecord(start, stream));
+                CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+                if (sampled) CHECK(cuEventRecord(end, stream));
+            }
+            double t1 = now_s();
+            CHECK(cuStreamSynchronize(stream));
+            printf("{\"launch_loop\": %d, \"events_every\": %ld, \"per_launch_ns\": %.1f, "
+                   "\"drained_ns\": %.1f}\n",
+                   round, every, (t1 - t0) / n * 1e9, (now_s() - t0) / n * 1e9);
+        }
+    }
+    // The same loop with a clock read per launch (what the limiter's fast path adds).
+    CHECK(cuStreamSynchronize(stream));
+    double t0 = now_s();
+    for (long i = 0; i < 200000; i++) {
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+    }
+    printf("{\"launch_loop\": \"with_clock\", \"per_launch_ns\": %.1f}\n", (now_s() - t0) / 200000 * 1e9);
+    CHECK(cuStreamSynchronize(stream));
+    return 0;
+}
