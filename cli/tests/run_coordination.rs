@@ -1,0 +1,118 @@
+//! Two `vgpu run`s at 30 and 60 on one simulated card coordinate through their host
+//! folder: one of them is elected, finds both containers' processes by their host PIDs
+//! (each runs in a PID namespace of its own, whose `/proc` must not hide the host's from
+//! the coordinator) and corrects their charges by the card's per-process figures.
+//!
+//! Run 7 on the H200 missed exactly this: the container init mounted its `/proc` in the
+//! mount namespace it shares with `vgpu run`, the coordinator thread then read the
+//! container's `/proc`, found no PID, and every charge factor stayed 1000.
+//!
+//! Needs root (mount namespaces and binds), a C compiler, and the shims and the sim
+//! driver built (`cargo test --workspace` builds them).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// Builds tests/gpu/limiter/streams.c (the GPU suite's workload) into `dir`.
+fn streams(dir: &Path) -> std::path::PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/gpu/limiter/streams.c");
+    let binary = dir.join("streams");
+    let status = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .args(["-ldl", "-lpthread"])
+        .status()
+        .expect("run cc (a C compiler is needed)");
+    assert!(status.success(), "cc streams.c");
+    binary
+}
+
+fn container(dir: &Path, streams: &Path, cores: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_vgpu"))
+        .args([
+            "run",
+            "--simulate",
+            "--memory",
+            "1GiB",
+            "--cores",
+            cores,
+            "--",
+        ])
+        .arg(streams)
+        .args(["run", "f1ms", "3"])
+        .env("VGPU_HOST_DIR", dir.join("host"))
+        .env("VGPU_COORDINATOR_TRACE", dir.join("coordinator.trace"))
+        .env("VGPU_SIM_STATE", dir.join("sim-state"))
+        .env_remove("VGPU_CONFIG")
+        .env_remove("VGPU_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vgpu")
+}
+
+/// The charge factors (per mille) the trace shows for `id`, where its process was found.
+fn found_charges(trace: &str, id: &str) -> Vec<u32> {
+    trace
+        .lines()
+        .filter(|line| line.contains(&format!(" container {id} ")) && line.contains(" pids 1/1 "))
+        .filter_map(|line| {
+            line.rsplit(" charge ")
+                .next()?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+#[test]
+fn two_runs_on_one_card_find_each_others_processes_and_correct_their_charges() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "vgpu run's mount namespace needs root"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let streams = streams(dir.path());
+    let runs = [
+        container(dir.path(), &streams, "30"),
+        container(dir.path(), &streams, "60"),
+    ];
+    let mut ids = Vec::new();
+    for run in runs {
+        let pid = run.id();
+        let output = run.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "vgpu run failed: {stderr}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("\"per_s\""),
+            "no figures from streams: {stderr}"
+        );
+        // A `vgpu run` names its container after itself.
+        ids.push(format!("run-vgpu-run-{pid}-"));
+    }
+    let trace =
+        std::fs::read_to_string(dir.path().join("coordinator.trace")).expect("coordinator trace");
+    assert!(!trace.contains("meter none"), "no card meter: {trace}");
+    for prefix in &ids {
+        let id = trace
+            .split_whitespace()
+            .find(|word| word.starts_with(prefix.as_str()))
+            .unwrap_or_else(|| panic!("container {prefix}* never judged:\n{trace}"));
+        let charges = found_charges(&trace, id);
+        assert!(
+            !charges.is_empty(),
+            "the coordinator never found {id}'s process by its host PID:\n{trace}"
+        );
+        // The sim time-slices the two processes, so each one's events also time the
+        // other's slices: the card's split must have taken some of that back.
+        assert!(
+            charges.iter().any(|&charge| charge < 950),
+            "{id}'s charge was never corrected ({charges:?}):\n{trace}"
+        );
+    }
+}
