@@ -182,10 +182,10 @@ impl Judgement {
 pub const WINDOW_NS: u64 = 1_000_000_000;
 /// The shortest stretch of a container's own figures judged against the card's.
 const MIN_WINDOW_NS: u64 = 500_000_000;
-/// Each tick moves a container's charge factor this part of the way to its target: NVML's
-/// per-process figures move in steps a few hundred ms apart (H200, run 8), and a faster
-/// follower turned their noise into swings of the shares.
-const SMOOTHING: f64 = 0.15;
+/// Each tick moves a container's charge factor this part of the way to its target. (0.15
+/// damped the swings of NVML's stepwise per-process figures on the H200 but left a soft
+/// container overcharged for two seconds after a neighbour came, over the sim.)
+const SMOOTHING: f64 = 0.3;
 
 /// What the coordinator concluded about one container on one card.
 #[derive(Clone, Debug, Default)]
