@@ -53,7 +53,7 @@ pub use nvml::NvmlMeter;
 #[cfg(feature = "nvml")]
 mod nvml {
     use std::path::Path;
-    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
     use nvml_wrapper::Nvml;
     use nvml_wrapper::error::NvmlError;
@@ -62,10 +62,18 @@ mod nvml {
 
     /// Samples newer than this are asked for.
     const WINDOW: Duration = Duration::from_secs(1);
+    /// A card is asked at most this often; between, its last reading is given again.
+    /// NVML's per-process figures move in steps a few hundred ms apart anyway (H200,
+    /// driver 580), and its per-process query goes to the kernel driver: asking it every
+    /// coordinator tick (50 ms) bought nothing and is a suspect in the launch-cost noise
+    /// of limited runs.
+    pub const READ_EVERY: Duration = Duration::from_millis(250);
 
     /// A [`CardMeter`] over the real NVML (or the simulator's).
     pub struct NvmlMeter {
         nvml: Nvml,
+        /// Per card: when it was last asked, and what it said.
+        last: Vec<(String, Instant, CardReading)>,
     }
 
     impl NvmlMeter {
@@ -73,12 +81,12 @@ mod nvml {
         pub fn open(library: &Path) -> Result<NvmlMeter, NvmlError> {
             Ok(NvmlMeter {
                 nvml: Nvml::builder().lib_path(library.as_os_str()).init()?,
+                last: Vec::new(),
             })
         }
-    }
 
-    impl CardMeter for NvmlMeter {
-        fn read(&mut self, uuid: &str) -> CardReading {
+        /// What NVML says of card `uuid` now.
+        fn ask(&self, uuid: &str) -> CardReading {
             let device = match self.nvml.device_by_uuid(uuid) {
                 Ok(device) => device,
                 Err(error) => {
@@ -117,6 +125,21 @@ mod nvml {
                 processes,
                 error: (!errors.is_empty()).then(|| errors.join("; ")),
             }
+        }
+    }
+
+    impl CardMeter for NvmlMeter {
+        fn read(&mut self, uuid: &str) -> CardReading {
+            let now = Instant::now();
+            if let Some((_, at, reading)) = self.last.iter().find(|(card, _, _)| card == uuid)
+                && now.duration_since(*at) < READ_EVERY
+            {
+                return reading.clone();
+            }
+            let reading = self.ask(uuid);
+            self.last.retain(|(card, _, _)| card != uuid);
+            self.last.push((uuid.to_string(), now, reading.clone()));
+            reading
         }
     }
 }

@@ -147,10 +147,13 @@ else:
     record("one-container-two-processes-at-30", "FAIL",
            "; ".join(why(n) for n, r in zip(("pair-bare-a", "pair-bare-b", "pair-30-a", "pair-30-b"), pair) if not r))
 
-# 5. Two containers; soft mode falling back. Their kernels spin on the GPU's clock, so a
-# time-sliced kernel still ends on time and throughput overstates what a container got of
-# the card; the card's own per-process account (NVML, sampled from the host by
-# nvml_probe.py) is what is judged where there is one, the throughput share is shown.
+# 5. Two containers; soft mode falling back, judged as every case is, by the share of
+# the same workload's bare throughput. The card's own per-process account (NVML's
+# samples of the last second, asked from the host by nvml_probe.py, as the coordinator
+# asks them) is shown beside it: the kernels spin on the GPU's clock, so a time-sliced
+# one still ends on time, and throughput can overstate what a container got of the card.
+# (Samples asked for "newer than the last one seen" read far higher for the same
+# timestamps, 80 and 62 where the window gave 56 and 26 on the H200: not used.)
 def host_pids():
     found = {}
     try:
@@ -172,7 +175,7 @@ def card_samples(probe):
                 poll = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            for sample in poll.get("newer") or []:
+            for sample in poll.get("window") or []:
                 seen[(sample["pid"], sample["ts"])] = sample["sm"]
     except OSError:
         pass
@@ -195,11 +198,10 @@ first = min((two[p][0][0] for p in two_pids if p in two and two[p]), default=Non
 for limit, pid in zip((30, 60), two_pids):
     value, res, base = share(f"two-{limit}", "f1ms")
     card = None if first is None or pid is None else card_mean(two, pid, first + 1_000_000)
-    judged = card if card is not None else value
-    record(f"two-containers-{limit}", "PASS" if within(judged, limit, 5) else "FAIL",
+    record(f"two-containers-{limit}", "PASS" if within(value, limit, 5) else "FAIL",
            why(f"two-{limit}") if value is None else
-           f"card {fmt(card)}% (NVML per process, from 1 s in), throughput {value:.1f}% of bare beside the other, "
-           f"target {limit}+-5" + ("" if card is not None else " (no card figure: throughput judged)"),
+           f"{value:.1f}% of bare beside the other, target {limit}+-5; the card's per-process figure "
+           f"{fmt(card)}% (NVML, from 1 s in)",
            share=None if value is None else round(value, 2), card=card)
 soft, other = result("soft-30"), result("soft-other")
 if soft and other and soft.get("windows") and other.get("windows"):
@@ -223,30 +225,38 @@ if soft and other and soft.get("windows") and other.get("windows"):
         since, until = other_samples[0][0] + 1_000_000, other_samples[-1][0]
         card = card_mean(samples, soft_pid, since, until)
         card_other = card_mean(samples, other_pid, since, until)
-    judged = card if card is not None else contended_mean
     ok = (alone_mean is not None and alone_mean >= 80 and fallback_ms is not None and fallback_ms <= 1000
-          and within(judged, 30, 5))
+          and within(contended_mean, 30, 5))
     record("soft-falls-back", "PASS" if ok else "FAIL",
            f"alone {fmt(alone_mean)}% of the card, back to <=40% {fallback_ms} ms after a hard 60 starts, "
-           f"then card {fmt(card)}% (NVML; the hard 60 {fmt(card_other)}%), throughput {fmt(contended_mean)}% "
-           f"(target: alone >=80, within 1000 ms, 30+-5)",
+           f"then {fmt(contended_mean)}% (target: alone >=80, within 1000 ms, 30+-5); the card's per-process "
+           f"figures meanwhile {fmt(card)}% and the hard 60 {fmt(card_other)}% (NVML, from 1 s after it starts)",
            alone=alone_mean, fallback_ms=fallback_ms, contended=contended_mean, card=card, card_other=card_other)
 else:
     record("soft-falls-back", "FAIL", f"soft: {why('soft-30')}; other: {why('soft-other')}")
 
 
-# 6. Launch cost, interleaved runs, medians.
+# 6. Launch cost: five interleaved pairs (bare, then limited). The machine's own noise
+# between runs is of the size judged (bare runs alone spread 3.2-4.1 us on the H200), so
+# each limited run is compared with the bare run just before it and the median of the
+# five ratios is judged; the medians of the runs are shown too.
+PAIRS = (1, 2, 3, 4, 5)
+
+
 def launch_cost(kind, key, label):
-    bare_runs = [r[key] for r in (result(f"{kind}-bare-{i}") for i in (1, 2, 3)) if r and key in r]
-    limited_runs = [r[key] for r in (result(f"{kind}-99-{i}") for i in (1, 2, 3)) if r and key in r]
-    if not bare_runs or not limited_runs:
+    runs = [(result(f"{kind}-bare-{i}"), result(f"{kind}-99-{i}")) for i in PAIRS]
+    pairs = [(b[key], l[key]) for b, l in runs if b and l and key in b and key in l]
+    if not pairs:
         record(f"launch-cost-{kind}", "FAIL", f"{why(kind + '-bare-1')}; {why(kind + '-99-1')}")
         return
-    b, l = statistics.median(bare_runs), statistics.median(limited_runs)
-    record(f"launch-cost-{kind}", "PASS" if l / b <= 1.10 else "FAIL",
-           f"{label}: bare {b:.3f} us, --cores 99 {l:.3f} us per launch: {l / b:.3f}x (target <=1.10; before 2.5x)"
-           + trace_text(f"{kind}-99-trace"),
-           bare_us=b, limited_us=l, runs_bare=bare_runs, runs_limited=limited_runs)
+    ratio = statistics.median(l / b for b, l in pairs)
+    b = statistics.median(b for b, _ in pairs)
+    l = statistics.median(l for _, l in pairs)
+    record(f"launch-cost-{kind}", "PASS" if ratio <= 1.10 else "FAIL",
+           f"{label}: {ratio:.3f}x, the median of {len(pairs)} interleaved pairs "
+           f"({', '.join(f'{l / b:.2f}' for b, l in pairs)}); medians bare {b:.3f} us, --cores 99 {l:.3f} us "
+           f"(target <=1.10; before 2.5x)" + trace_text(f"{kind}-99-trace"),
+           ratio=ratio, bare_us=b, limited_us=l, pairs=pairs)
 
 
 launch_cost("launch", "per_launch_us", "driver API, 200k launches")

@@ -13,8 +13,8 @@
 #   3. one stream of full-card kernels (100 us, 10 ms) at 30 and 70, graphs at 30;
 #   4. two processes of one container (one --state-dir), 4 streams each, at 30;
 #   5. two containers at 30 and 60 at once; soft 30 alone, then a hard 60 joins;
-#   6. launch cost bare and under --cores 99, interleaved (driver API, and cudart's
-#      `bench launch` when nvcc is there);
+#   6. launch cost bare and under --cores 99, five interleaved pairs (driver API, and
+#      cudart's `bench launch` when nvcc is there);
 #   7. PyTorch (when there): the batch-1 decode loop bare, at 30 and 60; training at 50.
 #
 # SIMULATE=1 runs it all over the simulated driver (`vgpu run --simulate`), which is how
@@ -135,7 +135,7 @@ if [ -n "$STREAMS" ]; then
     fi
     # Timed runs without the trace (its counters cost a few atomics per launch); one
     # traced run after them says what the limiter did.
-    for i in 1 2 3; do
+    for i in 1 2 3 4 5; do
         step "launch-bare-$i" 60 bare "$STREAMS" launch 200000
         VGPU_LIMITER_TRACE= step "launch-99-$i" 60 99 "$STREAMS" launch 200000
     done
@@ -143,7 +143,7 @@ if [ -n "$STREAMS" ]; then
 fi
 if [ -n "${NVCC:-}" ] && wait "$NVCC" && [ -x "$OUT/bench" ]; then
     BENCH="$OUT/bench"
-    for i in 1 2 3; do
+    for i in 1 2 3 4 5; do
         step "cudart-bare-$i" 60 bare "$BENCH" launch 200000
         VGPU_LIMITER_TRACE= step "cudart-99-$i" 60 99 "$BENCH" launch 200000
     done
