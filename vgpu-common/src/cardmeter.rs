@@ -64,10 +64,10 @@ mod nvml {
     const WINDOW: Duration = Duration::from_secs(1);
     /// A card is asked at most this often; between, its last reading is given again.
     /// NVML's per-process figures move in steps a few hundred ms apart anyway (H200,
-    /// driver 580), and its per-process query goes to the kernel driver: asking it every
-    /// coordinator tick (50 ms) bought nothing and is a suspect in the launch-cost noise
-    /// of limited runs.
-    pub const READ_EVERY: Duration = Duration::from_millis(250);
+    /// driver 580), and its per-process query goes to the kernel driver, a suspect in
+    /// the launch-cost noise of limited runs. 250 ms (H200 run 8) left the correction a
+    /// second late when a neighbour came, over the sim; the coordinator ticks every 50.
+    pub const READ_EVERY: Duration = Duration::from_millis(100);
 
     /// A [`CardMeter`] over the real NVML (or the simulator's).
     pub struct NvmlMeter {
