@@ -680,10 +680,13 @@ fn charge_target(
     if ratio < 1.0 && measured > allowed as f64 + 5.0 {
         ratio = 1.0;
     }
+    // Alone, a figure not believed (yet) is not worth reporting either.
+    let mut reportable = true;
     if card.alone
         && (!alone_beyond_slack(self_percent, card) || card.alone_beyond_ns < ALONE_PERSIST_NS)
     {
         ratio = 1.0;
+        reportable = false;
     }
     if !card.alone {
         // Beside others the card's split only takes their time slices back out: a
@@ -698,7 +701,7 @@ fn charge_target(
         CHARGE_MIN_PERMILLE as f64 / CHARGE_UNIT as f64,
         CHARGE_MAX_PERMILLE as f64 / CHARGE_UNIT as f64,
     );
-    Some((factor, raw >= FAR_BEYOND))
+    Some((factor, reportable && raw >= FAR_BEYOND))
 }
 
 /// A factor as the view's per mille, within what readers take.
@@ -918,7 +921,7 @@ mod tests {
             alone_beyond_ns: ALONE_PERSIST_NS / 2,
             ..side(0.0, 0.0, 60.0)
         };
-        assert_eq!(charge_target(20.0, &starting, true, 30), Some((1.0, true)));
+        assert_eq!(charge_target(20.0, &starting, true, 30), Some((1.0, false)));
         // Alone, within NVML's own error of what it counted: exactly 1.
         assert_eq!(
             charge_target(30.0, &side(0.0, 0.0, 34.0), true, 30),
