@@ -82,7 +82,9 @@ pub fn run(command: Command, region: Option<PathBuf>) -> Result<i32> {
     }
     // SAFETY: the child runs only the init below. `vgpu run` may have one other thread
     // here (the coordinator's, which holds no lock the init takes: it never writes the
-    // environment, and glibc's malloc is made fork-safe by its own atfork handlers).
+    // environment, and glibc's malloc is made fork-safe by its own atfork handlers). It
+    // cannot start after this point: once unshare(CLONE_NEWPID) has run, this process
+    // can no longer create threads (EINVAL).
     let init = unsafe { libc::fork() };
     if init < 0 {
         bail!("fork: {}", std::io::Error::last_os_error());
