@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::cardmeter::{CardMeter, CardReading};
+use crate::cardmeter::{CardMeter, CardReading, Freshness};
 use crate::cardview::{
     CHARGE_MAX_PERMILLE, CHARGE_MIN_PERMILLE, CHARGE_UNIT, CardView, ViewEntry, valid_uuid,
 };
@@ -355,7 +355,13 @@ impl Coordinator {
         let mut others_seen = HashMap::new();
         let mut alone_beyond_since = HashMap::new();
         for (uuid, entries) in cards {
-            let reading = self.read_card(&uuid);
+            let busy = entries.iter().filter(|(_, judged)| judged.active).count();
+            let freshness = if busy > 1 {
+                Freshness::Now
+            } else {
+                Freshness::Relaxed
+            };
+            let reading = self.read_card(&uuid, freshness);
             let containers = entries
                 .iter()
                 .map(|(entry, judged)| {
@@ -459,9 +465,9 @@ impl Coordinator {
     }
 
     /// What the meter says of card `uuid` now.
-    fn read_card(&mut self, uuid: &str) -> CardReading {
+    fn read_card(&mut self, uuid: &str, freshness: Freshness) -> CardReading {
         match self.meter.as_mut() {
-            Some(meter) => meter.read(uuid),
+            Some(meter) => meter.read(uuid, freshness),
             None => CardReading::default(),
         }
     }
@@ -998,7 +1004,7 @@ mod tests {
     struct FakeCard(std::sync::Arc<std::sync::Mutex<CardReading>>);
 
     impl CardMeter for FakeCard {
-        fn read(&mut self, _uuid: &str) -> CardReading {
+        fn read(&mut self, _uuid: &str, _freshness: Freshness) -> CardReading {
             self.0.lock().expect("reading").clone()
         }
     }
