@@ -6,9 +6,10 @@
 //! slot's. A process of the host's own namespace is its own PID (start time checked).
 //!
 //! Answers are cached by (namespace, PID, start time), which no other process can ever
-//! share; a process is looked for by a scan of `/proc` as soon as it is first asked
-//! about, and one not found then at most once per [`RESCAN_NS`], so a host with many
-//! processes is not scanned every tick.
+//! share; a process is looked for by a scan of `/proc` soon after it is first asked
+//! about (at most once per [`NEW_SCAN_GAP_NS`]), and one not found then at most once per
+//! [`RESCAN_NS`], so a host with many processes is not scanned every tick, not even by a
+//! tenant that writes new identities into its slots every tick.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,8 @@ use crate::region::ProcessUsage;
 
 /// The least time between two scans of `/proc` for processes not found yet.
 pub const RESCAN_NS: u64 = 1_000_000_000;
+/// The least time between two scans of `/proc` for processes never looked for yet.
+pub const NEW_SCAN_GAP_NS: u64 = 250_000_000;
 
 /// (PID namespace, PID in it, start time).
 type Key = (u64, i32, u64);
@@ -49,8 +52,9 @@ impl HostPids {
 
     /// Finds the host PIDs of `processes` that are not known yet: a process of this
     /// namespace by its own PID, one whose slot names a host PID by checking that PID,
-    /// the rest by one scan of `/proc`, made when one of them was never looked for, or
-    /// else when one is due (`now_ns`). Then [`HostPids::get`].
+    /// the rest by one scan of `/proc`, made when one of them was never looked for (and
+    /// [`NEW_SCAN_GAP_NS`] has passed), or else when one is due (`now_ns`). Then
+    /// [`HostPids::get`].
     pub fn resolve(&mut self, processes: &[ProcessUsage], now_ns: u64) {
         let mut wanted = Vec::new();
         for (index, process) in processes.iter().enumerate() {
@@ -75,7 +79,9 @@ impl HostPids {
         let new = wanted.iter().any(|&(_, pid, pid_ns, start_time)| {
             !self.scanned_for.contains_key(&(pid_ns, pid, start_time))
         });
-        if wanted.is_empty() || (!new && now_ns.saturating_sub(self.last_scan_ns) < RESCAN_NS) {
+        let since_scan = now_ns.saturating_sub(self.last_scan_ns);
+        let gap = if new { NEW_SCAN_GAP_NS } else { RESCAN_NS };
+        if wanted.is_empty() || since_scan < gap {
             return;
         }
         self.last_scan_ns = now_ns;
@@ -156,5 +162,35 @@ mod tests {
         assert_eq!(pids.known.len(), 1);
         pids.forget_unused();
         assert!(pids.known.is_empty(), "nobody asked: forgotten");
+    }
+
+    #[test]
+    fn scans_for_new_identities_are_rate_limited_too() {
+        // A tenant may write a new identity into its slots every tick: each is looked
+        // for soon, never by more than one scan per NEW_SCAN_GAP_NS.
+        let proc_root = tempfile::tempdir().expect("tempdir");
+        let mut pids = HostPids::new(proc_root.path());
+        let start = 10 * RESCAN_NS;
+        let forged = |n: i32| usage(n, 0, 4_026_531_000 + n as u64, 1);
+        pids.resolve(&[forged(1)], start);
+        assert_eq!(
+            pids.last_scan_ns, start,
+            "a new identity is looked for at once"
+        );
+        pids.resolve(&[forged(1), forged(2)], start + 50_000_000);
+        assert_eq!(pids.last_scan_ns, start, "but not twice within the gap");
+        let later = start + NEW_SCAN_GAP_NS;
+        pids.resolve(&[forged(1), forged(2)], later);
+        assert_eq!(
+            pids.last_scan_ns, later,
+            "the new one, once the gap has passed"
+        );
+        pids.resolve(&[forged(1), forged(2)], later + NEW_SCAN_GAP_NS);
+        assert_eq!(
+            pids.last_scan_ns, later,
+            "nothing new: the slow rescan only"
+        );
+        pids.resolve(&[forged(1), forged(2)], later + RESCAN_NS);
+        assert_eq!(pids.last_scan_ns, later + RESCAN_NS);
     }
 }
