@@ -9,6 +9,9 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import nvml_probe  # noqa: E402 (this folder's probe-file reader)
+
 out, case_s, have_torch = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
 have_cudart = len(sys.argv) > 4 and sys.argv[4] == "cudart"
 logs = os.path.join(out, "logs")
@@ -152,8 +155,6 @@ else:
 # samples of the last second, asked from the host by nvml_probe.py, as the coordinator
 # asks them) is shown beside it: the kernels spin on the GPU's clock, so a time-sliced
 # one still ends on time, and throughput can overstate what a container got of the card.
-# (Samples asked for "newer than the last one seen" read far higher for the same
-# timestamps, 80 and 62 where the window gave 56 and 26 on the H200: not used.)
 def host_pids():
     found = {}
     try:
@@ -166,38 +167,14 @@ def host_pids():
     return found
 
 
-def card_samples(probe):
-    """{pid: [(ts_us, sm_percent)]} from a probe's incremental samples, deduplicated."""
-    seen = {}
-    try:
-        for line in open(os.path.join(logs, probe + ".nvml.jsonl")):
-            try:
-                poll = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            for sample in poll.get("window") or []:
-                seen[(sample["pid"], sample["ts"])] = sample["sm"]
-    except OSError:
-        pass
-    samples = {}
-    for (pid, ts), sm in sorted(seen.items(), key=lambda item: item[0][1]):
-        samples.setdefault(pid, []).append((ts, sm))
-    return samples
-
-
-def card_mean(samples, pid, since_us, until_us=None):
-    values = [sm for ts, sm in samples.get(pid, []) if ts >= since_us and (until_us is None or ts <= until_us)]
-    return statistics.mean(values) if values else None
-
-
 pids = host_pids()
 fmt = lambda x: "-" if x is None else f"{x:.1f}"
-two = card_samples("two")
+two = nvml_probe.samples(os.path.join(logs, "two.nvml.jsonl"))
 two_pids = [pids.get(f"two-{limit}") for limit in (30, 60)]
 first = min((two[p][0][0] for p in two_pids if p in two and two[p]), default=None)
 for limit, pid in zip((30, 60), two_pids):
     value, res, base = share(f"two-{limit}", "f1ms")
-    card = None if first is None or pid is None else card_mean(two, pid, first + 1_000_000)
+    card = None if first is None or pid is None else nvml_probe.mean(two, pid, first + 1_000_000)
     record(f"two-containers-{limit}", "PASS" if within(value, limit, 5) else "FAIL",
            why(f"two-{limit}") if value is None else
            f"{value:.1f}% of bare beside the other, target {limit}+-5; the card's per-process figure "
@@ -217,14 +194,14 @@ if soft and other and soft.get("windows") and other.get("windows"):
     alone_mean = statistics.mean(alone) if alone else None
     contended_mean = statistics.mean(contended) if contended else None
     fallback_ms = None if fell is None else (fell - start) * 100
-    samples = card_samples("soft")
+    samples = nvml_probe.samples(os.path.join(logs, "soft.nvml.jsonl"))
     soft_pid, other_pid = pids.get("soft-30"), pids.get("soft-other")
     other_samples = samples.get(other_pid, [])
     card = card_other = None
     if soft_pid in samples and other_samples:
         since, until = other_samples[0][0] + 1_000_000, other_samples[-1][0]
-        card = card_mean(samples, soft_pid, since, until)
-        card_other = card_mean(samples, other_pid, since, until)
+        card = nvml_probe.mean(samples, soft_pid, since, until)
+        card_other = nvml_probe.mean(samples, other_pid, since, until)
     ok = (alone_mean is not None and alone_mean >= 80 and fallback_ms is not None and fallback_ms <= 1000
           and within(contended_mean, 30, 5))
     record("soft-falls-back", "PASS" if ok else "FAIL",

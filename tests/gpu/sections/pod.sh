@@ -186,27 +186,13 @@ SH
         local i
         for i in $(seq 1 900); do [ -e "$B/go" ] && break; sleep 0.1; done
         sleep 0.5
-        python3 - "$q30" "$p60" > "$OUT/pod-pids.txt" <<'PY'
-import os, sys
-def parent(pid):
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-        return int(stat[stat.rindex(")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-for name, ancestor in zip(("q30", "p60"), map(int, sys.argv[1:])):
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if b"run" in argv and b"f1ms" in argv and argv[0].endswith(b"streams"):
-            pid = int(entry)
-            while pid > 1 and pid != ancestor:
-                pid = parent(pid)
-            if pid == ancestor:
-                print(name, entry)
-PY
+        : > "$OUT/pod-pids.txt"
+        local name_pid
+        for name_pid in "q30 $q30" "p60 $p60"; do
+            local found
+            found=$(python3 "$HERE/host_pid.py" --argv streams run f1ms "${name_pid#* }")
+            [ -n "$found" ] && echo "${name_pid% *} $found" >> "$OUT/pod-pids.txt"
+        done
         timeout 20 python3 "$ROOT/tests/gpu/limiter/nvml_probe.py" 10 > "$OUT/pod-nvml.jsonl" 2>&1
         wait $q30
         local q30_rc=$?
@@ -241,28 +227,23 @@ PY
         else
             pod_record ptx-module FAIL "$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(r.get("failed") or r)' "$ptx")" "\"result\": $ptx"
         fi
-        python3 - "$B/q30-spin.txt" "$B/p60-spin.txt" "$OUT/pod-pids.txt" "$OUT/pod-nvml.jsonl" <<'PY' > "$P/share.verdict"
-import json, statistics, sys
+        python3 - "$B/q30-spin.txt" "$B/p60-spin.txt" "$OUT/pod-pids.txt" "$OUT/pod-nvml.jsonl" "$HERE/limiter" <<'PY' > "$P/share.verdict"
+import json, sys
+sys.path.insert(0, sys.argv[5])
+import nvml_probe
 def card_shares(pids_path, probe_path):
     """Per container, the mean of NVML's per-process samples of the last second (asked
     as the coordinator asks), from 1 s after the first."""
     try:
         pids = {int(pid): name for name, pid in (line.split() for line in open(pids_path))}
-        seen = {}
-        for line in open(probe_path):
-            for sample in json.loads(line).get("window") or []:
-                seen[(sample["pid"], sample["ts"])] = sample["sm"]
     except (OSError, ValueError):
         return {}
-    mine = {key: sm for key, sm in seen.items() if key[0] in pids}
-    if not mine:
+    by_pid = {pid: found for pid, found in nvml_probe.samples(probe_path).items() if pid in pids}
+    if not by_pid:
         return {}
-    since = min(ts for _, ts in mine) + 1_000_000
-    shares = {}
-    for (pid, ts), sm in mine.items():
-        if ts >= since:
-            shares.setdefault(pids[pid], []).append(sm)
-    return {name: statistics.mean(values) for name, values in shares.items()}
+    since = min(found[0][0] for found in by_pid.values()) + 1_000_000
+    shares = {pids[pid]: nvml_probe.mean(by_pid, pid, since) for pid in by_pid}
+    return {name: share for name, share in shares.items() if share is not None}
 def busy(path):
     """streams.c's line: completions per second x each one's work, as a share of the
     card (full-card kernels: one fits at a time)."""
