@@ -35,3 +35,7 @@ python3 -m pip install --quiet --disable-pip-version-check "cuda-bindings>=13,<1
 export CARGO_INCREMENTAL=0
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast
+
+# The Helm chart without a cluster: lint and template of both modes, deploy/ equal to the
+# chart's output, each mode's rendered config through the daemon's own parser.
+bash tests/k8s/chart.sh
