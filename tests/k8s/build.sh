@@ -36,7 +36,7 @@ CNI_BIN=/usr/lib/cni
 log() { echo "k8s-build: $*" >&2; }
 
 required_version() { # module go.mod -> the version go.mod requires
-    awk -v m="$1" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$2"
+    awk -v m="$1" '$1 == "require" { $1 = ""; $0 = $0 } $1 == m && $2 ~ /^v/ { print $2; exit }' "$2"
 }
 
 module_hash() { # folder -> short hash of its go.mod, go.sum and Go files
