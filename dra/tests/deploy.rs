@@ -221,7 +221,9 @@ fn objects(docs: &[Value]) -> Vec<(String, String, String)> {
 #[test]
 fn the_namespace_is_a_file_of_its_own_and_the_modes_share_no_object() {
     let namespace = documents("namespace.yaml");
-    check_kinds(&namespace);
+    for docs in [&namespace, &documents("vgpu-plugin.yaml")] {
+        check_kinds(docs);
+    }
     assert_eq!(namespace.len(), 1, "the Namespace alone");
     let labels = &of_kind(&namespace, "Namespace")["metadata"]["labels"];
     for mode in ["enforce", "audit", "warn"] {
