@@ -334,23 +334,6 @@ fn values_that_would_part_config_and_mounts_are_refused() {
     }
 }
 
-#[test]
-fn the_device_plugin_may_read_pods_only_while_it_reads_annotations() {
-    let Some(helm) = helm("the_device_plugin_may_read_pods_only_while_it_reads_annotations") else {
-        return;
-    };
-    let rules = |args: &[&str]| {
-        manifest::cluster_role_rules(&manifest::parse(&render(&helm, args).expect("render")))
-    };
-    let pods = (String::new(), "pods".to_string(), vec!["get".to_string()]);
-    assert!(rules(&[]).contains(&pods));
-    let without = rules(&["--set", "devicePlugin.config.pod_annotations=false"]);
-    assert!(
-        !without.iter().any(|(_, resource, _)| resource == "pods"),
-        "{without:?}"
-    );
-}
-
 /// The keys a `deny_unknown_fields` config accepts, from serde's own refusal of an
 /// unknown one ("unknown field `x`, expected one of `a`, `b`, ...").
 fn accepted_keys(error: &str) -> BTreeSet<String> {

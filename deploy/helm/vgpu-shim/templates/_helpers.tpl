@@ -111,12 +111,6 @@ derived key set in `config` is refused (it would part the config from the mounts
 {{- toYaml (merge (deepCopy $derived) (deepCopy $own)) -}}
 {{- end -}}
 
-{{/* Whether the device plugin reads pods (tencent.com/vcuda-core-limit at PreStart). */}}
-{{- define "vgpu-shim.pluginReadsPods" -}}
-{{- $own := .Values.devicePlugin.config | default dict -}}
-{{- if or (not (hasKey $own "pod_annotations")) $own.pod_annotations -}}true{{- end -}}
-{{- end -}}
-
 {{/* Whether the device plugin writes CDI specs (and so mounts hostPaths.cdi). */}}
 {{- define "vgpu-shim.pluginWritesCdi" -}}
 {{- $own := .Values.devicePlugin.config | default dict -}}
