@@ -433,3 +433,44 @@ fn the_chart_is_versioned_with_the_workspace() {
         "gpu-manager's node label"
     );
 }
+
+/// Whether `path` (`a.b.c`, a last part `*` for any key) names a value of `values`.
+fn has_value(values: &serde_norway::Value, path: &str) -> bool {
+    let mut node = values;
+    for part in path.split('.') {
+        if part == "*" {
+            return node.as_mapping().is_some_and(|map| !map.is_empty());
+        }
+        match node.get(part) {
+            Some(next) => node = next,
+            None => return false,
+        }
+    }
+    true
+}
+
+#[test]
+fn the_readmes_values_table_names_real_values() {
+    let values: serde_norway::Value = serde_norway::from_str(
+        &std::fs::read_to_string(chart().join("values.yaml")).expect("values"),
+    )
+    .expect("YAML");
+    let readme = std::fs::read_to_string(repo().join("deploy/README.md")).expect("README");
+    let section = readme
+        .split("### With Helm")
+        .nth(1)
+        .expect("a With Helm section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut named = 0;
+    for row in section.lines().filter(|line| line.starts_with("| `")) {
+        let first = row.split('|').nth(1).expect("a first column");
+        for name in first.split('`').skip(1).step_by(2) {
+            assert!(
+                has_value(&values, name),
+                "deploy/README.md names the value `{name}`, which values.yaml lacks"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 15, "the table names {named} values");
+}
