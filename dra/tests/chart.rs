@@ -325,6 +325,10 @@ fn values_that_would_part_config_and_mounts_are_refused() {
         ),
         (vec!["--set", "hostPaths.state=var/lib/vgpu"], "state"),
         (
+            vec!["--set", "mode=dra", "--kube-version", "1.33.4"],
+            "Kubernetes 1.34+",
+        ),
+        (
             vec!["--set", "devicePlugin.metricsPort=70000"],
             "metricsPort",
         ),
