@@ -175,6 +175,13 @@ fn dra(helm: &Path, args: &[&str]) -> (Vec<Value>, DraConfig) {
     assert_mounted(&docs, "nvml_library", &config.nvml_library);
     assert_mounted(&docs, "device_plugin_dir", &config.device_plugin_dir);
     assert_eq!(init_dest(&docs), config.host_driver_dir);
+    let raw: serde_norway::Value = serde_norway::from_str(&text).expect("YAML");
+    let address = raw["metrics_address"].as_str().expect("metrics_address");
+    assert_eq!(
+        address,
+        format!("0.0.0.0:{}", metrics_port(&docs)),
+        "the pod's IP, the declared port"
+    );
     let class = of_kind(&docs, "DeviceClass");
     assert_eq!(
         class["spec"]["selectors"][0]["cel"]["expression"],
@@ -221,10 +228,8 @@ fn each_modes_default_config_parses_and_matches_its_daemonset() {
 
     let (docs, config) = dra(&helm, &[]);
     assert_eq!(config.driver_name, vgpu_dra::config::DEFAULT_DRIVER_NAME);
-    // No metrics server in the DRA driver yet: no port, no probes, no Service.
-    let container = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
-    assert!(container["ports"].is_null() && container["livenessProbe"].is_null());
-    assert!(docs.iter().all(|doc| doc["kind"] != "Service"));
+    assert_eq!(metrics_port(&docs), 9402);
+    assert_eq!(of_kind(&docs, "Service")["spec"]["ports"][0]["port"], 9402);
     let pod = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"]["vgpu-shim.io/mode"], "dra");
     let expressions = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -290,6 +295,8 @@ fn changed_values_reach_the_config_and_the_mounts_follow() {
             "dra.config.unhealthy=remove",
             "--set",
             "dra.config.driver_name=gpu.example.org",
+            "--set",
+            "dra.metricsPort=9600",
         ],
     );
     assert_eq!(

@@ -292,6 +292,55 @@ fn the_dra_daemonset_has_requests_and_its_token_only_where_it_is_used() {
     assert_eq!(token_mounts(container), 1);
 }
 
+/// The DRA DaemonSet once had no probes and no metrics port; the DRA driver serves
+/// metrics and `/healthz` at `metrics_address`, as the device plugin does.
+#[test]
+fn the_dra_daemonset_has_probes_and_a_metrics_service() {
+    let docs = documents("dra/vgpu-dra-plugin.yaml");
+    let text = of_kind(&docs, "ConfigMap")["data"]["dra.yaml"]
+        .as_str()
+        .expect("dra.yaml");
+    let config: serde_norway::Value = serde_norway::from_str(text).expect("YAML");
+    assert_eq!(
+        config["metrics_address"].as_str(),
+        Some("0.0.0.0:9402"),
+        "the pod's IP; 9401 is the device plugin's"
+    );
+    let pod = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    assert_ne!(pod["hostNetwork"], true, "metrics on the pod's own IP");
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["ports"],
+        serde_json::json!([{"name": "metrics", "containerPort": 9402}])
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["path"], "/healthz", "{probe}");
+        assert_eq!(container[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
+    let service = of_kind(&docs, "Service");
+    assert_eq!(service["spec"]["clusterIP"], "None");
+    assert_eq!(
+        service["spec"]["ports"][0],
+        serde_json::json!({"name": "metrics", "port": 9402, "targetPort": "metrics"})
+    );
+    let pod_labels = &of_kind(&docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in service["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(&pod_labels[key], value);
+    }
+    let monitors = documents("dra/servicemonitor.yaml");
+    let monitor = of_kind(&monitors, "ServiceMonitor");
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels")
+    {
+        assert_eq!(&service["metadata"]["labels"][key], value);
+    }
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["port"],
+        service["spec"]["ports"][0]["name"]
+    );
+}
+
 /// `target/<profile>`, where `cargo test` leaves the shims and the sim driver.
 fn built(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().expect("test exe");
