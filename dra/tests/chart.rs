@@ -485,3 +485,74 @@ fn the_readmes_values_table_names_real_values() {
     }
     assert!(named >= 15, "the table names {named} values");
 }
+
+#[test]
+fn the_metrics_network_policy_admits_its_peers_to_the_daemons_port_only() {
+    let Some(helm) = helm("the_metrics_network_policy_admits_its_peers_to_the_daemons_port_only")
+    else {
+        return;
+    };
+    use vgpu_kube::k8s_openapi::api::networking::v1::NetworkPolicy;
+    use vgpu_kube::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    for mode in ["device-plugin", "dra"] {
+        let docs = manifest::parse(
+            &render(
+                &helm,
+                &[
+                    "--set",
+                    &format!("mode={mode}"),
+                    "--set",
+                    "metrics.networkPolicy.enabled=true",
+                ],
+            )
+            .expect("render"),
+        );
+        let policy: NetworkPolicy = serde_json::from_value(of_kind(&docs, "NetworkPolicy").clone())
+            .expect("a NetworkPolicy");
+        let spec = policy.spec.expect("spec");
+        let labels = &of_kind(&docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"];
+        let selector = spec.pod_selector.expect("podSelector").match_labels;
+        assert!(
+            selector.as_ref().is_some_and(|labels| !labels.is_empty()),
+            "{mode}"
+        );
+        for (key, value) in selector.iter().flatten() {
+            assert_eq!(
+                labels[key],
+                value.as_str(),
+                "{mode}: selects the daemon's pods"
+            );
+        }
+        let ingress = spec.ingress.expect("ingress");
+        assert_eq!(ingress.len(), 1, "{mode}");
+        assert!(
+            !ingress[0].from.as_ref().expect("from").is_empty(),
+            "{mode}: peers"
+        );
+        let ports: Vec<Option<IntOrString>> = ingress[0]
+            .ports
+            .iter()
+            .flatten()
+            .map(|port| port.port.clone())
+            .collect();
+        assert_eq!(
+            ports,
+            [Some(IntOrString::Int(metrics_port(&docs) as i32))],
+            "{mode}: the metrics port only"
+        );
+    }
+    // Off by default, and never without metrics.
+    let docs = manifest::parse(&render(&helm, &[]).expect("render"));
+    assert!(docs.iter().all(|doc| doc["kind"] != "NetworkPolicy"));
+    let err = render(
+        &helm,
+        &[
+            "--set",
+            "metrics.networkPolicy.enabled=true",
+            "--set",
+            "metrics.networkPolicy.from=null",
+        ],
+    )
+    .expect_err("no peers");
+    assert!(err.contains("from"), "{err}");
+}

@@ -27,7 +27,7 @@ echo "chart.sh: $("$HELM" version --short 2>/dev/null || "$HELM" version)"
 step() { echo "chart.sh: $*"; }
 
 for mode in device-plugin dra; do
-    for extra in "" "--set namespace.create=true --set metrics.serviceMonitor.enabled=true" \
+    for extra in "" "--set namespace.create=true --set metrics.serviceMonitor.enabled=true --set metrics.networkPolicy.enabled=true" \
                  "--set metrics.service=false --set priorityClassName= --set tolerations=null"; do
         step "helm lint --strict, mode $mode $extra"
         # shellcheck disable=SC2086 # $extra is a list of arguments
