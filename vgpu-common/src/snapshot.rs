@@ -120,6 +120,12 @@ impl RegionSnapshot {
         RegionBytes::processes(self)
     }
 
+    /// The container's counters on `device` (refusals, bytes refused, throttled time,
+    /// times over quota), as the copy says (zeros out of range; each word clamped).
+    pub fn counters(&self, device: usize) -> crate::region::QuotaCounters {
+        RegionBytes::counters(self, device)
+    }
+
     /// The compute limiter's container-wide words for `device`, as the copy says (zeros
     /// for a device of `MAX_DEVICES` or more).
     pub fn container_limiter(&self, device: usize) -> [u64; CONTAINER_LIMITER_WORDS] {
