@@ -224,13 +224,17 @@ fn the_daemonset_grants_only_what_the_plugin_uses() {
         .expect("api-token volume");
     assert!(token["projected"]["sources"][0]["serviceAccountToken"].is_mapping());
 
-    // RBAC: read pods (the soft-ceiling annotation), nothing else.
+    // RBAC: read pods (the soft-ceiling annotation), create Events (quota refusals),
+    // nothing else.
     let rules = of_kind(&docs, "ClusterRole")["rules"]
         .as_sequence()
         .expect("rules");
-    assert_eq!(rules.len(), 1);
+    assert_eq!(rules.len(), 2);
     assert_eq!(strings(&rules[0]["resources"]), ["pods"]);
     assert_eq!(strings(&rules[0]["verbs"]), ["get", "list", "watch"]);
+    assert_eq!(strings(&rules[1]["apiGroups"]), ["events.k8s.io"]);
+    assert_eq!(strings(&rules[1]["resources"]), ["events"]);
+    assert_eq!(strings(&rules[1]["verbs"]), ["create"]);
 
     // The init container runs with no privilege; the namespace admits the plugin's.
     let init_security = &init["securityContext"];
