@@ -74,6 +74,20 @@ pub mod counter {
     pub const LAST_ASKED: usize = 4;
     /// What the container held on the device at the latest refusal, bytes.
     pub const LAST_HELD: usize = 5;
+    /// Times the host (the coordinator's NVML reconciliation) found the container over
+    /// its quota. Written by the host alone, with file I/O
+    /// ([`crate::snapshot::count_over_quota_by_io`]): one writer, so its
+    /// read-modify-write loses nothing. Readers add it to [`OVER_QUOTA`].
+    pub const HOST_OVER_QUOTA: usize = 6;
+}
+
+/// Byte offset of counter `word` of `device` in the file (for `pread`/`pwrite` by the
+/// host); `None` out of range.
+pub(crate) fn counter_offset(device: usize, word: usize) -> Option<u64> {
+    (device < MAX_DEVICES && word < COUNTER_WORDS).then(|| {
+        (std::mem::offset_of!(Header, counters)
+            + (device * COUNTER_WORDS + word) * std::mem::size_of::<u64>()) as u64
+    })
 }
 const MAGIC: [u8; 8] = *b"VGPUREG\0";
 const HEADER_LEN: usize = 8192;
@@ -327,7 +341,8 @@ pub struct QuotaCounters {
     pub refused_bytes: u64,
     /// Nanoseconds launches waited for the compute limit.
     pub throttled_ns: u64,
-    /// Times the container was found over its memory quota.
+    /// Times the container was found over its memory quota (by its shims, and by the
+    /// host).
     pub over_quota: u64,
     /// The size of the latest refused allocation.
     pub last_asked: u64,
@@ -1205,7 +1220,8 @@ pub(crate) trait RegionBytes {
             refusals: count(&block[counter::REFUSALS]),
             refused_bytes: count(&block[counter::REFUSED_BYTES]),
             throttled_ns: count(&block[counter::THROTTLED_NS]),
-            over_quota: count(&block[counter::OVER_QUOTA]),
+            over_quota: count(&block[counter::OVER_QUOTA])
+                .saturating_add(count(&block[counter::HOST_OVER_QUOTA])),
             last_asked: count(&block[counter::LAST_ASKED]),
             last_held: count(&block[counter::LAST_HELD]),
         }
