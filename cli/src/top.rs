@@ -545,6 +545,67 @@ mod tests {
     }
 
     #[test]
+    fn a_plugin_node_shows_each_started_container_with_its_pod() {
+        let state = tempfile::tempdir().expect("tempdir");
+        let uuid = "GPU-aaaaaaaa-0000-4000-8000-000000000001";
+        for id in ["a1", "a2"] {
+            let dir = state.path().join("allocations").join(id);
+            std::fs::create_dir_all(&dir).expect("dir");
+            let config = format!(
+                "container_id: {id}\ndevices:\n  - uuid: {uuid}\n    memory_limit: 2Gi\n    core_limit: 25\n"
+            );
+            std::fs::write(dir.join("vgpu.yaml"), config).expect("config");
+            let parsed = Config::load(&dir.join("vgpu.yaml")).expect("valid");
+            vgpu_common::region::Region::create_file(
+                &dir.join("usage.region"),
+                &parsed.region_devices(),
+            )
+            .expect("region");
+        }
+        // The shape of the plugin's plugin-state.json (vgpu_plugin::state).
+        let book = serde_json::json!({
+            "version": 1,
+            "next_sequence": 3,
+            "allocations": {
+                "a1": {"id": "a1", "sequence": 1, "cards": [uuid], "core_ids": [], "memory_ids": [],
+                       "created_unix": 1, "prepared_unix": 2,
+                       "owner": {"namespace": "team-a", "pod": "trainer", "container": "main"}},
+                "a2": {"id": "a2", "sequence": 2, "cards": [uuid], "core_ids": [], "memory_ids": [],
+                       "created_unix": 1},
+            }
+        });
+        std::fs::write(state.path().join("plugin-state.json"), book.to_string()).expect("book");
+        let args = TopArgs {
+            once: true,
+            json: true,
+            interval: 1.0,
+            plugin_state_dir: state.path().to_path_buf(),
+            containers: Vec::new(),
+        };
+        let found: Vec<Found> = plugin_containers(&args.plugin_state_dir);
+        assert_eq!(found.len(), 1, "only the started allocation: {found:?}");
+        let mut problems = Vec::new();
+        let readings = read_all(&found, &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        let node = view(
+            &readings,
+            &BTreeMap::new(),
+            Duration::ZERO,
+            &BTreeMap::new(),
+            problems,
+        );
+        assert_eq!(node.cards.len(), 1);
+        assert_eq!(node.cards[0].uuid, uuid);
+        let row = &node.cards[0].containers[0];
+        assert_eq!(row.source, "plugin");
+        assert_eq!(row.namespace.as_deref(), Some("team-a"));
+        assert_eq!(row.pod.as_deref(), Some("trainer"));
+        assert_eq!(row.memory_limit_bytes, Some(2 << 30));
+        assert_eq!(row.core_limit, Some(25));
+        assert!(render(&node).contains("team-a/trainer/main"));
+    }
+
+    #[test]
     fn the_table_shows_each_card_and_its_containers() {
         let view = NodeView {
             cards: vec![CardRow {
