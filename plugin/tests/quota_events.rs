@@ -13,20 +13,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{CORE, MEMORY, Plugin, TestKubelet, config_of, host_path_of, http_get};
+use common::{
+    CORE, MEMORY, Plugin, TestKubelet, config_of, host_path_of, http_get, metric_value as value,
+};
 use serde_json::{Value, json};
 use vgpu_common::process::Identity;
 use vgpu_common::region::Region;
 use vgpu_kube::standin::StandInApiServer;
 use vgpu_plugin::devices::FakeSource;
-
-fn value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
-}
 
 async fn events_within(server: &StandInApiServer, count: usize, within: Duration) -> Vec<Value> {
     let deadline = Instant::now() + within;
