@@ -1,5 +1,6 @@
 //! `vgpu`: run a program under a GPU quota (`run`), assemble a driver folder of the
-//! shims (`install`), show what a process sees (`probe`, `smi`).
+//! shims (`install`), show what a process sees (`probe`, `smi`), and the node's view
+//! by card and container (`top`).
 
 mod artifacts;
 mod coordinate;
@@ -8,6 +9,7 @@ mod pidns;
 mod probe;
 mod run;
 mod smi;
+mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -33,6 +35,9 @@ enum Command {
     Probe(probe::ProbeArgs),
     /// Render an nvidia-smi-like view through whatever libnvidia-ml.so.1 this process loads.
     Smi(smi::SmiArgs),
+    /// The node by card and by container: quota, memory used, busy share, throttled
+    /// time, refusals and processes, from the host's usage regions and card views.
+    Top(top::TopArgs),
 }
 
 fn main() {
@@ -42,6 +47,7 @@ fn main() {
         Command::Install(args) => install::run(&args).map(|()| None),
         Command::Probe(args) => probe::run(&args).map(|()| None),
         Command::Smi(args) => smi::run(&args).map(|()| None),
+        Command::Top(args) => top::run(&args).map(|()| None),
     };
     match result {
         Ok(Some(code)) => std::process::exit(code),

@@ -56,6 +56,11 @@ pub struct RunArgs {
     /// default it gets its own, as in a pod, and sees only its own processes).
     #[arg(long)]
     host_pid: bool,
+    /// The shims write one warning line to stderr at each allocation refused at the
+    /// quota (at most one a second per process), whatever VGPU_LOG says (the config's
+    /// `warn_on_refusal`).
+    #[arg(long)]
+    warn_on_refusal: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -318,6 +323,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             driver_dir: Some(plan.driver_dir.clone()),
             usage_region: Some(region_path.clone()),
             card_state_dir: compute.then(|| crate::coordinate::cards_dir(&host)),
+            warn_on_refusal: args.warn_on_refusal,
             devices,
             ..Config::default()
         };

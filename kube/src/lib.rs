@@ -8,6 +8,8 @@
 //!   consumable `cores` and `memory`) and the publisher that keeps them current;
 //! * [`claims`]: the reader of a ResourceClaim's allocation (this driver's results, their
 //!   consumed capacity, the pods it is reserved for);
+//! * [`events`]: Events (`events.k8s.io/v1`) on a tenant's pod (allocations refused at
+//!   its quota, over quota);
 //! * [`pods`]: the reader of gpu-manager's `tencent.com/vcuda-core-limit` pod annotation,
 //!   with a documented fallback when the API server cannot be reached;
 //! * `standin` (feature `standin`): a stand-in API server on loopback for tests.
@@ -16,6 +18,7 @@
 
 pub mod claims;
 pub mod client;
+pub mod events;
 pub mod pods;
 pub mod quantity;
 pub mod slices;

@@ -5,7 +5,9 @@
 //!   `watch=true` as a stream of watch events), `PUT|DELETE .../resourceslices/<name>`
 //!   (`resourceVersion` conflicts give 409, immutable fields 422);
 //! * `GET /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>`;
-//! * `GET /api/v1/namespaces/<ns>/pods/<name>`, `GET /api/v1/pods?fieldSelector=spec.nodeName=<node>`.
+//! * `GET /api/v1/namespaces/<ns>/pods/<name>`, `GET /api/v1/pods?fieldSelector=spec.nodeName=<node>`;
+//! * `POST /apis/events.k8s.io/v1/namespaces/<ns>/events` (409 for a name taken),
+//!   `GET` of the same path lists them.
 //!
 //! Every object written is parsed with k8s-openapi's type first (400 when it does not
 //! parse). Errors are `metav1.Status` bodies, as kube-rs expects. It is no
@@ -32,6 +34,7 @@ struct Store {
     slices: BTreeMap<String, Value>,
     claims: BTreeMap<(String, String), Value>,
     pods: BTreeMap<(String, String), Value>,
+    k8s_events: BTreeMap<(String, String), Value>,
     resource_version: u64,
     requests: Vec<String>,
     down: bool,
@@ -132,6 +135,11 @@ impl StandInApiServer {
                 .send(json!({"type": "DELETED", "object": object}));
         }
         removed.is_some()
+    }
+
+    /// The Events (`events.k8s.io/v1`) created so far, by namespace and name.
+    pub fn k8s_events(&self) -> Vec<Value> {
+        self.inner.store().k8s_events.values().cloned().collect()
     }
 
     /// Every request so far, as `METHOD path?query`.
@@ -368,12 +376,88 @@ async fn handle(inner: &Arc<Inner>, request: Request<Incoming>) -> Response<Body
                 .collect();
             list("PodList", store.resource_version, items)
         }
+        (Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", ns, "events"]) => {
+            create_event(inner, ns, &body)
+        }
+        (Method::GET, ["apis", "events.k8s.io", "v1", "namespaces", ns, "events"]) => {
+            let store = inner.store();
+            let items: Vec<Value> = store
+                .k8s_events
+                .iter()
+                .filter(|((namespace, _), _)| namespace == ns)
+                .map(|(_, event)| event.clone())
+                .collect();
+            full(
+                StatusCode::OK,
+                json!({
+                    "kind": "EventList", "apiVersion": "events.k8s.io/v1",
+                    "metadata": {"resourceVersion": store.resource_version.to_string()},
+                    "items": items,
+                }),
+            )
+        }
         (method, _) => status(
             StatusCode::NOT_FOUND,
             "NotFound",
             format!("the stand-in does not serve {method} {path}"),
         ),
     }
+}
+
+/// Creates an Event in `ns`: parsed as k8s-openapi's type, in the path's namespace,
+/// with a name (409 when taken), a `regarding` object, a `reason` and a `note` within
+/// the API server's 1 KiB.
+fn create_event(inner: &Arc<Inner>, ns: &str, body: &Bytes) -> Response<Body> {
+    use k8s_openapi::api::events::v1::Event;
+    let object: Value = match serde_json::from_slice(body) {
+        Ok(value) => value,
+        Err(err) => return status(StatusCode::BAD_REQUEST, "BadRequest", err.to_string()),
+    };
+    let event: Event = match serde_json::from_value(object.clone()) {
+        Ok(event) => event,
+        Err(err) => return status(StatusCode::BAD_REQUEST, "BadRequest", err.to_string()),
+    };
+    let name = event.metadata.name.clone().unwrap_or_default();
+    let problems: Vec<&str> = [
+        (name.is_empty(), "metadata.name: required"),
+        (
+            event.metadata.namespace.as_deref().is_some_and(|n| n != ns),
+            "metadata.namespace: does not match the request",
+        ),
+        (event.regarding.is_none(), "regarding: required"),
+        (event.reason.is_none(), "reason: required"),
+        (event.event_time.is_none(), "eventTime: required"),
+        (
+            event.note.as_ref().is_some_and(|note| note.len() > 1024),
+            "note: must have at most 1024 bytes",
+        ),
+        (
+            !matches!(event.type_.as_deref(), Some("Normal" | "Warning")),
+            "type: must be Normal or Warning",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(bad, why)| bad.then_some(why))
+    .collect();
+    if !problems.is_empty() {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            problems.join("; "),
+        );
+    }
+    let mut store = inner.store();
+    let key = (ns.to_string(), name.clone());
+    if store.k8s_events.contains_key(&key) {
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("events.events.k8s.io \"{name}\" already exists"),
+        );
+    }
+    let object = stamp(&mut store, object);
+    store.k8s_events.insert(key, object.clone());
+    full(StatusCode::CREATED, object)
 }
 
 fn write_slice(inner: &Arc<Inner>, name: Option<&str>, body: &Bytes) -> Response<Body> {

@@ -357,6 +357,10 @@ struct Report {
     windows: Vec<f64>,
     /// Lines of mode-specific findings.
     notes: Vec<String>,
+    /// What the container's region counts of launches waiting for the limit, ns (the
+    /// counter block the host exports as `vgpu_container_throttled_seconds_total`), read
+    /// after the child exited; 0 where the caller does not read it.
+    container_throttled_ns: u64,
 }
 
 impl Report {
@@ -416,6 +420,7 @@ fn finish(child: std::process::Child) -> Report {
                     .map(|(_, note)| note.to_string())
             })
             .collect(),
+        container_throttled_ns: 0,
     }
 }
 
@@ -423,7 +428,11 @@ fn run_one(name: &str, quota: &str, role: Role) -> Report {
     let _serial = serial();
     let machine = Machine::new(name);
     let config = machine.container("a", quota);
-    let report = finish(machine.spawn(&config, role));
+    let mut report = finish(machine.spawn(&config, role));
+    let region = config.with_file_name("usage.region");
+    report.container_throttled_ns = vgpu_common::snapshot::RegionSnapshot::read(&region)
+        .map(|copy| copy.counters(0).throttled_ns)
+        .expect("the container's region");
     eprintln!(
         "{name}: {role:?} under `{}`: share {:.1}% (after warm-up {:.1}%), worst 100 ms {:.1}%, card busy {}%, {} launches, windows {:?}",
         quota.trim().replace('\n', ","),
@@ -456,6 +465,13 @@ fn hard_30_with_1ms_kernels_holds_30_percent() {
         report.region_busy_ns.abs_diff(timeline_ns) < 60_000_000,
         "region {} ns vs timeline {timeline_ns} ns",
         report.region_busy_ns
+    );
+    // Held to 30 % for 1 s, the launches waited most of the other 70 %; the container's
+    // counter outlives the process that waited.
+    assert!(
+        (300_000_000..=1_100_000_000).contains(&report.container_throttled_ns),
+        "throttled {} ns",
+        report.container_throttled_ns
     );
 }
 
@@ -539,6 +555,7 @@ fn no_limit_means_no_delay() {
         // would show as a drop far below this.
         let long = run_one(name, quota, Role::plain("k_1ms", 500));
         assert!(long.mean(1, usize::MAX) >= 95.0, "{long:?}");
+        assert_eq!(long.container_throttled_ns, 0, "nothing waited");
         // No launch call ever waits.
         let short = run_one(name, quota, Role::plain("k_100us", 500));
         assert!(

@@ -30,6 +30,9 @@
 //! api_server_url: null                    # plain HTTP, no credentials: tests only (default: in-cluster)
 //! check_foreign_plugins: true             # refuse to start beside another plugin of our resources
 //! config_watch_interval_ms: 2000          # how often the config file is checked for changes
+//! quota_events: true                      # a Kubernetes Event on the pod at its first refusal (and over quota)
+//! quota_event_interval_secs: 300          # then at most one Event per container and card this often
+//! warn_on_refusal_namespaces: []          # namespaces ("*": all) whose containers' shims print a line at each refusal
 //! ```
 //!
 //! A change of the config file makes the running plugin exit cleanly, so kubelet
@@ -166,6 +169,17 @@ pub struct PluginConfig {
     pub check_foreign_plugins: bool,
     /// How often the config file is read again to notice a change.
     pub config_watch_interval_ms: u64,
+    /// `quota_events`: write a Kubernetes Event (`events.k8s.io/v1`) on a container's pod
+    /// at its first allocation refused at the memory quota, and when it is found over
+    /// its quota ([`crate::quota_watch`]).
+    pub quota_events: bool,
+    /// `quota_event_interval_secs`: after the first, at most one Event per container,
+    /// card and reason this often (the Event says how many refusals it covers).
+    pub quota_event_interval_secs: u64,
+    /// `warn_on_refusal_namespaces`: the namespaces (`"*"`: every one) whose containers
+    /// get `warn_on_refusal: true` in their quota config, so their shims write one
+    /// stderr line at each refusal (at most one a second) whatever `VGPU_LOG` says.
+    pub warn_on_refusal_namespaces: Vec<String>,
 }
 
 impl Default for PluginConfig {
@@ -200,6 +214,9 @@ impl Default for PluginConfig {
             dev_root: PathBuf::from("/dev"),
             check_foreign_plugins: true,
             config_watch_interval_ms: 2000,
+            quota_events: true,
+            quota_event_interval_secs: 300,
+            warn_on_refusal_namespaces: Vec::new(),
         }
     }
 }
@@ -224,6 +241,13 @@ impl PluginConfig {
         let text = std::fs::read_to_string(path)
             .map_err(|err| anyhow::anyhow!("cannot read {}: {err}", path.display()))?;
         PluginConfig::from_yaml(&text, path)
+    }
+
+    /// Whether the containers of `namespace` get the shims' refusal warning line.
+    pub fn warns_on_refusal(&self, namespace: &str) -> bool {
+        self.warn_on_refusal_namespaces
+            .iter()
+            .any(|name| name == "*" || name == namespace)
     }
 
     fn validate(&self) -> Result<(), String> {

@@ -253,7 +253,11 @@ fn hard_link_over(target: &Path, at: &Path) -> anyhow::Result<()> {
 /// Writes the config and a fresh region of the plan's allocation, makes every alias
 /// folder hold the same two files, and links the container's folder to it.
 pub fn write_prestart(config: &PluginConfig, plan: &PreStartPlan) -> anyhow::Result<PathBuf> {
-    let quota = container_config(&plan.devices, &plan.allocation_id);
+    let mut quota = container_config(&plan.devices, &plan.allocation_id);
+    quota.warn_on_refusal = plan
+        .owner
+        .as_ref()
+        .is_some_and(|owner| config.warns_on_refusal(&owner.namespace));
     quota
         .validate()
         .map_err(|message| anyhow::anyhow!("the computed config is invalid: {message}"))?;

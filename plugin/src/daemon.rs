@@ -4,7 +4,8 @@
 //! registering), watch that folder (kubelet deletes plugin sockets when it restarts:
 //! the socket is re-created and registered again; a new kubelet.sock also triggers
 //! re-registration), probe health, collect garbage, follow every usage region once a
-//! second (host PIDs, running totals), serve metrics and `/healthz`, and on stop
+//! second (host PIDs, running totals; refusals and Events: [`crate::quota_watch`]),
+//! serve metrics and `/healthz`, and on stop
 //! remove the sockets.
 
 use std::net::SocketAddr;
@@ -388,6 +389,15 @@ pub async fn start(
         usage.clone(),
         stop_receiver.clone(),
     )));
+    {
+        let shared_list = shared.clone();
+        background.push(tokio::spawn(crate::quota_watch::run(
+            Arc::new(move || crate::quota_watch::plugin_containers(&shared_list)),
+            shared.quota.clone(),
+            crate::quota_watch::Settings::of(&config),
+            stop_receiver.clone(),
+        )));
+    }
     background.push(tokio::spawn(coordination::run(
         config.state_dir.clone(),
         config.nvml_library.clone(),

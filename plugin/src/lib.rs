@@ -49,6 +49,7 @@ pub mod layout;
 pub mod metrics;
 pub mod persist;
 pub mod proto;
+pub mod quota_watch;
 pub mod reload;
 pub mod serve;
 pub mod service;

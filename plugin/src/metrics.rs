@@ -10,7 +10,11 @@
 //!   card), `vgpu_container_memory_used_bytes`, `vgpu_container_processes`, and the
 //!   counters `vgpu_container_kernel_launches_total` and
 //!   `vgpu_container_gpu_busy_seconds_total`, running totals that never drop when a
-//!   process exits ([`crate::usage`]);
+//!   process exits ([`crate::usage`]); and what the quota did, from the region's
+//!   container-wide counters ([`QuotaFamilies`], totals in [`crate::quota_watch`]):
+//!   `vgpu_container_memory_refusals_total`, `vgpu_container_memory_refused_bytes_total`,
+//!   `vgpu_container_throttled_seconds_total`, `vgpu_container_memory_over_quota_total`;
+//!   the memory limit of a container without one is the card's memory, never 0;
 //! * `vgpu_build_info{version, commit}` (always 1) and `vgpu_plugin_events_total{event}`.
 //!
 //! A scrape copies what it needs from the allocator under its lock and releases it
@@ -38,7 +42,8 @@ use crate::service::Shared;
 use crate::state::Owner;
 use crate::usage::UsageTotals;
 
-type Labels = Vec<(String, String)>;
+/// The labels of a series, in order.
+pub type Labels = Vec<(String, String)>;
 
 fn gauge_family(registry: &mut Registry, name: &str, help: &str) -> Family<Labels, Gauge> {
     let family = Family::<Labels, Gauge>::default();
@@ -50,6 +55,60 @@ fn counter_family(registry: &mut Registry, name: &str, help: &str) -> Family<Lab
     let family = Family::<Labels, Counter>::default();
     registry.register(name, help, family.clone());
     family
+}
+
+/// The series of what the quota did to a container on a card, from its region's
+/// counter block: one registration, one `record` per container and card. The DRA
+/// driver's exporter registers the same families.
+pub struct QuotaFamilies {
+    refusals: Family<Labels, Counter>,
+    refused_bytes: Family<Labels, Counter>,
+    throttled: Family<Labels, Counter<f64, AtomicU64>>,
+    over_quota: Family<Labels, Counter>,
+}
+
+impl QuotaFamilies {
+    /// Registers the four families in `registry` (prefix `vgpu` there).
+    pub fn register(registry: &mut Registry) -> QuotaFamilies {
+        let throttled = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "container_throttled_seconds",
+            "Time the container's kernel launches waited for its compute limit, all its processes so far",
+            throttled.clone(),
+        );
+        QuotaFamilies {
+            refusals: counter_family(
+                registry,
+                "container_memory_refusals",
+                "Allocations refused at the container's memory quota (CUDA_ERROR_OUT_OF_MEMORY from the shim)",
+            ),
+            refused_bytes: counter_family(
+                registry,
+                "container_memory_refused_bytes",
+                "Bytes the refused allocations asked for",
+            ),
+            throttled,
+            over_quota: counter_family(
+                registry,
+                "container_memory_over_quota",
+                "Times the container was found holding more than its memory quota (driver reservations, NVML reconciliation)",
+            ),
+        }
+    }
+
+    /// Sets the series of `labels` to the running totals `totals`.
+    pub fn record(&self, labels: &Labels, totals: &vgpu_common::region::QuotaCounters) {
+        self.refusals.get_or_create(labels).inc_by(totals.refusals);
+        self.refused_bytes
+            .get_or_create(labels)
+            .inc_by(totals.refused_bytes);
+        self.throttled
+            .get_or_create(labels)
+            .inc_by(totals.throttled_ns as f64 / 1e9);
+        self.over_quota
+            .get_or_create(labels)
+            .inc_by(totals.over_quota);
+    }
 }
 
 fn clamp(value: u64) -> i64 {
@@ -144,7 +203,7 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
     let memory_limit = gauge_family(
         &mut registry,
         "container_memory_limit_bytes",
-        "Memory limit of the container on the card (0: whole card)",
+        "Memory limit of the container on the card (the card's memory when it has no limit of its own)",
     );
     let core_limit = gauge_family(
         &mut registry,
@@ -173,6 +232,12 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
         busy.clone(),
     );
     let plugin = counter_family(&mut registry, "plugin_events", "Plugin events by kind");
+    let quota_families = QuotaFamilies::register(&mut registry);
+    let card_memory_of: BTreeMap<&str, u64> = cards
+        .iter()
+        .map(|card| (card.uuid.as_str(), card.memory_total))
+        .collect();
+    let known_ids = known.clone();
 
     build_info
         .get_or_create(&vec![
@@ -209,17 +274,32 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
             }) else {
                 continue;
             };
-            memory_limit
-                .get_or_create(&labels)
-                .set(clamp(quota.memory_limit.map_or(0, |limit| limit.bytes())));
+            // No limit of its own: the whole card (a used/limit ratio never divides by
+            // zero).
+            let whole_card = card_memory_of.get(uuid.as_str()).copied().unwrap_or(0);
+            memory_limit.get_or_create(&labels).set(clamp(
+                quota.memory_limit.map_or(whole_card, |limit| limit.bytes()),
+            ));
             core_limit
                 .get_or_create(&labels)
                 .set(i64::from(quota.core_limit.unwrap_or(CORES_PER_CARD)));
+            let snapshot = observed.as_ref().map(|(snapshot, _, _)| snapshot);
             if let Some((snapshot, live, _)) = &observed {
                 let used = snapshot.device_used(position);
                 memory_used.get_or_create(&labels).set(clamp(used));
                 *used_per_card.entry(uuid.clone()).or_default() += used;
                 processes.get_or_create(&labels).set(live.len() as i64);
+            }
+            let quota_totals = match snapshot {
+                Some(snapshot) => Some(shared.quota.observe(
+                    &row.id,
+                    position,
+                    snapshot.counters(position),
+                )),
+                None => shared.quota.totals(&row.id, position),
+            };
+            if let Some(quota_totals) = quota_totals {
+                quota_families.record(&labels, &quota_totals);
             }
             if let Some(total) = totals.get(position) {
                 launches.get_or_create(&labels).inc_by(total.launches);
@@ -228,6 +308,7 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
             }
         }
     }
+    shared.quota.retain(&known_ids);
     for card in &cards {
         let labels: Labels = vec![
             ("UUID".into(), card.uuid.clone()),

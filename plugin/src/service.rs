@@ -42,6 +42,8 @@ pub struct Shared {
     pub(crate) counters: Counters,
     /// The pods' `tencent.com/vcuda-core-limit`, read at PreStart.
     pub(crate) ceilings: crate::annotations::PodCeilings,
+    /// The running totals of the containers' quota counters (refusals, throttling).
+    pub quota: Arc<crate::quota_watch::QuotaTotals>,
 }
 
 /// Seconds since the epoch.
@@ -59,6 +61,7 @@ impl Shared {
             health: watch::Sender::new(0),
             counters: Counters::default(),
             ceilings: crate::annotations::PodCeilings::new(&config),
+            quota: Arc::default(),
             config,
         })
     }

@@ -8,6 +8,7 @@
 //! card_state_dir: /etc/vgpu/cards            # the host's per-card compute views, read-only (optional)
 //! memory_oversubscribe: false                # see the README before turning this on
 //! utilization_scale: limit                   # `limit` (30 cores busy reads 100%) or `card` (reads 30%)
+//! warn_on_refusal: false                     # one stderr line per refusal (at most one a second), whatever VGPU_LOG says
 //! devices:
 //!   - uuid: GPU-5e0f0c5a-...                 # or `index: 0` (host index)
 //!     memory_limit: 7680MiB                  # bytes, or a number with a unit
@@ -171,6 +172,12 @@ pub struct Config {
     /// How NVML's utilization is scaled for the container.
     #[serde(default)]
     pub utilization_scale: UtilizationScale,
+    /// The shims write one warning line to stderr when they refuse an allocation at the
+    /// quota (the quota, the size asked, what the container holds; at most one line a
+    /// second per process), whatever `VGPU_LOG` says. The device plugin sets it for the
+    /// namespaces its `warn_on_refusal_namespaces` names.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warn_on_refusal: bool,
     /// The devices the container may use, in the order it sees them.
     #[serde(default)]
     pub devices: Vec<DeviceQuota>,

@@ -2,11 +2,14 @@
 //! written by every CUDA process of the container (through libcuda-shim) and read by
 //! the NVML shim and the host daemon.
 //!
-//! Layout (version 2), all little-endian, fixed size:
-//! - a 4 KiB header: magic, version, a layout fingerprint, the length, the devices and
-//!   their limits, a checksum over those fields, and per device a block of 16 words
+//! Layout (version 3), all little-endian, fixed size:
+//! - an 8 KiB header: magic, version, a layout fingerprint, the length, the devices and
+//!   their limits, a checksum over those fields, per device a block of 16 words
 //!   reserved for the compute limiter's container-wide state
-//!   ([`Region::container_limiter`]);
+//!   ([`Region::container_limiter`]), and per device a block of 8 container-wide
+//!   counters of what the quota did to the container ([`counter`]: refusals, bytes
+//!   refused, time launches waited, times over quota), which outlive the processes that
+//!   bump them;
 //! - `MAX_SLOTS` process slots, one cache-line-aligned record each, holding the owner
 //!   (PID, state), its start time and PID namespace, per-device counters, and per device
 //!   4 words reserved for the limiter's per-process state ([`Region::slot_limiter`]).
@@ -41,13 +44,53 @@ use crate::snapshot::RegionSnapshot;
 /// Process slots per container.
 pub const MAX_SLOTS: usize = 256;
 /// Layout version; bump on any change of the structs below.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Words of the limiter's container-wide block, per device.
 pub const CONTAINER_LIMITER_WORDS: usize = 16;
 /// Words of the limiter's per-process block, per device.
 pub const SLOT_LIMITER_WORDS: usize = 4;
+/// Words of the container-wide counter block, per device (see [`counter`]).
+pub const COUNTER_WORDS: usize = 8;
+
+/// What the words of the container-wide counter block mean, per device
+/// ([`Region::count_refusal`], [`Region::add_throttled`], [`Region::count_over_quota`];
+/// readers: [`QuotaCounters`]). Each is bumped with one relaxed atomic add by whichever
+/// process of the container saw the event, so they count for the container, survive
+/// the exit of the process that bumped them, and are zero only in a new region. A
+/// tenant can write anything into them: readers clamp every word to [`MAX_COUNT`] and
+/// the host's running totals never step back ([`QuotaCounters::fold`]).
+pub mod counter {
+    /// Allocations refused at the memory quota.
+    pub const REFUSALS: usize = 0;
+    /// Bytes those refusals asked for, in all.
+    pub const REFUSED_BYTES: usize = 1;
+    /// Nanoseconds the container's launches waited for the compute limit, in all.
+    pub const THROTTLED_NS: usize = 2;
+    /// Times the container was found holding more than its quota: what the driver
+    /// reserved on its own (module data, heap, stack) or a reconciliation with NVML's
+    /// figure put it over, though no hooked allocation passed it.
+    pub const OVER_QUOTA: usize = 3;
+    /// The size of the latest refused allocation, bytes.
+    pub const LAST_ASKED: usize = 4;
+    /// What the container held on the device at the latest refusal, bytes.
+    pub const LAST_HELD: usize = 5;
+    /// Times the host (the coordinator's NVML reconciliation) found the container over
+    /// its quota. Written by the host alone, with file I/O
+    /// ([`crate::snapshot::count_over_quota_by_io`]): one writer, so its
+    /// read-modify-write loses nothing. Readers add it to [`OVER_QUOTA`].
+    pub const HOST_OVER_QUOTA: usize = 6;
+}
+
+/// Byte offset of counter `word` of `device` in the file (for `pread`/`pwrite` by the
+/// host); `None` out of range.
+pub(crate) fn counter_offset(device: usize, word: usize) -> Option<u64> {
+    (device < MAX_DEVICES && word < COUNTER_WORDS).then(|| {
+        (std::mem::offset_of!(Header, counters)
+            + (device * COUNTER_WORDS + word) * std::mem::size_of::<u64>()) as u64
+    })
+}
 const MAGIC: [u8; 8] = *b"VGPUREG\0";
-const HEADER_LEN: usize = 4096;
+const HEADER_LEN: usize = 8192;
 const UUID_LEN: usize = 96;
 
 const STATE_FREE: u64 = 0;
@@ -90,7 +133,13 @@ pub(crate) struct Header {
     devices: [DeviceRecord; MAX_DEVICES],
     /// Reserved for the compute limiter: its container-wide words, per device.
     limiter: LimiterBlock,
+    /// The container-wide counters ([`counter`]), per device.
+    counters: CounterBlock,
 }
+
+/// The header's counter words, cache-line aligned.
+#[repr(C, align(64))]
+struct CounterBlock([[AtomicU64; COUNTER_WORDS]; MAX_DEVICES]);
 
 /// The header's limiter words, cache-line aligned.
 #[repr(C, align(64))]
@@ -195,6 +244,8 @@ const fn layout_fingerprint() -> u64 {
         std::mem::offset_of!(Slot, limiter) as u64,
         CONTAINER_LIMITER_WORDS as u64,
         SLOT_LIMITER_WORDS as u64,
+        std::mem::offset_of!(Header, counters) as u64,
+        COUNTER_WORDS as u64,
     ];
     let mut hash = FNV_OFFSET;
     let mut i = 0;
@@ -278,6 +329,61 @@ pub struct ProcessUsage {
     pub busy_ns: Vec<u64>,
     /// Kernel launches, per device.
     pub launches: Vec<u64>,
+}
+
+/// A container's counters on one device, as read from its region's counter block
+/// ([`counter`]); every word clamped to [`MAX_COUNT`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QuotaCounters {
+    /// Allocations refused at the memory quota.
+    pub refusals: u64,
+    /// Bytes those refusals asked for.
+    pub refused_bytes: u64,
+    /// Nanoseconds launches waited for the compute limit.
+    pub throttled_ns: u64,
+    /// Times the container was found over its memory quota (by its shims, and by the
+    /// host).
+    pub over_quota: u64,
+    /// The size of the latest refused allocation.
+    pub last_asked: u64,
+    /// What the container held at the latest refusal.
+    pub last_held: u64,
+}
+
+impl QuotaCounters {
+    /// The four running totals (refusals, bytes refused, throttled time, over quota).
+    fn totals(self) -> [u64; 4] {
+        [
+            self.refusals,
+            self.refused_bytes,
+            self.throttled_ns,
+            self.over_quota,
+        ]
+    }
+
+    /// Folds a new reading `now` into running totals kept by a reader (`self`, with
+    /// `last` the reading it saw before): a word that went back (a rebuilt region, or a
+    /// tenant writing its file) starts counting again from its new value, so a total
+    /// never decreases. The `last_*` figures are taken from `now`.
+    pub fn fold(self, last: QuotaCounters, now: QuotaCounters) -> QuotaCounters {
+        let mut totals = self.totals();
+        for ((total, before), after) in totals.iter_mut().zip(last.totals()).zip(now.totals()) {
+            let grew = if after >= before {
+                after - before
+            } else {
+                after
+            };
+            *total = total.saturating_add(grew);
+        }
+        QuotaCounters {
+            refusals: totals[0],
+            refused_bytes: totals[1],
+            throttled_ns: totals[2],
+            over_quota: totals[3],
+            last_asked: now.last_asked,
+            last_held: now.last_held,
+        }
+    }
 }
 
 /// The largest count any reader takes from a region (1 PiB, or 2^50 ns or launches):
@@ -1105,6 +1211,22 @@ pub(crate) trait RegionBytes {
             .fold(0u64, u64::saturating_add)
     }
 
+    /// The container's counters on `device` (zeros out of range), each word clamped.
+    fn counters(&self, device: usize) -> QuotaCounters {
+        let Some(block) = self.header().counters.0.get(device) else {
+            return QuotaCounters::default();
+        };
+        QuotaCounters {
+            refusals: count(&block[counter::REFUSALS]),
+            refused_bytes: count(&block[counter::REFUSED_BYTES]),
+            throttled_ns: count(&block[counter::THROTTLED_NS]),
+            over_quota: count(&block[counter::OVER_QUOTA])
+                .saturating_add(count(&block[counter::HOST_OVER_QUOTA])),
+            last_asked: count(&block[counter::LAST_ASKED]),
+            last_held: count(&block[counter::LAST_HELD]),
+        }
+    }
+
     /// A copy of the limiter's container-wide words for `device` (zeros out of range).
     fn container_limiter_words(&self, device: usize) -> [u64; CONTAINER_LIMITER_WORDS] {
         let mut words = [0; CONTAINER_LIMITER_WORDS];
@@ -1175,6 +1297,43 @@ impl Region {
     /// Every live process and its counters.
     pub fn processes(&self) -> Vec<ProcessUsage> {
         RegionBytes::processes(self)
+    }
+
+    /// The container's counters on `device`.
+    pub fn counters(&self, device: usize) -> QuotaCounters {
+        RegionBytes::counters(self, device)
+    }
+
+    fn counter_block(&self, device: usize) -> Option<&[AtomicU64; COUNTER_WORDS]> {
+        self.header().counters.0.get(device)
+    }
+
+    /// Counts an allocation of `asked` bytes refused at the quota on `device`, while the
+    /// container held `held`: four relaxed atomic operations on the header (the refusal
+    /// path only).
+    pub fn count_refusal(&self, device: usize, asked: u64, held: u64) {
+        if let Some(block) = self.counter_block(device) {
+            block[counter::REFUSALS].fetch_add(1, Ordering::Relaxed);
+            block[counter::REFUSED_BYTES].fetch_add(asked, Ordering::Relaxed);
+            block[counter::LAST_ASKED].store(asked, Ordering::Relaxed);
+            block[counter::LAST_HELD].store(held, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds `waited_ns` that a launch waited for the compute limit on `device` (one
+    /// relaxed atomic add; the limiter calls it only after it has slept).
+    pub fn add_throttled(&self, device: usize, waited_ns: u64) {
+        if let Some(block) = self.counter_block(device) {
+            block[counter::THROTTLED_NS].fetch_add(waited_ns, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one finding that the container holds more than its quota on `device`
+    /// (driver reservations, or NVML's figure reconciled past it).
+    pub fn count_over_quota(&self, device: usize) {
+        if let Some(block) = self.counter_block(device) {
+            block[counter::OVER_QUOTA].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The compute limiter's container-wide words for `device` (its own meaning; zero in
@@ -1616,10 +1775,86 @@ mod tests {
     }
 
     #[test]
-    fn layout_version_2_sizes() {
-        assert_eq!(VERSION, 2);
+    fn counters_outlive_the_process_and_survive_a_new_quota() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        let slot = region.attach(&process::current()).expect("attach");
+        region.count_refusal(0, 512 << 20, 900 << 20);
+        region.count_refusal(0, 256 << 20, 1000 << 20);
+        region.add_throttled(0, 1_500_000);
+        region.count_over_quota(0);
+        // Out of range: nothing, and no panic.
+        region.count_refusal(MAX_DEVICES, 1, 1);
+        region.add_throttled(MAX_DEVICES + 3, 1);
+        region.detach(slot);
+        let expected = QuotaCounters {
+            refusals: 2,
+            refused_bytes: 768 << 20,
+            throttled_ns: 1_500_000,
+            over_quota: 1,
+            last_asked: 256 << 20,
+            last_held: 1000 << 20,
+        };
+        assert_eq!(region.counters(0), expected, "kept after the process left");
+        let copy = crate::snapshot::RegionSnapshot::read(&path).expect("copy");
+        assert_eq!(copy.counters(0), expected, "the host reads the same");
+        assert_eq!(copy.counters(1), QuotaCounters::default());
+        assert_eq!(copy.counters(MAX_DEVICES), QuotaCounters::default());
+        let mut bigger = devices();
+        bigger[0].memory_limit = 2 << 30;
+        assert_eq!(
+            Region::create_file(&path, &bigger).expect("new quota"),
+            OpenOutcome::LimitsUpdated
+        );
+        assert_eq!(region.counters(0), expected, "a new quota keeps them");
+    }
+
+    #[test]
+    fn hostile_counters_are_clamped_and_running_totals_never_step_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        for word in region.header().counters.0[0].iter() {
+            word.store(u64::MAX, Ordering::SeqCst);
+        }
+        let read = region.counters(0);
+        assert_eq!(read.refusals, MAX_COUNT);
+        assert_eq!(read.last_held, MAX_COUNT);
+        let reading = |refusals, bytes| QuotaCounters {
+            refusals,
+            refused_bytes: bytes,
+            ..QuotaCounters::default()
+        };
+        let mut total = QuotaCounters::default();
+        let mut last = QuotaCounters::default();
+        for now in [
+            reading(3, 300),
+            reading(5, 500),
+            reading(1, 100),
+            reading(2, 250),
+        ] {
+            total = total.fold(last, now);
+            last = now;
+        }
+        // 3, +2, reset to 1 (+1), +1: 7 refusals; 300 +200 +100 +150 bytes.
+        assert_eq!(total.refusals, 7);
+        assert_eq!(total.refused_bytes, 750);
+        let huge = reading(MAX_COUNT, MAX_COUNT);
+        let mut saturated = QuotaCounters {
+            refusals: u64::MAX - 1,
+            ..QuotaCounters::default()
+        };
+        saturated = saturated.fold(QuotaCounters::default(), huge);
+        assert_eq!(saturated.refusals, u64::MAX, "saturates, never wraps");
+    }
+
+    #[test]
+    fn layout_version_3_sizes() {
+        assert_eq!(VERSION, 3);
         assert_eq!(std::mem::size_of::<Slot>() % 64, 0);
         assert_eq!(std::mem::offset_of!(Header, limiter) % 64, 0);
+        assert_eq!(std::mem::offset_of!(Header, counters) % 64, 0);
         assert_eq!(
             REGION_LEN,
             HEADER_LEN + MAX_SLOTS * std::mem::size_of::<Slot>()

@@ -120,6 +120,12 @@ impl RegionSnapshot {
         RegionBytes::processes(self)
     }
 
+    /// The container's counters on `device` (refusals, bytes refused, throttled time,
+    /// times over quota), as the copy says (zeros out of range; each word clamped).
+    pub fn counters(&self, device: usize) -> crate::region::QuotaCounters {
+        RegionBytes::counters(self, device)
+    }
+
     /// The compute limiter's container-wide words for `device`, as the copy says (zeros
     /// for a device of `MAX_DEVICES` or more).
     pub fn container_limiter(&self, device: usize) -> [u64; CONTAINER_LIMITER_WORDS] {
@@ -187,6 +193,31 @@ pub fn write_host_pid(path: &Path, slot: usize, host_pid: i32) -> Result<(), Reg
         })
 }
 
+/// Counts one finding by the host that the container of the region at `path` holds
+/// more than its quota on `device` (the coordinator's reconciliation with NVML): reads
+/// and rewrites the host's own counter word ([`crate::region::counter::HOST_OVER_QUOTA`])
+/// with `pread`/`pwrite`, never mapping the tenant's file. Returns the new count. Only
+/// one host writer per region (the coordinator that owns it), so nothing is lost.
+pub fn count_over_quota_by_io(path: &Path, device: usize) -> Result<u64, RegionError> {
+    let offset = crate::region::counter_offset(device, crate::region::counter::HOST_OVER_QUOTA)
+        .ok_or_else(|| RegionError::Invalid {
+            path: path.to_path_buf(),
+            reason: format!("device {device} out of range"),
+        })?;
+    let file = open_regular(path, true, REGION_LEN)?;
+    let io = |source| RegionError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut word = [0u8; 8];
+    file.read_exact_at(&mut word, offset).map_err(io)?;
+    let next = u64::from_le_bytes(word)
+        .min(crate::region::MAX_COUNT)
+        .saturating_add(1);
+    file.write_all_at(&next.to_le_bytes(), offset).map_err(io)?;
+    Ok(next)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,6 +231,30 @@ mod tests {
             core_limit: 30,
             core_mode: 0,
         }]
+    }
+
+    #[test]
+    fn the_host_counts_over_quota_by_io_beside_the_shims_count() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r");
+        let (region, _) = Region::open(&path, &devices()).expect("open");
+        region.count_over_quota(0);
+        assert_eq!(count_over_quota_by_io(&path, 0).expect("bump"), 1);
+        assert_eq!(count_over_quota_by_io(&path, 0).expect("bump"), 2);
+        assert!(count_over_quota_by_io(&path, crate::config::MAX_DEVICES).is_err());
+        assert_eq!(
+            region.counters(0).over_quota,
+            3,
+            "the shim's 1 and the host's 2"
+        );
+        assert_eq!(
+            RegionSnapshot::read(&path)
+                .expect("copy")
+                .counters(0)
+                .over_quota,
+            3
+        );
+        assert!(count_over_quota_by_io(&dir.path().join("missing"), 0).is_err());
     }
 
     #[test]

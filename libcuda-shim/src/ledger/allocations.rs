@@ -44,6 +44,24 @@ pub fn charged_size(bytes: u64) -> u64 {
     }
 }
 
+/// Bytes as MiB with one decimal, for the warning line.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+}
+
+/// Whether this process may write another refusal warning: at most one a second (one
+/// atomic load, and a compare-and-swap when due).
+fn warning_due() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_NS: AtomicU64 = AtomicU64::new(0);
+    let now = vgpu_common::clock::monotonic_ns().max(1);
+    let last = LAST_NS.load(Ordering::Relaxed);
+    (last == 0 || now.saturating_sub(last) >= 1_000_000_000)
+        && LAST_NS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
 impl Enforcer {
     /// Reserves `charge` bytes on the device `target` names, runs `allocate` (the real
     /// call), and on success hands the reservation to `commit` (which remembers what will
@@ -107,12 +125,33 @@ impl Enforcer {
         if self.reserve_making_room(slot, device, bytes, &mut process.pools()) {
             return Ok(ticket);
         }
-        debug!(
-            "refused {bytes} bytes on {}: {} used of {limit}",
-            device.uuid,
-            self.region.device_used(index)
-        );
+        self.refused(device, bytes, limit);
         Err(CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// Says that an allocation of `asked` bytes on `device` was refused at `limit`: the
+    /// container's counters in the region (read by the host: metrics, Events), a debug
+    /// line, and, when the config asks for it (`warn_on_refusal`), one warning line on
+    /// stderr at most every second per process. Only on the refusal path.
+    pub(crate) fn refused(&self, device: &Visible, asked: u64, limit: u64) {
+        let held = self.region.device_used(device.region_index);
+        self.region.count_refusal(device.region_index, asked, held);
+        debug!(
+            "refused {asked} bytes on {}: {held} used of {limit}",
+            device.uuid
+        );
+        if self.config.warn_on_refusal && warning_due() {
+            runtime::notice(
+                "cuda",
+                format_args!(
+                    "CUDA_ERROR_OUT_OF_MEMORY: refused {} on {} by the container's memory quota of {} (it holds {}; the card may have room, the quota has not)",
+                    mib(asked),
+                    device.uuid,
+                    mib(limit),
+                    mib(held)
+                ),
+            );
+        }
     }
 
     /// Remembers a successful allocation so that its free credits it back.

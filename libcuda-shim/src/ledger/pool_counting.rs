@@ -141,11 +141,8 @@ impl Enforcer {
         } else if pool_has_room(pool, bytes) {
             0
         } else {
-            debug!(
-                "refused {bytes} bytes from pool {pool:#x} on {}: {} used of {limit}",
-                device.uuid,
-                self.region.device_used(index)
-            );
+            debug!("refusing {bytes} bytes from pool {pool:#x}");
+            self.refused(device, bytes, limit);
             return CUDA_ERROR_OUT_OF_MEMORY;
         };
         let result = allocate();
@@ -160,6 +157,7 @@ impl Enforcer {
         let ptr = pointer();
         if grew > held as i128 && self.region.device_used(index) > limit {
             debug!("pool {pool:#x} grew by {grew} bytes for {bytes}, past the quota: undone");
+            self.refused(device, bytes, limit);
             undo(ptr);
             RealPools.trim(pool);
             self.apply(slot, pools.settle(pool, &RealPools));

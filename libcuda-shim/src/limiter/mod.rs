@@ -815,6 +815,9 @@ impl DeviceLimiter {
             if let Some(words) = self.mine {
                 words[slot_words::WAITED_NS].fetch_add(sleep, Ordering::Relaxed);
             }
+            // The container's own total (the region's counter block), which outlives
+            // this process: one relaxed add, beside a sleep of at least MIN_SLEEP_NS.
+            self.region.add_throttled(self.visible.region_index, sleep);
             trace::count(Counter::Waits);
             trace::add(Counter::WaitedNs, sleep);
             self.stamp_active(now);

@@ -357,3 +357,50 @@ pub fn assert_container_saw_its_quota(config: &PluginConfig, stdout: &str, stder
         "PTX loads through the helper the layout mounts"
     );
 }
+
+/// A bundle in `root/<name>` that runs `args` (python3's executable first) over the
+/// host's `/usr` (an overlay, so runc may create mount targets), python's prefix, the
+/// repository's `tests/` at `/vgpu-tests`, then exactly `response`'s mounts, devices
+/// and env with `env`. Returns the bundle folder.
+pub fn python_bundle(
+    root: &Path,
+    name: &str,
+    response: &ContainerAllocateResponse,
+    env: &[String],
+    script_args: &[&str],
+) -> PathBuf {
+    let bundle = root.join(name);
+    let rootfs = bundle.join("rootfs");
+    for dir in ["rootfs", "upper", "overlay-work"] {
+        std::fs::create_dir_all(bundle.join(dir)).expect("bundle dir");
+    }
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("sbin", "usr/sbin"),
+    ] {
+        std::os::unix::fs::symlink(target, rootfs.join(link)).expect("rootfs link");
+    }
+    let mut base = vec![
+        json!({ "destination": "/usr", "type": "overlay", "source": "overlay", "options": [
+            "lowerdir=/usr",
+            format!("upperdir={}", bundle.join("upper").display()),
+            format!("workdir={}", bundle.join("overlay-work").display()),
+        ]}),
+    ];
+    let (executable, prefix) = python();
+    if !prefix.starts_with("/usr") {
+        base.push(bind(&prefix.to_string_lossy(), &prefix, true));
+    }
+    base.push(bind("/vgpu-tests", &repo().join("tests"), true));
+    let mut args = vec![executable.to_string_lossy().into_owned()];
+    args.extend(script_args.iter().map(|arg| arg.to_string()));
+    let spec = runtime_spec(response, "rootfs", base, env, &args);
+    std::fs::write(
+        bundle.join("config.json"),
+        serde_json::to_vec_pretty(&spec).expect("json"),
+    )
+    .expect("config.json");
+    bundle
+}

@@ -535,6 +535,15 @@ pub fn config_of(admitted: &Admitted) -> vgpu_common::Config {
         .expect("container config")
 }
 
+/// A metric's value in a scrape, by name and the label text inside its braces.
+pub fn metric_value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// `GET path` on the plugin's metrics server: (status code, body).
 pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
