@@ -14,12 +14,13 @@
 #           the card's own per-process account (NVML, asked from the host) beside it;
 #   two     two hard containers at 30 / 60 and at 50 / 50 (fixed work, and spin);
 #   decode  the batch-1 decode loop (decode.py, PyTorch) beside a busy full-card
-#           neighbour: both bare (the card time-slicing), at 50 / 50 and at 70 / 30;
-#           max step never above twice the bare pair's;
+#           neighbour: both bare (the card time-slicing), at 50 / 50 and at 70 / 30
+#           (decode / neighbour); max step never above twice the bare pair's;
 #   launch  launch cost bare and under --cores 99, five interleaved pairs, driver API
-#           (streams.c) and runtime API (bench.cu, when nvcc is there), and one traced
-#           run of each (what the limiter did per launch).
-# About 75 s for the default parts on an H200, 40 s more for launch. SIMULATE=1 runs it
+#           (streams.c), and one traced run (what the limiter did per launch);
+#   cudart  the same through the runtime API (bench.cu, when nvcc is there).
+# Parts run in the order pairs, launch, decode, two. About 100 s for the default parts on
+# an H200, 60 s more for launch. SIMULATE=1 runs it
 # over the simulated driver (no decode, no NVML, no cudart).
 set -u
 PREFIX=${1:?usage: contention.sh PREFIX OUT}
@@ -42,7 +43,7 @@ STREAMS="$OUT/streams"
 if ! timeout 60 cc -O2 -o "$STREAMS" "$HERE/streams.c" -ldl -lpthread >"$LOGS/cc.log" 2>&1; then
     echo "cc streams.c failed" >&2; cat "$LOGS/cc.log" >&2; exit 2
 fi
-if has launch && [ "${SIMULATE:-0}" != 1 ] && command -v nvcc >/dev/null; then
+if has cudart && [ "${SIMULATE:-0}" != 1 ] && command -v nvcc >/dev/null; then
     ( timeout 120 nvcc -O2 -arch=sm_90 -o "$OUT/bench" "$HERE/../bench.cu" -lcuda >"$LOGS/nvcc.log" 2>&1 ) &
     NVCC=$!
 fi
@@ -83,9 +84,11 @@ probe() {
 }
 limit_s=$(( ${PAIR_S%.*} + 30 ))
 
-echo "== bare baselines" >&2
-as bare-f1ms "$limit_s" bare "$STREAMS" run f1ms "$PAIR_S"
-as bare-w1ms "$limit_s" bare "$STREAMS" run w1ms "$PAIR_S"
+if has pairs || has two; then
+    echo "== bare baselines" >&2
+    as bare-f1ms "$limit_s" bare "$STREAMS" run f1ms "$PAIR_S"
+    as bare-w1ms "$limit_s" bare "$STREAMS" run w1ms "$PAIR_S"
+fi
 
 # pair NAME KERNEL HOW_A HOW_B: two containers side by side, both busy, with windows
 pair() {
@@ -105,24 +108,6 @@ if has pairs; then
         done
     done
 fi
-if has two; then
-    echo "== two containers" >&2
-    for K in w1ms f1ms; do
-        pair "two30-60-$K" "$K" 30 60
-        pair "two50-50-$K" "$K" 50 50
-    done
-fi
-if has decode && [ "$HAVE_TORCH" = 1 ]; then
-    echo "== decode beside a busy neighbour" >&2
-    as decode-alone 60 bare python3 "$HERE/decode.py" 4
-    for split in bare:bare 50:50 70:30; do
-        d=${split%:*} n=${split#*:}
-        ( as "decode-$d-$n-neighbour" 60 "$n" "$STREAMS" run f1ms 6 ) &
-        sleep 1.5
-        as "decode-$d-$n" 60 "$d" python3 "$HERE/decode.py" 4
-        wait
-    done
-fi
 if has launch; then
     echo "== launch cost" >&2
     for i in 1 2 3 4 5; do
@@ -130,7 +115,12 @@ if has launch; then
         as "launch-99-$i" 60 99 "$STREAMS" launch 200000
     done
     VGPU_LIMITER_TRACE="$LOGS/launch-99-trace.trace.%p" as launch-99-trace 60 99 "$STREAMS" launch 200000
-    if [ -n "${NVCC:-}" ] && wait "$NVCC" && [ -x "$OUT/bench" ]; then
+fi
+if [ -n "${NVCC:-}" ]; then
+    # (A `wait` with no PID above may have reaped it already.)
+    wait "$NVCC" 2>/dev/null
+    if [ -x "$OUT/bench" ]; then
+        echo "== launch cost, runtime API" >&2
         for i in 1 2 3 4 5; do
             as "cudart-bare-$i" 60 bare "$OUT/bench" launch 200000
             as "cudart-99-$i" 60 99 "$OUT/bench" launch 200000
@@ -139,4 +129,21 @@ if has launch; then
     fi
 fi
 
+if has decode && [ "$HAVE_TORCH" = 1 ]; then
+    echo "== decode beside a busy neighbour" >&2
+    for split in bare:bare 50:50 70:30; do
+        d=${split%:*} n=${split#*:}
+        ( as "decode-$d-$n-neighbour" 60 "$n" "$STREAMS" run f1ms 12 ) &
+        sleep 1.5
+        as "decode-$d-$n" 60 "$d" python3 "$HERE/decode.py" 4
+        wait
+    done
+fi
+if has two; then
+    echo "== two containers" >&2
+    for K in w1ms f1ms; do
+        pair "two30-60-$K" "$K" 30 60
+        pair "two50-50-$K" "$K" 50 50
+    done
+fi
 timeout 60 python3 "$HERE/contention.py" "$OUT" "$PARTS"

@@ -5,7 +5,7 @@
 # 70, one container's two processes, launch cost, the decode loop and training, the
 # single-stream, graph, two-container and soft-mode checks. tests/gpu/limiter/run_limiter.sh
 # does the runs and judges them; each of its checks becomes one record here. Then issue
-# 25's (about 75 s; budget 150): hard containers beside soft and unlimited neighbours on
+# 25's (about 100 s; budget 150): hard containers beside soft and unlimited neighbours on
 # spin and fixed-work kernels, two containers at 30/60 and 50/50, the decode loop beside a
 # busy neighbour (tests/gpu/limiter/contention.sh), records `limiter contention-*`.
 section_limiter() {
