@@ -30,6 +30,7 @@
 //! started and nothing sleeps with a lock held.
 
 pub mod duty;
+mod sample;
 mod shared;
 mod tables;
 mod trace;
@@ -50,6 +51,7 @@ use crate::cuda::*;
 use crate::debug;
 use crate::hooks::capture;
 use crate::state::{Enforcer, Visible, enforcer, real};
+use sample::{CLOCK_REFRESH_NS, GpuClock, RelaxedCapture, Sample, destroy_events};
 use shared::Shared;
 use tables::{Estimates, Streams};
 use trace::Counter;
@@ -59,11 +61,14 @@ use trace::Counter;
 /// burst holds several rounds of kernels on concurrent streams (each round's ragged
 /// edge costs a little overlap), short enough for a 100 ms window to see the limit.
 const WINDOW_NS: u64 = 20_000_000;
-/// A launch held back by the limit waits until the bucket has refilled this much wall
-/// time's worth, so that all the container's streams resume together and overlap: with
-/// a trickle of budget, only one of them would get through at a time. Less than the
-/// window, so that oversleeping by up to a quarter of it loses nothing.
-const REFILL_NS: u64 = WINDOW_NS * 3 / 4;
+/// A launch held back by the limit waits until the bucket has refilled what a round of
+/// the container's launches needs (`duty::refill_ns`: four of its cost), so that all its
+/// streams resume together and overlap: with a trickle of budget, only one of them would
+/// get through at a time. At most this (less than the window, so that oversleeping by up
+/// to a quarter of it loses nothing), at least `MIN_SLEEP_NS`. A fixed refill of this
+/// much held a decode loop of short kernels for 15 ms whenever it ran into debt (18.5 ms
+/// steps on the H200, issue 25): a launch now waits for what its share needs.
+const MOST_REFILL_NS: u64 = WINDOW_NS * 3 / 4;
 /// How often a process publishes its activity and, in soft mode, reads the card view.
 const PUBLISH_NS: u64 = 20_000_000;
 /// The longest single sleep: rate changes and exit are noticed within this.
@@ -78,6 +83,14 @@ const FIRST_MEASURE_PATIENCE_NS: u64 = 2_000_000_000;
 /// sampled every launch): with launches of a few microseconds, one in eight would cost
 /// more in event calls than the launch itself.
 const MIN_SAMPLE_GAP_NS: u64 = 200_000;
+/// The gap once the kernel's estimate has settled (`SETTLED_SAMPLES` samples): its
+/// samples then move it by a sixteenth each, and a thousand a second per device still
+/// follow a change within milliseconds. A sample costs two `cuEventRecord`s (1.3-1.4 us
+/// each on the H200), a query and an elapsed-time call, about 3.5 us: at one per 200 us
+/// of 3-4 us launches that was 1.5-2 % of every launch, at one per ms it is 0.3-0.4 %.
+const SETTLED_SAMPLE_GAP_NS: u64 = 1_000_000;
+/// Samples after which a kernel's estimate counts as settled.
+const SETTLED_SAMPLES: u32 = 8;
 /// Finished samples are read at most this often.
 const SETTLE_EVERY_NS: u64 = 200_000;
 /// The activity word is written at most this often.
@@ -216,7 +229,7 @@ fn limited_launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult)
         .estimates
         .count_launch(work.key(), sample_open, duty::sample_every(now));
     if let Some((known, false)) = estimate
-        && (device.shared.hold(now, rate, REFILL_NS) == 0
+        && (device.shared.hold(now, rate, refill(known.cost_ns, rate)) == 0
             || device.rides_along(target, known.cost_ns, now))
         && now < device.next_publish_ns.load(Ordering::Relaxed)
     {
@@ -228,6 +241,12 @@ fn limited_launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult)
         return result;
     }
     device.slow_launch(work, target, estimate, launch)
+}
+
+/// How long a hold lasts beyond the debt for a launch of `cost_ns` at `rate_ppm`.
+#[inline]
+fn refill(cost_ns: u64, rate_ppm: u64) -> u64 {
+    duty::refill_ns(cost_ns, rate_ppm, MIN_SLEEP_NS, MOST_REFILL_NS)
 }
 
 /// The limiter of the calling thread's current device, when it has a compute limit and
@@ -317,138 +336,8 @@ struct Slow {
     last_settle_ns: u64,
 }
 
-/// How long a reference event serves before a fresh one replaces it (the GPU's timer
-/// and the host's clock drift apart by microseconds per second at most).
-const CLOCK_REFRESH_NS: u64 = 1_000_000_000;
-
-/// Maps one context's event times to the host clock: an event recorded on a stream of
-/// our own, which never has work queued, fires within microseconds of its record, so
-/// the host time of that record plus `cuEventElapsedTime(reference, e)` is when `e`
-/// fired. That places a measured kernel where it really ran, not where its stream's
-/// projection said it would start.
-struct GpuClock {
-    stream: CUstream,
-    /// The reference in use: (event, host time of its record).
-    current: Option<(CUevent, u64)>,
-    /// A newer one, used once it has fired.
-    next: Option<(CUevent, u64)>,
-}
-
-impl GpuClock {
-    fn new() -> Option<GpuClock> {
-        let create = real!(cuStreamCreate as fn(*mut CUstream, u32) -> CUresult);
-        let mut stream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; a context is current (we are settling its samples).
-        (unsafe { create(&mut stream, CU_STREAM_NON_BLOCKING) } == CUDA_SUCCESS).then_some(
-            GpuClock {
-                stream,
-                current: None,
-                next: None,
-            },
-        )
-    }
-
-    /// The reference usable now, recording a fresh one when it is due.
-    fn reference(&mut self, slow_pool: &mut Vec<CUevent>, now_ns: u64) -> Option<(CUevent, u64)> {
-        let query = real!(cuEventQuery as fn(CUevent) -> CUresult);
-        if let Some((event, host_ns)) = self.next
-            // SAFETY: an event we recorded.
-            && unsafe { query(event) } == CUDA_SUCCESS
-        {
-            if let Some((old, _)) = self.current.replace((event, host_ns)) {
-                slow_pool.push(old);
-            }
-            self.next = None;
-        }
-        let stale = self
-            .current
-            .is_none_or(|(_, host_ns)| now_ns.saturating_sub(host_ns) > CLOCK_REFRESH_NS);
-        if stale && self.next.is_none() {
-            let event = slow_pool.pop().or_else(|| {
-                let create = real!(cuEventCreate as fn(*mut CUevent, u32) -> CUresult);
-                let mut event = std::ptr::null_mut();
-                // SAFETY: valid out-pointer; default flags (timing on).
-                (unsafe { create(&mut event, 0) } == CUDA_SUCCESS).then_some(event)
-            })?;
-            let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
-            let before = monotonic_ns();
-            // SAFETY: our own event on our own (idle) stream.
-            if unsafe { record(event, self.stream) } == CUDA_SUCCESS {
-                self.next = Some((event, before / 2 + monotonic_ns() / 2));
-            } else {
-                slow_pool.push(event);
-            }
-        }
-        self.current
-    }
-
-    /// When `event` fired, on the host clock.
-    fn host_time(reference: (CUevent, u64), event: CUevent) -> Option<u64> {
-        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
-        let mut ms = 0f32;
-        // SAFETY: valid out-pointer; two events of one context, both complete.
-        if unsafe { elapsed(&mut ms, reference.0, event) } != CUDA_SUCCESS || !ms.is_finite() {
-            return None;
-        }
-        let offset = (ms as f64 * 1e6) as i64;
-        Some(reference.1.saturating_add_signed(offset))
-    }
-}
-
 // SAFETY: the raw event and context handles are plain driver handles, valid from any thread.
 unsafe impl Send for Slow {}
-
-/// A bracketed launch whose end event has not been read yet.
-struct Sample {
-    key: u64,
-    stream_key: u64,
-    context: usize,
-    start: CUevent,
-    end: CUevent,
-    /// Whether it was charged from an estimate (else it is paid when it settles).
-    known: bool,
-    /// Its projection (start, and the cost it was projected with), and the union's
-    /// horizon before it.
-    projected_start: u64,
-    projected_ns: u64,
-    horizon_before: u64,
-    /// Host times: just after the start event was recorded, and when the launch call
-    /// returned (by then the kernel was submitted).
-    recorded_ns: u64,
-    returned_ns: u64,
-    /// Whether the projection had the stream idle at the launch.
-    projected_idle: bool,
-}
-
-impl Sample {
-    /// The host time from the start event to the kernel's submission that the GPU spent
-    /// idle on this stream, which must not be charged: on a stream with nothing queued
-    /// the start event fires at once, and the kernel only runs once the launch call has
-    /// submitted it. `start_fired_ns` is when the start event fired on the host's clock
-    /// (from the context's reference event); where that is unknown, the projection's
-    /// guess stands in. A stream with work queued fires the start event when that work
-    /// ends, after the launch returned: no gap.
-    ///
-    /// The GPU's own timestamp, not the projection, must decide: a projection that ran
-    /// behind the card would make every backlogged sample look idle and cut its cost,
-    /// shortening the projection further (and the other way round), until the estimates
-    /// stand at a quarter of the truth or include every launch's host time.
-    fn idle_gap_ns(&self, start_fired_ns: Option<u64>) -> u64 {
-        let most = self.returned_ns.saturating_sub(self.recorded_ns);
-        match start_fired_ns {
-            Some(fired) => self.returned_ns.saturating_sub(fired).min(most),
-            None if self.projected_idle => most,
-            None => 0,
-        }
-    }
-
-    /// The kernel's own GPU time from the events' elapsed time and the idle gap.
-    fn kernel_ns(elapsed_ns: u64, idle_gap_ns: u64) -> u64 {
-        // Never below a quarter of what the events saw: an over-long host gap (the
-        // thread descheduled, say) must not make a kernel look free.
-        elapsed_ns.saturating_sub(idle_gap_ns).max(elapsed_ns / 4)
-    }
-}
 
 /// The limiter, built on first use (and again in a forked child); `None` when no
 /// visible device has a compute limit.
@@ -725,9 +614,16 @@ impl DeviceLimiter {
         unknown &= known.is_none();
         let due = unknown || estimate.is_some_and(|(_, due)| due);
         let now = monotonic_ns();
-        if due && !unknown && known.is_some_and(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS) {
-            self.next_sample_ns
-                .store(now + MIN_SAMPLE_GAP_NS, Ordering::Relaxed);
+        if due
+            && !unknown
+            && let Some(known) = known.filter(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS)
+        {
+            let gap = if known.samples >= SETTLED_SAMPLES {
+                SETTLED_SAMPLE_GAP_NS
+            } else {
+                MIN_SAMPLE_GAP_NS
+            };
+            self.next_sample_ns.store(now + gap, Ordering::Relaxed);
         }
         let rate = self.rate();
         let cost = known.map(|k| k.cost_ns).unwrap_or(0);
@@ -784,7 +680,9 @@ impl DeviceLimiter {
     }
 
     /// Waits until the container may launch again: not at all while the bucket is not in
-    /// debt; once it is, until it has refilled `REFILL_NS`. An unknown kernel also waits
+    /// debt; once it is, until it has refilled what a round of launches of this one's
+    /// cost needs (`refill`; the shortest sleep for a launch of unknown cost, or for
+    /// `throttle_only`). An unknown kernel also waits
     /// (at most `FIRST_MEASURE_PATIENCE_NS`) for the measurement under way of another
     /// unknown one, so a queue of long kernels cannot slip past before anything is known.
     fn wait_turn(&self, unknown: bool, ride: Option<(Target, u64)>) {
@@ -792,7 +690,10 @@ impl DeviceLimiter {
         loop {
             let now = monotonic_ns();
             self.maintain(now);
-            let mut delay = self.shared.hold(now, self.rate(), REFILL_NS);
+            let rate = self.rate();
+            let cost = ride.map_or(0, |(_, cost)| cost);
+            let mut delay = self.shared.hold(now, rate, refill(cost, rate));
+            trace::max(Counter::LongestHoldNs, delay);
             if delay > 0
                 && let Some((target, cost)) = ride
                 && self.rides_along(target, cost, now)
@@ -1117,98 +1018,9 @@ fn take_event(slow: &mut Slow, context: usize) -> Option<CUevent> {
     pool.pop()
 }
 
-fn destroy_events(events: &[CUevent]) {
-    let destroy = real!(cuEventDestroy_v2 as fn(CUevent) -> CUresult);
-    for event in events {
-        // SAFETY: an event we created; destroying a stale handle only returns an error.
-        unsafe { destroy(*event) };
-    }
-}
-
-/// Puts the calling thread in relaxed stream-capture mode for the guard's lifetime while
-/// a capture is under way anywhere in the process, so our event calls neither fail nor
-/// invalidate a global-mode capture on another thread. With no capture: nothing.
-struct RelaxedCapture(Option<u32>);
-
-impl RelaxedCapture {
-    fn enter_if_needed() -> RelaxedCapture {
-        if !capture::possible() {
-            return RelaxedCapture(None);
-        }
-        let exchange = real!(cuThreadExchangeStreamCaptureMode as fn(*mut u32) -> CUresult);
-        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: valid in/out pointer.
-        let ok = unsafe { exchange(&mut mode) } == CUDA_SUCCESS;
-        RelaxedCapture(ok.then_some(mode))
-    }
-}
-
-impl Drop for RelaxedCapture {
-    fn drop(&mut self) {
-        if let Some(mut previous) = self.0 {
-            let exchange = real!(cuThreadExchangeStreamCaptureMode as fn(*mut u32) -> CUresult);
-            // SAFETY: valid in/out pointer; restores the thread's own mode.
-            unsafe { exchange(&mut previous) };
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A sample whose start event was recorded at 1000 and whose launch returned at
-    /// 7000 (host ns), as the projection saw it.
-    fn sample(projected_idle: bool) -> Sample {
-        Sample {
-            key: 1,
-            stream_key: 2,
-            context: 0,
-            start: std::ptr::null_mut(),
-            end: std::ptr::null_mut(),
-            known: true,
-            projected_start: 0,
-            projected_ns: 0,
-            horizon_before: 0,
-            recorded_ns: 1_000,
-            returned_ns: 7_000,
-            projected_idle,
-        }
-    }
-
-    #[test]
-    fn idle_gap_comes_from_the_gpus_timestamps_not_the_projection() {
-        // The start event fired at once (an idle stream): the host's 6 us until the
-        // kernel was submitted are not the kernel's, whatever the projection thought.
-        assert_eq!(sample(false).idle_gap_ns(Some(1_000)), 6_000);
-        // It fired after the launch returned (work queued before it): no gap, even
-        // where the projection had the stream idle.
-        assert_eq!(sample(true).idle_gap_ns(Some(9_000)), 0);
-        // Fired during the launch call: the part before the return.
-        assert_eq!(sample(true).idle_gap_ns(Some(5_000)), 2_000);
-        // No reference event in the context: the projection's guess.
-        assert_eq!(sample(true).idle_gap_ns(None), 6_000);
-        assert_eq!(sample(false).idle_gap_ns(None), 0);
-    }
-
-    #[test]
-    fn idle_gap_is_not_charged_but_never_makes_a_kernel_free() {
-        assert_eq!(
-            Sample::kernel_ns(20_000, 0),
-            20_000,
-            "a backlogged stream: the events bracket the kernel alone"
-        );
-        assert_eq!(
-            Sample::kernel_ns(20_000, 6_000),
-            14_000,
-            "an idle stream: the host gap before submission is not GPU time"
-        );
-        assert_eq!(
-            Sample::kernel_ns(20_000, 1_000_000),
-            5_000,
-            "a descheduled thread's gap is capped"
-        );
-    }
 
     #[test]
     fn stream_keys_tell_the_default_streams_apart() {

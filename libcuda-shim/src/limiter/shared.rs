@@ -73,7 +73,8 @@ impl<'a> Shared<'a> {
     pub fn delay(&self, now_ns: u64, rate_ppm: u64) -> u64 {
         let paid = self.words[PAID_UNTIL_NS].load(Ordering::Acquire);
         let wait = duty::delay(paid, now_ns);
-        if wait > self.most_wait(rate_ppm) {
+        // Not in debt (every fast-path launch): no division for the sanity bound.
+        if wait > 0 && wait > self.most_wait(rate_ppm) {
             let _ = self.words[PAID_UNTIL_NS].compare_exchange(
                 paid,
                 now_ns,

@@ -3,8 +3,8 @@
 synchronised (the next token needs this one), for SECONDS.
 
 Usage: decode.py SECONDS
-Prints one line: RESULT {"steps_per_s", "p50_ms", "p99_ms", "steps", "t0", "wall_s",
-"card_util"} (card_util: NVML's mean utilization meanwhile, see cardutil.py).
+Prints one line: RESULT {"steps_per_s", "p50_ms", "p99_ms", "max_ms", "steps", "t0",
+"wall_s", "card_util"} (card_util: NVML's mean utilization meanwhile, see cardutil.py).
 """
 import json
 import sys
@@ -41,4 +41,4 @@ steps.sort()
 pick = lambda q: steps[min(len(steps) - 1, int(q * len(steps)))] * 1e3
 print("RESULT " + json.dumps({
     "steps_per_s": round(len(steps) / wall, 1), "p50_ms": round(pick(0.50), 3),
-    "p99_ms": round(pick(0.99), 3), "steps": len(steps), "t0": t0, "wall_s": round(wall, 3), "card_util": card_util}))
+    "p99_ms": round(pick(0.99), 3), "max_ms": round(steps[-1] * 1e3, 3), "steps": len(steps), "t0": t0, "wall_s": round(wall, 3), "card_util": card_util}))

@@ -11,6 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nvml_probe  # noqa: E402 (this folder's probe-file reader)
+import runlogs  # noqa: E402 (this folder's logs reader)
 
 out, case_s, have_torch = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
 have_cudart = len(sys.argv) > 4 and sys.argv[4] == "cudart"
@@ -19,47 +20,8 @@ records = []
 figures = {}
 
 
-def rc(name):
-    try:
-        return int(open(os.path.join(logs, name + ".rc")).read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def lines(name):
-    """The JSON objects a run printed (bare lines, or after `RESULT `)."""
-    found = []
-    try:
-        for line in open(os.path.join(logs, name + ".out")):
-            line = line.strip()
-            if line.startswith("RESULT "):
-                line = line[len("RESULT "):]
-            if line.startswith("{"):
-                try:
-                    found.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    except OSError:
-        pass
-    return found
-
-
-def result(name):
-    found = lines(name)
-    return found[-1] if found else None
-
-
-def trace(name):
-    """The limiter's counters (VGPU_LIMITER_TRACE, one file per process of step NAME),
-    summed over its processes; {} without any."""
-    import glob
-    total = {}
-    for path in glob.glob(os.path.join(logs, name + ".trace.*")):
-        for line in open(path):
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit():
-                total[parts[0]] = total.get(parts[0], 0) + int(parts[1])
-    return total
+LOGS = runlogs.Logs(logs)
+rc, lines, result, trace, why = LOGS.rc, LOGS.lines, LOGS.result, LOGS.trace, LOGS.why
 
 
 def trace_text(name):
@@ -72,15 +34,6 @@ def trace_text(name):
             f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
             f"{t.get('waits', 0)} waits for {t.get('waited_ns', 0) / 1e6:.0f} ms, charged {charged:.0f} ms]")
-
-
-def why(name):
-    """One line on why a run has no result."""
-    try:
-        tail = [l.strip() for l in open(os.path.join(logs, name + ".err")) if l.strip()]
-    except OSError:
-        tail = []
-    return f"rc={rc(name)}" + (f": {tail[-1][:80]}" if tail else "")
 
 
 def record(name, verdict, figure, **values):
@@ -155,19 +108,7 @@ else:
 # samples of the last second, asked from the host by nvml_probe.py, as the coordinator
 # asks them) is shown beside it: the kernels spin on the GPU's clock, so a time-sliced
 # one still ends on time, and throughput can overstate what a container got of the card.
-def host_pids():
-    found = {}
-    try:
-        for line in open(os.path.join(logs, "pids.txt")):
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit():
-                found[parts[0]] = int(parts[1])
-    except OSError:
-        pass
-    return found
-
-
-pids = host_pids()
+pids = LOGS.host_pids()
 fmt = lambda x: "-" if x is None else f"{x:.1f}"
 two = nvml_probe.samples(os.path.join(logs, "two.nvml.jsonl"))
 two_pids = [pids.get(f"two-{limit}") for limit in (30, 60)]

@@ -14,6 +14,9 @@
 //
 // CASE: q<S>x<K>  S streams (one thread each) of quarter-card kernels of K (100us, 1ms)
 //       f<K>      one stream of full-card kernels of K (100us, 1ms, 10ms)
+//       w1ms      one stream of full-card fixed-work kernels (WORK_ITERS dependent steps a
+//                 thread, about 1 ms bare on an H200): unlike a spin kernel, one that is
+//                 time-sliced out takes longer, so its throughput is the SM time it got
 //       g<K>      one stream of graphs of 8 full-card kernels of K, captured once
 // Every thread keeps at most DEPTH kernels queued on its stream, as a program that
 // reads its results would; a kernel counts when its "done" event is waited on.
@@ -59,8 +62,20 @@ static CUresult (*cuGraphLaunch)(H, H);
     "{\n .reg .u64 %t0, %t1, %d, %n;\n .reg .pred %p;\n ld.param.u64 %n, [ns];\n"             \
     " mov.u64 %t0, %globaltimer;\nLOOP:\n mov.u64 %t1, %globaltimer;\n"                       \
     " sub.u64 %d, %t1, %t0;\n setp.lt.u64 %p, %d, %n;\n @%p bra LOOP;\n ret;\n}\n"
+/* Fixed work: `n` dependent multiply-adds a thread; the result is stored only when `n` is
+ * all ones (never), so the loop cannot be compiled away. */
+#define WORK(name)                                                                            \
+    ".visible .entry " name "(.param .u64 n, .param .u64 out)\n"                              \
+    "{\n .reg .u64 %i, %n, %o;\n .reg .u32 %a;\n .reg .pred %p;\n ld.param.u64 %n, [n];\n"     \
+    " mov.u64 %i, 0;\n mov.u32 %a, %tid.x;\nLOOP:\n mad.lo.u32 %a, %a, 1664525, 1013904223;\n"  \
+    " add.u64 %i, %i, 1;\n setp.lt.u64 %p, %i, %n;\n @%p bra LOOP;\n"                          \
+    " setp.ne.u64 %p, %n, -1;\n @%p bra DONE;\n ld.param.u64 %o, [out];\n"                     \
+    " st.global.u32 [%o], %a;\nDONE:\n ret;\n}\n"
+/* Steps of a fixed-work kernel: about 1 ms on an H200 (the suite compares each case with
+ * the same kernel bare in the same call, so only the order of magnitude matters). */
+#define WORK_ITERS 250000ULL
 static const char PTX[] = ".version 7.8\n.target sm_80\n.address_size 64\n" SPIN("spin_100us")
-    SPIN("spin_1ms") SPIN("spin_10ms") SPIN("empty_100ns");
+    SPIN("spin_1ms") SPIN("spin_10ms") SPIN("empty_100ns") WORK("work_1ms");
 
 static H context;
 static int sms = 132;
@@ -133,12 +148,14 @@ struct kernel {
     H function;
     unsigned long long ns;
     unsigned blocks;
+    int fixed_work;
 };
 
-static struct kernel kernel_of(const char *duration, unsigned blocks) {
+static struct kernel kernel_of(const char *duration, unsigned blocks, int fixed_work) {
     struct kernel k;
     char name[64];
-    snprintf(name, sizeof name, "spin_%s", duration);
+    snprintf(name, sizeof name, "%s_%s", fixed_work ? "work" : "spin", duration);
+    k.fixed_work = fixed_work;
     CHECK(cuModuleGetFunction(&k.function, module, name));
     CHECK(cuFuncSetAttribute(k.function, 8 /* MAX_DYNAMIC_SHARED_SIZE_BYTES */, shared_bytes));
     k.ns = !strcmp(duration, "100us") ? 100000ULL : !strcmp(duration, "1ms") ? 1000000ULL : 10000000ULL;
@@ -147,8 +164,8 @@ static struct kernel kernel_of(const char *duration, unsigned blocks) {
 }
 
 static CUresult launch(const struct kernel *k, H stream) {
-    unsigned long long ns = k->ns;
-    void *params[] = {&ns};
+    unsigned long long ns = k->fixed_work ? WORK_ITERS : k->ns, out = 0;
+    void *params[] = {&ns, &out};
     return cuLaunchKernel(k->function, k->blocks, 1, 1, 128, 1, 1, shared_bytes, stream, params, NULL);
 }
 
@@ -197,10 +214,13 @@ static H stream_new(void) {
 
 /* Runs one case for `seconds` (after a 0.3 s warm-up); prints its JSON line. */
 static void run_case(const char *name, double seconds, int windows) {
-    int streams = 1, quarter = 0, graph = 0;
+    int streams = 1, quarter = 0, graph = 0, fixed_work = 0;
     char duration[16] = "";
     if (name[0] == 'q' && sscanf(name, "q%dx%15s", &streams, duration) == 2) {
         quarter = 1;
+    } else if (!strcmp(name, "w1ms")) {
+        fixed_work = 1;
+        snprintf(duration, sizeof duration, "1ms");
     } else if (name[0] == 'f' || name[0] == 'g') {
         graph = name[0] == 'g';
         snprintf(duration, sizeof duration, "%s", name + 1);
@@ -216,7 +236,7 @@ static void run_case(const char *name, double seconds, int windows) {
     for (int i = 0; i < streams; i++) {
         struct lane *lane = &lanes[i];
         memset(lane, 0, sizeof *lane);
-        lane->kernel = kernel_of(duration, blocks);
+        lane->kernel = kernel_of(duration, blocks, fixed_work);
         lane->stream = stream_new();
         for (int j = 0; j < DEPTH; j++) CHECK(cuEventCreate(&lane->ring[j], 2 /* DISABLE_TIMING */));
         if (graph) {
@@ -262,7 +282,7 @@ static void run_case(const char *name, double seconds, int windows) {
 
 static const char *SWEEP[] = {"q1x100us", "q2x100us", "q4x100us", "q8x100us", "q1x1ms",
                               "q2x1ms",   "q4x1ms",   "q8x1ms",   "f100us",   "f1ms",
-                              "f10ms",    "g100us"};
+                              "f10ms",    "g100us",   "w1ms"};
 
 int main(int argc, char **argv) {
     if (argc < 3) {

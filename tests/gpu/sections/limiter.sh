@@ -4,7 +4,10 @@
 # Issue 14's figures in one call (about 220 s; budget 330): concurrent streams at 30 and
 # 70, one container's two processes, launch cost, the decode loop and training, the
 # single-stream, graph, two-container and soft-mode checks. tests/gpu/limiter/run_limiter.sh
-# does the runs and judges them; each of its checks becomes one record here.
+# does the runs and judges them; each of its checks becomes one record here. Then issue
+# 25's (about 100 s; budget 150): hard containers beside soft and unlimited neighbours on
+# spin and fixed-work kernels, two containers at 30/60 and 50/50, the decode loop beside a
+# busy neighbour (tests/gpu/limiter/contention.sh), records `limiter contention-*`.
 section_limiter() {
     local dir="$OUT/limiter"
     if [ ! -x "$HERE/limiter/run_limiter.sh" ]; then
@@ -25,4 +28,21 @@ section_limiter() {
         record limiter "$name" "$fragment"
     done < "$dir/records.tsv"
     tail -40 "$dir/run.txt" >&2
+    section_limiter_contention
+}
+
+section_limiter_contention() {
+    local dir="$OUT/limiter-contention" name fragment
+    mkdir -p "$dir"
+    timeout -k 10 150 "$HERE/limiter/contention.sh" "$PREFIX" "$dir" > "$dir/run.txt" 2>&1
+    local rc=$?
+    if [ ! -s "$dir/records.tsv" ]; then
+        record limiter contention "\"verdict\": \"FAIL\", \"figure\": \"contention.sh rc=$rc, no records (see $dir/run.txt)\""
+        tail -25 "$dir/run.txt" >&2
+        return
+    fi
+    while IFS=$'\t' read -r name fragment; do
+        record limiter "contention-$name" "$fragment"
+    done < "$dir/records.tsv"
+    tail -30 "$dir/run.txt" >&2
 }

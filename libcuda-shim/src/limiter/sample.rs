@@ -1,0 +1,240 @@
+//! Measuring a launch: the two events that bracket a sampled launch (`Sample`, read
+//! back when the end event has fired), the per-context reference event that places
+//! event times on the host's clock (`GpuClock`), and the relaxed stream-capture mode
+//! the limiter's own event calls run in while a capture is under way anywhere in the
+//! process (`RelaxedCapture`). What a settled sample does to the bucket is the
+//! runtime's (`super::DeviceLimiter::settle_one`); this file only measures.
+
+use vgpu_common::clock::monotonic_ns;
+
+use crate::cuda::*;
+use crate::hooks::capture;
+use crate::state::real;
+
+/// How long a reference event serves before a fresh one replaces it (the GPU's timer
+/// and the host's clock drift apart by microseconds per second at most).
+pub(super) const CLOCK_REFRESH_NS: u64 = 1_000_000_000;
+
+/// Maps one context's event times to the host clock: an event recorded on a stream of
+/// our own, which never has work queued, fires within microseconds of its record, so
+/// the host time of that record plus `cuEventElapsedTime(reference, e)` is when `e`
+/// fired. That places a measured kernel where it really ran, not where its stream's
+/// projection said it would start.
+pub(super) struct GpuClock {
+    stream: CUstream,
+    /// The reference in use: (event, host time of its record).
+    current: Option<(CUevent, u64)>,
+    /// A newer one, used once it has fired.
+    next: Option<(CUevent, u64)>,
+}
+
+impl GpuClock {
+    pub(super) fn new() -> Option<GpuClock> {
+        let create = real!(cuStreamCreate as fn(*mut CUstream, u32) -> CUresult);
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; a context is current (we are settling its samples).
+        (unsafe { create(&mut stream, CU_STREAM_NON_BLOCKING) } == CUDA_SUCCESS).then_some(
+            GpuClock {
+                stream,
+                current: None,
+                next: None,
+            },
+        )
+    }
+
+    /// The reference usable now, recording a fresh one when it is due.
+    pub(super) fn reference(
+        &mut self,
+        slow_pool: &mut Vec<CUevent>,
+        now_ns: u64,
+    ) -> Option<(CUevent, u64)> {
+        let query = real!(cuEventQuery as fn(CUevent) -> CUresult);
+        if let Some((event, host_ns)) = self.next
+            // SAFETY: an event we recorded.
+            && unsafe { query(event) } == CUDA_SUCCESS
+        {
+            if let Some((old, _)) = self.current.replace((event, host_ns)) {
+                slow_pool.push(old);
+            }
+            self.next = None;
+        }
+        let stale = self
+            .current
+            .is_none_or(|(_, host_ns)| now_ns.saturating_sub(host_ns) > CLOCK_REFRESH_NS);
+        if stale && self.next.is_none() {
+            let event = slow_pool.pop().or_else(|| {
+                let create = real!(cuEventCreate as fn(*mut CUevent, u32) -> CUresult);
+                let mut event = std::ptr::null_mut();
+                // SAFETY: valid out-pointer; default flags (timing on).
+                (unsafe { create(&mut event, 0) } == CUDA_SUCCESS).then_some(event)
+            })?;
+            let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
+            let before = monotonic_ns();
+            // SAFETY: our own event on our own (idle) stream.
+            if unsafe { record(event, self.stream) } == CUDA_SUCCESS {
+                self.next = Some((event, before / 2 + monotonic_ns() / 2));
+            } else {
+                slow_pool.push(event);
+            }
+        }
+        self.current
+    }
+
+    /// When `event` fired, on the host clock.
+    pub(super) fn host_time(reference: (CUevent, u64), event: CUevent) -> Option<u64> {
+        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer; two events of one context, both complete.
+        if unsafe { elapsed(&mut ms, reference.0, event) } != CUDA_SUCCESS || !ms.is_finite() {
+            return None;
+        }
+        let offset = (ms as f64 * 1e6) as i64;
+        Some(reference.1.saturating_add_signed(offset))
+    }
+}
+
+/// A bracketed launch whose end event has not been read yet.
+pub(super) struct Sample {
+    pub(super) key: u64,
+    pub(super) stream_key: u64,
+    pub(super) context: usize,
+    pub(super) start: CUevent,
+    pub(super) end: CUevent,
+    /// Whether it was charged from an estimate (else it is paid when it settles).
+    pub(super) known: bool,
+    /// Its projection (start, and the cost it was projected with), and the union's
+    /// horizon before it.
+    pub(super) projected_start: u64,
+    pub(super) projected_ns: u64,
+    pub(super) horizon_before: u64,
+    /// Host times: just after the start event was recorded, and when the launch call
+    /// returned (by then the kernel was submitted).
+    pub(super) recorded_ns: u64,
+    pub(super) returned_ns: u64,
+    /// Whether the projection had the stream idle at the launch.
+    pub(super) projected_idle: bool,
+}
+
+impl Sample {
+    /// The host time from the start event to the kernel's submission that the GPU spent
+    /// idle on this stream, which must not be charged: on a stream with nothing queued
+    /// the start event fires at once, and the kernel only runs once the launch call has
+    /// submitted it. `start_fired_ns` is when the start event fired on the host's clock
+    /// (from the context's reference event); where that is unknown, the projection's
+    /// guess stands in. A stream with work queued fires the start event when that work
+    /// ends, after the launch returned: no gap.
+    ///
+    /// The GPU's own timestamp, not the projection, must decide: a projection that ran
+    /// behind the card would make every backlogged sample look idle and cut its cost,
+    /// shortening the projection further (and the other way round), until the estimates
+    /// stand at a quarter of the truth or include every launch's host time.
+    pub(super) fn idle_gap_ns(&self, start_fired_ns: Option<u64>) -> u64 {
+        let most = self.returned_ns.saturating_sub(self.recorded_ns);
+        match start_fired_ns {
+            Some(fired) => self.returned_ns.saturating_sub(fired).min(most),
+            None if self.projected_idle => most,
+            None => 0,
+        }
+    }
+
+    /// The kernel's own GPU time from the events' elapsed time and the idle gap.
+    pub(super) fn kernel_ns(elapsed_ns: u64, idle_gap_ns: u64) -> u64 {
+        // Never below a quarter of what the events saw: an over-long host gap (the
+        // thread descheduled, say) must not make a kernel look free.
+        elapsed_ns.saturating_sub(idle_gap_ns).max(elapsed_ns / 4)
+    }
+}
+
+pub(super) fn destroy_events(events: &[CUevent]) {
+    let destroy = real!(cuEventDestroy_v2 as fn(CUevent) -> CUresult);
+    for event in events {
+        // SAFETY: an event we created; destroying a stale handle only returns an error.
+        unsafe { destroy(*event) };
+    }
+}
+
+/// Puts the calling thread in relaxed stream-capture mode for the guard's lifetime while
+/// a capture is under way anywhere in the process, so our event calls neither fail nor
+/// invalidate a global-mode capture on another thread. With no capture: nothing.
+pub(super) struct RelaxedCapture(Option<u32>);
+
+impl RelaxedCapture {
+    pub(super) fn enter_if_needed() -> RelaxedCapture {
+        if !capture::possible() {
+            return RelaxedCapture(None);
+        }
+        let exchange = real!(cuThreadExchangeStreamCaptureMode as fn(*mut u32) -> CUresult);
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: valid in/out pointer.
+        let ok = unsafe { exchange(&mut mode) } == CUDA_SUCCESS;
+        RelaxedCapture(ok.then_some(mode))
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut previous) = self.0 {
+            let exchange = real!(cuThreadExchangeStreamCaptureMode as fn(*mut u32) -> CUresult);
+            // SAFETY: valid in/out pointer; restores the thread's own mode.
+            unsafe { exchange(&mut previous) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sample whose start event was recorded at 1000 and whose launch returned at
+    /// 7000 (host ns), as the projection saw it.
+    fn sample(projected_idle: bool) -> Sample {
+        Sample {
+            key: 1,
+            stream_key: 2,
+            context: 0,
+            start: std::ptr::null_mut(),
+            end: std::ptr::null_mut(),
+            known: true,
+            projected_start: 0,
+            projected_ns: 0,
+            horizon_before: 0,
+            recorded_ns: 1_000,
+            returned_ns: 7_000,
+            projected_idle,
+        }
+    }
+
+    #[test]
+    fn idle_gap_comes_from_the_gpus_timestamps_not_the_projection() {
+        // The start event fired at once (an idle stream): the host's 6 us until the
+        // kernel was submitted are not the kernel's, whatever the projection thought.
+        assert_eq!(sample(false).idle_gap_ns(Some(1_000)), 6_000);
+        // It fired after the launch returned (work queued before it): no gap, even
+        // where the projection had the stream idle.
+        assert_eq!(sample(true).idle_gap_ns(Some(9_000)), 0);
+        // Fired during the launch call: the part before the return.
+        assert_eq!(sample(true).idle_gap_ns(Some(5_000)), 2_000);
+        // No reference event in the context: the projection's guess.
+        assert_eq!(sample(true).idle_gap_ns(None), 6_000);
+        assert_eq!(sample(false).idle_gap_ns(None), 0);
+    }
+
+    #[test]
+    fn idle_gap_is_not_charged_but_never_makes_a_kernel_free() {
+        assert_eq!(
+            Sample::kernel_ns(20_000, 0),
+            20_000,
+            "a backlogged stream: the events bracket the kernel alone"
+        );
+        assert_eq!(
+            Sample::kernel_ns(20_000, 6_000),
+            14_000,
+            "an idle stream: the host gap before submission is not GPU time"
+        );
+        assert_eq!(
+            Sample::kernel_ns(20_000, 1_000_000),
+            5_000,
+            "a descheduled thread's gap is capped"
+        );
+    }
+}

@@ -1,0 +1,184 @@
+"""Judges contention.sh's runs (the compute limiter beside neighbours, issue 25): writes
+OUT/contention.json (every figure), OUT/records.tsv (one "NAME<TAB>JSON fragment" line
+per check, with "verdict" and "figure") and prints a table.
+
+Usage: contention.py OUT PARTS
+
+Shares are of the same kernel's bare throughput in this call, per 100 ms window of each
+container (streams.c `windows`), over the part of the run both containers were busy
+(from 1 s after the later one started: the host's charge factor needs about that). A hard container's worst 1 s (ten windows) is
+judged against its limit + 2. Beside each, the card's own account: the mean of NVML's
+per-process samples (asked from the host, nvml_probe.py) of the same span.
+"""
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import nvml_probe  # noqa: E402 (this folder's probe-file reader)
+import runlogs  # noqa: E402 (this folder's logs reader)
+
+out, parts = sys.argv[1], sys.argv[2].split()
+logs = os.path.join(out, "logs")
+records = []
+figures = {}
+
+
+LOGS = runlogs.Logs(logs)
+result, why = LOGS.result, LOGS.why
+
+
+def record(name, verdict, figure, **values):
+    records.append((name, verdict, figure))
+    figures[name] = dict(verdict=verdict, figure=figure, **values)
+
+
+PIDS = LOGS.host_pids()
+fmt = lambda x: "-" if x is None else f"{x:.1f}"
+
+
+def bare_share_per_window(kernel):
+    """What one 100 ms window of the bare run reads, in the windows' unit (percent of
+    the card by nominal work): the reference for 100 % of bare."""
+    bare = result(f"bare-{kernel}")
+    if not bare:
+        return None
+    return bare["per_s"] * bare["work_s"] * 100.0 / bare["fit"]
+
+
+def pair(name, kernel, limits):
+    """Judges pair NAME; limits: (limit or None, hard?) of side a and b."""
+    a, b = result(f"{name}-a"), result(f"{name}-b")
+    ref = bare_share_per_window(kernel)
+    if not (a and b and ref and a.get("windows") and b.get("windows")):
+        record(name, "FAIL", f"{why(name + '-a')}; {why(name + '-b')}; bare {why('bare-' + kernel)}")
+        return
+    start = max(a["t0"], b["t0"]) + 1.0
+    end = min(a["t0"] + len(a["windows"]) / 10, b["t0"] + len(b["windows"]) / 10)
+
+    def span(side):
+        first = max(0, int(round((start - side["t0"]) * 10)))
+        last = int(round((end - side["t0"]) * 10))
+        return [w / ref * 100.0 for w in side["windows"][first:last]]
+
+    samples = nvml_probe.samples(os.path.join(logs, name + ".nvml.jsonl"))
+    figures_ = []
+    verdict = "PASS"
+    texts = []
+    for side, (limit, hard), label in ((a, limits[0], "a"), (b, limits[1], "b")):
+        wins = span(side)
+        mean = statistics.mean(wins) if wins else None
+        worst = max((statistics.mean(wins[i:i + 10]) for i in range(0, max(1, len(wins) - 9))),
+                    default=None) if len(wins) >= 10 else None
+        pid = PIDS.get(f"{name}-{label}")
+        card = None
+        if pid in samples:
+            # NVML stamps samples on the wall clock: the run's last seconds, from 1 s in.
+            stamps = [ts for ts, _ in samples[pid]]
+            card = nvml_probe.mean(samples, pid, stamps[0] + 1_000_000) if stamps else None
+        figures_.append(dict(side=label, limit=limit, hard=hard, mean=mean, worst_1s=worst, card=card))
+        ok = True
+        if limit is not None and hard and worst is not None and worst > limit + 2:
+            ok = False
+        # Each within 5 of its share only where every container has one: an unlimited
+        # neighbour takes every time slice the card gives it (about half of a card two
+        # busy processes share), whatever the other's limit.
+        every_limited = all(l is not None for l, _ in limits)
+        if limit is not None and every_limited and (mean is None or abs(mean - limit) > 5):
+            ok = False
+        if not ok:
+            verdict = "FAIL"
+        role = "unlimited" if limit is None else f"{'hard' if hard else 'soft'} {limit}"
+        texts.append(f"{role}: {fmt(mean)}% of bare (worst 1 s {fmt(worst)}), card {fmt(card)}%")
+    target = ("hard: worst 1 s <= limit+2" if any(l is None for l, _ in limits)
+              else "hard: worst 1 s <= limit+2; each busy: limit+-5")
+    record(name, verdict, f"{kernel}: " + "; ".join(texts) + f" ({target})", sides=figures_)
+
+
+def pair_limits(name):
+    """(limit, hard) of each side, from the pair's name."""
+    if name.startswith("two"):
+        x, y = name[3:].split("-")[:2]
+        return (int(x), True), (int(y), True)
+    hard, neighbour = name.split("-")[:2]
+    limit = int(hard[4:])
+    if neighbour == "soft30":
+        return (limit, True), (30, False)
+    return (limit, True), (None, False)
+
+
+if "pairs" in parts:
+    for limit in (30, 40, 60):
+        for kernel in ("f1ms", "w1ms"):
+            for neighbour in ("soft30", "unlimited"):
+                name = f"hard{limit}-{neighbour}-{kernel}"
+                pair(name, kernel, pair_limits(name))
+if "two" in parts:
+    for kernel in ("w1ms", "f1ms"):
+        for name in (f"two30-60-{kernel}", f"two50-50-{kernel}"):
+            pair(name, kernel, pair_limits(name))
+
+if "decode" in parts:
+    alone = result("decode-alone")
+    splits = {s: result(f"decode-{s}") for s in ("bare-bare", "50-50", "70-30")}
+    bare_max = splits["bare-bare"].get("max_ms") if splits["bare-bare"] else None
+    if alone is None and all(v is None for v in splits.values()):
+        record("decode-beside-neighbour", "SKIP", "no PyTorch with CUDA (or a simulated run)")
+    for split, res in splits.items():
+        if split == "bare-bare":
+            continue
+        name = f"decode-{split}"
+        if not res or bare_max is None:
+            record(name, "FAIL", f"{why(name)}; bare pair: {why('decode-bare-bare')}")
+            continue
+        ok = res["max_ms"] <= 2 * bare_max
+        text = lambda r: f"p50 {r['p50_ms']:.2f} / p99 {r['p99_ms']:.2f} / max {r['max_ms']:.2f} ms, {r['steps_per_s']:.0f} steps/s"
+        record(name, "PASS" if ok else "FAIL",
+               f"decode at {split.replace('-', ' beside a busy ')}: {text(res)}; the same pair bare: "
+               f"{text(splits['bare-bare'])}; alone: {text(alone) if alone else '-'} (target: max <= 2x the bare pair's)",
+               decode=res, bare_pair=splits["bare-bare"], alone=alone)
+
+
+def trace_text(name):
+    counters = LOGS.trace(name)
+    if not counters:
+        return ""
+    keys = ("launches", "fast_path", "sampled", "settled", "waits", "waited_ns", "longest_hold_ns")
+    return "; traced: " + ", ".join(f"{k} {counters.get(k, '-')}" for k in keys)
+
+
+def launch_cost(kind, key, label):
+    runs = [(result(f"{kind}-bare-{i}"), result(f"{kind}-99-{i}")) for i in range(1, 6)]
+    ratios = [(b[key], l[key]) for b, l in runs if b and l and key in b and key in l]
+    if not ratios:
+        record(f"launch-cost-{kind}", "FAIL", f"{why(kind + '-bare-1')}; {why(kind + '-99-1')}")
+        return
+    ratio = statistics.median(l / b for b, l in ratios)
+    b = statistics.median(b for b, _ in ratios)
+    l = statistics.median(l for _, l in ratios)
+    record(f"launch-cost-{kind}", "PASS" if ratio <= 1.05 else "FAIL",
+           f"{label}: {ratio:.3f}x, the median of {len(ratios)} interleaved pairs "
+           f"({', '.join(f'{l / b:.2f}' for b, l in ratios)}); medians bare {b:.3f} us, --cores 99 {l:.3f} us "
+           f"(target <=1.05)" + trace_text(f"{kind}-99-trace"),
+           ratio=ratio, bare_us=b, limited_us=l, pairs=ratios)
+
+
+if "launch" in parts:
+    launch_cost("launch", "per_launch_us", "driver API, 200k launches")
+if "cudart" in parts:
+    if os.path.exists(os.path.join(logs, "cudart-bare-1.out")):
+        launch_cost("cudart", "per_op_us", "cudart <<<>>> (bench launch), 200k launches")
+    else:
+        record("launch-cost-cudart", "SKIP", "no nvcc (or a simulated run): bench.cu not built")
+
+with open(os.path.join(out, "contention.json"), "w") as f:
+    json.dump(figures, f, indent=1)
+with open(os.path.join(out, "records.tsv"), "w") as tsv:
+    for name, verdict, figure in records:
+        fragment = json.dumps({"verdict": verdict, "figure": figure, **{
+            k: v for k, v in figures[name].items() if k not in ("verdict", "figure")}})[1:-1]
+        tsv.write(f"{name}\t{fragment}\n")
+width = max((len(n) for n, _, _ in records), default=10)
+for name, verdict, figure in records:
+    print(f"{name:<{width}} {verdict:<5} {figure}")

@@ -1,0 +1,78 @@
+"""Readers of the limiter scripts' logs/ folder (run_limiter.sh and contention.sh write
+it, judge.py and contention.py read it): each run NAME leaves NAME.out (its JSON lines,
+bare or after `RESULT `), NAME.err, NAME.rc, NAME.trace.<pid> (VGPU_LIMITER_TRACE, one
+per process) and a line `NAME HOST_PID` in pids.txt.
+"""
+import glob
+import json
+import os
+
+
+class Logs:
+    def __init__(self, folder):
+        self.folder = folder
+
+    def path(self, name):
+        return os.path.join(self.folder, name)
+
+    def rc(self, name):
+        try:
+            return int(open(self.path(name + ".rc")).read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def lines(self, name):
+        """The JSON objects a run printed (bare lines, or after `RESULT `)."""
+        found = []
+        try:
+            for line in open(self.path(name + ".out")):
+                line = line.strip()
+                if line.startswith("RESULT "):
+                    line = line[len("RESULT "):]
+                if line.startswith("{"):
+                    try:
+                        found.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass
+        except OSError:
+            pass
+        return found
+
+    def result(self, name):
+        found = self.lines(name)
+        return found[-1] if found else None
+
+    def trace(self, name):
+        """The limiter's counters of run NAME, summed over its processes ({} without
+        any); `longest_hold_ns` is a maximum, not a sum."""
+        total = {}
+        for path in glob.glob(self.path(name + ".trace.*")):
+            for line in open(path):
+                parts = line.split()
+                if len(parts) == 2 and parts[1].isdigit():
+                    value = int(parts[1])
+                    if parts[0] == "longest_hold_ns":
+                        total[parts[0]] = max(total.get(parts[0], 0), value)
+                    else:
+                        total[parts[0]] = total.get(parts[0], 0) + value
+        return total
+
+    def why(self, name):
+        """One line on why a run has no result."""
+        try:
+            tail = [l.strip() for l in open(self.path(name + ".err")) if l.strip()]
+        except OSError:
+            tail = []
+        return f"rc={self.rc(name)}" + (f": {tail[-1][:80]}" if tail else "")
+
+    def host_pids(self):
+        """{run name: host PID of its workload} from pids.txt."""
+        found = {}
+        try:
+            for line in open(self.path("pids.txt")):
+                parts = line.split()
+                if len(parts) == 2 and parts[1].isdigit():
+                    found[parts[0]] = int(parts[1])
+        except OSError:
+            pass
+        return found
