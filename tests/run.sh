@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The test suite, from a clean checkout on Debian 12 (run as root: `vgpu run`, the runc
-# and podman tests need mount namespaces). Installs what the tests need, builds the
-# whole workspace (the shims, the sim driver and the binaries the tests drive), then
-# runs every test. .ci/run calls exactly this.
+# and podman tests need mount namespaces). Installs what the tests need, checks the
+# code (rustfmt, clippy and rustdoc, warnings denied), builds the whole workspace (the
+# shims, the sim driver and the binaries the tests drive), then runs every test.
+# .ci/run calls exactly this.
+#
+# CI sets CI=true: then a test whose prerequisite is missing fails instead of skipping
+# (vgpu-test-support's policy), so everything installed here really runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,5 +37,11 @@ python3 -m pip install --quiet --disable-pip-version-check "cuda-bindings>=13,<1
 
 # No incremental caches: CI builds once, and they doubled the disk the build takes.
 export CARGO_INCREMENTAL=0
+
+# The code checks, first: they fail in a minute where the tests take many.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast
