@@ -7,7 +7,6 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
 use serde_json::Value;
 use vgpu_dra::DraConfig;
 use vgpu_kube::k8s_openapi::api::admissionregistration::v1::{
@@ -27,12 +26,7 @@ fn repo() -> PathBuf {
 
 fn documents(name: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(repo().join("deploy").join(name)).expect("manifest");
-    serde_norway::Deserializer::from_str(&text)
-        .map(|doc| {
-            let yaml = serde_norway::Value::deserialize(doc).expect("YAML document");
-            serde_json::to_value(yaml).expect("as JSON")
-        })
-        .collect()
+    serde_saphyr::from_multiple(&text).expect("YAML documents")
 }
 
 fn strict<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) -> T {

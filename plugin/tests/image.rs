@@ -22,8 +22,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::{TestKubelet, allocate, list_ids, plugin_client};
-use serde::Deserialize;
-use serde_norway::Value;
+use serde_json::Value;
 use vgpu_test_support::Need;
 
 fn repo() -> PathBuf {
@@ -383,8 +382,9 @@ async fn the_plugin_from_the_image_registers_and_answers_an_allocate() {
 fn init_container() -> Value {
     let manifest =
         std::fs::read_to_string(repo().join("deploy/vgpu-plugin.yaml")).expect("manifest");
-    let daemonset = serde_norway::Deserializer::from_str(&manifest)
-        .map(|doc| Value::deserialize(doc).expect("YAML"))
+    let daemonset = serde_saphyr::from_multiple::<Value>(&manifest)
+        .expect("YAML documents")
+        .into_iter()
         .find(|doc| doc["kind"].as_str() == Some("DaemonSet"))
         .expect("DaemonSet");
     daemonset["spec"]["template"]["spec"]["initContainers"][0].clone()
@@ -421,13 +421,13 @@ fn the_init_container_prepares_the_driver_unprivileged() {
     assert_eq!(security["capabilities"]["drop"][0].as_str(), Some("ALL"));
     assert!(security["capabilities"]["add"].is_null());
     let command: Vec<String> = init["command"]
-        .as_sequence()
+        .as_array()
         .expect("command")
         .iter()
         .map(|arg| arg.as_str().expect("string").to_string())
         .collect();
     let mounts: Vec<(&str, bool)> = init["volumeMounts"]
-        .as_sequence()
+        .as_array()
         .expect("mounts")
         .iter()
         .map(|m| {

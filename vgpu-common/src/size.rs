@@ -59,9 +59,7 @@ pub enum SizeError {
     #[error("`{0}` does not fit in 64 bits")]
     Overflow(String),
     /// A fraction of a byte (or of a core): `1.5`, `100m` (`m` is milli, 10^-3).
-    #[error(
-        "`{0}` is not a whole number (`m` is milli, 10^-3: for megabytes write M or Mi)"
-    )]
+    #[error("`{0}` is not a whole number (`m` is milli, 10^-3: for megabytes write M or Mi)")]
     NotWhole(String),
 }
 
@@ -241,7 +239,11 @@ pub fn parse_whole(text: &str) -> Result<u64, SizeError> {
         .ok_or_else(overflow)?;
     if number.digits == 0 {
         // Zero, whatever its unit; a dropped nonzero digit is past 20 zeros: a fraction.
-        return if number.exact { Ok(0) } else { Err(not_whole()) };
+        return if number.exact {
+            Ok(0)
+        } else {
+            Err(not_whole())
+        };
     }
     let scaled = number.digits.checked_mul(multiplier).ok_or_else(overflow)?;
     let value = if exponent >= 0 {
@@ -388,7 +390,10 @@ mod tests {
             assert_eq!(size(text), Err(SizeError::NotWhole(text.into())), "{text}");
         }
         let message = SizeError::NotWhole("512m".into()).to_string();
-        assert!(message.contains("milli") && message.contains("Mi"), "{message}");
+        assert!(
+            message.contains("milli") && message.contains("Mi"),
+            "{message}"
+        );
     }
 
     #[test]
