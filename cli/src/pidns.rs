@@ -117,7 +117,13 @@ fn container_init(mut command: Command, region: Option<PathBuf>) -> i32 {
     }
     // A proc of this (new) PID namespace over /proc, in the init's own mount namespace.
     let proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    if let Err(error) = mount(Some("proc"), "/proc", Some("proc"), proc_flags, None::<&str>) {
+    if let Err(error) = mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        proc_flags,
+        None::<&str>,
+    ) {
         eprintln!("vgpu run: cannot mount /proc for the PID namespace: {error}");
         return 1;
     }

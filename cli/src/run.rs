@@ -214,9 +214,14 @@ fn plan(args: &RunArgs, artifacts: &Artifacts, work: &Path) -> Result<Plan> {
 }
 
 fn bind(source: &Path, target: &Path) -> Result<()> {
-    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>).with_context(
-        || format!("bind {} over {}", source.display(), target.display()),
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
     )
+    .with_context(|| format!("bind {} over {}", source.display(), target.display()))
 }
 
 /// A private mount namespace: as root directly, else inside a new user namespace.

@@ -80,10 +80,14 @@ mod tests {
     /// now go through one parser and agree on each of these.
     #[test]
     fn agrees_with_the_config_sizes_on_milli_and_fractions() {
-        for text in ["3000m", "100m", "4m", "1.5", "2.5Gi", "1e3", "12e-1", "1Ki", "7680MiB"] {
+        for text in [
+            "3000m", "100m", "4m", "1.5", "2.5Gi", "1e3", "12e-1", "1Ki", "7680MiB",
+        ] {
             assert_eq!(
                 parse_whole(text).ok(),
-                text.parse::<vgpu_common::ByteSize>().ok().map(|size| size.bytes()),
+                text.parse::<vgpu_common::ByteSize>()
+                    .ok()
+                    .map(|size| size.bytes()),
                 "{text}"
             );
         }
