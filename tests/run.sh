@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The test suite, from a clean checkout on Debian 12 (run as root: `vgpu run`, the runc
-# and podman tests need mount namespaces). Installs what the tests need, builds the
-# whole workspace (the shims, the sim driver and the binaries the tests drive), then
-# runs every test. .ci/run calls exactly this.
+# and podman tests need mount namespaces). Installs what the tests need, checks the
+# code (rustfmt, clippy and rustdoc, warnings denied), builds the whole workspace (the
+# shims, the sim driver and the binaries the tests drive), runs every test, then fuzzes
+# each parser of hostile input for a bounded time. .ci/run calls exactly this.
+#
+# CI sets CI=true: then a test whose prerequisite is missing fails instead of skipping
+# (vgpu-test-support's policy), so everything installed here really runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +22,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        runc podman debootstrap binutils libc-bin gcc python3 python3-pip >/dev/null
+        runc podman debootstrap binutils libc-bin gcc g++ python3 python3-pip >/dev/null
     # The version the checked-in export lists (symbols/*.535.261.03.txt) were made from.
     export VGPU_DEBIAN_DEBS=${VGPU_DEBIAN_DEBS:-$PWD/target/debian-debs}
     mkdir -p "$VGPU_DEBIAN_DEBS"
@@ -33,9 +37,19 @@ python3 -m pip install --quiet --disable-pip-version-check "cuda-bindings>=13,<1
 
 # No incremental caches: CI builds once, and they doubled the disk the build takes.
 export CARGO_INCREMENTAL=0
+
+# The code checks, first: they fail in a minute where the tests take many.
+cargo fmt --all --check
+(cd fuzz && cargo fmt --all --check)
+cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast
 
 # The Helm chart without a cluster: lint and template of both modes, deploy/ equal to the
 # chart's output, each mode's rendered config through the daemon's own parser.
 bash tests/k8s/chart.sh
+
+# Each cargo-fuzz target for 45 s (g++ above builds libFuzzer).
+bash tests/fuzz.sh 45

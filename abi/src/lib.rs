@@ -2,7 +2,9 @@
 //!
 //! - [`cuda`]: types, result codes, attributes, descriptor layouts and the
 //!   `CUarray_format` table of `cuda.h`;
-//! - [`nvml`]: types, return codes and struct layouts of `nvml.h`.
+//! - [`nvml`]: types, return codes and struct layouts of `nvml.h`;
+//! - [`entry`]: the C types of the entry points tools call through a looked-up
+//!   pointer, each beside its export name.
 //!
 //! The shims, the simulated driver, the plugin and the CLI all read these from here, so
 //! a fact is written once and a test (here) pins it to the header. Nothing in this crate
@@ -13,4 +15,5 @@
 #![allow(non_camel_case_types)]
 
 pub mod cuda;
+pub mod entry;
 pub mod nvml;

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use vgpu_common::built;
+use vgpu_test_support::built;
 
 /// The files `vgpu run` mounts.
 #[derive(Clone, Debug)]

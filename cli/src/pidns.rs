@@ -18,6 +18,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Result, bail};
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, unshare};
 
 /// The PID signals are forwarded to: the command (in the init) or the init (in `vgpu run`).
 static FORWARD_TO: AtomicI32 = AtomicI32::new(0);
@@ -73,12 +75,9 @@ fn exit_code(status: libc::c_int) -> i32 {
 /// exit code. `region` is the container's usage region, whose slots left by the
 /// namespace's processes are freed at the end.
 pub fn run(command: Command, region: Option<PathBuf>) -> Result<i32> {
-    // SAFETY: unshare on this process; only its children enter the new namespace.
-    if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
-        bail!(
-            "cannot create a PID namespace ({}); run with --host-pid to share the host's",
-            std::io::Error::last_os_error()
-        );
+    // Only this process's children enter the new namespace.
+    if let Err(error) = unshare(CloneFlags::CLONE_NEWPID) {
+        bail!("cannot create a PID namespace ({error}); run with --host-pid to share the host's");
     }
     // SAFETY: the child runs only the init below. `vgpu run` may have one other thread
     // here (the coordinator's, which holds no lock the init takes: it never writes the
@@ -111,31 +110,21 @@ fn container_init(mut command: Command, region: Option<PathBuf>) -> i32 {
     // The namespace's /proc goes into a mount namespace of the init's own: `vgpu run`'s
     // coordinator thread keeps the host's /proc, where it finds containers' processes by
     // their host PIDs (NVML's, from the host). The binds `vgpu run` made are copied in.
-    // SAFETY: unshare on this process (the forked init, one thread); `vgpu run` made
-    // every mount private, so nothing the init mounts propagates back.
-    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
-        eprintln!(
-            "vgpu run: cannot give the PID namespace its own mounts: {}",
-            std::io::Error::last_os_error()
-        );
+    // `vgpu run` made every mount private, so nothing the init mounts propagates back.
+    if let Err(error) = unshare(CloneFlags::CLONE_NEWNS) {
+        eprintln!("vgpu run: cannot give the PID namespace its own mounts: {error}");
         return 1;
     }
-    // SAFETY: mounting a proc of this (new) PID namespace over /proc, in the init's own
-    // mount namespace, with constant NUL-terminated strings.
-    let mounted = unsafe {
-        libc::mount(
-            c"proc".as_ptr(),
-            c"/proc".as_ptr(),
-            c"proc".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            std::ptr::null(),
-        )
-    };
-    if mounted != 0 {
-        eprintln!(
-            "vgpu run: cannot mount /proc for the PID namespace: {}",
-            std::io::Error::last_os_error()
-        );
+    // A proc of this (new) PID namespace over /proc, in the init's own mount namespace.
+    let proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    if let Err(error) = mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        proc_flags,
+        None::<&str>,
+    ) {
+        eprintln!("vgpu run: cannot mount /proc for the PID namespace: {error}");
         return 1;
     }
     let program = command.get_program().to_string_lossy().into_owned();

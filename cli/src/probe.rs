@@ -3,12 +3,15 @@
 //! memory totals, cuMemGetInfo, a sequence of allocations, and NVML's memory view.
 //! Human-readable by default, `--json` for tests.
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use libloading::Library;
 use serde::Serialize;
+use vgpu_abi::cuda::{CUDA_SUCCESS, CUresult};
+use vgpu_abi::entry::*;
+use vgpu_abi::nvml::{Memory, NVML_SUCCESS};
 use vgpu_common::ByteSize;
 
 #[derive(clap::Args)]
@@ -60,35 +63,30 @@ struct NvmlReport {
     memory: Vec<(u64, u64, u64)>,
 }
 
-type CuResult = c_int;
 /// Finds a driver function by export name.
 type Lookup = Box<dyn Fn(&CStr) -> Result<*mut c_void>>;
-/// `cuGetProcAddress_v2`.
-type GetProcAddress =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
 
 struct Cuda {
     lookup: Lookup,
 }
 
 impl Cuda {
-    fn function<T: Copy>(&self, name: &CStr) -> Result<T> {
-        let pointer = (self.lookup)(name)?;
-        // SAFETY: T is the C function type of `name`, as declared at each call site.
-        Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&pointer) })
+    /// Entry point `E`, typed as vgpu-abi declares it.
+    fn function<E: EntryPoint>(&self) -> Result<E::Function> {
+        let pointer = (self.lookup)(E::NAME)?;
+        // SAFETY: a non-null address of the export E::NAME, and E::Function is that
+        // export's C type (vgpu-abi's entry table, checked against the headers): both
+        // are one pointer wide.
+        Ok(unsafe { std::mem::transmute_copy::<*mut c_void, E::Function>(&pointer) })
     }
 
-    fn error_name(&self, result: CuResult) -> String {
-        let Ok(get_name) = self
-            .function::<unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult>(
-                c"cuGetErrorName",
-            )
-        else {
+    fn error_name(&self, result: CUresult) -> String {
+        let Ok(get_name) = self.function::<CuGetErrorName>() else {
             return format!("CUresult {result}");
         };
         let mut name: *const c_char = std::ptr::null();
         // SAFETY: valid out-pointer; the driver returns a static string.
-        if unsafe { get_name(result, &mut name) } == 0 && !name.is_null() {
+        if unsafe { get_name(result, &mut name) } == CUDA_SUCCESS && !name.is_null() {
             // SAFETY: NUL-terminated static string from the driver.
             return unsafe { CStr::from_ptr(name) }
                 .to_string_lossy()
@@ -97,8 +95,8 @@ impl Cuda {
         format!("CUresult {result}")
     }
 
-    fn check(&self, what: &str, result: CuResult) -> Result<()> {
-        if result == 0 {
+    fn check(&self, what: &str, result: CUresult) -> Result<()> {
+        if result == CUDA_SUCCESS {
             Ok(())
         } else {
             anyhow::bail!("{what}: {}", self.error_name(result))
@@ -111,10 +109,11 @@ fn open_cuda(proc_address: bool) -> Result<Cuda> {
     let library = std::rc::Rc::new(
         unsafe { Library::new("libcuda.so.1") }.context("cannot load libcuda.so.1")?,
     );
-    // SAFETY: symbol type matches the driver's cuGetProcAddress_v2.
-    let get_proc: Option<GetProcAddress> = unsafe { library.get(b"cuGetProcAddress_v2\0") }
-        .ok()
-        .map(|s| *s);
+    // SAFETY: the symbol's type is vgpu-abi's declaration of cuGetProcAddress_v2.
+    let get_proc: Option<<CuGetProcAddressV2 as EntryPoint>::Function> =
+        unsafe { library.get(CuGetProcAddressV2::NAME.to_bytes_with_nul()) }
+            .ok()
+            .map(|s| *s);
     let lookup: Lookup = match (proc_address, get_proc) {
         (true, Some(get_proc)) => Box::new(move |name: &CStr| {
             let full = name.to_str().unwrap_or_default();
@@ -124,7 +123,7 @@ fn open_cuda(proc_address: bool) -> Result<Cuda> {
             let mut status = 0;
             // SAFETY: valid strings and out-pointers; 12000 asks for the CUDA 12 ABI.
             let result = unsafe { get_proc(symbol.as_ptr(), &mut pointer, 12000, 0, &mut status) };
-            if result != 0 || pointer.is_null() {
+            if result != CUDA_SUCCESS || pointer.is_null() {
                 anyhow::bail!("cuGetProcAddress_v2({base}) failed with {result}");
             }
             Ok(pointer)
@@ -140,8 +139,7 @@ fn open_cuda(proc_address: bool) -> Result<Cuda> {
 }
 
 fn memory_info(cuda: &Cuda) -> Result<(u64, u64)> {
-    let get_info = cuda
-        .function::<unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult>(c"cuMemGetInfo_v2")?;
+    let get_info = cuda.function::<CuMemGetInfoV2>()?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: valid out-pointers.
     cuda.check("cuMemGetInfo", unsafe { get_info(&mut free, &mut total) })?;
@@ -150,27 +148,16 @@ fn memory_info(cuda: &Cuda) -> Result<(u64, u64)> {
 
 fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
     let cuda = open_cuda(args.proc_address)?;
-    let init = cuda.function::<unsafe extern "C" fn(c_uint) -> CuResult>(c"cuInit")?;
-    let driver_version =
-        cuda.function::<unsafe extern "C" fn(*mut c_int) -> CuResult>(c"cuDriverGetVersion")?;
-    let device_count =
-        cuda.function::<unsafe extern "C" fn(*mut c_int) -> CuResult>(c"cuDeviceGetCount")?;
-    let device_get =
-        cuda.function::<unsafe extern "C" fn(*mut c_int, c_int) -> CuResult>(c"cuDeviceGet")?;
-    let device_name = cuda
-        .function::<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult>(
-            c"cuDeviceGetName",
-        )?;
-    let total_mem = cuda
-        .function::<unsafe extern "C" fn(*mut usize, c_int) -> CuResult>(c"cuDeviceTotalMem_v2")?;
-    let retain = cuda.function::<unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult>(
-        c"cuDevicePrimaryCtxRetain",
-    )?;
-    let set_current =
-        cuda.function::<unsafe extern "C" fn(*mut c_void) -> CuResult>(c"cuCtxSetCurrent")?;
-    let alloc =
-        cuda.function::<unsafe extern "C" fn(*mut u64, usize) -> CuResult>(c"cuMemAlloc_v2")?;
-    let free = cuda.function::<unsafe extern "C" fn(u64) -> CuResult>(c"cuMemFree_v2")?;
+    let init = cuda.function::<CuInit>()?;
+    let driver_version = cuda.function::<CuDriverGetVersion>()?;
+    let device_count = cuda.function::<CuDeviceGetCount>()?;
+    let device_get = cuda.function::<CuDeviceGet>()?;
+    let device_name = cuda.function::<CuDeviceGetName>()?;
+    let total_mem = cuda.function::<CuDeviceTotalMemV2>()?;
+    let retain = cuda.function::<CuDevicePrimaryCtxRetain>()?;
+    let set_current = cuda.function::<CuCtxSetCurrent>()?;
+    let alloc = cuda.function::<CuMemAllocV2>()?;
+    let free = cuda.function::<CuMemFreeV2>()?;
 
     // SAFETY: our own out-pointer, to cuDriverGetVersion.
     unsafe { driver_version(&mut report.driver_version) };
@@ -221,10 +208,10 @@ fn probe_cuda(args: &ProbeArgs, report: &mut Report) -> Result<()> {
         let mut pointer = 0u64;
         // SAFETY: a driver API call with valid out-pointers and sizes.
         let result = unsafe { alloc(&mut pointer, bytes.bytes() as usize) };
-        if result == 0 {
+        if result == CUDA_SUCCESS {
             held.push(pointer);
         }
-        let result = if result == 0 {
+        let result = if result == CUDA_SUCCESS {
             "CUDA_SUCCESS".to_string()
         } else {
             cuda.error_name(result)
@@ -252,28 +239,36 @@ fn probe_nvml() -> Result<NvmlReport> {
     // SAFETY: loading NVML by name, as monitoring tools do.
     let library =
         unsafe { Library::new("libnvidia-ml.so.1") }.context("cannot load libnvidia-ml.so.1")?;
-    // SAFETY: symbol types match NVML's C declarations.
+    // SAFETY: each symbol's type is vgpu-abi's declaration of its export.
     unsafe {
-        let init: libloading::Symbol<unsafe extern "C" fn() -> c_uint> =
-            library.get(b"nvmlInit_v2\0")?;
-        let count: libloading::Symbol<unsafe extern "C" fn(*mut c_uint) -> c_uint> =
-            library.get(b"nvmlDeviceGetCount_v2\0")?;
-        let by_index: libloading::Symbol<unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_uint> =
-            library.get(b"nvmlDeviceGetHandleByIndex_v2\0")?;
-        let memory: libloading::Symbol<unsafe extern "C" fn(*mut c_void, *mut [u64; 3]) -> c_uint> =
-            library.get(b"nvmlDeviceGetMemoryInfo\0")?;
-        anyhow::ensure!(init() == 0, "nvmlInit failed");
+        let init = library
+            .get::<<NvmlInitV2 as EntryPoint>::Function>(NvmlInitV2::NAME.to_bytes_with_nul())?;
+        let count = library.get::<<NvmlDeviceGetCountV2 as EntryPoint>::Function>(
+            NvmlDeviceGetCountV2::NAME.to_bytes_with_nul(),
+        )?;
+        let by_index = library.get::<<NvmlDeviceGetHandleByIndexV2 as EntryPoint>::Function>(
+            NvmlDeviceGetHandleByIndexV2::NAME.to_bytes_with_nul(),
+        )?;
+        let memory = library.get::<<NvmlDeviceGetMemoryInfo as EntryPoint>::Function>(
+            NvmlDeviceGetMemoryInfo::NAME.to_bytes_with_nul(),
+        )?;
+        anyhow::ensure!(init() == NVML_SUCCESS, "nvmlInit failed");
         let mut device_count = 0;
-        anyhow::ensure!(count(&mut device_count) == 0, "nvmlDeviceGetCount failed");
+        anyhow::ensure!(
+            count(&mut device_count) == NVML_SUCCESS,
+            "nvmlDeviceGetCount failed"
+        );
         let mut report = NvmlReport {
             device_count,
             memory: Vec::new(),
         };
         for index in 0..device_count {
             let mut device = std::ptr::null_mut();
-            let mut info = [0u64; 3];
-            if by_index(index, &mut device) == 0 && memory(device, &mut info) == 0 {
-                report.memory.push((info[0], info[1], info[2]));
+            let mut info = Memory::default();
+            if by_index(index, &mut device) == NVML_SUCCESS
+                && memory(device, &mut info) == NVML_SUCCESS
+            {
+                report.memory.push((info.total, info.free, info.used));
             }
         }
         Ok(report)

@@ -13,12 +13,14 @@
 //! updated: a new quota keeps every process's usage) with file I/O only, never a
 //! mapping, like the device plugin does.
 
-use std::ffi::CString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sched::{CloneFlags, unshare};
+use nix::unistd::{getegid, geteuid};
 use vgpu_common::region::{OpenOutcome, Region};
 use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota};
 
@@ -216,71 +218,47 @@ fn plan(args: &RunArgs, artifacts: &Artifacts, work: &Path) -> Result<Plan> {
     })
 }
 
-fn c_path(path: &Path) -> Result<CString> {
-    CString::new(path.as_os_str().as_encoded_bytes())
-        .with_context(|| format!("{} holds a NUL byte", path.display()))
-}
-
 fn bind(source: &Path, target: &Path) -> Result<()> {
-    let (source_c, target_c) = (c_path(source)?, c_path(target)?);
-    // SAFETY: valid C strings; a bind mount has no data argument.
-    let rc = unsafe {
-        libc::mount(
-            source_c.as_ptr(),
-            target_c.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        bail!(
-            "bind {} over {}: {}",
-            source.display(),
-            target.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .with_context(|| format!("bind {} over {}", source.display(), target.display()))
 }
 
 /// A private mount namespace: as root directly, else inside a new user namespace.
 fn enter_mount_namespace() -> Result<()> {
-    // SAFETY: geteuid/getegid have no preconditions.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let flags = if uid == 0 {
-        libc::CLONE_NEWNS
+    let (uid, gid) = (geteuid(), getegid());
+    let flags = if uid.is_root() {
+        CloneFlags::CLONE_NEWNS
     } else {
-        libc::CLONE_NEWUSER | libc::CLONE_NEWNS
+        CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS
     };
-    // SAFETY: unshare on the calling (single-threaded) process.
-    if unsafe { libc::unshare(flags) } != 0 {
-        let error = std::io::Error::last_os_error();
-        bail!(
+    unshare(flags).map_err(|error| {
+        anyhow::anyhow!(
             "cannot enter a mount namespace ({error}): vgpu run needs root, or unprivileged user namespaces \
              (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0)"
-        );
-    }
-    if uid != 0 {
+        )
+    })?;
+    if !uid.is_root() {
         std::fs::write("/proc/self/setgroups", "deny").context("user namespace: setgroups")?;
         std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))
             .context("user namespace: uid_map")?;
         std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
             .context("user namespace: gid_map")?;
     }
-    // SAFETY: making every mount private to this namespace, so nothing leaks to the host.
-    let rc = unsafe {
-        libc::mount(
-            c"none".as_ptr(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        bail!("make mounts private: {}", std::io::Error::last_os_error());
-    }
+    // Every mount private to this namespace, so nothing leaks to the host.
+    mount(
+        Some("none"),
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("make mounts private")?;
     Ok(())
 }
 
@@ -412,10 +390,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     };
     // Mount points cannot be removed: detach our private binds before the work folder goes.
     for (_, private) in &plan.private_binds {
-        if let Ok(target) = c_path(private) {
-            // SAFETY: unmounting a bind we made; failure only leaves it to the namespace's end.
-            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-        }
+        // Failure only leaves it to the namespace's end.
+        let _ = umount2(private, MntFlags::MNT_DETACH);
     }
     status
 }

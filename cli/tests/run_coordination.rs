@@ -70,9 +70,8 @@ fn found_charges(trace: &str, id: &str) -> Vec<u32> {
 
 #[test]
 fn two_runs_on_one_card_find_each_others_processes_and_correct_their_charges() {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    assert_eq!(uid, 0, "vgpu run's mount namespace needs root");
+    // `vgpu run` with the host's driver (no --simulate) bind-mounts over the host's paths.
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
     let dir = tempfile::tempdir().expect("tempdir");
     let streams = streams(dir.path());
     let runs = [

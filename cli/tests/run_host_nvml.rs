@@ -51,9 +51,8 @@ fn build(dir: &Path, name: &str, source: &str) {
 
 #[test]
 fn the_hosts_nvml_gets_the_real_driver_and_no_shim_speaks() {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    assert_eq!(uid, 0, "vgpu run's mount namespace needs root");
+    // `vgpu run` with the host's driver (no --simulate) bind-mounts over the host's paths.
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = dir.path().join("driver");
     std::fs::create_dir(&driver).expect("driver dir");

@@ -18,7 +18,7 @@ const SIM_UUID_1: &str = "GPU-51d00000-0000-4000-8000-000000000002";
 fn sim_library() -> PathBuf {
     let binary = Path::new(env!("CARGO_BIN_EXE_vgpu"));
     let profile_dir = binary.parent().expect("the vgpu binary lives in a folder");
-    vgpu_common::built::in_profile_dir(profile_dir, "libvgpu_sim.so").unwrap_or_else(|| {
+    vgpu_test_support::in_profile_dir(profile_dir, "libvgpu_sim.so").unwrap_or_else(|| {
         panic!(
             "the simulated driver is not built (libvgpu_sim.so missing in {}): run `cargo test --workspace`",
             profile_dir.display()

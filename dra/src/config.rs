@@ -168,8 +168,8 @@ impl DraConfig {
         let mut config: DraConfig = if text.trim().is_empty() {
             DraConfig::default()
         } else {
-            serde_norway::from_str(text)
-                .map_err(|err| anyhow::anyhow!("{}: {err}", origin.display()))?
+            serde_saphyr::from_str(text)
+                .map_err(|err| anyhow::anyhow!("{}: {}", origin.display(), err.without_snippet()))?
         };
         if config.node_name.is_none() {
             config.node_name = std::env::var(NODE_NAME_ENV).ok().filter(|n| !n.is_empty());

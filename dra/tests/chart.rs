@@ -175,7 +175,7 @@ fn dra(helm: &Path, args: &[&str]) -> (Vec<Value>, DraConfig) {
     assert_mounted(&docs, "nvml_library", &config.nvml_library);
     assert_mounted(&docs, "device_plugin_dir", &config.device_plugin_dir);
     assert_eq!(init_dest(&docs), config.host_driver_dir);
-    let raw: serde_norway::Value = serde_norway::from_str(&text).expect("YAML");
+    let raw: serde_json::Value = serde_saphyr::from_str(&text).expect("YAML");
     let address = raw["metrics_address"].as_str().expect("metrics_address");
     assert_eq!(
         address,
@@ -400,8 +400,8 @@ fn the_values_schema_admits_exactly_what_the_parsers_accept() {
         // does not hold.
         let docs =
             manifest::parse(&render(&helm, &["--set", &format!("mode={mode}")]).expect("render"));
-        let rendered: serde_norway::Value =
-            serde_norway::from_str(&config_text(&docs).1).expect("config");
+        let rendered: serde_json::Value =
+            serde_saphyr::from_str(&config_text(&docs).1).expect("config");
         let rendered: BTreeSet<String> = rendered
             .as_mapping()
             .expect("mapping")
@@ -425,10 +425,10 @@ fn the_values_schema_admits_exactly_what_the_parsers_accept() {
 #[test]
 fn the_chart_is_versioned_with_the_workspace() {
     let text = std::fs::read_to_string(chart().join("Chart.yaml")).expect("Chart.yaml");
-    let meta: serde_norway::Value = serde_norway::from_str(&text).expect("YAML");
+    let meta: serde_json::Value = serde_saphyr::from_str(&text).expect("YAML");
     assert_eq!(meta["version"].as_str(), Some(env!("CARGO_PKG_VERSION")));
     assert_eq!(meta["appVersion"].as_str(), Some(env!("CARGO_PKG_VERSION")));
-    let values: serde_norway::Value = serde_norway::from_str(
+    let values: serde_json::Value = serde_saphyr::from_str(
         &std::fs::read_to_string(chart().join("values.yaml")).expect("values"),
     )
     .expect("YAML");
@@ -446,11 +446,11 @@ fn the_chart_is_versioned_with_the_workspace() {
 }
 
 /// Whether `path` (`a.b.c`, a last part `*` for any key) names a value of `values`.
-fn has_value(values: &serde_norway::Value, path: &str) -> bool {
+fn has_value(values: &serde_json::Value, path: &str) -> bool {
     let mut node = values;
     for part in path.split('.') {
         if part == "*" {
-            return node.as_mapping().is_some_and(|map| !map.is_empty());
+            return node.as_object().is_some_and(|map| !map.is_empty());
         }
         match node.get(part) {
             Some(next) => node = next,
@@ -462,7 +462,7 @@ fn has_value(values: &serde_norway::Value, path: &str) -> bool {
 
 #[test]
 fn the_readmes_values_table_names_real_values() {
-    let values: serde_norway::Value = serde_norway::from_str(
+    let values: serde_json::Value = serde_saphyr::from_str(
         &std::fs::read_to_string(chart().join("values.yaml")).expect("values"),
     )
     .expect("YAML");

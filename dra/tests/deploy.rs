@@ -300,7 +300,7 @@ fn the_dra_daemonset_has_probes_and_a_metrics_service() {
     let text = of_kind(&docs, "ConfigMap")["data"]["dra.yaml"]
         .as_str()
         .expect("dra.yaml");
-    let config: serde_norway::Value = serde_norway::from_str(text).expect("YAML");
+    let config: serde_json::Value = serde_saphyr::from_str(text).expect("YAML");
     assert_eq!(
         config["metrics_address"].as_str(),
         Some("0.0.0.0:9402"),
@@ -341,16 +341,6 @@ fn the_dra_daemonset_has_probes_and_a_metrics_service() {
     );
 }
 
-/// `target/<profile>`, where `cargo test` leaves the shims and the sim driver.
-fn built(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().expect("test exe");
-    let profile = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .expect("profile dir");
-    vgpu_common::built::in_profile_dir(profile, name)
-}
-
 /// The init container's `--dest=` (where `vgpu-ldconfig prepare` writes on the host).
 fn init_dest(docs: &[Value]) -> PathBuf {
     let init = &of_kind(docs, "DaemonSet")["spec"]["template"]["spec"]["initContainers"][0];
@@ -380,9 +370,9 @@ fn on_node(node: &std::path::Path, path: &std::path::Path) -> PathBuf {
 #[test]
 fn each_configs_driver_paths_are_files_the_init_container_writes() {
     let (Some(sim), Some(cuda_shim), Some(nvml_shim)) = (
-        built("libvgpu_sim.so"),
-        built("libcuda_shim.so"),
-        built("libnvml_shim.so"),
+        vgpu_test_support::built("libvgpu_sim.so"),
+        vgpu_test_support::built("libcuda_shim.so"),
+        vgpu_test_support::built("libnvml_shim.so"),
     ) else {
         panic!("cargo test builds the sim driver and the shims (dev-dependencies)");
     };

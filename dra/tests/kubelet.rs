@@ -22,6 +22,7 @@ use vgpu_kube::k8s_openapi::api::resource::v1::ResourceSlice;
 use vgpu_kube::standin::StandInApiServer;
 use vgpu_plugin::devices::{DeviceSource, FakeSource, NvmlSource};
 use vgpu_plugin::persist::Versioned;
+use vgpu_test_support::{Need, require};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -65,25 +66,16 @@ fn golden(name: &str, actual: &Value) {
     assert_eq!(text, expected, "{} differs", path.display());
 }
 
-/// The built pieces the shim check needs, or `None` after saying what is missing.
-fn shim_artifacts(test: &str) -> Option<[PathBuf; 4]> {
+/// The built pieces the shim check needs, or `None` (by the prerequisite policy).
+fn shim_artifacts() -> Option<[PathBuf; 4]> {
     let wanted = [
         "libcuda_shim.so",
         "libnvml_shim.so",
         "libvgpu_sim.so",
         "vgpu",
     ];
-    let mut found = Vec::new();
-    for name in wanted {
-        match built(name) {
-            Some(path) => found.push(path),
-            None => {
-                missing(test, &format!("{name} not built (cargo test --workspace)"));
-                return None;
-            }
-        }
-    }
-    found.try_into().ok()
+    require!(return None; Need::Built(wanted[0]), Need::Built(wanted[1]), Need::Built(wanted[2]), Need::Built(wanted[3]));
+    Some(wanted.map(|name| built(name).expect("checked")))
 }
 
 /// Runs `vgpu probe` and pynvml through the shims under the prepared config, as the
@@ -143,32 +135,26 @@ fn through_the_shims(
             .as_bytes(),
     )
     .unwrap_or_else(|err| panic!("probe printed no JSON ({err}): {probe:?}"));
-    let python = run(Command::new("python3").args([
-        "-c",
-        "import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); \
-         u = pynvml.nvmlDeviceGetUUID(h); u = u.decode() if isinstance(u, bytes) else u; \
-         print(pynvml.nvmlDeviceGetCount(), u, pynvml.nvmlDeviceGetMemoryInfo(h).total)",
-    ]));
-    let nvml = python
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&python.stdout).trim().to_string());
-    if nvml.is_none() {
-        missing(
-            "through_the_shims",
-            &format!(
-                "python3 with pynvml: {}",
-                String::from_utf8_lossy(&python.stderr)
-            ),
+    let nvml = vgpu_test_support::present(&[Need::Python(&["pynvml"])]).then(|| {
+        let python = run(Command::new("python3").args([
+            "-c",
+            "import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); \
+             u = pynvml.nvmlDeviceGetUUID(h); u = u.decode() if isinstance(u, bytes) else u; \
+             print(pynvml.nvmlDeviceGetCount(), u, pynvml.nvmlDeviceGetMemoryInfo(h).total)",
+        ]));
+        assert!(
+            python.status.success(),
+            "pynvml through the shims failed: {}",
+            String::from_utf8_lossy(&python.stderr)
         );
-    }
+        String::from_utf8_lossy(&python.stdout).trim().to_string()
+    });
     (report, nvml)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_sim_gpus_slices_placement_prepare_and_restart() {
-    let test = "four_sim_gpus_slices_placement_prepare_and_restart";
-    let Some(sim) = sim_library(test) else { return };
+    let Some(sim) = sim_library() else { return };
     let server = StandInApiServer::start().await.expect("stand-in");
     let kubelet = TestKubelet::new();
     let config = kubelet.config(&server.url());
@@ -321,7 +307,7 @@ async fn four_sim_gpus_slices_placement_prepare_and_restart() {
     }
 
     // Each quota through the shims: one card, its UUID, the claim's memory.
-    if let Some(artifacts) = shim_artifacts(test) {
+    if let Some(artifacts) = shim_artifacts() {
         for (uid, card, memory) in [(uid_a, &cards[0], 4 * GIB), (uid_b, &cards[1], 2560 * MIB)] {
             let dir = preparer.allocation_dir(&format!("{uid}-gpu"));
             let (report, nvml) = through_the_shims(&kubelet, &dir, &artifacts, "5GiB");

@@ -7,7 +7,7 @@
 //! Needs root, podman (Debian's 4.3 reads specs only from /etc/cdi and /var/run/cdi, so
 //! the spec goes to /var/run/cdi, under a name unique to this test run), runc, the
 //! built shims, sim and `vgpu`, and python3 with pynvml. A missing prerequisite fails
-//! the test when CI=true and is reported and skipped otherwise. The host's `/` is the
+//! the test in CI and skips it elsewhere (vgpu-test-support's policy). The host's `/` is the
 //! container's read-only lower layer (`--rootfs /:O`).
 
 mod common;
@@ -20,53 +20,28 @@ use common::*;
 use vgpu_dra::cards::NvmlDetails;
 use vgpu_kube::standin::StandInApiServer;
 use vgpu_plugin::devices::{DeviceSource, NvmlSource};
+use vgpu_test_support::{Need, require};
 
-const TEST: &str = "podman_cdi";
-
-fn works(program: &str, arg: &str) -> bool {
-    Command::new(program)
-        .arg(arg)
-        .output()
-        .is_ok_and(|out| out.status.success())
-}
-
+/// Checks the prerequisites (by the one policy: skip outside CI, fail in CI); python3's
+/// executable when all are there.
 fn prerequisites() -> Option<PathBuf> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        missing(TEST, "not root");
-        return None;
-    }
-    for (program, arg, install) in [
-        ("podman", "--version", "apt-get install podman"),
-        ("runc", "--version", "apt-get install runc"),
-    ] {
-        if !works(program, arg) {
-            missing(TEST, &format!("{program} not installed ({install})"));
-            return None;
-        }
-    }
+    require!(return None;
+        Need::Root,
+        Need::program("podman", "apt-get install podman"),
+        Need::program("runc", "apt-get install runc"),
+        Need::Python(&["pynvml"]),
+        Need::Built("libcuda_shim.so"),
+        Need::Built("libnvml_shim.so"),
+        Need::Built("libvgpu_sim.so"),
+        Need::Built("vgpu"),
+    );
     let python = Command::new("python3")
-        .args(["-c", "import sys, pynvml; print(sys.executable)"])
+        .args(["-c", "import sys; print(sys.executable)"])
         .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
-    let Some(python) = python else {
-        missing(TEST, "python3 with pynvml (pip install nvidia-ml-py)");
-        return None;
-    };
-    for name in [
-        "libcuda_shim.so",
-        "libnvml_shim.so",
-        "libvgpu_sim.so",
-        "vgpu",
-    ] {
-        if built(name).is_none() {
-            missing(TEST, &format!("{name} not built (cargo test --workspace)"));
-            return None;
-        }
-    }
-    Some(python)
+        .expect("python3 runs: checked");
+    Some(PathBuf::from(
+        String::from_utf8_lossy(&python.stdout).trim(),
+    ))
 }
 
 /// A prepared driver folder as `vgpu-ldconfig prepare` leaves it, with the sim as the
@@ -90,7 +65,7 @@ async fn a_podman_container_runs_through_the_claims_cdi_spec() {
     let Some(python) = prerequisites() else {
         return;
     };
-    let Some(sim) = sim_library(TEST) else { return };
+    let Some(sim) = sim_library() else { return };
     let server = StandInApiServer::start().await.expect("stand-in");
     let kubelet = TestKubelet::new();
     driver_folder(&kubelet);

@@ -1,9 +1,11 @@
 //! Resource quantities (`2560Mi`, `60`, `1e3`, `2.5Gi`) read exactly as whole numbers,
-//! and byte counts written in their shortest binary form. A quantity that is not a
-//! whole number, is negative or does not fit is an error naming the text.
+//! by vgpu-common's one quantity parser, and byte counts written in their shortest
+//! binary form. A quantity that is not a whole number, is negative or does not fit is
+//! an error naming the text.
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+/// The binary units [`bytes`] writes, largest last.
 const BINARY: [(&str, u32); 6] = [
     ("Ki", 10),
     ("Mi", 20),
@@ -12,61 +14,11 @@ const BINARY: [(&str, u32); 6] = [
     ("Pi", 50),
     ("Ei", 60),
 ];
-const DECIMAL: [(&str, i32); 9] = [
-    ("n", -9),
-    ("u", -6),
-    ("m", -3),
-    ("k", 3),
-    ("M", 6),
-    ("G", 9),
-    ("T", 12),
-    ("P", 15),
-    ("E", 18),
-];
 
-/// The whole number a quantity stands for.
+/// The whole number a quantity stands for, read by the workspace's one quantity parser
+/// ([`vgpu_common::size::parse_whole`]: `m` is milli, and the value must be whole).
 pub fn parse_whole(text: &str) -> Result<u64, String> {
-    let bad = |why: &str| format!("quantity `{text}`: {why}");
-    let trimmed = text.trim();
-    let digits_end = trimmed
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
-        .unwrap_or(trimmed.len());
-    let (number, suffix) = trimmed.split_at(digits_end);
-    let number = number.strip_prefix('+').unwrap_or(number);
-    if number.is_empty() || number.matches('.').count() > 1 || number == "." {
-        return Err(bad("not a number"));
-    }
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    let mantissa: u128 = format!("{whole}{fraction}")
-        .parse()
-        .map_err(|_| bad("not a number"))?;
-    // value = mantissa × 10^(exp10 − fraction digits) × 2^exp2
-    let mut exp10 = -(fraction.len() as i32);
-    let mut exp2 = 0u32;
-    if let Some((_, shift)) = BINARY.iter().find(|(name, _)| *name == suffix) {
-        exp2 = *shift;
-    } else if let Some((_, power)) = DECIMAL.iter().find(|(name, _)| *name == suffix) {
-        exp10 += power;
-    } else if let Some(exponent) = suffix.strip_prefix(['e', 'E']) {
-        exp10 += exponent.parse::<i32>().map_err(|_| bad("bad exponent"))?;
-    } else if !suffix.is_empty() {
-        return Err(bad("unknown suffix"));
-    }
-    let too_big = || bad("too large");
-    let mut value = mantissa.checked_mul(1u128 << exp2).ok_or_else(too_big)?;
-    if exp10 >= 0 {
-        let scale = 10u128.checked_pow(exp10 as u32).ok_or_else(too_big)?;
-        value = value.checked_mul(scale).ok_or_else(too_big)?;
-    } else {
-        let scale = 10u128
-            .checked_pow(exp10.unsigned_abs())
-            .ok_or_else(|| bad("not a whole number"))?;
-        if value % scale != 0 {
-            return Err(bad("not a whole number"));
-        }
-        value /= scale;
-    }
-    u64::try_from(value).map_err(|_| too_big())
+    vgpu_common::size::parse_whole(text).map_err(|why| format!("quantity `{text}`: {why}"))
 }
 
 /// [`parse_whole`] of a k8s-openapi quantity.
@@ -122,6 +74,24 @@ mod tests {
         ] {
             assert!(parse_whole(text).is_err(), "{text} must be refused");
         }
+    }
+
+    /// Issue 26: this crate read `3000m` as 3 while vgpu-common refused every `m`; both
+    /// now go through one parser and agree on each of these.
+    #[test]
+    fn agrees_with_the_config_sizes_on_milli_and_fractions() {
+        for text in [
+            "3000m", "100m", "4m", "1.5", "2.5Gi", "1e3", "12e-1", "1Ki", "7680MiB",
+        ] {
+            assert_eq!(
+                parse_whole(text).ok(),
+                text.parse::<vgpu_common::ByteSize>()
+                    .ok()
+                    .map(|size| size.bytes()),
+                "{text}"
+            );
+        }
+        assert!(parse_whole("100m").unwrap_err().contains("milli"));
     }
 
     #[test]

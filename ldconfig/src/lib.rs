@@ -5,11 +5,11 @@
 //! * [`check`]: which exports of the real driver a shim lacks;
 //! * [`root`]: another machine's file system seen through a folder (`/host`), links
 //!   resolved inside it;
-//! * [`discover`]: the host's real NVIDIA user-space libraries, tools and version (also
-//!   inside a mounted host root and the GPU Operator's driver root), and every path at
-//!   which the loader could find a library;
-//! * [`prepare`]: the driver folder the shims forward to (`DEST/<version>/lib64`,
-//!   `bin`, `shim`, `driver.json`), guarded by the export check;
+//! * [`discover`](mod@discover): the host's real NVIDIA user-space libraries, tools and
+//!   version (also inside a mounted host root and the GPU Operator's driver root), and
+//!   every path at which the loader could find a library;
+//! * [`prepare`](mod@prepare): the driver folder the shims forward to
+//!   (`DEST/<version>/lib64`, `bin`, `shim`, `driver.json`), guarded by the export check;
 //! * [`versions`]: the version folders of DEST and the `current` link that names the
 //!   one in use;
 //! * [`layout`]: the container-side mounts and env as data.

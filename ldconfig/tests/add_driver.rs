@@ -3,6 +3,8 @@
 
 mod common;
 
+use vgpu_test_support::{Need, require};
+
 use std::process::{Command, Output};
 
 use common::{DEBIAN_VERSION, symbols_file, unpack_debian_driver};
@@ -18,6 +20,7 @@ fn add_driver(out_dir: &std::path::Path, args: &[&std::path::Path]) -> Output {
 
 #[test]
 fn regenerates_the_checked_in_535_lists_exactly() {
+    require!(Need::DebianDebs);
     let driver = unpack_debian_driver();
     let out = tempfile::tempdir().unwrap();
     // Arguments in either order, and a SONAME symlink instead of the versioned file.
@@ -59,6 +62,7 @@ fn regenerates_the_checked_in_535_lists_exactly() {
 
 #[test]
 fn refuses_wrong_arguments() {
+    require!(Need::DebianDebs);
     let driver = unpack_debian_driver();
     let out = tempfile::tempdir().unwrap();
     let cuda = driver.lib_dir.join(format!("libcuda.so.{DEBIAN_VERSION}"));

@@ -3,6 +3,8 @@
 
 mod common;
 
+use vgpu_test_support::{Need, require};
+
 use std::path::Path;
 
 use common::{
@@ -40,6 +42,7 @@ fn check_against_a_list_exits_1_and_prints_missing_names_sorted() {
 
 #[test]
 fn check_of_a_complete_shim_exits_0_with_one_summary_line() {
+    require!(Need::DebianDebs);
     let driver = unpack_debian_driver();
     let work = tempfile::tempdir().unwrap();
     let shim = work.path().join("libnvml_shim.so");
@@ -96,6 +99,7 @@ fn bad_input_is_one_error_line_and_exit_2() {
 
 #[test]
 fn scan_prepare_and_layout_from_the_command_line() {
+    require!(Need::DebianDebs);
     let driver = unpack_debian_driver();
     let work = tempfile::tempdir().unwrap();
     let cache = work.path().join("ld.so.cache");
@@ -229,6 +233,7 @@ fn scan_prepare_and_layout_from_the_command_line() {
 
 #[test]
 fn exports_prints_the_symbols_list_format() {
+    require!(Need::DebianDebs);
     let driver = unpack_debian_driver();
     let cuda = driver.lib_dir.join("libcuda.so.1");
     let output = vgpu_ldconfig(&["exports", path(&cuda)]);

@@ -4,6 +4,8 @@
 
 mod common;
 
+use vgpu_test_support::{Need, require};
+
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -16,6 +18,7 @@ use vgpu_ldconfig::{loader_paths, parse_cache, read_cache};
 
 #[test]
 fn real_535_exports_equal_the_checked_in_lists() {
+    require!(Need::DebianDebs);
     let driver = unpack_debian_driver();
     let cuda = driver.lib_dir.join(format!("libcuda.so.{DEBIAN_VERSION}"));
     let nvml = driver
@@ -62,6 +65,7 @@ fn options_for(cache: &Path, tool_dir: &Path) -> DiscoverOptions {
 
 #[test]
 fn prepare_builds_the_driver_folder_and_guards_exports() {
+    require!(Need::DebianDebs);
     let driver_files = unpack_debian_driver();
     let work = tempfile::tempdir().unwrap();
     let cache = write_cache(work.path(), &driver_files.lib_dir);

@@ -7,6 +7,8 @@
 
 mod common;
 
+use vgpu_test_support::{Need, require};
+
 use std::path::{Path, PathBuf};
 
 use common::{
@@ -82,6 +84,7 @@ fn scan(host: &Path) -> serde_json::Value {
 
 #[test]
 fn every_layout_is_found_through_the_mounted_host_root() {
+    require!(Need::DebianDebs, Need::Root);
     let work = tempfile::tempdir().unwrap();
     let shims = shims(work.path());
     for (layout, driver_root, found_at, tool_at) in [
@@ -149,6 +152,7 @@ fn every_layout_is_found_through_the_mounted_host_root() {
 
 #[test]
 fn the_cache_holds_host_paths_and_an_upgrade_replaces_the_prepared_driver() {
+    require!(Need::DebianDebs, Need::Root);
     let work = tempfile::tempdir().unwrap();
     let shims = shims(work.path());
     let host = FakeHost::new(HostLayout::Debian);
@@ -196,6 +200,7 @@ fn the_cache_holds_host_paths_and_an_upgrade_replaces_the_prepared_driver() {
 
 #[test]
 fn explicit_flags_name_the_driver_root_cache_and_folders() {
+    require!(Need::DebianDebs, Need::Root);
     let work = tempfile::tempdir().unwrap();
     let shims = shims(work.path());
     let host = FakeHost::new(HostLayout::UsrLocalNvidia);

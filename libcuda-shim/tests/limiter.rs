@@ -42,17 +42,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf()
-}
-
 /// A library this build made (`cargo test` leaves them in `deps/`).
 fn built(name: &str) -> PathBuf {
-    vgpu_common::built::in_profile_dir(&profile_dir(), name)
+    vgpu_test_support::built(name)
         .unwrap_or_else(|| panic!("{name} is not built: run `cargo test --workspace`"))
 }
 
@@ -1039,13 +1031,8 @@ impl Machine {
 /// share, nor keep it from the idle card with claims that cannot be true.
 #[test]
 fn pods_on_one_card_coordinate_through_the_hosts_views_only() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "pods_on_one_card_coordinate_through_the_hosts_views_only: skipped: needs root for mount namespaces"
-        );
-        return;
-    }
+    // Mount namespaces, for the views at the same paths in every pod.
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
     let _serial = serial();
     let machine = Machine::new("deployed");
     let hard = machine.pod("hard-40", 40, CoreMode::Hard, None);

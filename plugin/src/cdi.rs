@@ -289,7 +289,7 @@ impl Spec {
             source,
         })?;
         let parsed = if path.extension().is_some_and(|ext| ext == "yaml") {
-            serde_norway::from_str(&text).map_err(|err| err.to_string())
+            serde_saphyr::from_str(&text).map_err(|err| err.without_snippet().to_string())
         } else {
             serde_json::from_str(&text).map_err(|err| err.to_string())
         };
@@ -424,7 +424,7 @@ impl SpecWriter {
         spec.cdi_version = spec.minimum_version().to_string();
         let bytes = match self.format {
             SpecFormat::Json => serde_json::to_vec_pretty(&spec).map_err(|err| err.to_string()),
-            SpecFormat::Yaml => serde_norway::to_string(&spec)
+            SpecFormat::Yaml => serde_saphyr::to_string(&spec)
                 .map(String::into_bytes)
                 .map_err(|err| err.to_string()),
         }

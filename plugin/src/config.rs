@@ -227,8 +227,8 @@ impl PluginConfig {
         let config: PluginConfig = if text.trim().is_empty() {
             PluginConfig::default()
         } else {
-            serde_norway::from_str(text)
-                .map_err(|err| anyhow::anyhow!("{}: {err}", origin.display()))?
+            serde_saphyr::from_str(text)
+                .map_err(|err| anyhow::anyhow!("{}: {}", origin.display(), err.without_snippet()))?
         };
         config
             .validate()

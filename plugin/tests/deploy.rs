@@ -5,8 +5,7 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
-use serde_norway::Value;
+use serde_json::Value;
 use vgpu_plugin::PluginConfig;
 
 fn repo() -> PathBuf {
@@ -18,9 +17,7 @@ fn repo() -> PathBuf {
 
 fn documents(name: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(repo().join("deploy").join(name)).expect("manifest");
-    serde_norway::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).expect("YAML document"))
-        .collect()
+    serde_saphyr::from_multiple(&text).expect("YAML documents")
 }
 
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
@@ -54,7 +51,7 @@ fn the_configmap_is_a_valid_plugin_config_and_the_daemonset_matches_it() {
         "host PIDs for NVML inside containers"
     );
     let host_paths: Vec<&str> = pod["volumes"]
-        .as_sequence()
+        .as_array()
         .expect("volumes")
         .iter()
         .filter_map(|v| v["hostPath"]["path"].as_str())
@@ -77,7 +74,7 @@ fn the_configmap_is_a_valid_plugin_config_and_the_daemonset_matches_it() {
     );
     let port = config.metrics_address.expect("metrics on").port();
     let ports: Vec<i64> = pod["containers"][0]["ports"]
-        .as_sequence()
+        .as_array()
         .map(|ports| {
             ports
                 .iter()
@@ -139,7 +136,7 @@ fn daemonset_pod(docs: &[Value]) -> &Value {
 
 fn strings(value: &Value) -> Vec<&str> {
     value
-        .as_sequence()
+        .as_array()
         .map(|items| items.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default()
 }
@@ -151,7 +148,7 @@ fn the_manifests_name_the_versioned_image_that_build_image_makes() {
     let pod = daemonset_pod(&docs);
     let mut images = Vec::new();
     for list in ["initContainers", "containers"] {
-        for container in pod[list].as_sequence().expect(list) {
+        for container in pod[list].as_array().expect(list) {
             images.push(container["image"].as_str().expect("image"));
         }
     }
@@ -203,7 +200,7 @@ fn the_daemonset_grants_only_what_the_plugin_uses() {
     let token_path = "/var/run/secrets/kubernetes.io/serviceaccount";
     let mounts_of = |container: &Value| -> Vec<String> {
         container["volumeMounts"]
-            .as_sequence()
+            .as_array()
             .map(|mounts| {
                 mounts
                     .iter()
@@ -217,17 +214,17 @@ fn the_daemonset_grants_only_what_the_plugin_uses() {
     assert!(!mounts_of(init).iter().any(|path| path == token_path));
     assert!(mounts_of(plugin).iter().any(|path| path == token_path));
     let token = pod["volumes"]
-        .as_sequence()
+        .as_array()
         .expect("volumes")
         .iter()
         .find(|volume| volume["name"].as_str() == Some("api-token"))
         .expect("api-token volume");
-    assert!(token["projected"]["sources"][0]["serviceAccountToken"].is_mapping());
+    assert!(token["projected"]["sources"][0]["serviceAccountToken"].is_object());
 
     // RBAC: get a pod (the soft-ceiling annotation, kube/src/pods.rs PodReader::get),
     // create an Event on it (issue 27's quota refusal); nothing else.
     let rules = of_kind(&docs, "ClusterRole")["rules"]
-        .as_sequence()
+        .as_array()
         .expect("rules");
     let rules: Vec<(Vec<&str>, Vec<&str>, Vec<&str>)> = rules
         .iter()
@@ -278,7 +275,7 @@ fn the_daemonset_grants_only_what_the_plugin_uses() {
     // gpu-manager's taint is tolerated.
     assert!(
         pod["tolerations"]
-            .as_sequence()
+            .as_array()
             .expect("tolerations")
             .iter()
             .any(|t| t["key"].as_str() == Some("tencent.com/vcuda-core")
@@ -313,7 +310,7 @@ fn probes_service_and_servicemonitor_reach_the_metrics_port() {
     let pod = daemonset_pod(&docs);
     let plugin = &pod["containers"][0];
     let named: Vec<(&str, i64)> = plugin["ports"]
-        .as_sequence()
+        .as_array()
         .expect("ports")
         .iter()
         .map(|p| {
@@ -330,8 +327,8 @@ fn probes_service_and_servicemonitor_reach_the_metrics_port() {
     }
     let service = of_kind(&docs, "Service");
     let pod_labels = &of_kind(&docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"];
-    for (key, value) in service["spec"]["selector"].as_mapping().expect("selector") {
-        assert_eq!(&pod_labels[key.as_str().expect("key")], value);
+    for (key, value) in service["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(&pod_labels[key.as_str()], value);
     }
     assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
     assert_eq!(
@@ -341,13 +338,10 @@ fn probes_service_and_servicemonitor_reach_the_metrics_port() {
     let monitors = documents("servicemonitor.yaml");
     let monitor = of_kind(&monitors, "ServiceMonitor");
     for (key, value) in monitor["spec"]["selector"]["matchLabels"]
-        .as_mapping()
+        .as_object()
         .expect("matchLabels")
     {
-        assert_eq!(
-            &service["metadata"]["labels"][key.as_str().expect("key")],
-            value
-        );
+        assert_eq!(&service["metadata"]["labels"][key.as_str()], value);
     }
     let endpoint = &monitor["spec"]["endpoints"][0];
     assert_eq!(endpoint["port"], service["spec"]["ports"][0]["name"]);

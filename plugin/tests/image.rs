@@ -9,8 +9,9 @@
 //!   535 packages mounted read-only at /host: no privilege, no capability, a read-only
 //!   root file system.
 //!
-//! Needs root, podman, debootstrap and cargo-zigbuild (tests/run.sh installs them); a
-//! missing one fails on CI and skips elsewhere.
+//! Needs root, podman, debootstrap and cargo-zigbuild, and the last one Debian's driver
+//! packages (tests/run.sh installs them all); by vgpu-test-support's policy a missing one
+//! fails in CI and skips elsewhere.
 
 mod common;
 
@@ -21,8 +22,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::{TestKubelet, allocate, list_ids, plugin_client};
-use serde::Deserialize;
-use serde_norway::Value;
+use serde_json::Value;
+use vgpu_test_support::Need;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -47,39 +48,52 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Why this machine cannot run the image tests, if it cannot.
-fn missing_prerequisite() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    for (tool, flag) in [("podman", "--version"), ("debootstrap", "--help")] {
-        if Command::new(tool)
-            .arg(flag)
+/// Whether cargo-zigbuild runs, on `PATH` or in python3's scripts folder (where
+/// `pip install cargo-zigbuild` puts it), as deploy/build-image.sh looks for it.
+fn has_zigbuild() -> bool {
+    let runs = |program: &Path| {
+        Command::new(program)
+            .arg("--version")
             .output()
-            .map_or(true, |out| !out.status.success())
-        {
-            return Some(format!("{tool} is not installed"));
-        }
-    }
-    None
+            .is_ok_and(|out| out.status.success())
+    };
+    let scripts = Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('scripts'))",
+        ])
+        .output()
+        .ok()
+        .map(|out| PathBuf::from(text(&out.stdout).trim()).join("cargo-zigbuild"));
+    runs(Path::new("cargo-zigbuild")) || scripts.is_some_and(|path| runs(&path))
 }
 
-/// Why there is no image.
-enum NoImage {
-    /// This machine lacks what the tests need (a failure on CI, a skip elsewhere).
-    Missing(String),
-    /// The build failed: always a failure.
-    Failed(String),
+/// What the image tests need, by vgpu-test-support's one policy (a skip outside CI, a
+/// failure in CI).
+fn prerequisites() -> bool {
+    vgpu_test_support::present(&[
+        Need::Root,
+        Need::program("podman", "apt-get install podman"),
+        Need::Program {
+            name: "debootstrap",
+            probe: "--help",
+            install: "apt-get install debootstrap",
+        },
+        Need::Other {
+            what: "cargo-zigbuild with zig",
+            present: has_zigbuild(),
+            install: "python3 -m pip install ziglang cargo-zigbuild",
+        },
+    ])
 }
 
 /// The image reference, built once for every test of this file; `None` to skip.
 fn image() -> Option<&'static str> {
-    static IMAGE: OnceLock<Result<String, NoImage>> = OnceLock::new();
+    static IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
+    if !prerequisites() {
+        return None;
+    }
     let built = IMAGE.get_or_init(|| {
-        if let Some(why) = missing_prerequisite() {
-            return Err(NoImage::Missing(why));
-        }
         let mut command = Command::new("bash");
         command.arg(repo().join("deploy/build-image.sh"));
         if std::env::var_os("CONTAINERS_CONF").is_none() {
@@ -93,24 +107,14 @@ fn image() -> Option<&'static str> {
             let stderr = text(&output.stderr);
             let lines: Vec<&str> = stderr.lines().collect();
             let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-            return Err(NoImage::Failed(format!(
-                "deploy/build-image.sh failed:\n{tail}"
-            )));
+            return Err(format!("deploy/build-image.sh failed:\n{tail}"));
         }
         let stdout = text(&output.stdout);
         Ok(stdout.lines().last().unwrap_or_default().to_string())
     });
     match built {
         Ok(reference) => Some(reference.as_str()),
-        Err(NoImage::Failed(why)) => panic!("{why}"),
-        Err(NoImage::Missing(why)) => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "image tests: {why}; tests/run.sh installs what they need"
-            );
-            eprintln!("image tests skipped: {why}");
-            None
-        }
+        Err(why) => panic!("{why}"),
     }
 }
 
@@ -274,6 +278,10 @@ fn everything_in_the_image_loads_under_glibc_2_17_and_the_shims_export_every_nam
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plugin_from_the_image_registers_and_answers_an_allocate() {
+    // Checked here too: `image()` below runs on a blocking thread, not the test's.
+    if !prerequisites() {
+        return;
+    }
     let Some(image) = tokio::task::spawn_blocking(image).await.expect("build") else {
         return;
     };
@@ -374,8 +382,9 @@ async fn the_plugin_from_the_image_registers_and_answers_an_allocate() {
 fn init_container() -> Value {
     let manifest =
         std::fs::read_to_string(repo().join("deploy/vgpu-plugin.yaml")).expect("manifest");
-    let daemonset = serde_norway::Deserializer::from_str(&manifest)
-        .map(|doc| Value::deserialize(doc).expect("YAML"))
+    let daemonset = serde_saphyr::from_multiple::<Value>(&manifest)
+        .expect("YAML documents")
+        .into_iter()
         .find(|doc| doc["kind"].as_str() == Some("DaemonSet"))
         .expect("DaemonSet");
     daemonset["spec"]["template"]["spec"]["initContainers"][0].clone()
@@ -384,30 +393,7 @@ fn init_container() -> Value {
 /// A host root made of Debian's 535 packages (`nvidia/current` folders, found without
 /// help) with a loader cache that `ldconfig -r` wrote, so it holds host paths.
 fn debian_host(into: &Path) {
-    let debs = std::env::var_os("VGPU_DEBIAN_DEBS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/deb"));
-    let mut unpacked = 0;
-    for entry in std::fs::read_dir(&debs)
-        .unwrap_or_else(|e| panic!("{}: {e}; tests/run.sh downloads them", debs.display()))
-        .flatten()
-    {
-        if entry.path().extension().is_some_and(|ext| ext == "deb") {
-            let status = Command::new("dpkg")
-                .arg("-x")
-                .arg(entry.path())
-                .arg(into)
-                .status()
-                .expect("dpkg");
-            assert!(status.success());
-            unpacked += 1;
-        }
-    }
-    assert!(
-        unpacked >= 3,
-        "libcuda1, libnvidia-ml1 and nvidia-smi .debs in {}",
-        debs.display()
-    );
+    vgpu_test_support::unpack_debian_driver(into);
     std::fs::create_dir_all(into.join("etc")).expect("etc");
     std::fs::write(
         into.join("etc/ld.so.conf"),
@@ -424,6 +410,7 @@ fn debian_host(into: &Path) {
 
 #[test]
 fn the_init_container_prepares_the_driver_unprivileged() {
+    vgpu_test_support::require!(Need::DebianDebs);
     let Some(image) = image() else { return };
     let init = init_container();
     let security = &init["securityContext"];
@@ -434,13 +421,13 @@ fn the_init_container_prepares_the_driver_unprivileged() {
     assert_eq!(security["capabilities"]["drop"][0].as_str(), Some("ALL"));
     assert!(security["capabilities"]["add"].is_null());
     let command: Vec<String> = init["command"]
-        .as_sequence()
+        .as_array()
         .expect("command")
         .iter()
         .map(|arg| arg.as_str().expect("string").to_string())
         .collect();
     let mounts: Vec<(&str, bool)> = init["volumeMounts"]
-        .as_sequence()
+        .as_array()
         .expect("mounts")
         .iter()
         .map(|m| {

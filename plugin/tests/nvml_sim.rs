@@ -16,7 +16,7 @@ use vgpu_plugin::proto::deviceplugin::Empty;
 async fn sim_cards_are_advertised() {
     let exe = std::env::current_exe().expect("exe");
     let profile = exe.parent().and_then(Path::parent).expect("profile dir");
-    let sim = vgpu_common::built::in_profile_dir(profile, "libvgpu_sim.so")
+    let sim = vgpu_test_support::in_profile_dir(profile, "libvgpu_sim.so")
         .expect("libvgpu_sim.so is not built: run `cargo test --workspace`");
     // SAFETY: set before the sim is loaded and before other threads read the environment.
     unsafe { std::env::set_var("VGPU_SIM_GPUS", "2") };

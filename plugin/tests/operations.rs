@@ -358,18 +358,9 @@ async fn refuses_to_start_beside_another_plugin_of_our_resources() {
 
 /// The simulated NVML this build made (`cargo test` builds it: a dev-dependency).
 fn sim_nvml() -> Option<PathBuf> {
-    let exe = std::env::current_exe().expect("test exe");
-    let profile = exe.parent()?.parent()?;
-    let sim = vgpu_common::built::in_profile_dir(profile, "libvgpu_sim.so");
-    assert!(
-        sim.is_some() || std::env::var_os("CI").is_none(),
-        "libvgpu_sim.so is not built in {}: run `cargo test --workspace`",
-        profile.display()
-    );
-    if sim.is_none() {
-        eprintln!("operations: libvgpu_sim.so not built; skipped");
-    }
-    sim
+    use vgpu_test_support::{Need, require};
+    require!(return None; Need::Built("libvgpu_sim.so"));
+    vgpu_test_support::built("libvgpu_sim.so")
 }
 
 /// Publishes `text` as a ConfigMap volume does: a new timestamped folder, then the

@@ -47,7 +47,7 @@ fn make_node(path: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_podman_container_gets_its_quota_from_the_cdi_spec() {
-    if !e2e::prerequisites("podman_cdi", "podman") {
+    if !e2e::prerequisites("podman") {
         return;
     }
     let kubelet = TestKubelet::start().await;

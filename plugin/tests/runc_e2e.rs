@@ -18,7 +18,7 @@ use common::{CORE, MEMORY, TestKubelet};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_sees_its_quota_through_the_shims() {
-    if !e2e::prerequisites("runc_e2e", "runc") {
+    if !e2e::prerequisites("runc") {
         return;
     }
     let kubelet = TestKubelet::start().await;

@@ -44,7 +44,7 @@ fn tenant(pid: i32) -> Identity {
 fn sim_nvml() -> Option<PathBuf> {
     let exe = std::env::current_exe().expect("test exe");
     let profile = exe.parent()?.parent()?;
-    let sim = vgpu_common::built::in_profile_dir(profile, "libvgpu_sim.so");
+    let sim = vgpu_test_support::in_profile_dir(profile, "libvgpu_sim.so");
     assert!(
         sim.is_some() || std::env::var_os("CI").is_none(),
         "libvgpu_sim.so is not built in {}: run `cargo test --workspace`",

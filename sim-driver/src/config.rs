@@ -251,9 +251,9 @@ impl SimConfig {
     /// Parses a YAML sim config (env shortcuts not applied).
     pub fn from_yaml(text: &str, origin: &Path) -> Result<SimConfig, SimConfigError> {
         let file: FileConfig =
-            serde_norway::from_str(text).map_err(|err| SimConfigError::Parse {
+            serde_saphyr::from_str(text).map_err(|err| SimConfigError::Parse {
                 path: origin.to_path_buf(),
-                message: err.to_string(),
+                message: err.without_snippet().to_string(),
             })?;
         Self::build(file, Overrides::default())
     }
@@ -263,9 +263,9 @@ impl SimConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        serde_norway::from_str(&text).map_err(|err| SimConfigError::Parse {
+        serde_saphyr::from_str(&text).map_err(|err| SimConfigError::Parse {
             path: path.to_path_buf(),
-            message: err.to_string(),
+            message: err.without_snippet().to_string(),
         })
     }
 

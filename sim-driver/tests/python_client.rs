@@ -1,6 +1,7 @@
 //! Runs `clients/check_sim.py` (NVIDIA's cuda-bindings and nvidia-ml-py against the sim)
-//! with LD_LIBRARY_PATH at a sim driver folder made here. Skips, saying SKIP, only when
-//! python3 cannot import those modules (`python3 -m pip install 'cuda-bindings>=13,<14' nvidia-ml-py`).
+//! with LD_LIBRARY_PATH at a sim driver folder made here. Needs python3 with those
+//! modules (`python3 -m pip install 'cuda-bindings>=13,<14' nvidia-ml-py`): by
+//! vgpu-test-support's policy a skip outside CI, a failure in CI.
 
 mod common;
 
@@ -8,13 +9,10 @@ use std::process::Command;
 
 #[test]
 fn cuda_bindings_and_pynvml_against_the_sim() {
-    let probe = Command::new("python3")
-        .args(["-c", "import cuda.bindings.driver, pynvml"])
-        .output();
-    if !probe.is_ok_and(|output| output.status.success()) {
-        println!("SKIP: python3 cannot import cuda.bindings and pynvml");
-        return;
-    }
+    vgpu_test_support::require!(vgpu_test_support::Need::Python(&[
+        "cuda.bindings.driver",
+        "pynvml"
+    ]));
     let library = common::library_path();
     let folder = tempfile::tempdir().unwrap();
     for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {

@@ -11,15 +11,13 @@ use std::process::{Command, Output};
 
 /// `target/<profile>`, found from the test executable (`target/<profile>/deps/…`).
 pub fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps folder");
-    deps.parent().expect("profile folder").to_path_buf()
+    vgpu_test_support::profile_dir()
 }
 
 /// A built artifact in the target folder (or its `deps/`, where `cargo test` leaves
 /// the shims and the sim driver); panics with the build command if missing.
 pub fn artifact(name: &str) -> PathBuf {
-    vgpu_common::built::in_profile_dir(&target_dir(), name).unwrap_or_else(|| {
+    vgpu_test_support::built(name).unwrap_or_else(|| {
         panic!(
             "{} is not built: run `cargo test --workspace` or `cargo build --workspace`",
             target_dir().join(name).display()
@@ -226,27 +224,6 @@ pub fn host_pid_of(ancestor: u32, ns_pid: i32) -> Option<i32> {
                 == Some(ns_pid)
                 && descends(pid)
         })
-}
-
-/// Whether `python3` can import every module named.
-pub fn python_has(modules: &[&str]) -> bool {
-    let code = modules
-        .iter()
-        .map(|m| format!("import {m}"))
-        .collect::<Vec<_>>()
-        .join("; ");
-    Command::new("python3")
-        .args(["-c", &code])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Python modules a test needs; CI installs them (tests/run.sh), so a missing one fails.
-pub fn require_python(modules: &[&str]) {
-    assert!(
-        python_has(modules),
-        "python3 cannot import {modules:?}: `python3 -m pip install cuda-bindings nvidia-ml-py` (tests/run.sh does)"
-    );
 }
 
 /// The JSON object printed on the last line starting with `RESULT `.

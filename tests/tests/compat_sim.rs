@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use vgpu_tests::{SimHost, artifact, repo_root, require_python, vgpu};
+use vgpu_test_support::{Need, require};
+use vgpu_tests::{SimHost, artifact, repo_root, vgpu};
 
 /// A `vgpu install` folder of the built artifacts, as the GPU suite gets it.
 fn install(host: &SimHost) -> PathBuf {
@@ -72,7 +73,7 @@ fn note(row: &serde_json::Value, column: &str) -> String {
 
 #[test]
 fn sim_matrix_passes_every_cell_a_gpu_free_client_can_judge() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(1);
     let out = host.dir.path().join("out");
     // A runtime that cannot load comes first: it must fail alone, with its cause.
@@ -194,7 +195,7 @@ fn sim_matrix_passes_every_cell_a_gpu_free_client_can_judge() {
 
 #[test]
 fn a_row_past_its_timeout_is_cut_keeps_its_results_and_the_next_row_runs() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(1);
     let out = host.dir.path().join("out");
     let started = Instant::now();
@@ -239,6 +240,7 @@ fn a_row_past_its_timeout_is_cut_keeps_its_results_and_the_next_row_runs() {
 
 #[test]
 fn matrix_verdicts_unit_tests() {
+    require!(Need::program("python3", "apt-get install python3"));
     let output = Command::new("python3")
         .args(["-m", "unittest", "discover", "-s"])
         .arg(repo_root().join("tests/compat"))

@@ -93,9 +93,9 @@ fn check(block: &Block, kind: &str) -> Result<(), String> {
             .map_err(|err| format!("{err:#}")),
         "kubernetes" => {
             let mut documents = 0;
-            for document in serde_norway::Deserializer::from_str(&block.text) {
-                let value = serde_json::Value::deserialize(document)
-                    .map_err(|err| format!("not YAML: {err}"))?;
+            let values: Vec<serde_json::Value> = serde_saphyr::from_multiple(&block.text)
+                .map_err(|err| format!("not YAML: {err}"))?;
+            for value in values {
                 if value.is_null() {
                     continue;
                 }
@@ -113,7 +113,7 @@ fn check(block: &Block, kind: &str) -> Result<(), String> {
         }
         "prometheus-rules" => {
             let value: serde_json::Value =
-                serde_norway::from_str(&block.text).map_err(|err| format!("not YAML: {err}"))?;
+                serde_saphyr::from_str(&block.text).map_err(|err| format!("not YAML: {err}"))?;
             let groups = value["groups"].as_array().ok_or("no `groups` list")?;
             for rule in groups.iter().flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default()) {
                 if rule["expr"].as_str().is_none_or(str::is_empty) {
@@ -122,7 +122,7 @@ fn check(block: &Block, kind: &str) -> Result<(), String> {
             }
             Ok(())
         }
-        "not-config" => serde_norway::from_str::<serde_json::Value>(&block.text)
+        "not-config" => serde_saphyr::from_str::<serde_json::Value>(&block.text)
             .map(drop)
             .map_err(|err| format!("not YAML: {err}")),
         "" => Err("a YAML block that says nothing of what it is (```yaml vgpu-config, plugin-config, dra-config, kubernetes, prometheus-rules or not-config)".into()),
@@ -130,7 +130,6 @@ fn check(block: &Block, kind: &str) -> Result<(), String> {
     }
 }
 
-use serde::Deserialize;
 
 #[test]
 fn every_yaml_example_in_the_docs_parses_with_its_real_parser() {

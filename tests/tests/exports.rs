@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use vgpu_test_support::{Need, require};
 use vgpu_tests::{artifact, repo_root};
 
 fn nm_exports(lib: &Path) -> BTreeSet<String> {
@@ -37,43 +38,19 @@ fn list(name: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The Debian 535 packages unpacked into a temp folder; the .deb files come from
-/// `VGPU_DEBIAN_DEBS` (tests/run.sh downloads them) or /tmp/deb.
+/// The Debian 535 packages unpacked into a temp folder, and the folder of their libraries.
 fn debian_535() -> (tempfile::TempDir, PathBuf) {
-    let debs = std::env::var_os("VGPU_DEBIAN_DEBS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/deb"));
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut found = 0;
-    for entry in std::fs::read_dir(&debs).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; run tests/run.sh, which downloads them",
-            debs.display()
-        )
-    }) {
-        let path = entry.expect("entry").path();
-        if path.extension().is_some_and(|e| e == "deb") {
-            let status = Command::new("dpkg")
-                .arg("-x")
-                .arg(&path)
-                .arg(dir.path())
-                .status()
-                .expect("dpkg");
-            assert!(status.success());
-            found += 1;
-        }
-    }
-    assert!(
-        found >= 2,
-        "no Debian libcuda1/libnvidia-ml1 .deb files in {}",
-        debs.display()
-    );
-    let lib = dir.path().join("usr/lib/x86_64-linux-gnu/nvidia/current");
+    let lib = vgpu_test_support::unpack_debian_driver(dir.path());
     (dir, lib)
 }
 
 #[test]
 fn shims_export_every_real_driver_symbol() {
+    require!(
+        Need::DebianDebs,
+        Need::program("nm", "apt-get install binutils")
+    );
     let (_keep, debian) = debian_535();
     let cuda_shim = nm_exports(&artifact("libcuda_shim.so"));
     let nvml_shim = nm_exports(&artifact("libnvml_shim.so"));
@@ -117,6 +94,10 @@ fn shims_export_every_real_driver_symbol() {
 
 #[test]
 fn ldconfig_check_accepts_the_shims_and_names_what_a_fake_lacks() {
+    require!(
+        Need::DebianDebs,
+        Need::program("nm", "apt-get install binutils")
+    );
     let (_keep, debian) = debian_535();
     let checker = artifact("vgpu-ldconfig");
     for (real, shim) in [

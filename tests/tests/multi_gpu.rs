@@ -4,7 +4,8 @@
 //! cards' usage is counted apart. (The same on real H200s is issue 8's run, which needs
 //! a multi-GPU machine.)
 
-use vgpu_tests::{GIB, SimHost, client, require_python, result_json};
+use vgpu_test_support::{Need, require};
+use vgpu_tests::{GIB, SimHost, client, result_json};
 
 /// Host card `index`'s UUID without dashes (as cuDeviceGetUuid's 16 bytes in hex): the
 /// sim numbers its cards' UUIDs from 1.
@@ -26,7 +27,7 @@ fn sim_uuid(index: usize) -> String {
 
 #[test]
 fn two_cards_with_their_own_quotas_renumbered_in_config_order() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(4);
     let first = format!("{}:memory=1GiB", sim_uuid(2));
     let script = client("cuda_check.py");
@@ -84,7 +85,7 @@ fn two_cards_with_their_own_quotas_renumbered_in_config_order() {
 
 #[test]
 fn a_container_given_card_one_cannot_see_or_use_card_zero() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(2);
     let script = client("cuda_check.py");
     let output = host.run(

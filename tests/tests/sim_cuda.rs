@@ -4,7 +4,8 @@
 use std::process::{Command, Stdio};
 
 use vgpu_common::region::Region;
-use vgpu_tests::{GIB, MIB, SimHost, artifact, client, require_python, result_json, shim_notices};
+use vgpu_test_support::{Need, require};
+use vgpu_tests::{GIB, MIB, SimHost, artifact, client, result_json, shim_notices};
 
 fn cuda(host: &SimHost, vgpu_args: &[&str], mode_and_args: &[&str]) -> serde_json::Value {
     host.python_result(vgpu_args, "cuda_check.py", mode_and_args)
@@ -12,7 +13,7 @@ fn cuda(host: &SimHost, vgpu_args: &[&str], mode_and_args: &[&str]) -> serde_jso
 
 #[test]
 fn cuda_bindings_forward_through_the_shim_with_no_quota() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(2);
     let result = cuda(&host, &[], &["basic"]);
     assert_eq!(result["count"], 2, "{result}");
@@ -30,7 +31,7 @@ fn cuda_bindings_forward_through_the_shim_with_no_quota() {
 
 #[test]
 fn quota_refuses_what_would_pass_it_and_reports_it_as_total() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let result = cuda(
         &host,
@@ -65,7 +66,7 @@ fn quota_refuses_what_would_pass_it_and_reports_it_as_total() {
 
 #[test]
 fn quota_holds_through_cu_get_proc_address_pointers() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let result = cuda(&host, &["--memory", "1GiB"], &["procaddress", "768", "512"]);
     assert_eq!(result["info_rc"], 0, "{result}");
@@ -83,7 +84,7 @@ fn quota_holds_through_cu_get_proc_address_pointers() {
 
 #[test]
 fn export_the_sim_lacks_returns_not_supported() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let result = cuda(&host, &[], &["missing"]);
     assert_eq!(result["rc"], 801, "CUDA_ERROR_NOT_SUPPORTED: {result}");
@@ -108,7 +109,7 @@ fn spawn_in(host: &SimHost, state: &std::path::Path, args: &[&str]) -> std::proc
 
 #[test]
 fn two_processes_share_one_quota_and_a_killed_ones_usage_is_reclaimed() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let state = host.dir.path().join("container");
     let marker = host.dir.path().join("holder.pid");
@@ -146,7 +147,7 @@ fn two_processes_share_one_quota_and_a_killed_ones_usage_is_reclaimed() {
 
 #[test]
 fn many_processes_and_threads_leave_exactly_zero_usage() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let state = host.dir.path().join("container");
     let children: Vec<_> = (0..8)
@@ -187,7 +188,7 @@ fn many_processes_and_threads_leave_exactly_zero_usage() {
 
 #[test]
 fn a_missing_real_driver_is_one_line_and_not_initialized() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let dir = tempfile::tempdir().expect("tempdir");
     std::os::unix::fs::symlink(artifact("libcuda_shim.so"), dir.path().join("libcuda.so.1"))
         .expect("link");
@@ -213,7 +214,7 @@ fn a_missing_real_driver_is_one_line_and_not_initialized() {
 
 #[test]
 fn a_broken_config_is_one_line_and_hides_every_gpu() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let output = with_config(
         &host,
@@ -257,7 +258,7 @@ fn with_config(host: &SimHost, config: &str, args: &[&str]) -> std::process::Out
 
 #[test]
 fn an_unopenable_usage_region_still_enforces_the_quota_in_the_process() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let output = with_config(
         &host,
@@ -282,7 +283,7 @@ fn an_unopenable_usage_region_still_enforces_the_quota_in_the_process() {
 
 #[test]
 fn a_config_device_missing_from_the_host_is_one_line_and_stays_hidden() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(2);
     let output = with_config(
         &host,

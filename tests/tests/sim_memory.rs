@@ -10,7 +10,8 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 use vgpu_common::snapshot::RegionSnapshot;
-use vgpu_tests::{SimHost, client, require_python, result_json, shim_notices};
+use vgpu_test_support::{Need, require};
+use vgpu_tests::{SimHost, client, result_json, shim_notices};
 
 const QUOTA_MIB: f64 = 1024.0;
 
@@ -49,7 +50,7 @@ fn driver_within_quota(result: &Value) {
 
 #[test]
 fn vmm_memory_is_counted_until_its_last_unmap_and_release() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(1);
     let result = memory_check(&host, &["--memory", "1GiB"], &["vmm", "4", "300"]);
     // 64 MiB of context, then 3 x 300 MiB released while mapped: the fourth is refused.
@@ -78,7 +79,7 @@ fn vmm_memory_is_counted_until_its_last_unmap_and_release() {
 
 #[test]
 fn pools_are_counted_by_what_they_keep_and_trimmed_before_a_refusal() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(1);
     // Four pools that keep everything (release threshold UINT64_MAX), allocations held.
     let held = memory_check(&host, &["--memory", "1GiB"], &["pools", "4", "300"]);
@@ -176,7 +177,7 @@ fn mkfifo(path: &Path) {
 
 #[test]
 fn driver_loaded_memory_is_reconciled_inside_a_pid_namespace() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(1);
     // The driver puts 96 MiB of module code on the card after the context: seen only
     // through NVML's figure for the process, which inside the namespace (driver 580)
@@ -208,7 +209,7 @@ fn driver_loaded_memory_is_reconciled_inside_a_pid_namespace() {
 
 #[test]
 fn a_killed_process_is_free_at_the_next_cu_mem_get_info() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(1);
     // Host PID namespace: the holder's own vgpu run reaps it; the next process's
     // cuMemGetInfo reclaims its slot before answering.
@@ -242,7 +243,7 @@ fn a_killed_process_is_free_at_the_next_cu_mem_get_info() {
 
 #[test]
 fn a_damaged_region_under_a_live_holder_is_refused_not_zeroed() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let state = host.dir.path().join("container");
     let (child, pid) = holder(&host, &state, "768", &[]);
@@ -318,7 +319,7 @@ fn a_damaged_region_under_a_live_holder_is_refused_not_zeroed() {
 
 #[test]
 fn a_new_quota_for_a_running_container_keeps_its_usage() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let state = host.dir.path().join("container");
     let (child, pid) = holder(&host, &state, "768", &[]);
@@ -350,7 +351,7 @@ fn a_new_quota_for_a_running_container_keeps_its_usage() {
 
 #[test]
 fn config_input_never_hangs_and_says_what_is_wrong() {
-    require_python(&["cuda.bindings.driver"]);
+    require!(Need::Python(&["cuda.bindings.driver"]));
     let host = SimHost::new(1);
     let fifo = host.dir.path().join("fifo.yaml");
     mkfifo(&fifo);
@@ -385,7 +386,7 @@ fn config_input_never_hangs_and_says_what_is_wrong() {
 
 #[test]
 fn each_vgpu_run_is_its_own_pid_namespace_and_nvml_sees_only_it() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(1);
     // A neighbour on the same card, outside any container.
     let (mut neighbour, neighbour_pid) = host.neighbour("256", "60");
@@ -429,7 +430,7 @@ fn each_vgpu_run_is_its_own_pid_namespace_and_nvml_sees_only_it() {
 
 #[test]
 fn the_nvml_shim_reads_a_fifo_region_without_hanging() {
-    require_python(&["pynvml"]);
+    require!(Need::Python(&["pynvml"]));
     let host = SimHost::new(1);
     let dir = host.dir.path().join("nvml");
     std::fs::create_dir_all(&dir).expect("dir");

@@ -4,7 +4,8 @@
 
 use std::process::Command;
 
-use vgpu_tests::{GIB, SimHost, client, require_python, result_json};
+use vgpu_test_support::{Need, require};
+use vgpu_tests::{GIB, SimHost, client, result_json};
 
 /// The simulated cards' UUIDs, as the bare sim reports them.
 fn sim_uuids(host: &SimHost) -> Vec<String> {
@@ -26,7 +27,7 @@ fn sim_uuids(host: &SimHost) -> Vec<String> {
 
 #[test]
 fn pynvml_sees_the_quota_the_usage_and_only_its_own_processes() {
-    require_python(&["cuda.bindings.driver", "pynvml"]);
+    require!(Need::Python(&["cuda.bindings.driver", "pynvml"]));
     let host = SimHost::new(4);
     let uuids = sim_uuids(&host);
     assert_eq!(uuids.len(), 4);

@@ -224,9 +224,10 @@ pub enum Loaded {
 impl Config {
     /// Parses and validates YAML text; `path` only labels errors.
     pub fn from_yaml(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let config: Config = serde_norway::from_str(text).map_err(|err| ConfigError::Parse {
+        let config: Config = serde_saphyr::from_str(text).map_err(|err| ConfigError::Parse {
             path: path.to_path_buf(),
-            message: err.to_string(),
+            // One line (a location, no source snippet): it goes to a tenant's stderr.
+            message: err.without_snippet().to_string(),
         })?;
         config.validate().map_err(|message| ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -349,7 +350,7 @@ impl Config {
     /// The config as YAML, for writers (`vgpu run`, the device plugin).
     pub fn to_yaml(&self) -> String {
         // Serializing plain data with string keys cannot fail.
-        serde_norway::to_string(self).unwrap_or_default()
+        serde_saphyr::to_string(self).unwrap_or_default()
     }
 
     /// The real driver folder: `VGPU_DRIVER_DIR`, else `driver_dir`, else the default.

@@ -5,14 +5,12 @@
 //! limiter's region words mean (`limiter_words`), the host-owned per-card view
 //! (`cardview`), the host-side coordinator that writes it (`coordinator`), what the card
 //! itself measured (`cardmeter`, NVML with the `nvml` feature) and the host PIDs it
-//! knows the containers' processes by (`hostpids`); where a Cargo build left the
-//! workspace's libraries (`built`).
+//! knows the containers' processes by (`hostpids`).
 //!
 //! Everything here is used from inside application processes (through the shims) as
 //! well as from host daemons, so nothing here panics on bad input, spawns threads or
 //! writes to stdout.
 
-pub mod built;
 pub mod cardmeter;
 pub mod cardview;
 pub mod clock;

@@ -7,11 +7,18 @@
 //! | `Ki` `Mi` `Gi` `Ti` `Pi` `Ei` (and `KiB` … `EiB`) | powers of 1024 |
 //! | `k` `M` `G` `T` `P` `E` (and `kB`/`KB` `MB` `GB` `TB` `PB` `EB`) | powers of 1000 |
 //!
+//! | `m` `u` `n` | milli, micro, nano: powers of 1/1000 (`3000m` is 3) |
+//!
 //! A decimal fraction (`1.5Gi`) and a decimal exponent (`129e6`, `1E3`) are accepted as
-//! Kubernetes accepts them, and a value that is not a whole number of bytes is rounded
-//! up, as `Quantity.Value()` does. `K` (Kubernetes has no such suffix: `k` is 1000, `Ki`
-//! 1024), `m` (milli-bytes), negative values and anything that does not fit in 64 bits
-//! of bytes are errors, never a silent wrap.
+//! Kubernetes accepts them. The value must come to a whole number, as Kubernetes demands
+//! of extended resources: `1.5` bytes, `100m` and `12e-1` are errors, never rounded (so
+//! `512m`, Docker's way of writing 512 MiB, is refused rather than read as one byte).
+//! `K` (Kubernetes has no such suffix: `k` is 1000, `Ki` 1024), negative values and
+//! anything that does not fit in 64 bits are errors, never a silent wrap.
+//!
+//! This is the workspace's one quantity parser: configs, command lines and the sim read
+//! sizes with it, and `vgpu-kube` reads the API server's quantities (claims' consumed
+//! capacity) with [`parse_whole`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -48,43 +55,48 @@ pub enum SizeError {
     /// `K`, which Kubernetes does not have.
     #[error("`{0}`: `K` is no Kubernetes unit; write `k` (1000) or `Ki` (1024)")]
     UpperK(String),
-    /// More than `u64::MAX` bytes.
-    #[error("`{0}` does not fit in 64 bits of bytes")]
+    /// More than `u64::MAX`.
+    #[error("`{0}` does not fit in 64 bits")]
     Overflow(String),
+    /// A fraction of a byte (or of a core): `1.5`, `100m` (`m` is milli, 10^-3).
+    #[error("`{0}` is not a whole number (`m` is milli, 10^-3: for megabytes write M or Mi)")]
+    NotWhole(String),
 }
 
 const KI: u128 = 1 << 10;
-const K: u128 = 1000;
 
-/// Every accepted suffix and its multiplier.
-const UNITS: &[(&str, u128)] = &[
-    ("", 1),
-    ("B", 1),
-    ("Ki", KI),
-    ("Mi", KI.pow(2)),
-    ("Gi", KI.pow(3)),
-    ("Ti", KI.pow(4)),
-    ("Pi", KI.pow(5)),
-    ("Ei", KI.pow(6)),
-    ("KiB", KI),
-    ("MiB", KI.pow(2)),
-    ("GiB", KI.pow(3)),
-    ("TiB", KI.pow(4)),
-    ("PiB", KI.pow(5)),
-    ("EiB", KI.pow(6)),
-    ("k", K),
-    ("M", K.pow(2)),
-    ("G", K.pow(3)),
-    ("T", K.pow(4)),
-    ("P", K.pow(5)),
-    ("E", K.pow(6)),
-    ("kB", K),
-    ("KB", K),
-    ("MB", K.pow(2)),
-    ("GB", K.pow(3)),
-    ("TB", K.pow(4)),
-    ("PB", K.pow(5)),
-    ("EB", K.pow(6)),
+/// Every accepted suffix: its multiplier and the power of ten it scales by.
+const UNITS: &[(&str, u128, i32)] = &[
+    ("", 1, 0),
+    ("B", 1, 0),
+    ("n", 1, -9),
+    ("u", 1, -6),
+    ("m", 1, -3),
+    ("Ki", KI, 0),
+    ("Mi", KI.pow(2), 0),
+    ("Gi", KI.pow(3), 0),
+    ("Ti", KI.pow(4), 0),
+    ("Pi", KI.pow(5), 0),
+    ("Ei", KI.pow(6), 0),
+    ("KiB", KI, 0),
+    ("MiB", KI.pow(2), 0),
+    ("GiB", KI.pow(3), 0),
+    ("TiB", KI.pow(4), 0),
+    ("PiB", KI.pow(5), 0),
+    ("EiB", KI.pow(6), 0),
+    ("k", 1, 3),
+    ("M", 1, 6),
+    ("G", 1, 9),
+    ("T", 1, 12),
+    ("P", 1, 15),
+    ("E", 1, 18),
+    ("kB", 1, 3),
+    ("KB", 1, 3),
+    ("MB", 1, 6),
+    ("GB", 1, 9),
+    ("TB", 1, 12),
+    ("PB", 1, 15),
+    ("EB", 1, 18),
 ];
 
 impl ByteSize {
@@ -109,6 +121,8 @@ impl ByteSize {
 struct Decimal {
     digits: u128,
     exponent: i32,
+    /// False when a nonzero digit past the twenty kept ones was dropped.
+    exact: bool,
 }
 
 /// Splits `text` (already trimmed, no sign) into its number and its suffix.
@@ -119,8 +133,8 @@ fn split_number(text: &str) -> Option<(Decimal, &str)> {
     let mut exponent: i32 = 0;
     let mut seen_digit = false;
     let mut in_fraction = false;
-    // Twenty significant digits are kept (more than 64 bits of bytes need); a nonzero
-    // digit past them rounds the kept ones up.
+    // Twenty significant digits are kept (more than 64 bits need); a nonzero digit past
+    // them makes the number inexact (too large, or not whole).
     const KEPT: u128 = 10u128.pow(20);
     let mut dropped = false;
     while at < bytes.len() {
@@ -148,9 +162,6 @@ fn split_number(text: &str) -> Option<(Decimal, &str)> {
     if !seen_digit {
         return None;
     }
-    if dropped {
-        digits += 1;
-    }
     // A decimal exponent: `e`/`E` followed by an optionally signed integer (a bare `E`
     // is the exa suffix).
     let rest = &text[at..];
@@ -166,62 +177,101 @@ fn split_number(text: &str) -> Option<(Decimal, &str)> {
                 value
             };
             exponent = exponent.checked_add(value)?;
-            return Some((Decimal { digits, exponent }, &after[sign_len + len..]));
+            return Some((
+                Decimal {
+                    digits,
+                    exponent,
+                    exact: !dropped,
+                },
+                &after[sign_len + len..],
+            ));
         }
     }
-    Some((Decimal { digits, exponent }, rest))
+    Some((
+        Decimal {
+            digits,
+            exponent,
+            exact: !dropped,
+        },
+        rest,
+    ))
+}
+
+/// The whole number a size or Kubernetes quantity stands for, exactly (see the module's
+/// table of suffixes): `2560Mi`, `3000m`, `1e3`, `2.5Gi`.
+pub fn parse_whole(text: &str) -> Result<u64, SizeError> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(SizeError::Empty);
+    }
+    let unsigned = match trimmed.strip_prefix('-') {
+        Some(rest)
+            if rest
+                .trim_start()
+                .starts_with(|c: char| c.is_ascii_digit() || c == '.') =>
+        {
+            return Err(SizeError::Negative(text.to_string()));
+        }
+        Some(_) => return Err(SizeError::Malformed(text.to_string())),
+        None => trimmed.strip_prefix('+').unwrap_or(trimmed),
+    };
+    let (number, unit) =
+        split_number(unsigned).ok_or_else(|| SizeError::Malformed(text.to_string()))?;
+    let unit = unit.trim();
+    let (multiplier, unit_exponent) = match UNITS.iter().find(|(name, _, _)| *name == unit) {
+        Some((_, multiplier, exponent)) => (*multiplier, *exponent),
+        None if unit == "K" => return Err(SizeError::UpperK(text.to_string())),
+        None if unit.starts_with(|c: char| c.is_ascii_digit() || c == '.') => {
+            return Err(SizeError::Malformed(text.to_string()));
+        }
+        None => {
+            return Err(SizeError::UnknownUnit {
+                text: text.to_string(),
+                unit: unit.to_string(),
+            });
+        }
+    };
+    let overflow = || SizeError::Overflow(text.to_string());
+    let not_whole = || SizeError::NotWhole(text.to_string());
+    let exponent = number
+        .exponent
+        .checked_add(unit_exponent)
+        .ok_or_else(overflow)?;
+    if number.digits == 0 {
+        // Zero, whatever its unit; a dropped nonzero digit is past 20 zeros: a fraction.
+        return if number.exact {
+            Ok(0)
+        } else {
+            Err(not_whole())
+        };
+    }
+    let scaled = number.digits.checked_mul(multiplier).ok_or_else(overflow)?;
+    let value = if exponent >= 0 {
+        if !number.exact {
+            // The dropped digits were whole-number digits: past 10^20.
+            return Err(overflow());
+        }
+        10u128
+            .checked_pow(exponent as u32)
+            .and_then(|power| scaled.checked_mul(power))
+            .ok_or_else(overflow)?
+    } else {
+        let power = 10u128
+            .checked_pow(exponent.unsigned_abs())
+            .ok_or_else(not_whole)?;
+        if !number.exact || !scaled.is_multiple_of(power) {
+            return Err(not_whole());
+        }
+        scaled / power
+    };
+    u64::try_from(value).map_err(|_| overflow())
 }
 
 impl FromStr for ByteSize {
     type Err = SizeError;
 
     fn from_str(text: &str) -> Result<ByteSize, SizeError> {
-        let trimmed = text.trim();
-        if trimmed.is_empty() {
-            return Err(SizeError::Empty);
-        }
-        let unsigned = match trimmed.strip_prefix('-') {
-            Some(rest)
-                if rest
-                    .trim_start()
-                    .starts_with(|c: char| c.is_ascii_digit() || c == '.') =>
-            {
-                return Err(SizeError::Negative(text.to_string()));
-            }
-            Some(_) => return Err(SizeError::Malformed(text.to_string())),
-            None => trimmed.strip_prefix('+').unwrap_or(trimmed),
-        };
-        let (number, unit) =
-            split_number(unsigned).ok_or_else(|| SizeError::Malformed(text.to_string()))?;
-        let unit = unit.trim();
-        let multiplier = match UNITS.iter().find(|(name, _)| *name == unit) {
-            Some((_, multiplier)) => *multiplier,
-            None if unit == "K" => return Err(SizeError::UpperK(text.to_string())),
-            None if unit.starts_with(|c: char| c.is_ascii_digit() || c == '.') => {
-                return Err(SizeError::Malformed(text.to_string()));
-            }
-            None => {
-                return Err(SizeError::UnknownUnit {
-                    text: text.to_string(),
-                    unit: unit.to_string(),
-                });
-            }
-        };
-        let overflow = || SizeError::Overflow(text.to_string());
-        let scaled = number.digits.checked_mul(multiplier).ok_or_else(overflow)?;
-        let bytes = if number.exponent >= 0 {
-            10u128
-                .checked_pow(number.exponent as u32)
-                .and_then(|power| scaled.checked_mul(power))
-                .ok_or_else(overflow)?
-        } else {
-            // Below a byte: round up, as Kubernetes does.
-            match 10u128.checked_pow(number.exponent.unsigned_abs()) {
-                Some(power) => scaled.div_ceil(power),
-                None => u128::from(scaled > 0),
-            }
-        };
-        u64::try_from(bytes).map(ByteSize).map_err(|_| overflow())
+        parse_whole(text).map(ByteSize)
     }
 }
 
@@ -314,13 +364,35 @@ mod tests {
         assert_eq!(size("129e6"), Ok(129_000_000));
         assert_eq!(size("1E3"), Ok(1000));
         assert_eq!(size("1e+3"), Ok(1000));
-        assert_eq!(size("12e-1"), Ok(2), "1.2 bytes round up");
-        assert_eq!(size("1.0001"), Ok(2));
-        assert_eq!(size("0.1"), Ok(1));
+        assert_eq!(size("12e-1"), Err(SizeError::NotWhole("12e-1".into())));
+        assert_eq!(size("1.0001"), Err(SizeError::NotWhole("1.0001".into())));
+        assert_eq!(size("0.1"), Err(SizeError::NotWhole("0.1".into())));
         assert_eq!(size("0"), Ok(0));
+        assert_eq!(size("0.000m"), Ok(0));
+        assert_eq!(size("0.5e1"), Ok(5));
         assert_eq!(
             size("1.00000000000000000000000000000000000000000001Ki"),
-            Ok(1025)
+            Err(SizeError::NotWhole(
+                "1.00000000000000000000000000000000000000000001Ki".into()
+            ))
+        );
+        assert_eq!(size("1.00000000000000000000000000000000Ki"), Ok(1024));
+    }
+
+    /// Issue 26: `vgpu-kube` read `3000m` as 3 and this parser refused every `m`. One
+    /// parser now: `m` is milli everywhere, and the value must be whole.
+    #[test]
+    fn milli_is_milli_and_must_come_to_a_whole_number() {
+        assert_eq!(size("3000m"), Ok(3));
+        assert_eq!(size("2000000u"), Ok(2), "micro");
+        assert_eq!(size("4000000000n"), Ok(4), "nano");
+        for text in ["4m", "512m", "100m", "1500m", "1n"] {
+            assert_eq!(size(text), Err(SizeError::NotWhole(text.into())), "{text}");
+        }
+        let message = SizeError::NotWhole("512m".into()).to_string();
+        assert!(
+            message.contains("milli") && message.contains("Mi"),
+            "{message}"
         );
     }
 
@@ -336,7 +408,7 @@ mod tests {
         assert!(matches!(size("1.2.3GiB"), Err(SizeError::Malformed(_))));
         assert!(matches!(size("-4GiB"), Err(SizeError::Negative(_))));
         assert!(matches!(size("4K"), Err(SizeError::UpperK(_))));
-        assert!(matches!(size("4m"), Err(SizeError::UnknownUnit { .. })));
+        assert!(matches!(size("4mi"), Err(SizeError::UnknownUnit { .. })));
         assert!(matches!(
             size("99999999999TiB"),
             Err(SizeError::Overflow(_))

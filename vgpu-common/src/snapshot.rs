@@ -140,7 +140,7 @@ impl RegionSnapshot {
 
     /// Fills in, with [`write_host_pid`], the host PID of every live process of the copy
     /// that runs in another PID namespace and has none yet (found in `proc_root`, the
-    /// host's `/proc`, as [`crate::region::find_host_pids`] finds it). Returns
+    /// host's `/proc`, as `region::find_host_pids` finds it). Returns
     /// how many were written; a file that changed meanwhile only makes a write fail.
     pub fn fill_host_pids(&self, proc_root: &Path) -> usize {
         crate::region::find_host_pids(&RegionBytes::wanting_host_pids(self), proc_root)

@@ -24,37 +24,15 @@ pub const DRIVER: &str = "gpu.vgpu-shim.io";
 pub const NODE: &str = "node-a";
 pub const GPUS: u32 = 4;
 
-/// `target/<profile>`.
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("profile dir")
-        .to_path_buf()
-}
+pub use vgpu_test_support::built;
+use vgpu_test_support::{Need, require};
 
-/// A library or program this build made: the newer of `target/<profile>/NAME` and
-/// `target/<profile>/deps/NAME` (where `cargo test` leaves the shims and the sim).
-pub fn built(name: &str) -> Option<PathBuf> {
-    vgpu_common::built::in_profile_dir(&profile_dir(), name)
-}
-
-/// On CI a missing prerequisite fails the test; elsewhere it is reported and skipped.
-pub fn missing(test: &str, what: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|value| value == "true") {
-        panic!("{test}: {what} (CI=true: every prerequisite must be present)");
-    }
-    eprintln!("{test}: skipped: {what}");
-    false
-}
-
-/// The sim driver, loaded with four GPUs; `None` (after saying so) when not built.
-pub fn sim_library(test: &str) -> Option<PathBuf> {
+/// The sim driver, loaded with four GPUs; `None` (by the prerequisite policy) when not
+/// built.
+pub fn sim_library() -> Option<PathBuf> {
     static ENV: Once = Once::new();
-    let Some(sim) = built("libvgpu_sim.so") else {
-        missing(test, "libvgpu_sim.so not built (cargo test --workspace)");
-        return None;
-    };
+    require!(return None; Need::Built("libvgpu_sim.so"));
+    let sim = built("libvgpu_sim.so")?;
     ENV.call_once(|| {
         // SAFETY: set once, before the sim is loaded by this process; the test threads
         // read it only through the sim, after this point.

@@ -2,16 +2,13 @@
 //! documents as JSON values, an object by kind, a ClusterRole's rules.
 #![allow(dead_code)]
 
-use serde::Deserialize;
 use serde_json::Value;
 
 /// The documents of a multi-document YAML text, as JSON (empty documents left out).
 pub fn parse(text: &str) -> Vec<Value> {
-    serde_norway::Deserializer::from_str(text)
-        .map(|doc| {
-            let yaml = serde_norway::Value::deserialize(doc).expect("YAML document");
-            serde_json::to_value(yaml).expect("as JSON")
-        })
+    serde_saphyr::from_multiple::<Value>(text)
+        .expect("YAML documents")
+        .into_iter()
         .filter(|doc| !doc.is_null())
         .collect()
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The Debian bookworm non-free driver version the fixture packages carry.
-pub const DEBIAN_VERSION: &str = "535.261.03";
+pub use vgpu_test_support::debian::DEBIAN_DRIVER_VERSION as DEBIAN_VERSION;
 
 /// The unpacked packages.
 pub struct DebianDriver {
@@ -21,49 +21,12 @@ pub struct DebianDriver {
 }
 
 /// Unpacks `libcuda1`, `libnvidia-ml1` and `nvidia-smi` from `$VGPU_DEBIAN_DEBS`
-/// (default `/tmp/deb`) with `dpkg -x`; panics with instructions when they are absent.
+/// (default `/tmp/deb`); each test that calls this says `require!(Need::DebianDebs)`
+/// first (vgpu-test-support's policy: a skip outside CI, a failure in CI).
 pub fn unpack_debian_driver() -> DebianDriver {
-    let debs = std::env::var_os("VGPU_DEBIAN_DEBS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/deb"));
-    let how = "get them with `apt-get download libcuda1 libnvidia-ml1 nvidia-smi` after enabling the non-free \
-               component (e.g. `deb http://deb.debian.org/debian bookworm main non-free non-free-firmware` in \
-               /etc/apt/sources.list.d/), then point VGPU_DEBIAN_DEBS at that folder";
     let root = tempfile::tempdir().unwrap();
-    for package in ["libcuda1", "libnvidia-ml1", "nvidia-smi"] {
-        let deb = std::fs::read_dir(&debs)
-            .unwrap_or_else(|error| {
-                panic!(
-                    "cannot read the .deb folder {}: {error}; {how}",
-                    debs.display()
-                )
-            })
-            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-            .find(|path| {
-                let name = path.file_name().unwrap().to_string_lossy();
-                name.starts_with(&format!("{package}_{DEBIAN_VERSION}")) && name.ends_with(".deb")
-            })
-            .unwrap_or_else(|| {
-                panic!(
-                    "no {package}_{DEBIAN_VERSION}*.deb in {}; {how}",
-                    debs.display()
-                )
-            });
-        let status = Command::new("dpkg")
-            .arg("-x")
-            .arg(&deb)
-            .arg(root.path())
-            .status()
-            .expect("dpkg must be installed");
-        assert!(status.success(), "dpkg -x {} failed", deb.display());
-    }
-    let lib_dir = root.path().join("usr/lib/x86_64-linux-gnu/nvidia/current");
+    let lib_dir = vgpu_test_support::unpack_debian_driver(root.path());
     let tool_dir = root.path().join("usr/lib/nvidia/current");
-    assert!(
-        lib_dir
-            .join(format!("libcuda.so.{DEBIAN_VERSION}"))
-            .is_file()
-    );
     DebianDriver {
         root,
         lib_dir,

@@ -22,9 +22,9 @@
 //! the new record shares them (one group, counted once) and gets its own folder. IDs held
 //! by a container that has started are refused.
 //!
-//! One file per kubelet phase: [`preferred`] (GetPreferredAllocation), [`allocate`]
-//! (Allocate), [`prestart`] (PreStartContainer), [`garbage`] (liveness and garbage
-//! collection), with [`holders`] (the PodResources view) beside them; this file keeps
+//! One file per kubelet phase: `preferred.rs` (GetPreferredAllocation), `allocate.rs`
+//! (Allocate), `prestart.rs` (PreStartContainer), `garbage.rs` (liveness and garbage
+//! collection), with `holders.rs` (the PodResources view) beside them; this file keeps
 //! the book they share.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -1,5 +1,5 @@
-//! What the real-container tests (runc_e2e, podman_cdi) share: their prerequisites (a
-//! missing one skips the test here and fails it on CI), a prepared driver folder over
+//! What the real-container tests (runc_e2e, podman_cdi) share: their prerequisites (by
+//! vgpu-test-support's policy: skipped outside CI, failed in CI), a prepared driver folder over
 //! the simulated driver (the shims, the sim as the "real" libcuda/NVML, and a JIT helper
 //! the sim loads by name as the real libcuda does), the sim-backed device source, and
 //! an OCI runtime spec built from a container's merged Allocate response.
@@ -16,20 +16,8 @@ use vgpu_plugin::proto::deviceplugin::ContainerAllocateResponse;
 /// The JIT helper's SONAME, as the real driver names it.
 pub const JIT_HELPER: &str = "libnvidia-ptxjitcompiler.so.1";
 
-/// `target/<profile>/`, where the shims and the sim driver are built.
-pub fn profile_dir() -> PathBuf {
-    // target/<profile>/deps/<test>-<hash>
-    let exe = std::env::current_exe().expect("test exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("profile dir")
-        .to_path_buf()
-}
-
-/// A library this build made (`cargo test` leaves them in `deps/`).
-pub fn built(name: &str) -> Option<PathBuf> {
-    vgpu_common::built::in_profile_dir(&profile_dir(), name)
-}
+use vgpu_test_support::Need;
+pub use vgpu_test_support::built;
 
 /// The repository root.
 pub fn repo() -> PathBuf {
@@ -39,61 +27,19 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// Checks what a real-container test needs: root, the container `runtime`, `cc`,
-/// python3 with pynvml and cuda-bindings, the shims and the sim driver built. False
-/// (and a note on stderr) when something is missing; on CI (`CI` set, where
-/// tests/run.sh installs everything) a missing one fails the test.
-pub fn prerequisites(test: &str, runtime: &str) -> bool {
-    let mut checks = vec![
-        ("root".to_string(), is_root()),
-        (runtime.to_string(), has_tool(runtime)),
-        ("cc".to_string(), has_tool("cc")),
-        (
-            "python3 with pynvml and cuda-bindings".to_string(),
-            python_has(&["pynvml", "cuda.bindings.driver"]),
-        ),
-    ];
-    for name in ["libcuda_shim.so", "libnvml_shim.so", "libvgpu_sim.so"] {
-        checks.push((name.to_string(), built(name).is_some()));
-    }
-    let missing: Vec<String> = checks
-        .into_iter()
-        .filter(|(_, present)| !present)
-        .map(|(what, _)| what)
-        .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test}: missing on CI: {}",
-        missing.join(", ")
-    );
-    eprintln!("{test}: skipped: missing {}", missing.join(", "));
-    false
-}
-
-/// Whether we run as root.
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Whether `tool --version` runs.
-pub fn has_tool(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|out| out.status.success())
-}
-
-/// Whether python3 imports every module of `modules`.
-pub fn python_has(modules: &[&str]) -> bool {
-    let script = format!("import {}", modules.join(", "));
-    Command::new("python3")
-        .args(["-c", &script])
-        .output()
-        .is_ok_and(|out| out.status.success())
+/// Checks what a real-container test needs: root, the container `runtime`, python3 with
+/// pynvml and cuda-bindings, the shims and the sim driver built. False when something is
+/// missing, by vgpu-test-support's one policy: a skip outside CI, a failure in CI.
+pub fn prerequisites(runtime: &str) -> bool {
+    let install = format!("apt-get install {runtime}");
+    vgpu_test_support::present(&[
+        Need::Root,
+        Need::program(runtime, &install),
+        Need::Python(&["pynvml", "cuda.bindings.driver"]),
+        Need::Built("libcuda_shim.so"),
+        Need::Built("libnvml_shim.so"),
+        Need::Built("libvgpu_sim.so"),
+    ])
 }
 
 /// (python3's executable, its `sys.prefix`).

@@ -8,7 +8,7 @@
 //!   forwarding of a hook's own arguments;
 //! - [`pointers`]: the one audited way hooks read and write their caller's pointers;
 //! - [`sync`]: the one rule for poisoned locks;
-//! - [`log`]: logging, off unless `VGPU_LOG` asks.
+//! - [`log`](mod@log): logging, off unless `VGPU_LOG` asks.
 
 pub mod hook;
 pub mod log;

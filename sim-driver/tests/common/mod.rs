@@ -12,15 +12,10 @@ use std::process::Command;
 /// vgpu-sim-driver` leaves) or `target/<profile>/deps/libvgpu_sim.so` (what `cargo test`
 /// builds), whichever is newer.
 pub fn library_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
-    vgpu_common::built::in_profile_dir(profile_dir, "libvgpu_sim.so").unwrap_or_else(|| {
+    vgpu_test_support::built("libvgpu_sim.so").unwrap_or_else(|| {
         panic!(
             "libvgpu_sim.so missing in {}: run `cargo test --workspace`",
-            profile_dir.display()
+            vgpu_test_support::profile_dir().display()
         )
     })
 }

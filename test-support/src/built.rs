@@ -23,6 +23,21 @@ pub fn in_profile_dir(profile_dir: &Path, name: &str) -> Option<PathBuf> {
         .map(|(_, path)| path)
 }
 
+/// `target/<profile>` of the running test executable (`target/<profile>/deps/NAME-HASH`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("a test executable lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// A library or program this build made, found from the running test: the newer of
+/// `target/<profile>/NAME` and `target/<profile>/deps/NAME`; `None` if neither exists.
+pub fn built(name: &str) -> Option<PathBuf> {
+    in_profile_dir(&profile_dir(), name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,20 @@
+//! Test plumbing shared by every crate's tests: where a Cargo build left the workspace's
+//! libraries and programs (`built`), Debian's driver packages the export checks read
+//! (`debian`), and the one policy for what a test needs from the
+//! machine (`prerequisites`, the `require!` macro).
+//!
+//! The policy, in short: a test that needs something this workspace does not build
+//! (root, runc, podman, debootstrap, cargo-zigbuild, Python packages, Debian's driver
+//! packages) says so with [`require!`]. Outside CI a missing prerequisite skips the test
+//! with one plain `SKIPPED` line on the terminal; in CI (`CI=true`, where `tests/run.sh`
+//! installs everything) it fails the test, so CI never passes by skipping.
+
+#![forbid(unsafe_code)]
+
+pub mod built;
+pub mod debian;
+pub mod prerequisites;
+
+pub use built::{built, in_profile_dir, profile_dir};
+pub use debian::unpack_debian_driver;
+pub use prerequisites::{Need, in_ci, present};
