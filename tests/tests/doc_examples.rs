@@ -130,7 +130,6 @@ fn check(block: &Block, kind: &str) -> Result<(), String> {
     }
 }
 
-
 #[test]
 fn every_yaml_example_in_the_docs_parses_with_its_real_parser() {
     let mut checked = std::collections::BTreeMap::<String, usize>::new();
