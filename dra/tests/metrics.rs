@@ -60,8 +60,7 @@ fn get(address: SocketAddr, path: &str) -> Option<(u16, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_and_healthz_are_served_and_hold_up_against_hostile_tenants() {
-    let test = "metrics_and_healthz_are_served_and_hold_up_against_hostile_tenants";
-    let Some(sim) = sim_library(test) else { return };
+    let Some(sim) = sim_library() else { return };
     let captured = Captured::default();
     let writer = captured.clone();
     let _ = tracing_subscriber::fmt()
