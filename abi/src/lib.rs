@@ -2,6 +2,7 @@
 //!
 //! - [`cuda`]: types, result codes, attributes, descriptor layouts and the
 //!   `CUarray_format` table of `cuda.h`;
+//! - [`image`]: the module image formats (PTX, cubin, fatbin) and the static data they declare;
 //! - [`nvml`]: types, return codes and struct layouts of `nvml.h`.
 //!
 //! The shims, the simulated driver, the plugin and the CLI all read these from here, so
@@ -13,4 +14,5 @@
 #![allow(non_camel_case_types)]
 
 pub mod cuda;
+pub mod image;
 pub mod nvml;
