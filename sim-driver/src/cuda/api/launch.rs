@@ -1,5 +1,7 @@
 //! Kernel and graph launches: each one occupies its stream for its duration and is
-//! recorded as busy time on its card (as in the shim's `hooks/launch.rs`).
+//! recorded as busy time on its card (as in the shim's `hooks/launch.rs`). A launch
+//! first takes what the driver reserves lazily (`cuda::limits`): a launched kernel's
+//! library data, and the heap and printf FIFO set since the context's last launch.
 
 use std::ffi::c_void;
 
@@ -29,8 +31,11 @@ fn launch_function(
                 .kernels
                 .get(&handle)
                 .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            let _ = ctx;
-            Ok((kernel.name.clone(), kernel.duration_ns))
+            let (name, duration_ns, library) =
+                (kernel.name.clone(), kernel.duration_ns, kernel.library);
+            // A kernel launched as such is loaded into the context at its first launch.
+            registry.load_library_data(library, ctx)?;
+            Ok((name, duration_ns))
         }
         _ => Err(CUDA_ERROR_INVALID_HANDLE),
     }
@@ -67,6 +72,8 @@ fn launch(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let device = registry.context(ctx)?.device;
+        // The heap and printf FIFO set since the last launch are reserved now.
+        registry.reserve_for_launch(ctx)?;
         if cooperative {
             let blocks = grid.iter().map(|d| *d as u64).product::<u64>();
             let per_sm = (2048 / threads).clamp(1, 32);
