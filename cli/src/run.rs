@@ -20,7 +20,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use vgpu_common::region::{OpenOutcome, Region};
-use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota};
+use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota, OverQuota};
 
 use crate::artifacts::{Artifacts, sim_driver_folder};
 
@@ -56,9 +56,22 @@ pub struct RunArgs {
     /// default it gets its own, as in a pod, and sees only its own processes).
     #[arg(long)]
     host_pid: bool,
+    /// What the host's backstop does when the card says the command's processes hold
+    /// more than the memory quota: `report` (a line in VGPU_COORDINATOR_TRACE and the
+    /// record `over-quota.yaml` beside the card views) or `kill` its newest process.
+    #[arg(long, default_value = "report", value_parser = parse_over_quota)]
+    over_quota: OverQuota,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
     command: Vec<String>,
+}
+
+fn parse_over_quota(text: &str) -> Result<OverQuota, String> {
+    match text {
+        "report" => Ok(OverQuota::Report),
+        "kill" => Ok(OverQuota::Kill),
+        other => Err(format!("`{other}`: expected report or kill")),
+    }
 }
 
 fn parse_core_mode(text: &str) -> Result<CoreMode, String> {
@@ -318,6 +331,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             driver_dir: Some(plan.driver_dir.clone()),
             usage_region: Some(region_path.clone()),
             card_state_dir: compute.then(|| crate::coordinate::cards_dir(&host)),
+            over_quota: args.over_quota,
             devices,
             ..Config::default()
         };
@@ -350,9 +364,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         command
             .env("VGPU_CONFIG", &config_path)
             .env_remove("VGPU_DRIVER_DIR");
-        if compute {
-            coordinated = Some((config, host));
-        }
+        // Compute limits, and the memory backstop, are coordinated on the host.
+        coordinated = Some((config, host));
     } else {
         // No quota: the shims forward only.
         command

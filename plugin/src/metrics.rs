@@ -7,7 +7,9 @@
 //!   `vgpu_card_used_memory_bytes`;
 //! * per container and card, labels `namespace`, `pod`, `container`, `UUID`:
 //!   `vgpu_container_memory_limit_bytes`, `vgpu_container_core_limit` (percent of the
-//!   card), `vgpu_container_memory_used_bytes`, `vgpu_container_processes`, and the
+//!   card), `vgpu_container_memory_used_bytes`, `vgpu_container_processes`,
+//!   `vgpu_container_over_quota_bytes` (what the card says its processes hold beyond its
+//!   quota, from the backstop's record `vgpu_common::backstop`), and the
 //!   counters `vgpu_container_kernel_launches_total` and
 //!   `vgpu_container_gpu_busy_seconds_total`, running totals that never drop when a
 //!   process exits ([`crate::usage`]);
@@ -33,6 +35,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use vgpu_common::Config;
+use vgpu_common::backstop::Record;
 use vgpu_common::snapshot::RegionSnapshot;
 
 use crate::container;
@@ -176,7 +179,14 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
         "GPU busy time the compute limiter measured, all the container's processes so far",
         busy.clone(),
     );
+    let over_quota = gauge_family(
+        &mut registry,
+        "container_over_quota_bytes",
+        "Device memory the card says the container's processes hold beyond its quota (the host's backstop; absent while within it)",
+    );
     let plugin = counter_family(&mut registry, "plugin_events", "Plugin events by kind");
+    let over_record =
+        Record::read(&crate::coordination::cards_dir(&shared.config.state_dir)).unwrap_or_default();
 
     build_info
         .get_or_create(&vec![
@@ -208,6 +218,18 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
                     .iter()
                     .find(|device| device.uuid.as_deref() == Some(uuid))
             });
+            let id = config
+                .as_ref()
+                .and_then(|config| config.container_id.as_deref());
+            if let Some(over) = over_record
+                .over_quota
+                .iter()
+                .find(|over| Some(over.container.as_str()) == id && over.uuid == *uuid)
+            {
+                over_quota
+                    .get_or_create(&labels)
+                    .set(clamp(over.used_bytes.saturating_sub(over.limit_bytes)));
+            }
             if let Some(quota) = quota {
                 memory_limit
                     .get_or_create(&labels)

@@ -11,6 +11,9 @@ Every step records `used_mib` (what cuMemGetInfo says the container holds) and
       if given (after the launch, before the unload). IMAGE is a file, or
       gen-ptx:MIB, gen-cubin:MIB, gen-fatbin:MIB: an image whose static data is MIB
       MiB, made here (a `touch` kernel in each).
+  loadtime N IMAGE KERNEL
+      N x (cuModuleLoadData IMAGE, cuModuleGetFunction KERNEL, cuModuleUnload): the
+      median milliseconds of each load and each first function.
   limit NAME VALUE [IMAGE KERNEL [KERNEL_ARG [ALLOC_MIB]]]
       cuCtxSetLimit(NAME, VALUE) (NAME: stack, printf, heap, sync-depth,
       pending-launches), cuCtxGetLimit after; then, if given, load IMAGE, launch KERNEL
@@ -189,6 +192,22 @@ elif mode == "limit":
         if len(args) > 5:
             res["alloc"] = allocate(args[5])
             step("allocated", res["alloc"])
+elif mode == "loadtime":
+    import statistics
+    count, spec, kernel = int(args[0]), args[1], args[2]
+    loads, functions = [], []
+    for _ in range(count):
+        result, handle, seconds = load("data", spec)
+        if result != "CUDA_SUCCESS":
+            raise SystemExit(f"load failed: {result}")
+        loads.append(seconds * 1000)
+        started = time.perf_counter()
+        err, _f = function_of("data", handle, kernel)
+        functions.append((time.perf_counter() - started) * 1000)
+        unload("data", handle)
+    res["load_ms_median"] = round(statistics.median(loads), 4)
+    res["function_ms_median"] = round(statistics.median(functions), 4)
+    step("after")
 else:
     raise SystemExit(f"unknown mode {mode}")
 res["peak_driver_mib"] = max((s["driver_mib"] for s in res["steps"] if isinstance(s["driver_mib"], (int, float))), default=None)
