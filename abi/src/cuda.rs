@@ -102,6 +102,12 @@ pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: i32 = 75;
 /// The compute capability's minor number.
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: i32 = 76;
 
+// --- CUfunction_attribute ------------------------------------------------------------
+
+/// Bytes of local memory one thread of the function needs; past the stack limit, the
+/// driver grows the local memory it backs for every resident thread at the launch.
+pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: i32 = 3;
+
 // --- CUlimit (cuCtxSetLimit, cuCtxGetLimit) -------------------------------------------
 
 /// `CUlimit`: what `cuCtxSetLimit` sets.

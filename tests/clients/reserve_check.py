@@ -10,7 +10,7 @@ Every step records `used_mib` (what cuMemGetInfo says the container holds) and
       `touch`), launch it once and synchronise, unload, and allocate ALLOC_MIB (kept)
       if given (after the launch, before the unload). IMAGE is a file, or
       gen-ptx:MIB, gen-cubin:MIB, gen-fatbin:MIB: an image whose static data is MIB
-      MiB, made here (a `touch` kernel in each).
+      MiB, made here (a `touch` kernel in each; gen-ptx:MIB:NAME names it NAME).
   loadtime N IMAGE KERNEL
       N x (cuModuleLoadData IMAGE, cuModuleGetFunction KERNEL, cuModuleUnload): the
       median milliseconds of each load and each first function.
@@ -43,11 +43,11 @@ def step(name, result=None, **extra):
     return entry
 
 
-def ptx(mib):
+def ptx(mib, entry="touch"):
     return (
         ".version 8.0\n.target sm_90\n.address_size 64\n"
         f".visible .global .align 4 .b8 data[{mib * MIB}];\n"
-        ".visible .entry touch()\n{\n .reg .b64 %rd<2>;\n .reg .b32 %r<2>;\n"
+        f".visible .entry {entry}()\n{{\n .reg .b64 %rd<2>;\n .reg .b32 %r<2>;\n"
         " mov.u64 %rd1, data;\n mov.u32 %r1, 1;\n st.global.u32 [%rd1], %r1;\n ret;\n}\n"
     ).encode() + b"\0"
 
@@ -84,7 +84,9 @@ def fatbin(mib):
 
 def image_bytes(spec):
     if spec.startswith("gen-"):
-        kind, mib = spec[4:].split(":")
+        kind, mib, *entry = spec[4:].split(":")
+        if entry:
+            return ptx(int(mib), entry[0])
         return {"ptx": ptx, "cubin": cubin, "fatbin": fatbin}[kind](int(mib))
     with open(spec, "rb") as f:
         data = f.read()
@@ -175,12 +177,13 @@ if mode == "module":
 elif mode == "limit":
     name, value = args[0], int(args[1])
     limit = LIMITS[name]
-    (before,) = check(cuda.cuCtxGetLimit(limit), "cuCtxGetLimit")
-    res["before"] = int(before)
+    def get_limit():
+        err, current = cuda.cuCtxGetLimit(limit)
+        return int(current) if err == OK else err.name
+    res["before"] = get_limit()
     res["set"] = cuda.cuCtxSetLimit(limit, value)[0].name
-    (after,) = check(cuda.cuCtxGetLimit(limit), "cuCtxGetLimit")
-    res["after"] = int(after)
-    step("set", res["set"], limit=int(after))
+    res["after"] = get_limit()
+    step("set", res["set"], limit=res["after"])
     if len(args) > 3:
         result, handle, _ = load("data", args[2])
         res["load"] = result

@@ -1,8 +1,7 @@
 //! `cuCtxSetLimit` (and so `cudaDeviceSetLimit`): the stack size is backed for every
-//! thread the card can hold at once (SMs × max threads per SM), the malloc heap and the
-//! printf FIFO by their size; the device runtime's sync depth and pending-launch count
-//! take memory the driver does not document, settled from its figure right after the
-//! call. A value whose memory passes the quota is refused (or set back) with
+//! thread the card can hold at once (SMs × max threads per SM), the malloc heap by its
+//! size; the printf FIFO and the device runtime's limits are settled from the driver's
+//! figure right after the call (`ledger::reserved::limit_bytes` says what was measured). A value whose memory passes the quota is refused (or set back) with
 //! CUDA_ERROR_OUT_OF_MEMORY, as the driver answers when the card itself is short
 //! (`ledger::reserved`).
 
@@ -12,7 +11,7 @@ use crate::state::enforce;
 use crate::{hook, real};
 
 /// The current context's value of `limit`, from the real driver.
-fn current_limit(limit: CUlimit) -> Option<u64> {
+pub(crate) fn current_limit(limit: CUlimit) -> Option<u64> {
     let get = real!(cuCtxGetLimit as fn(*mut usize, CUlimit) -> CUresult);
     let mut value = 0usize;
     // SAFETY: our own out-pointer, to the real cuCtxGetLimit.
@@ -20,7 +19,7 @@ fn current_limit(limit: CUlimit) -> Option<u64> {
 }
 
 /// The threads a card holds at once: SMs × max threads per SM (0 if unknown).
-fn resident_threads(device: CUdevice) -> u64 {
+pub(crate) fn resident_threads(device: CUdevice) -> u64 {
     let attribute = real!(cuDeviceGetAttribute as fn(*mut i32, i32, CUdevice) -> CUresult);
     let read = |which| {
         let mut value = 0i32;
@@ -34,6 +33,39 @@ fn resident_threads(device: CUdevice) -> u64 {
     };
     read(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .saturating_mul(read(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR))
+}
+
+/// Before the first launch of `function`: a kernel whose local memory per thread
+/// (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`) passes the stack limit makes the driver grow
+/// the local memory it backs for every resident thread at that launch, where nothing
+/// is hooked. The stack limit is raised to the kernel's need here instead, through the
+/// same counting as `cuCtxSetLimit` (refused, or set back, with
+/// CUDA_ERROR_OUT_OF_MEMORY when it passes the quota), so the launch needs nothing more.
+pub(crate) fn back_local_memory(local_bytes: Option<u64>) -> CUresult {
+    let Some(local) = local_bytes.filter(|bytes| *bytes > 0) else {
+        return CUDA_SUCCESS;
+    };
+    let set = real!(cuCtxSetLimit as fn(CUlimit, usize) -> CUresult);
+    let passthrough = || CUDA_SUCCESS;
+    enforce(passthrough, |enforcer| {
+        let (Ok(device), Some(stack)) = (enforcer.current(), current_limit(CU_LIMIT_STACK_SIZE))
+        else {
+            return CUDA_SUCCESS;
+        };
+        if local <= stack {
+            return CUDA_SUCCESS;
+        }
+        let threads = resident_threads(device.real);
+        enforcer.limit_counted(
+            device,
+            current_context(),
+            CU_LIMIT_STACK_SIZE,
+            (stack, local),
+            threads,
+            // SAFETY: the real cuCtxSetLimit with the stack limit and a value.
+            |value| unsafe { set(CU_LIMIT_STACK_SIZE, value as usize) },
+        )
+    })
 }
 
 hook! {

@@ -8,7 +8,10 @@
 //! data arrive at first use: the image's static data is counted at the load all the
 //! same (what the module commits to), and the first `cuModuleGetFunction`,
 //! `cuModuleGetGlobal`, `cuLibraryGetModule` or `cuKernelGetFunction` of each handle is
-//! settled with the driver's figure at once. Launches stay untouched.
+//! settled with the driver's figure at once. The first `cuModuleGetFunction` or
+//! `cuKernelGetFunction` of a function whose local memory passes the stack limit also
+//! raises the stack limit to it, counted (`hooks::limits`), since its first launch
+//! would grow it where nothing is hooked. Launches stay untouched.
 
 use std::ffi::{c_char, c_void};
 
@@ -155,6 +158,63 @@ fn first_use(handle: usize, result: CUresult) -> CUresult {
     result
 }
 
+/// The first use of a function or kernel `handle`: settled as [`first_use`], and its
+/// local memory (`local_bytes` asks the driver, on the current device) backed before
+/// its first launch (`limits::back_local_memory`); CUDA_ERROR_OUT_OF_MEMORY when that
+/// passes the quota.
+fn first_use_of_function(
+    handle: usize,
+    result: CUresult,
+    local_bytes: impl FnOnce(CUdevice) -> Option<u64>,
+) -> CUresult {
+    if result != CUDA_SUCCESS {
+        return result;
+    }
+    let Some(enforcer) = enforcing() else {
+        return result;
+    };
+    if !process_state(enforcer).first_use(handle) {
+        return result;
+    }
+    settle_current(enforcer);
+    let Ok(device) = enforcer.current() else {
+        return result;
+    };
+    crate::hooks::limits::back_local_memory(local_bytes(device.real))
+}
+
+/// A function's local memory per thread.
+fn function_local_bytes(function: usize) -> Option<u64> {
+    let attribute = real!(cuFuncGetAttribute as fn(*mut i32, i32, CUfunction) -> CUresult);
+    let mut local = 0i32;
+    // SAFETY: our own out-pointer and the function the real call just returned.
+    let result = unsafe {
+        attribute(
+            &mut local,
+            CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            function as CUfunction,
+        )
+    };
+    (result == CUDA_SUCCESS).then_some(local.max(0) as u64)
+}
+
+/// A kernel's local memory per thread on `device`.
+fn kernel_local_bytes(kernel: usize, device: CUdevice) -> Option<u64> {
+    let attribute =
+        real!(cuKernelGetAttribute as fn(*mut i32, i32, CUkernel, CUdevice) -> CUresult);
+    let mut local = 0i32;
+    // SAFETY: our own out-pointer and the kernel the real call just returned.
+    let result = unsafe {
+        attribute(
+            &mut local,
+            CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            kernel as CUkernel,
+            device,
+        )
+    };
+    (result == CUDA_SUCCESS).then_some(local.max(0) as u64)
+}
+
 hook! {
     fn cuModuleLoad(module: *mut CUmodule, path: *const c_char) -> CUresult |forward| {
         load_module(|| file_static_bytes(path), module.cast(), AllocKey::Module, true, forward, unload_module)
@@ -206,7 +266,8 @@ hook! {
 hook! {
     fn cuModuleGetFunction(function: *mut CUfunction, module: CUmodule, name: *const c_char) -> CUresult |forward| {
         let result = forward();
-        first_use(read_out(function).map_or(0, |f| f as usize), result)
+        let function = read_out(function).map_or(0, |f| f as usize);
+        first_use_of_function(function, result, |_| function_local_bytes(function))
     }
 }
 
@@ -227,6 +288,17 @@ hook! {
 hook! {
     fn cuKernelGetFunction(function: *mut CUfunction, kernel: CUkernel) -> CUresult |forward| {
         let result = forward();
-        first_use(read_out(function).map_or(0, |f| f as usize), result)
+        let function = read_out(function).map_or(0, |f| f as usize);
+        first_use_of_function(function, result, |_| function_local_bytes(function))
+    }
+}
+
+hook! {
+    /// A kernel the runtime launches as such (a `CUkernel` to cuLaunchKernel), in the
+    /// current context.
+    fn cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char) -> CUresult |forward| {
+        let result = forward();
+        let kernel = read_out(kernel).map_or(0, |k| k as usize);
+        first_use_of_function(kernel, result, |device| kernel_local_bytes(kernel, device))
     }
 }

@@ -3,16 +3,18 @@
 //!
 //! - the stack (`CU_LIMIT_STACK_SIZE`) is backed at once for every thread the card holds
 //!   (SMs × 2048 threads per SM), beyond the 1 KiB default that the context's overhead
-//!   already holds;
-//! - the malloc heap and the printf FIFO are reserved lazily, at the context's next
-//!   launch, beyond their defaults (8 MiB, 1 MiB); a launch that cannot get them fails
-//!   with CUDA_ERROR_OUT_OF_MEMORY;
+//!   already holds; a launch of a kernel whose local memory passes it grows that to the
+//!   kernel's need, and keeps it;
+//! - the malloc heap is reserved lazily, at the context's next launch, beyond its 8 MiB
+//!   default; a launch that cannot get it fails with CUDA_ERROR_OUT_OF_MEMORY;
+//! - the printf FIFO is host memory (a 1.5 GiB FIFO added no device memory on the H200);
 //! - the device runtime's pending launches take [`PENDING_LAUNCH_BYTES`] each beyond the
-//!   default 2048, at once; its sync depth takes nothing here;
+//!   default 2048, at once (a stand-in for a reservation the shim cannot price: the H200
+//!   showed none); its sync depth takes nothing here;
 //! - a module's static data (`vgpu_abi::image`: PTX `.global`, a cubin's global
-//!   sections) is loaded with the module, or at first use under lazy loading
-//!   (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA 12.2); a library's, into each
-//!   context at its first use there (or at the load, eagerly, into the current one).
+//!   sections) is loaded with the module (lazy loading or not, as on the H200); a
+//!   library's, into each context at its first use there (or at the load into the
+//!   current one under `CUDA_MODULE_LOADING=EAGER`).
 
 use super::errors::*;
 use super::registry::Registry;
@@ -70,7 +72,7 @@ fn reserved(index: usize, value: u64, sms: u64) -> u64 {
     let beyond = value.saturating_sub(DEFAULTS[index]);
     match index {
         STACK => beyond.saturating_mul(sms).saturating_mul(THREADS_PER_SM),
-        PRINTF_FIFO | MALLOC_HEAP => beyond,
+        MALLOC_HEAP => beyond,
         PENDING_LAUNCHES => beyond.saturating_mul(PENDING_LAUNCH_BYTES),
         _ => 0,
     }
@@ -139,8 +141,8 @@ impl Registry {
             .ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 
-    /// What a launch in `ctx` makes the driver reserve first: the heap and FIFO set
-    /// since the last launch.
+    /// What a launch in `ctx` makes the driver reserve first: the heap set since the
+    /// last launch.
     pub fn reserve_for_launch(&mut self, ctx: u64) -> Result<(), CUresult> {
         let context = self.context(ctx)?;
         if !context.limits.pending {
@@ -148,11 +150,27 @@ impl Registry {
         }
         let values = context.limits.values;
         let sms = self.sms(context.device);
-        for index in [PRINTF_FIFO, MALLOC_HEAP] {
-            self.charge_limit(ctx, index, reserved(index, values[index], sms))?;
-        }
+        self.charge_limit(
+            ctx,
+            MALLOC_HEAP,
+            reserved(MALLOC_HEAP, values[MALLOC_HEAP], sms),
+        )?;
         if let Some(context) = self.contexts.get_mut(&ctx) {
             context.limits.pending = false;
+        }
+        Ok(())
+    }
+
+    /// A launch of a kernel needing `local` bytes per thread in `ctx`: past the stack
+    /// limit, the local memory backed for every resident thread grows to it (and stays).
+    pub fn grow_local_memory(&mut self, ctx: u64, local: u64) -> Result<(), CUresult> {
+        let context = self.context(ctx)?;
+        if local <= context.limits.values[STACK] {
+            return Ok(());
+        }
+        let grown = reserved(STACK, local, self.sms(context.device));
+        if grown > context.limits.charged[STACK] {
+            self.charge_limit(ctx, STACK, grown)?;
         }
         Ok(())
     }
@@ -202,7 +220,7 @@ mod tests {
         assert_eq!(reserved(STACK, 32 << 10, 132), (31 << 10) * 132 * 2048);
         assert_eq!(reserved(STACK, 512, 132), 0, "below the default");
         assert_eq!(reserved(MALLOC_HEAP, 1536 << 20, 132), (1536 - 8) << 20);
-        assert_eq!(reserved(PRINTF_FIFO, 64 << 20, 132), 63 << 20);
+        assert_eq!(reserved(PRINTF_FIFO, 64 << 20, 132), 0, "host memory");
         assert_eq!(
             reserved(PENDING_LAUNCHES, 4096, 132),
             2048 * PENDING_LAUNCH_BYTES

@@ -114,6 +114,7 @@ cuLibraryLoadFromFile 12000:cuLibraryLoadFromFile
 cuLibraryUnload 12000:cuLibraryUnload
 cuLibraryGetKernel 12000:cuLibraryGetKernel
 cuKernelGetFunction 12000:cuKernelGetFunction
+cuKernelGetAttribute 12000:cuKernelGetAttribute
 cuFuncGetAttribute 2020:cuFuncGetAttribute
 cuFuncSetAttribute 9000:cuFuncSetAttribute
 cuFuncGetName 12030:cuFuncGetName
@@ -295,6 +296,7 @@ exports!(
     cuLibraryGetKernel,
     cuKernelGetFunction,
     cuFuncGetAttribute,
+    cuKernelGetAttribute,
     cuFuncSetAttribute,
     cuFuncGetName,
     cuLaunchKernel,

@@ -54,7 +54,7 @@ fn launch(
     let current = current_context();
     with_registry(|registry| {
         let (key, ctx) = registry.stream_key(stream, per_thread, current)?;
-        let (_, duration) = launch_function(registry, function, ctx)?;
+        let (name, duration) = launch_function(registry, function, ctx)?;
         if grid.contains(&0) || block.contains(&0) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -72,8 +72,10 @@ fn launch(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let device = registry.context(ctx)?.device;
-        // The heap and printf FIFO set since the last launch are reserved now.
+        // The heap and printf FIFO set since the last launch are reserved now, and local
+        // memory past the stack limit is grown for every resident thread.
         registry.reserve_for_launch(ctx)?;
+        registry.grow_local_memory(ctx, super::modules::local_bytes_of(&name))?;
         if cooperative {
             let blocks = grid.iter().map(|d| *d as u64).product::<u64>();
             let per_sm = (2048 / threads).clamp(1, 32);

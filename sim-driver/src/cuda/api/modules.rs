@@ -1,7 +1,7 @@
 //! Modules, libraries, kernels and functions: images (PTX, cubin, fatbin) are parsed
-//! for their entry names and static data; a module's code is charged at the load, its
-//! static data at the load or, lazily (`CUDA_MODULE_LOADING`), at its first function; a
-//! library's static data in each context at its first use there (`cuda::limits`).
+//! for their entry names and static data; a module's code and static data are charged
+//! at the load; a library's static data in each context at its first use there, or at
+//! the load into the current one under `CUDA_MODULE_LOADING=EAGER` (`cuda::limits`).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_void};
@@ -179,7 +179,7 @@ fn file_entries(path: &str) -> Result<Loaded, CUresult> {
     }
 }
 
-/// Whether modules load lazily (`CUDA_MODULE_LOADING`, LAZY unless EAGER, as the real
+/// Whether libraries load lazily (`CUDA_MODULE_LOADING`, LAZY unless EAGER, as the real
 /// driver since CUDA 12.2).
 fn lazy_loading() -> bool {
     static LAZY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -211,9 +211,9 @@ fn load_module(module_out: *mut u64, (entries, static_bytes): Loaded) -> Res {
                 functions: HashMap::new(),
             },
         );
-        if !lazy_loading()
-            && let Err(code) = registry.load_module_data(handle)
-        {
+        // A module's data arrives with the load, lazy loading or not (as measured on
+        // the H200, driver 580: +1536 MiB at cuModuleLoadData under LAZY).
+        if let Err(code) = registry.load_module_data(handle) {
             registry.unload_module(handle);
             return Err(code);
         }
@@ -253,7 +253,17 @@ fn kernel_duration(registry: &Registry, name: &str) -> u64 {
     duration_from_name(name).unwrap_or(registry.sim.config.kernel_ns)
 }
 
-/// Function attributes of every simulated kernel.
+/// Local memory per thread of a simulated kernel: `N` KiB for a name with `_local<N>k`
+/// (`big_local16k`), else none.
+pub(crate) fn local_bytes_of(name: &str) -> u64 {
+    name.split("_local")
+        .nth(1)
+        .and_then(|rest| rest.strip_suffix('k').or_else(|| rest.split('k').next()))
+        .and_then(|digits| digits.parse::<u64>().ok())
+        .map_or(0, |kib| kib.saturating_mul(1024))
+}
+
+/// Function attributes of every simulated kernel (local memory: `local_bytes_of`).
 fn function_attribute(attribute: i32) -> Option<i32> {
     Some(match attribute {
         0 => 1024,    // MAX_THREADS_PER_BLOCK
@@ -321,8 +331,6 @@ cuda! {
             if found.entries.as_ref().is_some_and(|entries| !entries.contains(&name)) {
                 return Err(CUDA_ERROR_NOT_FOUND);
             }
-            // Lazily, the first function brings the module's static data.
-            registry.load_module_data(module)?;
             let duration_ns = kernel_duration(registry, &name);
             let handle = registry.handle(TAG_FUNCTION);
             registry.functions.insert(handle, Function { name: name.clone(), duration_ns });
@@ -414,14 +422,22 @@ cuda! {
     }
 
     fn cuFuncGetAttribute(value: *mut i32, attribute: i32, function: u64) {
-        with_registry(|registry| {
-            if tag_of(function) == TAG_KERNEL && registry.kernels.contains_key(&function) || registry.functions.contains_key(&function) {
-                Ok(())
-            } else {
-                Err(CUDA_ERROR_INVALID_HANDLE)
+        let name = with_registry(|registry| {
+            match (registry.kernels.get(&function), registry.functions.get(&function)) {
+                (Some(kernel), _) if tag_of(function) == TAG_KERNEL => Ok(kernel.name.clone()),
+                (_, Some(found)) => Ok(found.name.clone()),
+                _ => Err(CUDA_ERROR_INVALID_HANDLE),
             }
         })?;
-        out(value, function_attribute(attribute).ok_or(CUDA_ERROR_INVALID_VALUE)?)
+        let local = local_bytes_of(&name).min(i32::MAX as u64) as i32;
+        out(value, if attribute == 3 { local } else { function_attribute(attribute).ok_or(CUDA_ERROR_INVALID_VALUE)? })
+    }
+
+    fn cuKernelGetAttribute(value: *mut i32, attribute: i32, kernel: u64, dev: i32) {
+        let _ = dev;
+        let name = with_registry(|registry| registry.kernels.get(&kernel).map(|k| k.name.clone()).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
+        let local = local_bytes_of(&name).min(i32::MAX as u64) as i32;
+        out(value, if attribute == 3 { local } else { function_attribute(attribute).ok_or(CUDA_ERROR_INVALID_VALUE)? })
     }
 
     fn cuFuncSetAttribute(function: u64, attribute: i32, value: i32) {
