@@ -11,7 +11,10 @@
 #                      cuCtxSetLimit to 1.5 GiB of heap, a 32 KiB stack, a 1.5 GiB
 #                      printf FIFO, a million pending launches, sync depth 8; then a
 #                      kernel that uses it (malloc, 16 KiB of local memory, printf)
+#   reserve heap-default, stack-2k  what fits: the default heap and a malloc kernel, a
+#                      2 KiB stack (264 MiB more on an H200), counted as the card says
 #   reserve stack-launch  the default stack, then a kernel with 16 KiB of local memory
+#                      (its launch would grow local memory for every resident thread)
 #   reserve static-fits  300 MiB of static data: loads, is counted, 700 MiB more refused
 #                      -> each run bare and under `vgpu run --memory 1024MiB`; PASS when
 #                      the driver's figure for the process (NVML, at each step) stays
@@ -48,7 +51,9 @@ section_reserve() {
     reserve_pattern static-fatbin "" module fatbin "$W/static.fatbin"
     reserve_pattern static-library "" module library "$W/static.cubin"
     reserve_pattern heap "" limit heap 1610612736 "$W/kernels.cubin" use_heap 1048576
+    reserve_pattern heap-default "" limit heap 8388608 "$W/kernels.cubin" use_heap 1048576
     reserve_pattern stack "" limit stack 32768 "$W/kernels.cubin" use_stack 1
+    reserve_pattern stack-2k "" limit stack 2048
     reserve_pattern stack-launch "" limit stack 1024 "$W/kernels.cubin" use_stack 1
     reserve_pattern printf "" limit printf 1610612736 "$W/kernels.cubin" use_printf 1
     reserve_pattern pending "" limit pending-launches 1000000
