@@ -33,13 +33,15 @@ type CUkernel = *mut c_void;
 /// compressed fatbin entries, a damaged header; those are settled after the load).
 fn image_static_bytes(image: *const c_void) -> u64 {
     let at = image.cast::<u8>();
-    let Some(head) = with_caller_bytes(at, 16, |b| {
-        let mut head = [0u8; 16];
-        head.copy_from_slice(b);
-        head
-    }) else {
-        return 0;
-    };
+    // The first bytes one at a time, stopping at a NUL: PTX text may be shorter than
+    // any header (no magic holds a NUL byte).
+    let mut head = [0u8; 4];
+    for (index, byte) in head.iter_mut().enumerate() {
+        match with_caller_bytes(at.wrapping_add(index), 1, |b| b[0]) {
+            Some(0) | None => break,
+            Some(value) => *byte = value,
+        }
+    }
     let found = match image::kind(&head) {
         ImageKind::Elf => with_caller_bytes(at, 64, image::elf_table_end)
             .flatten()
@@ -50,7 +52,10 @@ fn image_static_bytes(image: *const c_void) -> u64 {
         ImageKind::Fatbin => fatbin_static_bytes(at),
         ImageKind::FatbinWrapper => {
             // `__fatBinC_Wrapper_t`: magic, version, then the fatbin's address.
-            let data = u64::from_le_bytes(head[8..16].try_into().unwrap_or([0; 8]));
+            let data = with_caller_bytes(at, 16, |b| {
+                u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]))
+            })
+            .unwrap_or(0);
             fatbin_static_bytes(data as usize as *const u8)
         }
         ImageKind::Ptx => with_caller_c_bytes(image.cast::<c_char>(), image::ptx_static_bytes),

@@ -90,8 +90,17 @@ type Loaded = (Option<HashSet<String>>, u64);
 /// An image in memory: PTX text, an ELF cubin (its length read from its header), or a
 /// fatbin (whose kernels are not listed), directly or behind its wrapper.
 fn image_entries(image: *const c_void) -> Result<Loaded, CUresult> {
-    let head = ffi::bytes(image.cast::<u8>(), 16).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    match abi_image::kind(head) {
+    // PTX text may be shorter than any header: the first bytes up to a NUL (no magic
+    // holds one).
+    let mut head = [0u8; 4];
+    for (index, byte) in head.iter_mut().enumerate() {
+        let at = image.cast::<u8>().wrapping_add(index);
+        match ffi::bytes(at, 1).ok_or(CUDA_ERROR_INVALID_VALUE)?[0] {
+            0 => break,
+            value => *byte = value,
+        }
+    }
+    match abi_image::kind(&head) {
         ImageKind::Elf => {
             let header = ffi::bytes(image.cast::<u8>(), 64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             let table_end = abi_image::elf_table_end(header).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
@@ -104,8 +113,9 @@ fn image_entries(image: *const c_void) -> Result<Loaded, CUresult> {
         }
         ImageKind::Fatbin => fatbin_loaded(image.cast::<u8>()),
         ImageKind::FatbinWrapper => {
+            let wrapper = ffi::bytes(image.cast::<u8>(), 16).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             let data = u64::from_le_bytes(
-                head[8..16]
+                wrapper[8..16]
                     .try_into()
                     .map_err(|_| CUDA_ERROR_INVALID_IMAGE)?,
             );
