@@ -89,6 +89,8 @@ pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// The number of SMs.
 pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: i32 = 16;
+/// The most threads resident on one SM.
+pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: i32 = 39;
 /// The PCI bus.
 pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: i32 = 33;
 /// The PCI device (slot).
@@ -99,6 +101,32 @@ pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: i32 = 50;
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: i32 = 75;
 /// The compute capability's minor number.
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: i32 = 76;
+
+// --- CUfunction_attribute ------------------------------------------------------------
+
+/// Bytes of local memory one thread of the function needs; past the stack limit, the
+/// driver grows the local memory it backs for every resident thread at the launch.
+pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: i32 = 3;
+
+// --- CUlimit (cuCtxSetLimit, cuCtxGetLimit) -------------------------------------------
+
+/// `CUlimit`: what `cuCtxSetLimit` sets.
+pub type CUlimit = u32;
+/// Bytes of stack per GPU thread; the driver backs it for every thread the card can
+/// hold at once.
+pub const CU_LIMIT_STACK_SIZE: CUlimit = 0x00;
+/// Bytes of the FIFO that device-side `printf` writes into.
+pub const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 0x01;
+/// Bytes of the heap that device-side `malloc` allocates from.
+pub const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 0x02;
+/// Depth to which the device runtime may synchronise on child grids.
+pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: CUlimit = 0x03;
+/// Launches from the device that may be pending at once.
+pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: CUlimit = 0x04;
+/// The L2 fetch granularity (no device memory).
+pub const CU_LIMIT_MAX_L2_FETCH_GRANULARITY: CUlimit = 0x05;
+/// The persisting L2 cache size (a carve-out of L2, no device memory).
+pub const CU_LIMIT_PERSISTING_L2_CACHE_SIZE: CUlimit = 0x06;
 
 // --- streams -------------------------------------------------------------------------
 

@@ -27,9 +27,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use vgpu_common::CoreMode;
+use vgpu_common::OverQuota;
 use vgpu_common::cardmeter::NvmlMeter;
 use vgpu_common::config::DRIVER_DIR_ENV;
-use vgpu_common::coordinator::{ContainerSpec, Coordinator, Entitlement, TICK_NS};
+use vgpu_common::coordinator::{
+    ContainerSpec, Coordinator, Entitlement, MemoryEntitlement, TICK_NS,
+};
 use vgpu_common::process;
 
 /// Env var naming the host folder.
@@ -66,6 +69,11 @@ struct Registration {
     id: String,
     region: PathBuf,
     devices: Vec<RegisteredDevice>,
+    /// Memory quotas by card UUID, for the backstop.
+    #[serde(default)]
+    memory: Vec<(String, u64)>,
+    #[serde(default)]
+    over_quota: OverQuota,
     pid: i32,
     start_time: u64,
 }
@@ -96,6 +104,12 @@ impl Registration {
                     ceiling: device.ceiling,
                 })
                 .collect(),
+            memory: spec
+                .memory
+                .iter()
+                .map(|quota| (quota.uuid.clone(), quota.memory_limit))
+                .collect(),
+            over_quota: spec.over_quota,
             pid: me.pid,
             start_time: me.start_time,
         }
@@ -120,6 +134,15 @@ impl Registration {
                     ceiling: device.ceiling,
                 })
                 .collect(),
+            memory: self
+                .memory
+                .iter()
+                .map(|(uuid, memory_limit)| MemoryEntitlement {
+                    uuid: uuid.clone(),
+                    memory_limit: *memory_limit,
+                })
+                .collect(),
+            over_quota: self.over_quota,
         }
     }
 }
@@ -335,6 +358,7 @@ mod tests {
                 mode: CoreMode::Soft,
                 ceiling: Some(60),
             }],
+            ..ContainerSpec::default()
         }
     }
 

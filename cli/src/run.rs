@@ -22,7 +22,7 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
 use nix::unistd::{getegid, geteuid};
 use vgpu_common::region::{OpenOutcome, Region};
-use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota};
+use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota, OverQuota};
 
 use crate::artifacts::{Artifacts, sim_driver_folder};
 
@@ -63,9 +63,22 @@ pub struct RunArgs {
     /// `warn_on_refusal`).
     #[arg(long)]
     warn_on_refusal: bool,
+    /// What the host's backstop does when the card says the command's processes hold
+    /// more than the memory quota: `report` (a line in VGPU_COORDINATOR_TRACE and the
+    /// record `over-quota.yaml` beside the card views) or `kill` its newest process.
+    #[arg(long, default_value = "report", value_parser = parse_over_quota)]
+    over_quota: OverQuota,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
     command: Vec<String>,
+}
+
+fn parse_over_quota(text: &str) -> Result<OverQuota, String> {
+    match text {
+        "report" => Ok(OverQuota::Report),
+        "kill" => Ok(OverQuota::Kill),
+        other => Err(format!("`{other}`: expected report or kill")),
+    }
 }
 
 fn parse_core_mode(text: &str) -> Result<CoreMode, String> {
@@ -302,6 +315,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             usage_region: Some(region_path.clone()),
             card_state_dir: compute.then(|| crate::coordinate::cards_dir(&host)),
             warn_on_refusal: args.warn_on_refusal,
+            over_quota: args.over_quota,
             devices,
             ..Config::default()
         };
@@ -334,9 +348,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         command
             .env("VGPU_CONFIG", &config_path)
             .env_remove("VGPU_DRIVER_DIR");
-        if compute {
-            coordinated = Some((config, host));
-        }
+        // Compute limits, and the memory backstop, are coordinated on the host.
+        coordinated = Some((config, host));
     } else {
         // No quota: the shims forward only.
         command

@@ -2,10 +2,13 @@
 //! (loaded from the driver folder beside the real libcuda, never through the NVML shim).
 //!
 //! Two uses: a new context's overhead (`ContextMeter`: the process's own NVML figure,
-//! or the card's used-memory delta around the creation), and the reconciliation
-//! (`Enforcer::sync_with_driver`, at most every `SYNC_INTERVAL_NS`) that counts what the
-//! driver holds for the process beyond its counted allocations, pools, VMM handles and
-//! contexts: module code the driver loads after the context exists, for one.
+//! or the card's used-memory delta around the creation), and the reconciliation that
+//! counts what the driver holds for the process beyond its counted allocations, pools,
+//! VMM handles, contexts and reservations: module code, and whatever part of a module's
+//! data or a limit the shim could not price before the call. It runs at most every
+//! `SYNC_INTERVAL_NS` on the allocation path (`Enforcer::sync_with_driver`) and at once
+//! right after a call that makes the driver take memory of its own
+//! (`Enforcer::settle_with_driver`: module and library loads, first uses, limits).
 //!
 //! NVML lists a process under its own PID (driver 580 answers in the caller's PID
 //! namespace) or under the host PID the host recorded in our slot (older drivers report
@@ -28,6 +31,8 @@ use crate::state::Enforcer;
 
 /// How often a process reconciles its counted usage with NVML's figure for it.
 const SYNC_INTERVAL_NS: u64 = 250_000_000;
+/// How often a settling right after a call tries for the NVML handles' lock.
+const SETTLE_TRIES: u32 = 1000;
 
 /// Real NVML handles by device UUID, opened once per process.
 static NVML_BY_UUID: Mutex<Vec<(String, Option<Nvml>)>> = Mutex::new(Vec::new());
@@ -106,9 +111,49 @@ impl Enforcer {
         {
             return;
         }
+        self.reconcile(process, slot, device, 1);
+    }
+
+    /// Now, whatever the interval: counts what the driver holds for this process on
+    /// `device` beyond what it counted (right after a call that made the driver take
+    /// memory of its own: a module load, a limit). Returns whether NVML answered for us.
+    /// Waits for another thread's reconciliation a little (never for a lock a forked
+    /// parent may have held: it only retries `try_lock`).
+    pub(crate) fn settle_with_driver(
+        &self,
+        process: &ProcessState,
+        slot: SlotId,
+        device: &Visible,
+    ) -> bool {
+        process
+            .last_sync_ns
+            .store(monotonic_ns(), Ordering::Relaxed);
+        self.reconcile(process, slot, device, SETTLE_TRIES)
+    }
+
+    /// The reconciliation itself, trying the NVML handles' lock up to `tries` times; the
+    /// lock is held while the figures are applied, so two threads never apply one
+    /// reading twice.
+    fn reconcile(
+        &self,
+        process: &ProcessState,
+        slot: SlotId,
+        device: &Visible,
+        tries: u32,
+    ) -> bool {
         // try_lock: never wait (and never deadlock in a forked child) for a best-effort figure.
-        let Some(mut cache) = runtime::try_lock(&NVML_BY_UUID) else {
-            return;
+        let mut cache = None;
+        for attempt in 0..tries {
+            cache = runtime::try_lock(&NVML_BY_UUID);
+            if cache.is_some() {
+                break;
+            }
+            if attempt + 1 < tries {
+                std::thread::yield_now();
+            }
+        }
+        let Some(mut cache) = cache else {
+            return false;
         };
         let position = match cache.iter().position(|(uuid, _)| *uuid == device.uuid) {
             Some(position) => position,
@@ -126,9 +171,8 @@ impl Enforcer {
             .as_ref()
             .and_then(|nvml| nvml.process_used(&me))
         else {
-            return;
+            return false;
         };
-        drop(cache);
         let index = device.region_index;
         let extra = &process.driver_extra[index];
         let before = extra.load(Ordering::Acquire);
@@ -139,6 +183,7 @@ impl Enforcer {
             self.region.release(slot, index, before - after);
         }
         extra.store(after, Ordering::Release);
+        drop(cache);
         let contexts = self.context_overhead(process, index);
         self.region.set_context(slot, index, contexts + after);
         if after != before {
@@ -147,6 +192,7 @@ impl Enforcer {
                 device.uuid
             );
         }
+        true
     }
 }
 

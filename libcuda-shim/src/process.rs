@@ -7,7 +7,7 @@
 //! (attaching a slot of its own) instead of touching locks that a parent thread may
 //! have held at the fork. At exit the slot is given back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -45,6 +45,9 @@ pub struct ProcessState {
     /// Per device: device memory the driver holds for this process beyond its counted
     /// allocations and context overhead (module code loaded later, and the like).
     pub driver_extra: [AtomicU64; MAX_DEVICES],
+    /// Functions, modules and globals already used once (lazy loading brings their code
+    /// and data at the first use, which is settled with NVML; later uses are not).
+    first_uses: Mutex<HashSet<usize>>,
 }
 
 impl ProcessState {
@@ -56,6 +59,12 @@ impl ProcessState {
     /// The pool table if no other thread holds it now.
     pub fn try_pools(&self) -> Option<MutexGuard<'_, PoolTable>> {
         runtime::try_lock(&self.pools)
+    }
+
+    /// Whether this is the first use of `handle` (a function, module or global) this
+    /// process has seen; false for 0.
+    pub fn first_use(&self, handle: usize) -> bool {
+        handle != 0 && runtime::lock(&self.first_uses).insert(handle)
     }
 
     /// Records whether some pool of `pools` still holds counted memory.
@@ -169,6 +178,7 @@ fn build_process_state(enforcer: &Enforcer, generation: u64) -> ProcessState {
         pid_ns: me.pid_ns,
         last_sync_ns: AtomicU64::new(0),
         driver_extra: [const { AtomicU64::new(0) }; MAX_DEVICES],
+        first_uses: Mutex::new(HashSet::new()),
     }
 }
 

@@ -197,6 +197,7 @@ fn spec(config: &Path, limit: u32, mode: CoreMode, ceiling: Option<u32>) -> Cont
             .to_string(),
         region: dir.join("usage.region"),
         devices: on_the_card(limit, mode, ceiling),
+        ..ContainerSpec::default()
     }
 }
 
@@ -309,6 +310,7 @@ fn run_host(encoded: &str) {
                     },
                     (ceiling > 0).then_some(ceiling),
                 ),
+                ..ContainerSpec::default()
             }
         })
         .collect();
@@ -960,6 +962,7 @@ impl Machine {
                 id: id.into(),
                 region: host_dir.join("usage.region"),
                 devices: on_the_card(limit, mode, ceiling),
+                ..ContainerSpec::default()
             },
             host_dir,
         }

@@ -100,7 +100,8 @@ fn specs(folders: &[PathBuf]) -> Vec<ContainerSpec> {
             let config = Config::load(&folder.join(CONFIG_FILE)).ok()?;
             // Plugin configs name cards by UUID: no index to resolve.
             let spec = ContainerSpec::from_config(&config, &folder.join(REGION_FILE), |_| None)?;
-            (!spec.devices.is_empty() && seen.insert(spec.id.clone())).then_some(spec)
+            let coordinated = !spec.devices.is_empty() || !spec.memory.is_empty();
+            (coordinated && seen.insert(spec.id.clone())).then_some(spec)
         })
         .collect()
 }

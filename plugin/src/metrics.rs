@@ -7,7 +7,9 @@
 //!   `vgpu_card_used_memory_bytes`;
 //! * per container and card, labels `namespace`, `pod`, `container`, `UUID`:
 //!   `vgpu_container_memory_limit_bytes`, `vgpu_container_core_limit` (percent of the
-//!   card), `vgpu_container_memory_used_bytes`, `vgpu_container_processes`, and the
+//!   card), `vgpu_container_memory_used_bytes`, `vgpu_container_processes`,
+//!   `vgpu_container_over_quota_bytes` (what the card says its processes hold beyond its
+//!   quota, from the backstop's record `vgpu_common::backstop`), and the
 //!   counters `vgpu_container_kernel_launches_total` and
 //!   `vgpu_container_gpu_busy_seconds_total`, running totals that never drop when a
 //!   process exits ([`crate::usage`]); and what the quota did, from the region's
@@ -34,6 +36,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use vgpu_common::Config;
+use vgpu_common::backstop::Record;
 
 use crate::container;
 use crate::health::ServingStatus;
@@ -231,6 +234,11 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
         "GPU busy time the compute limiter measured, all the container's processes so far",
         busy.clone(),
     );
+    let over_quota = gauge_family(
+        &mut registry,
+        "container_over_quota_bytes",
+        "Device memory the card says the container's processes hold beyond its quota (the host's backstop; absent while within it)",
+    );
     let plugin = counter_family(&mut registry, "plugin_events", "Plugin events by kind");
     let quota_families = QuotaFamilies::register(&mut registry);
     let card_memory_of: BTreeMap<&str, u64> = cards
@@ -238,6 +246,8 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
         .map(|card| (card.uuid.as_str(), card.memory_total))
         .collect();
     let known_ids = known.clone();
+    let over_record =
+        Record::read(&crate::coordination::cards_dir(&shared.config.state_dir)).unwrap_or_default();
 
     build_info
         .get_or_create(&vec![
@@ -283,6 +293,15 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
             core_limit
                 .get_or_create(&labels)
                 .set(i64::from(quota.core_limit.unwrap_or(CORES_PER_CARD)));
+            if let Some(over) = over_record.over_quota.iter().find(|over| {
+                Some(over.container.as_str())
+                    == config.as_ref().and_then(|c| c.container_id.as_deref())
+                    && over.uuid == *uuid
+            }) {
+                over_quota
+                    .get_or_create(&labels)
+                    .set(clamp(over.used_bytes.saturating_sub(over.limit_bytes)));
+            }
             let snapshot = observed.as_ref().map(|(snapshot, _, _)| snapshot);
             if let Some((snapshot, live, _)) = &observed {
                 let used = snapshot.device_used(position);

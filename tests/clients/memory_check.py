@@ -17,29 +17,9 @@ memory_check.py MODE [ARGS...]; prints one `RESULT {json}` line. Every step reco
 """
 import ctypes, json, os, sys
 from cuda.bindings import driver as cuda
-from driver_common import MIB, OK, check, context
+from driver_common import MIB, OK, check, context, driver_mib, used_mib
 
 UINT64_MAX = (1 << 64) - 1
-
-
-def used_mib():
-    free, total = check(cuda.cuMemGetInfo(), "cuMemGetInfo")
-    return (int(total) - int(free)) / MIB
-
-
-def driver_mib():
-    """The driver's figure for this process: NVML's process list (PIDs as this PID
-    namespace sees them), through whatever libnvidia-ml.so.1 the loader finds."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid == os.getpid():
-                return (proc.usedGpuMemory or 0) / MIB
-        return 0
-    except Exception as error:  # noqa: BLE001 - reported, never fatal
-        return f"nvml: {error}"
 
 
 res = {"mode": sys.argv[1], "pid": os.getpid(), "steps": []}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU suite, in one call on the H200 (device tool):
-#   tests/gpu/run.sh [PREFIX] [SECTION...]      SECTION: a file in sections/ (default: forward quota nvml memory limiter compat)
+#   tests/gpu/run.sh [PREFIX] [SECTION...]      SECTION: a file in sections/ (default: forward quota nvml memory reserve limiter compat)
 # PREFIX is a `vgpu install` folder (default .carry/vgpu). Results go to $OUT (default
 # /tmp/vgpu-gpu-out): results.jsonl (one JSON object per check), the raw outputs, and a
 # short table printed last. Every step runs under `timeout`; a failed step is recorded,
@@ -10,7 +10,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 PREFIX=${1:-$ROOT/.carry/vgpu}
 shift || true
-SECTIONS=${*:-forward quota nvml memory limiter compat}
+SECTIONS=${*:-forward quota nvml memory reserve limiter compat}
 OUT=${OUT:-/tmp/vgpu-gpu-out}
 mkdir -p "$OUT"
 RESULTS=$OUT/results.jsonl

@@ -256,3 +256,26 @@ pub fn client(name: &str) -> String {
 pub const MIB: u64 = 1 << 20;
 /// One gibibyte, in bytes.
 pub const GIB: u64 = 1 << 30;
+
+/// The `steps` of a client's `RESULT` (each with `used_mib` and `driver_mib`).
+pub fn steps(result: &serde_json::Value) -> Vec<serde_json::Value> {
+    result["steps"].as_array().cloned().unwrap_or_default()
+}
+
+/// A figure of a client's `RESULT`; panics on anything else.
+pub fn mib(value: &serde_json::Value) -> f64 {
+    value
+        .as_f64()
+        .unwrap_or_else(|| panic!("not a figure: {value}"))
+}
+
+/// Panics unless the driver's own figure for the process (`driver_mib`) stayed within
+/// `quota_mib` at every step of `result`.
+pub fn driver_within_quota(result: &serde_json::Value, quota_mib: f64) {
+    for step in steps(result) {
+        assert!(
+            mib(&step["driver_mib"]) <= quota_mib,
+            "the driver held more than the quota: {step}"
+        );
+    }
+}

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use serde_json::Value;
 use vgpu_common::snapshot::RegionSnapshot;
 use vgpu_test_support::{Need, require};
-use vgpu_tests::{SimHost, client, result_json, shim_notices};
+use vgpu_tests::{SimHost, client, mib, result_json, shim_notices, steps};
 
 const QUOTA_MIB: f64 = 1024.0;
 
@@ -28,24 +28,9 @@ fn results(result: &Value, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-fn steps(result: &Value) -> Vec<Value> {
-    result["steps"].as_array().cloned().unwrap_or_default()
-}
-
-fn mib(value: &Value) -> f64 {
-    value
-        .as_f64()
-        .unwrap_or_else(|| panic!("not a figure: {value}"))
-}
-
 /// The driver's figure for the process never passed the quota, at any step.
 fn driver_within_quota(result: &Value) {
-    for step in steps(result) {
-        assert!(
-            mib(&step["driver_mib"]) <= QUOTA_MIB,
-            "the driver held more than the quota: {step}"
-        );
-    }
+    vgpu_tests::driver_within_quota(result, QUOTA_MIB);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! What a card itself says it spent, for the host-side coordinator to check what the
-//! containers measured: [`CardMeter`], and with the `nvml` feature [`NvmlMeter`], which
-//! asks the real NVML (the device plugin, the DRA driver and `vgpu run` load it from the
-//! driver folder).
+//! containers measured (the time their kernels ran, and the memory their processes
+//! hold: `crate::backstop`): [`CardMeter`], and with the `nvml` feature [`NvmlMeter`],
+//! which asks the real NVML (the device plugin, the DRA driver and `vgpu run` load it
+//! from the driver folder).
 //!
 //! A container's limiter times its own kernels with CUDA events. On a card that
 //! time-slices between processes (no MPS), those events also time the slices other
@@ -37,6 +38,13 @@ pub enum Freshness {
 pub trait CardMeter: Send {
     /// The reading of the card with UUID `uuid`, as fresh as `freshness` asks.
     fn read(&mut self, uuid: &str, freshness: Freshness) -> CardReading;
+
+    /// What each process holds on card `uuid` now, `(PID as the caller's namespace sees
+    /// it, bytes)`, for the memory backstop; `None` where the card cannot say.
+    fn memory(&mut self, uuid: &str) -> Option<Vec<(u32, u64)>> {
+        let _ = uuid;
+        None
+    }
 }
 
 /// Per-process samples (`(pid, percent)`, any number per process) folded into one
@@ -67,6 +75,7 @@ mod nvml {
     use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
     use nvml_wrapper::Nvml;
+    use nvml_wrapper::enums::device::UsedGpuMemory;
     use nvml_wrapper::error::NvmlError;
 
     use super::{CardMeter, CardReading, Freshness, per_process};
@@ -154,6 +163,23 @@ mod nvml {
             self.last.retain(|(card, _, _)| card != uuid);
             self.last.push((uuid.to_string(), now, reading.clone()));
             reading
+        }
+
+        fn memory(&mut self, uuid: &str) -> Option<Vec<(u32, u64)>> {
+            let device = self.nvml.device_by_uuid(uuid).ok()?;
+            let processes = device.running_compute_processes().ok()?;
+            Some(
+                processes
+                    .into_iter()
+                    .map(|process| {
+                        let bytes = match process.used_gpu_memory {
+                            UsedGpuMemory::Used(bytes) => bytes,
+                            UsedGpuMemory::Unavailable => 0,
+                        };
+                        (process.pid, bytes)
+                    })
+                    .collect(),
+            )
         }
     }
 }

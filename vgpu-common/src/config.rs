@@ -9,6 +9,7 @@
 //! memory_oversubscribe: false                # see the README before turning this on
 //! utilization_scale: limit                   # `limit` (30 cores busy reads 100%) or `card` (reads 30%)
 //! warn_on_refusal: false                     # one stderr line per refusal (at most one a second), whatever VGPU_LOG says
+//! over_quota: report                         # the host's backstop: `report` (default) or `kill` the newest process
 //! devices:
 //!   - uuid: GPU-5e0f0c5a-...                 # or `index: 0` (host index)
 //!     memory_limit: 7680MiB                  # bytes, or a number with a unit
@@ -74,6 +75,25 @@ pub enum UtilizationScale {
     Limit,
     /// Percent of the whole card: the same container reads 30%.
     Card,
+}
+
+/// What the host does about a container whose processes hold more device memory than
+/// its quota (the card's own per-process figures, checked by the coordinator each tick).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverQuota {
+    /// A metric, a log line, a record for a Kubernetes Event; nothing is stopped.
+    #[default]
+    Report,
+    /// That, and its newest process is killed (SIGKILL), as the kernel's OOM killer
+    /// does, once the container has been over its quota for a second.
+    Kill,
+}
+
+impl OverQuota {
+    fn is_report(&self) -> bool {
+        *self == OverQuota::Report
+    }
 }
 
 /// Which physical card a config entry means.
@@ -178,6 +198,10 @@ pub struct Config {
     /// namespaces its `warn_on_refusal_namespaces` names.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warn_on_refusal: bool,
+    /// What the host does when the container's processes hold more than its quota
+    /// (`report`, the default, or `kill`); the shims do not read it.
+    #[serde(default, skip_serializing_if = "OverQuota::is_report")]
+    pub over_quota: OverQuota,
     /// The devices the container may use, in the order it sees them.
     #[serde(default)]
     pub devices: Vec<DeviceQuota>,

@@ -24,12 +24,13 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use crate::backstop::{self, Action, OverQuota as Over, Record};
 use crate::cardmeter::{CardMeter, CardReading, Freshness};
 use crate::cardview::{
     CHARGE_MAX_PERMILLE, CHARGE_MIN_PERMILLE, CHARGE_UNIT, CardView, ViewEntry, valid_uuid,
 };
 use crate::clock::monotonic_ns;
-use crate::config::{Config, CoreMode, DeviceSelector, validate_container_id};
+use crate::config::{Config, CoreMode, DeviceSelector, OverQuota, validate_container_id};
 use crate::hostpids::HostPids;
 use crate::limiter_words::slot;
 use crate::process;
@@ -58,8 +59,17 @@ pub struct Entitlement {
     pub ceiling: Option<u32>,
 }
 
-/// One container, as the host knows it.
+/// A container's memory quota on one card, as the host gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryEntitlement {
+    /// The card's UUID.
+    pub uuid: String,
+    /// Its quota there, bytes.
+    pub memory_limit: u64,
+}
+
+/// One container, as the host knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ContainerSpec {
     /// Its `container_id` (the config key the shims find themselves by in the view).
     pub id: String,
@@ -67,6 +77,10 @@ pub struct ContainerSpec {
     pub region: PathBuf,
     /// Its compute-limited devices.
     pub devices: Vec<Entitlement>,
+    /// Its memory quotas, which the backstop checks against the card's own figures.
+    pub memory: Vec<MemoryEntitlement>,
+    /// What the backstop does when it is over a quota.
+    pub over_quota: OverQuota,
 }
 
 impl ContainerSpec {
@@ -79,16 +93,27 @@ impl ContainerSpec {
         uuid_of: impl Fn(u32) -> Option<String>,
     ) -> Option<ContainerSpec> {
         let id = config.container_id.clone()?;
+        let uuid_for = |device: &crate::config::DeviceQuota| match device.selector() {
+            DeviceSelector::Uuid(uuid) => Some(uuid.trim().to_string()),
+            DeviceSelector::Index(index) => uuid_of(index),
+        };
+        let memory = config
+            .devices
+            .iter()
+            .filter_map(|device| {
+                Some(MemoryEntitlement {
+                    memory_limit: device.memory_limit?.bytes(),
+                    uuid: uuid_for(device)?,
+                })
+            })
+            .collect();
         let devices = config
             .devices
             .iter()
             .enumerate()
             .filter_map(|(region_index, device)| {
                 let core_limit = device.effective_core_limit()?;
-                let uuid = match device.selector() {
-                    DeviceSelector::Uuid(uuid) => uuid.trim().to_string(),
-                    DeviceSelector::Index(index) => uuid_of(index)?,
-                };
+                let uuid = uuid_for(device)?;
                 Some(Entitlement {
                     uuid,
                     region_index,
@@ -102,6 +127,8 @@ impl ContainerSpec {
             id,
             region: region.to_path_buf(),
             devices,
+            memory,
+            over_quota: config.over_quota,
         })
     }
 }
@@ -115,6 +142,9 @@ pub struct TickReport {
     pub problems: Vec<String>,
     /// How each container was judged on each card, for traces.
     pub judgements: Vec<Judgement>,
+    /// The containers whose processes hold more than their memory quota, as the card
+    /// says (`crate::backstop`), and what was done.
+    pub over_quota: Vec<Over>,
 }
 
 /// How the coordinator judged one container on one card at one tick: what it measured
@@ -228,6 +258,12 @@ pub struct Coordinator {
     my_pid_ns: u64,
     meter: Option<Box<dyn CardMeter>>,
     host_pids: HostPids,
+    /// The host's `/proc` (where the backstop checks a process before killing it).
+    proc_root: PathBuf,
+    /// Per (container, card): since when it has been over its memory quota.
+    over_since: HashMap<(String, String), u64>,
+    /// Whether the last tick wrote a backstop record.
+    recorded: bool,
 }
 
 impl Coordinator {
@@ -247,6 +283,9 @@ impl Coordinator {
             my_pid_ns: process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0),
             meter: None,
             host_pids: HostPids::new(Path::new("/proc")),
+            proc_root: PathBuf::from("/proc"),
+            over_since: HashMap::new(),
+            recorded: false,
         })
     }
 
@@ -256,6 +295,7 @@ impl Coordinator {
     pub fn with_meter(mut self, meter: Box<dyn CardMeter>, proc_root: &Path) -> Coordinator {
         self.meter = Some(meter);
         self.host_pids = HostPids::new(proc_root);
+        self.proc_root = proc_root.to_path_buf();
         self
     }
 
@@ -275,6 +315,7 @@ impl Coordinator {
         let mut cards: BTreeMap<String, Vec<(ViewEntry, Judged)>> = BTreeMap::new();
         let mut ids = HashSet::new();
         let mut history = HashMap::new();
+        let mut memory_checks: Vec<(&ContainerSpec, Vec<(u32, u64)>)> = Vec::new();
         for spec in containers {
             if validate_container_id(&spec.id).is_err() {
                 report
@@ -304,6 +345,13 @@ impl Coordinator {
             };
             if self.meter.is_some() {
                 self.host_pids.resolve(&live, now_ns);
+                if !spec.memory.is_empty() {
+                    let ours = live
+                        .iter()
+                        .filter_map(|p| Some((self.host_pids.get(p)?, p.start_time)))
+                        .collect();
+                    memory_checks.push((spec, ours));
+                }
             }
             for device in &spec.devices {
                 if !valid_uuid(&device.uuid) {
@@ -353,6 +401,7 @@ impl Coordinator {
             }
         }
         self.history = history;
+        self.backstop(&memory_checks, now_ns, &mut report);
         self.host_pids.forget_unused();
         let mut factors = HashMap::new();
         let mut others_seen = HashMap::new();
@@ -484,6 +533,79 @@ impl Coordinator {
             self.written.remove(&uuid);
         }
         report
+    }
+
+    /// The memory backstop: each container's processes' figures on each card it has a
+    /// quota on, against that quota (`crate::backstop`); `checks` holds each container
+    /// with its live processes' host PIDs and start times.
+    fn backstop(
+        &mut self,
+        checks: &[(&ContainerSpec, Vec<(u32, u64)>)],
+        now_ns: u64,
+        report: &mut TickReport,
+    ) {
+        let Some(meter) = self.meter.as_mut() else {
+            return;
+        };
+        let mut cards: HashMap<String, Option<Vec<(u32, u64)>>> = HashMap::new();
+        let mut over_since = HashMap::new();
+        for (spec, ours) in checks {
+            for quota in &spec.memory {
+                let card = cards
+                    .entry(quota.uuid.clone())
+                    .or_insert_with(|| meter.memory(&quota.uuid));
+                let Some(card) = card else { continue };
+                let (used, processes) = backstop::container_figure(ours, card);
+                if used <= quota.memory_limit {
+                    continue;
+                }
+                let key = (spec.id.clone(), quota.uuid.clone());
+                let since = self.over_since.get(&key).copied().unwrap_or(now_ns);
+                let over_for_ns = now_ns.saturating_sub(since);
+                let mut over = Over {
+                    container: spec.id.clone(),
+                    uuid: quota.uuid.clone(),
+                    used_bytes: used,
+                    limit_bytes: quota.memory_limit,
+                    processes,
+                    policy: spec.over_quota,
+                    action: Action::Reported,
+                    killed_pid: None,
+                    over_for_ns,
+                };
+                let newest = over.processes.last().cloned();
+                if backstop::kills(spec.over_quota, over_for_ns)
+                    && let Some(newest) = newest
+                    && backstop::kill(&self.proc_root, &newest)
+                {
+                    over.action = Action::Killed;
+                    over.killed_pid = Some(newest.host_pid);
+                }
+                // Killed: the next one is judged afresh.
+                if over.action == Action::Reported {
+                    over_since.insert(key, since);
+                }
+                report.problems.push(over.render());
+                report.over_quota.push(over);
+            }
+        }
+        self.over_since = over_since;
+        if report.over_quota.is_empty() && !self.recorded {
+            return;
+        }
+        let record = Record {
+            written_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |at| at.as_millis() as u64),
+            over_quota: report.over_quota.clone(),
+        };
+        match record.write(&self.dir) {
+            Ok(()) => self.recorded = !record.over_quota.is_empty(),
+            Err(error) => report.problems.push(format!(
+                "the over-quota record in {}: {error}",
+                self.dir.display()
+            )),
+        }
     }
 
     /// What the meter says of card `uuid` now.
@@ -824,6 +946,7 @@ mod tests {
                     mode,
                     ceiling,
                 }],
+                ..ContainerSpec::default()
             },
             region,
             slot,
@@ -1215,4 +1338,155 @@ mod tests {
         let anonymous = Config::from_yaml("devices: []\n", Path::new("t.yaml")).expect("config");
         assert!(ContainerSpec::from_config(&anonymous, Path::new("/r"), |_| None).is_none());
     }
+}
+
+#[cfg(test)]
+mod backstop_tests {
+    use super::*;
+    use crate::region::{Region, RegionDevice};
+    use std::sync::{Arc, Mutex};
+
+    const CARD: &str = "GPU-51d00000-0000-4000-8000-000000000001";
+    const MIB: u64 = 1 << 20;
+
+    /// A card whose per-process memory figures the test sets.
+    struct FakeMemory(Arc<Mutex<Vec<(u32, u64)>>>);
+
+    impl CardMeter for FakeMemory {
+        fn read(&mut self, _uuid: &str, _freshness: Freshness) -> CardReading {
+            CardReading::default()
+        }
+
+        fn memory(&mut self, _uuid: &str) -> Option<Vec<(u32, u64)>> {
+            Some(self.0.lock().expect("figures").clone())
+        }
+    }
+
+    /// A container with a 1 GiB quota on the card, no compute limit, whose region
+    /// holds `process`.
+    fn container(
+        dir: &Path,
+        id: &str,
+        process: &process::Identity,
+        policy: OverQuota,
+    ) -> (Region, ContainerSpec) {
+        let path = dir.join(format!("{id}.region"));
+        let (region, _) = Region::open(
+            &path,
+            &[RegionDevice {
+                id: CARD.into(),
+                memory_limit: 1 << 30,
+                core_limit: 100,
+                core_mode: 0,
+            }],
+        )
+        .expect("region");
+        region.attach(process).expect("attach");
+        let spec = ContainerSpec {
+            id: id.into(),
+            region: path,
+            devices: Vec::new(),
+            memory: vec![MemoryEntitlement {
+                uuid: CARD.into(),
+                memory_limit: 1 << 30,
+            }],
+            over_quota: policy,
+        };
+        (region, spec)
+    }
+
+    fn coordinator(dir: &Path, figures: &Arc<Mutex<Vec<(u32, u64)>>>) -> Coordinator {
+        Coordinator::new(&dir.join("cards"))
+            .expect("coordinator")
+            .with_meter(Box::new(FakeMemory(figures.clone())), Path::new("/proc"))
+    }
+
+    #[test]
+    fn a_container_over_its_quota_on_the_card_is_reported_and_recorded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let me = process::current();
+        let (_region, spec) = container(dir.path(), "over", &me, OverQuota::Report);
+        // A neighbour's 5 GiB is not ours; ours is 1.5 GiB past a 1 GiB quota.
+        let figures = Arc::new(Mutex::new(vec![(me.pid as u32, 1536 * MIB), (1, 5 << 30)]));
+        let mut coordinator = coordinator(dir.path(), &figures);
+        let now = monotonic_ns();
+        let report = coordinator.tick_at(std::slice::from_ref(&spec), now);
+        assert_eq!(report.over_quota.len(), 1, "{:?}", report.problems);
+        let over = &report.over_quota[0];
+        assert_eq!((over.used_bytes, over.limit_bytes), (1536 * MIB, 1 << 30));
+        assert_eq!(over.action, Action::Reported);
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains("container over holds 1536 MiB"))
+        );
+        let record = Record::read(&dir.path().join("cards")).expect("record");
+        assert_eq!(record.over_quota, report.over_quota);
+        // Two seconds later, still over: the default policy still only reports.
+        let later = coordinator.tick_at(std::slice::from_ref(&spec), now + 2_000_000_000);
+        assert_eq!(later.over_quota[0].action, Action::Reported);
+        assert_eq!(later.over_quota[0].over_for_ns, 2_000_000_000);
+        // Back within the quota: nothing reported, the record is gone.
+        *figures.lock().expect("figures") = vec![(me.pid as u32, 900 * MIB)];
+        let within = coordinator.tick_at(std::slice::from_ref(&spec), now + 3_000_000_000);
+        assert!(within.over_quota.is_empty());
+        assert_eq!(Record::read(&dir.path().join("cards")), None);
+    }
+
+    #[test]
+    fn with_kill_the_newest_process_is_killed_once_it_stayed_over() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut older = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        // Start times count clock ticks (10 ms at most): 50 ms apart, the second is newer.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut newer = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let identity = |child: &std::process::Child| {
+            let pid = child.id() as i32;
+            process::Identity {
+                pid,
+                start_time: process::start_time_in(Path::new("/proc"), pid).expect("start"),
+                pid_ns: process::current().pid_ns,
+            }
+        };
+        let (old_id, new_id) = (identity(&older), identity(&newer));
+        assert!(new_id.start_time > old_id.start_time);
+        let (region, spec) = container(dir.path(), "killme", &old_id, OverQuota::Kill);
+        region.attach(&new_id).expect("attach");
+        let figures = Arc::new(Mutex::new(vec![
+            (old_id.pid as u32, 700 * MIB),
+            (new_id.pid as u32, 700 * MIB),
+        ]));
+        let mut coordinator = coordinator(dir.path(), &figures);
+        let now = monotonic_ns();
+        let first = coordinator.tick_at(std::slice::from_ref(&spec), now);
+        assert_eq!(
+            first.over_quota[0].action,
+            Action::Reported,
+            "not over for a second yet"
+        );
+        let second = coordinator.tick_at(std::slice::from_ref(&spec), now + KILL_GRACE);
+        let over = &second.over_quota[0];
+        assert_eq!(over.action, Action::Killed, "{:?}", second.problems);
+        assert_eq!(over.killed_pid, Some(new_id.pid as u32));
+        let status = newer.wait().expect("wait");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        assert!(
+            older.try_wait().expect("try_wait").is_none(),
+            "the older one runs"
+        );
+        let _ = older.kill();
+        let _ = older.wait();
+    }
+
+    const KILL_GRACE: u64 = crate::backstop::KILL_AFTER_NS;
 }

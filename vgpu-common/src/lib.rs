@@ -11,6 +11,7 @@
 //! well as from host daemons, so nothing here panics on bad input, spawns threads or
 //! writes to stdout.
 
+pub mod backstop;
 pub mod cardmeter;
 pub mod cardview;
 pub mod clock;
@@ -25,5 +26,7 @@ pub mod region;
 pub mod size;
 pub mod snapshot;
 
-pub use config::{Config, ConfigError, CoreMode, DeviceQuota, DeviceSelector, UtilizationScale};
+pub use config::{
+    Config, ConfigError, CoreMode, DeviceQuota, DeviceSelector, OverQuota, UtilizationScale,
+};
 pub use size::ByteSize;

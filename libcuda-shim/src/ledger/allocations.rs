@@ -23,6 +23,17 @@ pub enum AllocKey {
     Pointer(u64),
     /// A `CUarray` or `CUmipmappedArray` handle.
     Array(usize),
+    /// A module's static data (`CUmodule`).
+    Module(usize),
+    /// A library's static data (`CUlibrary`).
+    Library(usize),
+    /// What a context's limit (`CUlimit`) makes the driver reserve beyond its default.
+    Limit {
+        /// The context.
+        context: usize,
+        /// The `CUlimit`.
+        limit: u32,
+    },
 }
 
 /// One recorded allocation.
@@ -186,6 +197,19 @@ impl Enforcer {
         {
             self.apply(allocation.ticket.slot, [change]);
         }
+    }
+
+    /// The bytes counted under `key` (0 when nothing is).
+    pub fn charge_of(&self, key: AllocKey) -> u64 {
+        runtime::lock(&process_state(self).allocations)
+            .get(&key)
+            .map_or(0, |allocation| allocation.ticket.bytes)
+    }
+
+    /// Removes the record under `key` without crediting it (its bytes stay counted: the
+    /// caller records them again under a new size).
+    pub fn take(&self, key: AllocKey) -> Option<Allocation> {
+        runtime::lock(&process_state(self).allocations).remove(&key)
     }
 
     /// Credits back the allocation under `key`, if we counted it. A pool allocation

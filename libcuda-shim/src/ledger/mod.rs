@@ -8,7 +8,9 @@
 //! - [`contexts`]: the overhead each context costs;
 //! - [`vmm_counting`] over [`vmm`]: physical VMM memory, alive until its last unmap and
 //!   release;
-//! - [`pool_counting`] over [`pools`]: memory pools, counted by what they have reserved.
+//! - [`pool_counting`] over [`pools`]: memory pools, counted by what they have reserved;
+//! - [`reserved`]: what the driver reserves on its own (module and library static data,
+//!   the stack, heap and printf FIFO a context's limits back), counted at the call.
 //!
 //! `vmm` and `pools` are pure data structures, unit-tested there; the `_counting`
 //! modules feed them from the hooks and apply what they return to the region.
@@ -17,6 +19,7 @@ pub mod allocations;
 pub mod contexts;
 pub mod pool_counting;
 pub mod pools;
+pub mod reserved;
 pub mod vmm;
 pub mod vmm_counting;
 

@@ -13,7 +13,8 @@
 //! struct is read, not trusted) and no reference is handed out, so nothing built from a
 //! caller's pointer outlives the call.
 
-/// Defines `read_out`, `write_out`, `read_descriptor`, `write_records` and `c_string`
+/// Defines `read_out`, `write_out`, `read_descriptor`, `write_records`,
+/// `with_caller_bytes`, `with_caller_c_bytes` and `c_string`
 /// (crate-private) in the invoking module; see the module docs for their rule.
 #[macro_export]
 macro_rules! define_caller_pointers {
@@ -66,6 +67,42 @@ macro_rules! define_caller_pointers {
             true
         }
 
+        /// Runs `read` over `len` bytes of an input buffer of the caller's (a module
+        /// image, read before the real call as the driver itself reads it, for as many
+        /// bytes as the image's own header says it spans); `None` for null. The slice
+        /// lives only inside `read`.
+        #[allow(dead_code)]
+        pub(crate) fn with_caller_bytes<R>(
+            pointer: *const u8,
+            len: usize,
+            read: impl FnOnce(&[u8]) -> R,
+        ) -> Option<R> {
+            if pointer.is_null() {
+                return None;
+            }
+            // SAFETY: a hook's own input buffer, readable for the `len` bytes its header
+            // states (the rule of `vgpu_shimgen::runtime::pointers`); the borrow ends
+            // with `read`, inside the call.
+            Some(read(unsafe { ::core::slice::from_raw_parts(pointer, len) }))
+        }
+
+        /// Runs `read` over the bytes of the caller's C string (without its NUL);
+        /// `None` for null. The slice lives only inside `read`.
+        #[allow(dead_code)]
+        pub(crate) fn with_caller_c_bytes<R>(
+            pointer: *const ::core::ffi::c_char,
+            read: impl FnOnce(&[u8]) -> R,
+        ) -> Option<R> {
+            if pointer.is_null() {
+                return None;
+            }
+            // SAFETY: a NUL-terminated string of the caller's that the API takes as one
+            // (PTX text, a path), read before the real call as the driver reads it (the
+            // rule of `vgpu_shimgen::runtime::pointers`); the borrow ends with `read`.
+            let text = unsafe { ::core::ffi::CStr::from_ptr(pointer) };
+            Some(read(text.to_bytes()))
+        }
+
         /// The caller's C string, lossily as UTF-8 (`?` for null), for messages.
         #[allow(dead_code)]
         pub(crate) fn c_string(pointer: *const ::core::ffi::c_char) -> String {
@@ -111,6 +148,14 @@ mod tests {
         let at_one = bytes[1..].as_ptr().cast::<[u32; 2]>();
         assert_eq!(read_descriptor(at_one), Some([1, 2]));
         assert_eq!(c_string(c"cuMemAlloc_v2".as_ptr()), "cuMemAlloc_v2");
+        let image = [1u8, 2, 3, 4];
+        assert_eq!(
+            with_caller_bytes(image.as_ptr(), 3, |b| b.to_vec()),
+            Some(vec![1, 2, 3])
+        );
+        assert_eq!(with_caller_bytes(std::ptr::null(), 3, |b| b.len()), None);
+        assert_eq!(with_caller_c_bytes(c"ptx".as_ptr(), |b| b.len()), Some(3));
+        assert_eq!(with_caller_c_bytes(std::ptr::null(), |b| b.len()), None);
     }
 
     #[test]

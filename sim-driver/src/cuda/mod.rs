@@ -1,11 +1,12 @@
 //! The simulated CUDA driver API: the process-local registry behind a fork-safe lock,
 //! the thread's context stack, and initialisation. The exported `cu*` entry points are
 //! in `api`, `cuGetProcAddress`'s version rules in `procaddr`, the error table in `errors`,
-//! SM occupancy of kernels in `schedule`, stream capture and graphs in `graphs`.
+//! SM occupancy of kernels in `schedule`, what a context's limits reserve in `limits`, stream capture and graphs in `graphs`.
 
 pub mod api;
 pub mod errors;
 pub mod graphs;
+pub mod limits;
 pub mod procaddr;
 pub mod registry;
 pub mod schedule;

@@ -44,6 +44,8 @@ cuCtxGetFlags 7000:cuCtxGetFlags
 cuCtxSynchronize 2000:cuCtxSynchronize 13000:cuCtxSynchronize_v2
 cuCtxGetApiVersion 3020:cuCtxGetApiVersion
 cuCtxGetStreamPriorityRange 5050:cuCtxGetStreamPriorityRange
+cuCtxSetLimit 3010:cuCtxSetLimit
+cuCtxGetLimit 3010:cuCtxGetLimit
 cuMemGetInfo 2000:cuMemGetInfo 3020:cuMemGetInfo_v2
 cuMemAlloc 2000:cuMemAlloc 3020:cuMemAlloc_v2
 cuMemAllocPitch 2000:cuMemAllocPitch 3020:cuMemAllocPitch_v2
@@ -112,6 +114,7 @@ cuLibraryLoadFromFile 12000:cuLibraryLoadFromFile
 cuLibraryUnload 12000:cuLibraryUnload
 cuLibraryGetKernel 12000:cuLibraryGetKernel
 cuKernelGetFunction 12000:cuKernelGetFunction
+cuKernelGetAttribute 12000:cuKernelGetAttribute
 cuFuncGetAttribute 2020:cuFuncGetAttribute
 cuFuncSetAttribute 9000:cuFuncSetAttribute
 cuFuncGetName 12030:cuFuncGetName
@@ -186,6 +189,8 @@ exports!(
     cuCtxGetDevice_v2,
     cuCtxGetFlags,
     cuCtxSynchronize,
+    cuCtxSetLimit,
+    cuCtxGetLimit,
     cuCtxSynchronize_v2,
     cuCtxGetApiVersion,
     cuCtxGetStreamPriorityRange,
@@ -291,6 +296,7 @@ exports!(
     cuLibraryGetKernel,
     cuKernelGetFunction,
     cuFuncGetAttribute,
+    cuKernelGetAttribute,
     cuFuncSetAttribute,
     cuFuncGetName,
     cuLaunchKernel,

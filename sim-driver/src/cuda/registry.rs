@@ -65,6 +65,9 @@ pub struct Context {
     /// False for a primary context while its device's refcount is zero.
     pub active: bool,
     pub overhead: u64,
+    /// Its `CUlimit` values (`cuCtxSetLimit`), and what each has charged beyond the
+    /// default (`limits`).
+    pub limits: super::limits::Limits,
     pub legacy_busy: u64,
     pub per_thread_busy: HashMap<u64, u64>,
 }
@@ -87,8 +90,13 @@ pub struct Event {
 
 pub struct Module {
     pub ctx: u64,
-    /// Device memory the loaded code takes (`module_overhead`), charged to the context's card.
+    /// Device memory charged to the context's card: the loaded code
+    /// (`module_overhead`), and its static data once loaded.
     pub charged: u64,
+    /// The static data its image declares (`__device__` variables).
+    pub static_bytes: u64,
+    /// Whether the static data is loaded (at the load, or at first use when lazy).
+    pub data_loaded: bool,
     /// The entry names the image declares; None when the image format hides them.
     pub entries: Option<HashSet<String>>,
     pub functions: HashMap<String, u64>,
@@ -102,9 +110,15 @@ pub struct Function {
 pub struct Library {
     pub entries: Option<HashSet<String>>,
     pub kernels: HashMap<String, u64>,
+    /// The static data its image declares, loaded into each context that uses it.
+    pub static_bytes: u64,
+    /// The contexts it is loaded into: (context, device) with `static_bytes` charged.
+    pub loaded_in: Vec<(u64, usize)>,
 }
 
 pub struct Kernel {
+    /// The library it belongs to.
+    pub library: u64,
     pub name: String,
     pub duration_ns: u64,
     /// One function per context it was fetched in.
@@ -356,7 +370,17 @@ impl Registry {
         }
         context.active = false;
         let (device, overhead) = (context.device, std::mem::take(&mut context.overhead));
-        self.uncharge(device, overhead);
+        let limits = context.limits.reset();
+        self.uncharge(device, overhead.saturating_add(limits));
+        let mut libraries_data = 0u64;
+        for library in self.libraries.values_mut() {
+            let before = library.loaded_in.len();
+            library.loaded_in.retain(|(held, _)| *held != ctx);
+            let dropped = (before - library.loaded_in.len()) as u64;
+            libraries_data =
+                libraries_data.saturating_add(library.static_bytes.saturating_mul(dropped));
+        }
+        self.uncharge(device, libraries_data);
         self.sim.state.count_context(self.slot, device, false);
         let owned: Vec<u64> = self
             .allocations
@@ -796,6 +820,7 @@ impl Context {
             primary,
             active: false,
             overhead: 0,
+            limits: super::limits::Limits::default(),
             legacy_busy: 0,
             per_thread_busy: HashMap::new(),
         }

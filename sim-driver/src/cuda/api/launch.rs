@@ -1,5 +1,7 @@
 //! Kernel and graph launches: each one occupies its stream for its duration and is
-//! recorded as busy time on its card (as in the shim's `hooks/launch.rs`).
+//! recorded as busy time on its card (as in the shim's `hooks/launch.rs`). A launch
+//! first takes what the driver reserves lazily (`cuda::limits`): a launched kernel's
+//! library data, and the heap and printf FIFO set since the context's last launch.
 
 use std::ffi::c_void;
 
@@ -29,8 +31,11 @@ fn launch_function(
                 .kernels
                 .get(&handle)
                 .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            let _ = ctx;
-            Ok((kernel.name.clone(), kernel.duration_ns))
+            let (name, duration_ns, library) =
+                (kernel.name.clone(), kernel.duration_ns, kernel.library);
+            // A kernel launched as such is loaded into the context at its first launch.
+            registry.load_library_data(library, ctx)?;
+            Ok((name, duration_ns))
         }
         _ => Err(CUDA_ERROR_INVALID_HANDLE),
     }
@@ -49,7 +54,7 @@ fn launch(
     let current = current_context();
     with_registry(|registry| {
         let (key, ctx) = registry.stream_key(stream, per_thread, current)?;
-        let (_, duration) = launch_function(registry, function, ctx)?;
+        let (name, duration) = launch_function(registry, function, ctx)?;
         if grid.contains(&0) || block.contains(&0) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -67,6 +72,10 @@ fn launch(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let device = registry.context(ctx)?.device;
+        // The heap and printf FIFO set since the last launch are reserved now, and local
+        // memory past the stack limit is grown for every resident thread.
+        registry.reserve_for_launch(ctx)?;
+        registry.grow_local_memory(ctx, super::modules::local_bytes_of(&name))?;
         if cooperative {
             let blocks = grid.iter().map(|d| *d as u64).product::<u64>();
             let per_sm = (2048 / threads).clamp(1, 32);

@@ -6,7 +6,7 @@
 //! Every body runs under `ffi::guard`, so a panic becomes CUDA_ERROR_UNKNOWN.
 //!
 //! One file per API family, named as the shim's `hooks/` files where the shim hooks that
-//! family: `device`, `context`, `context_current`, `memory`, `vmm`, `pool`, `launch`,
+//! family: `device`, `context`, `context_current`, `memory`, `vmm`, `pool`, `launch`, `limits`,
 //! `capture`, `procaddress`; the families it does not hook have their own: `arrays`,
 //! `copies`, `streams` (and events), `modules` (and libraries, kernels, functions),
 //! `error_text`. `support` holds what they share. Everything is re-exported here, so
@@ -24,6 +24,7 @@ mod copies;
 mod device;
 mod error_text;
 mod launch;
+mod limits;
 mod memory;
 mod modules;
 mod pool;
@@ -39,6 +40,7 @@ pub use copies::*;
 pub use device::*;
 pub use error_text::*;
 pub use launch::*;
+pub use limits::*;
 pub use memory::*;
 pub use modules::*;
 pub use pool::*;

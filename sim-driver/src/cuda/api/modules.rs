@@ -1,6 +1,7 @@
 //! Modules, libraries, kernels and functions: images (PTX, cubin, fatbin) are parsed
-//! for their entry names, a module's code is charged after its context (the shim does
-//! not hook them).
+//! for their entry names and static data; a module's code and static data are charged
+//! at the load; a library's static data in each context at its first use there, or at
+//! the load into the current one under `CUDA_MODULE_LOADING=EAGER` (`cuda::limits`).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_void};
@@ -11,11 +12,7 @@ use crate::cuda::errors::*;
 use crate::cuda::registry::*;
 use crate::cuda::with_registry;
 use crate::ffi::{self, c_str};
-
-/// The most bytes an image header may claim (1 GiB).
-const MAX_IMAGE: u64 = 1 << 30;
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
-const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
+use vgpu_abi::image::{self as abi_image, ImageKind};
 
 /// Entry names declared by a PTX text.
 fn ptx_entries(text: &str) -> HashSet<String> {
@@ -86,32 +83,66 @@ fn elf_entries(image: &[u8]) -> Result<HashSet<String>, CUresult> {
     Ok(entries)
 }
 
-/// The entry names of an image in memory: PTX text, an ELF cubin (its length read from
-/// its header), or a fatbin (whose kernels are not listed: any name is accepted).
-fn image_entries(image: *const c_void) -> Result<Option<HashSet<String>>, CUresult> {
-    let head = ffi::bytes(image.cast::<u8>(), 4).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let magic = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-    if head == b"\x7fELF" {
-        let header = ffi::bytes(image.cast::<u8>(), 64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let shoff = u64::from_le_bytes(
-            header[0x28..0x30]
-                .try_into()
-                .map_err(|_| CUDA_ERROR_INVALID_IMAGE)?,
-        );
-        let shentsize = u16::from_le_bytes([header[0x3a], header[0x3b]]) as u64;
-        let shnum = u16::from_le_bytes([header[0x3c], header[0x3d]]) as u64;
-        let len = shoff
-            .checked_add(shentsize * shnum)
-            .filter(|len| *len <= MAX_IMAGE && *len >= 64)
-            .ok_or(CUDA_ERROR_INVALID_IMAGE)?;
-        let whole = ffi::bytes(image.cast::<u8>(), len as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        return elf_entries(whole).map(Some);
+/// What a loaded image holds: its entry names (None when the format hides them: any
+/// name is accepted) and the static data it declares.
+type Loaded = (Option<HashSet<String>>, u64);
+
+/// An image in memory: PTX text, an ELF cubin (its length read from its header), or a
+/// fatbin (whose kernels are not listed), directly or behind its wrapper.
+fn image_entries(image: *const c_void) -> Result<Loaded, CUresult> {
+    // PTX text may be shorter than any header: the first bytes up to a NUL (no magic
+    // holds one).
+    let mut head = [0u8; 4];
+    for (index, byte) in head.iter_mut().enumerate() {
+        let at = image.cast::<u8>().wrapping_add(index);
+        match ffi::bytes(at, 1).ok_or(CUDA_ERROR_INVALID_VALUE)?[0] {
+            0 => break,
+            value => *byte = value,
+        }
     }
-    if magic == FATBIN_MAGIC || magic == FATBIN_WRAPPER_MAGIC {
-        return Ok(None);
+    match abi_image::kind(&head) {
+        ImageKind::Elf => {
+            let header = ffi::bytes(image.cast::<u8>(), 64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let table_end = abi_image::elf_table_end(header).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+            let table =
+                ffi::bytes(image.cast::<u8>(), table_end).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let names_end = abi_image::elf_names_end(table).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+            let whole = ffi::bytes(image.cast::<u8>(), table_end.max(names_end))
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            elf_loaded(whole)
+        }
+        ImageKind::Fatbin => fatbin_loaded(image.cast::<u8>()),
+        ImageKind::FatbinWrapper => {
+            let wrapper = ffi::bytes(image.cast::<u8>(), 16).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let data = u64::from_le_bytes(
+                wrapper[8..16]
+                    .try_into()
+                    .map_err(|_| CUDA_ERROR_INVALID_IMAGE)?,
+            );
+            fatbin_loaded(data as usize as *const u8)
+        }
+        ImageKind::Ptx => {
+            let text = c_str(image.cast::<c_char>()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            ptx_from_text(&text)
+                .map(|entries| (Some(entries), abi_image::ptx_static_bytes(text.as_bytes())))
+        }
     }
-    let text = c_str(image.cast::<c_char>()).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    ptx_from_text(&text).map(Some)
+}
+
+fn elf_loaded(image: &[u8]) -> Result<Loaded, CUresult> {
+    let entries = elf_entries(image)?;
+    Ok((
+        Some(entries),
+        abi_image::elf_static_bytes(image).unwrap_or(0),
+    ))
+}
+
+/// A fatbin in memory: no entry names; the static data of its readable entries.
+fn fatbin_loaded(at: *const u8) -> Result<Loaded, CUresult> {
+    let header = ffi::bytes(at, 16).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let len = abi_image::fatbin_len(header).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+    let whole = ffi::bytes(at, len).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    Ok((None, abi_image::fatbin_static_bytes(whole).unwrap_or(0)))
 }
 
 fn ptx_from_text(text: &str) -> Result<HashSet<String>, CUresult> {
@@ -144,22 +175,31 @@ fn require_jit_compiler() -> Result<(), CUresult> {
     }
 }
 
-/// The entry names of an image file.
-fn file_entries(path: &str) -> Result<Option<HashSet<String>>, CUresult> {
+/// An image file: its entry names and static data.
+fn file_entries(path: &str) -> Result<Loaded, CUresult> {
     let bytes = std::fs::read(path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
-    if bytes.starts_with(b"\x7fELF") {
-        return elf_entries(&bytes).map(Some);
-    }
-    if bytes.len() >= 4 {
-        let magic = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        if magic == FATBIN_MAGIC || magic == FATBIN_WRAPPER_MAGIC {
-            return Ok(None);
+    match abi_image::kind(&bytes) {
+        ImageKind::Elf => elf_loaded(&bytes),
+        ImageKind::Fatbin => Ok((None, abi_image::fatbin_static_bytes(&bytes).unwrap_or(0))),
+        ImageKind::FatbinWrapper => Err(CUDA_ERROR_INVALID_IMAGE),
+        ImageKind::Ptx => {
+            let text = String::from_utf8_lossy(&bytes);
+            ptx_from_text(&text).map(|entries| (Some(entries), abi_image::ptx_static_bytes(&bytes)))
         }
     }
-    ptx_from_text(&String::from_utf8_lossy(&bytes)).map(Some)
 }
 
-fn load_module(module_out: *mut u64, entries: Option<HashSet<String>>) -> Res {
+/// Whether libraries load lazily (`CUDA_MODULE_LOADING`, LAZY unless EAGER, as the real
+/// driver since CUDA 12.2).
+fn lazy_loading() -> bool {
+    static LAZY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LAZY.get_or_init(|| {
+        std::env::var("CUDA_MODULE_LOADING")
+            .map_or(true, |mode| !mode.trim().eq_ignore_ascii_case("EAGER"))
+    })
+}
+
+fn load_module(module_out: *mut u64, (entries, static_bytes): Loaded) -> Res {
     if module_out.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -175,19 +215,28 @@ fn load_module(module_out: *mut u64, entries: Option<HashSet<String>>) -> Res {
             Module {
                 ctx,
                 charged,
+                static_bytes,
+                data_loaded: false,
                 entries,
                 functions: HashMap::new(),
             },
         );
+        // A module's data arrives with the load, lazy loading or not (as measured on
+        // the H200, driver 580: +1536 MiB at cuModuleLoadData under LAZY).
+        if let Err(code) = registry.load_module_data(handle) {
+            registry.unload_module(handle);
+            return Err(code);
+        }
         Ok(handle)
     })?;
     out(module_out, handle)
 }
 
-fn load_library(library_out: *mut u64, entries: Option<HashSet<String>>) -> Res {
+fn load_library(library_out: *mut u64, (entries, static_bytes): Loaded) -> Res {
     if library_out.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    let current = require_current().ok();
     let handle = with_registry(|registry| {
         let handle = registry.handle(TAG_LIBRARY);
         registry.libraries.insert(
@@ -195,8 +244,16 @@ fn load_library(library_out: *mut u64, entries: Option<HashSet<String>>) -> Res 
             Library {
                 entries,
                 kernels: HashMap::new(),
+                static_bytes,
+                loaded_in: Vec::new(),
             },
         );
+        if let Some(ctx) = current.filter(|_| !lazy_loading())
+            && let Err(code) = registry.load_library_data(handle, ctx)
+        {
+            registry.libraries.remove(&handle);
+            return Err(code);
+        }
         Ok(handle)
     })?;
     out(library_out, handle)
@@ -206,7 +263,17 @@ fn kernel_duration(registry: &Registry, name: &str) -> u64 {
     duration_from_name(name).unwrap_or(registry.sim.config.kernel_ns)
 }
 
-/// Function attributes of every simulated kernel.
+/// Local memory per thread of a simulated kernel: `N` KiB for a name with `_local<N>k`
+/// (`big_local16k`), else none.
+pub(crate) fn local_bytes_of(name: &str) -> u64 {
+    name.split("_local")
+        .nth(1)
+        .and_then(|rest| rest.strip_suffix('k').or_else(|| rest.split('k').next()))
+        .and_then(|digits| digits.parse::<u64>().ok())
+        .map_or(0, |kib| kib.saturating_mul(1024))
+}
+
+/// Function attributes of every simulated kernel (local memory: `local_bytes_of`).
 fn function_attribute(attribute: i32) -> Option<i32> {
     Some(match attribute {
         0 => 1024,    // MAX_THREADS_PER_BLOCK
@@ -304,6 +371,9 @@ cuda! {
     fn cuLibraryUnload(library: u64) {
         with_registry(|registry| {
             let removed = registry.libraries.remove(&library).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            for (_, device) in &removed.loaded_in {
+                registry.uncharge(*device, removed.static_bytes);
+            }
             for kernel in removed.kernels.values() {
                 if let Some(k) = registry.kernels.remove(kernel) {
                     for function in k.functions.values() {
@@ -330,7 +400,7 @@ cuda! {
             }
             let duration_ns = kernel_duration(registry, &name);
             let handle = registry.handle(TAG_KERNEL);
-            registry.kernels.insert(handle, Kernel { name: name.clone(), duration_ns, functions: HashMap::new() });
+            registry.kernels.insert(handle, Kernel { library, name: name.clone(), duration_ns, functions: HashMap::new() });
             if let Some(l) = registry.libraries.get_mut(&library) {
                 l.kernels.insert(name, handle);
             }
@@ -349,7 +419,8 @@ cuda! {
             if let Some(existing) = found.functions.get(&ctx) {
                 return Ok(*existing);
             }
-            let (name, duration_ns) = (found.name.clone(), found.duration_ns);
+            let (name, duration_ns, library) = (found.name.clone(), found.duration_ns, found.library);
+            registry.load_library_data(library, ctx)?;
             let handle = registry.handle(TAG_FUNCTION);
             registry.functions.insert(handle, Function { name, duration_ns });
             if let Some(k) = registry.kernels.get_mut(&kernel) {
@@ -361,14 +432,22 @@ cuda! {
     }
 
     fn cuFuncGetAttribute(value: *mut i32, attribute: i32, function: u64) {
-        with_registry(|registry| {
-            if tag_of(function) == TAG_KERNEL && registry.kernels.contains_key(&function) || registry.functions.contains_key(&function) {
-                Ok(())
-            } else {
-                Err(CUDA_ERROR_INVALID_HANDLE)
+        let name = with_registry(|registry| {
+            match (registry.kernels.get(&function), registry.functions.get(&function)) {
+                (Some(kernel), _) if tag_of(function) == TAG_KERNEL => Ok(kernel.name.clone()),
+                (_, Some(found)) => Ok(found.name.clone()),
+                _ => Err(CUDA_ERROR_INVALID_HANDLE),
             }
         })?;
-        out(value, function_attribute(attribute).ok_or(CUDA_ERROR_INVALID_VALUE)?)
+        let local = local_bytes_of(&name).min(i32::MAX as u64) as i32;
+        out(value, if attribute == 3 { local } else { function_attribute(attribute).ok_or(CUDA_ERROR_INVALID_VALUE)? })
+    }
+
+    fn cuKernelGetAttribute(value: *mut i32, attribute: i32, kernel: u64, dev: i32) {
+        let _ = dev;
+        let name = with_registry(|registry| registry.kernels.get(&kernel).map(|k| k.name.clone()).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
+        let local = local_bytes_of(&name).min(i32::MAX as u64) as i32;
+        out(value, if attribute == 3 { local } else { function_attribute(attribute).ok_or(CUDA_ERROR_INVALID_VALUE)? })
     }
 
     fn cuFuncSetAttribute(function: u64, attribute: i32, value: i32) {

@@ -1,0 +1,91 @@
+//! `cuCtxSetLimit` (and so `cudaDeviceSetLimit`): the stack size is backed for every
+//! thread the card can hold at once (SMs × max threads per SM), the malloc heap by its
+//! size; the printf FIFO and the device runtime's limits are settled from the driver's
+//! figure right after the call (`ledger::reserved::limit_bytes` says what was measured). A value whose memory passes the quota is refused (or set back) with
+//! CUDA_ERROR_OUT_OF_MEMORY, as the driver answers when the card itself is short
+//! (`ledger::reserved`).
+
+use crate::cuda::*;
+use crate::hooks::memory::current_context;
+use crate::state::enforce;
+use crate::{hook, real};
+
+/// The current context's value of `limit`, from the real driver.
+pub(crate) fn current_limit(limit: CUlimit) -> Option<u64> {
+    let get = real!(cuCtxGetLimit as fn(*mut usize, CUlimit) -> CUresult);
+    let mut value = 0usize;
+    // SAFETY: our own out-pointer, to the real cuCtxGetLimit.
+    (unsafe { get(&mut value, limit) } == CUDA_SUCCESS).then_some(value as u64)
+}
+
+/// The threads a card holds at once: SMs × max threads per SM (0 if unknown).
+pub(crate) fn resident_threads(device: CUdevice) -> u64 {
+    let attribute = real!(cuDeviceGetAttribute as fn(*mut i32, i32, CUdevice) -> CUresult);
+    let read = |which| {
+        let mut value = 0i32;
+        // SAFETY: our own out-pointer, to the real cuDeviceGetAttribute.
+        let result = unsafe { attribute(&mut value, which, device) };
+        if result == CUDA_SUCCESS {
+            value.max(0) as u64
+        } else {
+            0
+        }
+    };
+    read(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .saturating_mul(read(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR))
+}
+
+/// Before the first launch of `function`: a kernel whose local memory per thread
+/// (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`) passes the stack limit makes the driver grow
+/// the local memory it backs for every resident thread at that launch, where nothing
+/// is hooked. The stack limit is raised to the kernel's need here instead, through the
+/// same counting as `cuCtxSetLimit` (refused, or set back, with
+/// CUDA_ERROR_OUT_OF_MEMORY when it passes the quota), so the launch needs nothing more.
+pub(crate) fn back_local_memory(local_bytes: Option<u64>) -> CUresult {
+    let Some(local) = local_bytes.filter(|bytes| *bytes > 0) else {
+        return CUDA_SUCCESS;
+    };
+    let set = real!(cuCtxSetLimit as fn(CUlimit, usize) -> CUresult);
+    let passthrough = || CUDA_SUCCESS;
+    enforce(passthrough, |enforcer| {
+        let (Ok(device), Some(stack)) = (enforcer.current(), current_limit(CU_LIMIT_STACK_SIZE))
+        else {
+            return CUDA_SUCCESS;
+        };
+        if local <= stack {
+            return CUDA_SUCCESS;
+        }
+        let threads = resident_threads(device.real);
+        enforcer.limit_counted(
+            device,
+            current_context(),
+            CU_LIMIT_STACK_SIZE,
+            (stack, local),
+            threads,
+            // SAFETY: the real cuCtxSetLimit with the stack limit and a value.
+            |value| unsafe { set(CU_LIMIT_STACK_SIZE, value as usize) },
+        )
+    })
+}
+
+hook! {
+    fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult |forward, real| {
+        enforce(forward, |enforcer| {
+            let (Ok(device), Some(old)) = (enforcer.current(), current_limit(limit)) else {
+                // No context (or a limit the driver does not know): its own answer.
+                return forward();
+            };
+            let threads = resident_threads(device.real);
+            enforcer.limit_counted(
+                device,
+                current_context(),
+                limit,
+                (old, value as u64),
+                threads,
+                // SAFETY: the real cuCtxSetLimit with the caller's limit and a value
+                // (the caller's, or the one it replaced when setting it back).
+                |value| unsafe { real(limit, value as usize) },
+            )
+        })
+    }
+}
