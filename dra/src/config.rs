@@ -24,13 +24,18 @@
 //! slice_resync_secs: 600
 //! host_proc: /proc                            # the host's /proc (the DaemonSet runs with hostPID)
 //! dev_root: /dev
+//! sharing: time-slicing                        # or mps (docs/mps.md); per card: card_sharing
+//! card_sharing: {}                             # {GPU-<uuid> or "<index>": mps | time-slicing}
+//! mps: {}                                      # the MPS daemons' settings (vgpu_mps::sharing)
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use vgpu_kube::ClientSource;
 use vgpu_kube::slices::UnhealthyPolicy;
+use vgpu_mps::{MpsSettings, Sharing};
 use vgpu_plugin::PluginConfig;
 
 /// Where the config is read from when `--config` is not given.
@@ -106,6 +111,12 @@ pub struct DraConfig {
     /// `dev_root`: the root under which host device nodes (`nvidia<minor>`, `nvidiactl`,
     /// ...) are looked up for the CDI spec (tests point it elsewhere).
     pub dev_root: PathBuf,
+    /// `sharing`: how this node's cards are shared (time-slicing, or mps: docs/mps.md).
+    pub sharing: Sharing,
+    /// `card_sharing`: per card (UUID or host index), over `sharing`.
+    pub card_sharing: BTreeMap<String, Sharing>,
+    /// `mps`: the MPS daemons' settings, for cards in mps mode.
+    pub mps: MpsSettings,
 }
 
 impl Default for DraConfig {
@@ -136,6 +147,9 @@ impl Default for DraConfig {
             slice_resync_secs: 600,
             host_proc: plugin.host_proc,
             dev_root: PathBuf::from("/dev"),
+            sharing: plugin.sharing,
+            card_sharing: plugin.card_sharing,
+            mps: plugin.mps,
         }
     }
 }
@@ -222,6 +236,7 @@ impl DraConfig {
                 return Err(format!("{key}: must be more than 0"));
             }
         }
+        self.plugin_view().sharing_config().validate()?;
         Ok(())
     }
 
@@ -277,6 +292,9 @@ impl DraConfig {
             cdi_spec_format: vgpu_plugin::cdi::SpecFormat::Json,
             default_core_ceiling: self.default_core_ceiling,
             metrics_address: None,
+            sharing: self.sharing,
+            card_sharing: self.card_sharing.clone(),
+            mps: self.mps.clone(),
             ..PluginConfig::default()
         }
     }

@@ -325,7 +325,22 @@ impl Preparer {
     }
 
     fn write_request(&self, plan: &RequestPlan) -> anyhow::Result<String> {
-        let quota: Config = container::container_config(&plan.quotas, &plan.container_id);
+        let cards: Vec<&CardInfo> = plan.cards.iter().collect();
+        // A request on one MPS card is its daemon's client at its share (taken before
+        // the quota leaves compute to MPS).
+        let mps_client = vgpu_plugin::mps::client_card(&self.plugin, &cards).map(|card| {
+            let quota = plan.quotas.first();
+            let share = vgpu_mps::ClientShare {
+                cores: quota.and_then(|quota| quota.core_limit),
+                memory: quota
+                    .and_then(|quota| quota.memory_limit)
+                    .map(|m| m.bytes()),
+            };
+            (card, share)
+        });
+        let mut quotas = plan.quotas.clone();
+        vgpu_plugin::mps::leave_compute_to_mps(&self.plugin, &self.cards, &mut quotas);
+        let quota: Config = container::container_config(&quotas, &plan.container_id);
         quota
             .validate()
             .map_err(|message| anyhow::anyhow!("the computed config is invalid: {message}"))?;
@@ -340,8 +355,10 @@ impl Preparer {
         // The device plugin's edits for these cards: driver layout, config, region,
         // device nodes, env; written as its CDI spec.
         let record = allocation_record(&plan.container_id, &plan.cards);
-        let cards: Vec<&CardInfo> = plan.cards.iter().collect();
-        let edits = container::container_edits(&self.plugin, &record, &cards);
+        let mut edits = container::container_edits(&self.plugin, &record, &cards);
+        if let Some((card, share)) = mps_client {
+            vgpu_plugin::mps::add_client_edits(&self.plugin, card, share, true, &mut edits);
+        }
         container::write_cdi_spec(&self.plugin, &record, &edits)
     }
 

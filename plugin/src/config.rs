@@ -30,16 +30,21 @@
 //! api_server_url: null                    # plain HTTP, no credentials: tests only (default: in-cluster)
 //! check_foreign_plugins: true             # refuse to start beside another plugin of our resources
 //! config_watch_interval_ms: 2000          # how often the config file is checked for changes
+//! sharing: time-slicing                   # or mps (docs/mps.md); per card: card_sharing
+//! card_sharing: {}                        # {GPU-<uuid> or "<index>": mps | time-slicing}
+//! mps: {}                                 # the MPS daemons' settings (vgpu_mps::sharing)
 //! ```
 //!
 //! A change of the config file makes the running plugin exit cleanly, so kubelet
 //! restarts it with the new config ([`crate::reload`]).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use vgpu_common::ByteSize;
+use vgpu_mps::{MpsSettings, Sharing, SharingConfig};
 
 use crate::cdi::SpecFormat;
 use crate::layout;
@@ -166,6 +171,12 @@ pub struct PluginConfig {
     pub check_foreign_plugins: bool,
     /// How often the config file is read again to notice a change.
     pub config_watch_interval_ms: u64,
+    /// `sharing`: how this node's cards are shared (time-slicing, or mps: docs/mps.md).
+    pub sharing: Sharing,
+    /// `card_sharing`: per card (UUID or host index), over `sharing`.
+    pub card_sharing: BTreeMap<String, Sharing>,
+    /// `mps`: the MPS daemons' settings, for cards in mps mode.
+    pub mps: MpsSettings,
 }
 
 impl Default for PluginConfig {
@@ -200,6 +211,9 @@ impl Default for PluginConfig {
             dev_root: PathBuf::from("/dev"),
             check_foreign_plugins: true,
             config_watch_interval_ms: 2000,
+            sharing: Sharing::TimeSlicing,
+            card_sharing: BTreeMap::new(),
+            mps: MpsSettings::default(),
         }
     }
 }
@@ -265,7 +279,17 @@ impl PluginConfig {
                 return Err(format!("{key}: must be more than 0"));
             }
         }
+        self.sharing_config().validate()?;
         Ok(())
+    }
+
+    /// The sharing keys (`sharing`, `card_sharing`, `mps`) together.
+    pub fn sharing_config(&self) -> SharingConfig {
+        SharingConfig {
+            default: self.sharing,
+            cards: self.card_sharing.clone(),
+            mps: self.mps.clone(),
+        }
     }
 
     /// `<state_dir>/plugin-state.json`.
@@ -338,6 +362,9 @@ mod tests {
             ("device_list_strategy: volume-mounts\n", "volume-mounts"),
             ("cdi_kind: nvidia.com/x\n", "cdi_kind"),
             ("cdi_devices: true\n", "cdi_devices"),
+            ("sharing: spatial\n", "spatial"),
+            ("card_sharing: {gpu0: mps}\n", "card_sharing"),
+            ("mps: {threads: 50}\n", "threads"),
         ] {
             let err = PluginConfig::from_yaml(text, Path::new("p.yaml"))
                 .expect_err(text)

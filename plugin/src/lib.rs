@@ -26,7 +26,8 @@
 //! * [`health`]: what `/healthz` answers;
 //! * [`reload`]: noticing a changed config file (the plugin then exits to be restarted);
 //! * [`coordination`]: the host-side compute coordinator over the node's containers;
-//! * [`metrics`]: Prometheus metrics and `/healthz` over plain HTTP.
+//! * [`metrics`]: Prometheus metrics and `/healthz` over plain HTTP;
+//! * [`mps`]: the MPS sharing mode's hooks: daemons, health, container edits, quota.
 
 #![forbid(unsafe_code)]
 
@@ -44,6 +45,7 @@ pub mod ids;
 pub mod kubelet;
 pub mod layout;
 pub mod metrics;
+pub mod mps;
 pub mod persist;
 pub mod proto;
 pub mod reload;
