@@ -305,6 +305,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sharing_keys_reach_the_plugin_view() {
+        let config = DraConfig::from_yaml(
+            "node_name: n\nsharing: mps\ncard_sharing: {\"1\": time-slicing}\nmps: {compute_limiter: true}\n",
+            Path::new("d.yaml"),
+        )
+        .expect("valid");
+        let sharing = config.plugin_view().sharing_config();
+        assert_eq!(sharing.of("GPU-a", 0), Sharing::Mps);
+        assert_eq!(sharing.of("GPU-b", 1), Sharing::TimeSlicing);
+        assert!(sharing.mps.compute_limiter);
+    }
+
+    #[test]
     fn defaults_and_bad_keys() {
         let config =
             DraConfig::from_yaml("node_name: node-a\n", Path::new("d.yaml")).expect("valid");
@@ -345,6 +358,12 @@ mod tests {
             (
                 "node_name: n\nkubeconfig: /k\napi_server_url: http://127.0.0.1:1\n",
                 "not both",
+            ),
+            ("node_name: n\nsharing: spatial\n", "spatial"),
+            ("node_name: n\ncard_sharing: {gpu0: mps}\n", "card_sharing"),
+            (
+                "node_name: n\nmps: {health_interval_ms: 0}\n",
+                "health_interval_ms",
             ),
         ] {
             let err = DraConfig::from_yaml(text, Path::new("d.yaml"))
