@@ -12,8 +12,9 @@
 //! * health: the child must be alive and answer `get_server_list`; three unanswered
 //!   checks in a row count as hung (one slow answer under load must not cost every
 //!   client of the card its server);
-//! * stop: `quit`, up to 5 s for the daemon to leave, then SIGKILL to its process group
-//!   (servers included), and the pipe and shm folders emptied.
+//! * stop: `quit` (SIGTERM when no control client can run), up to 5 s for the daemon to
+//!   leave, then SIGKILL to its process group (servers included), and the pipe and shm
+//!   folders emptied.
 //!
 //! [`Supervisor`] keeps a set of card daemons running on a thread of its own: it
 //! starts each, checks each every `health_interval`, restarts a dead or hung one (backing
@@ -160,8 +161,11 @@ impl CardDaemon {
     /// Starts the daemon from a clean slate (see the module docs); returns once it
     /// answers. On failure nothing of it is left running.
     pub fn start(&mut self) -> Result<(), String> {
-        self.kill_stale();
         self.stop();
+        self.kill_stale();
+        for dir in [&self.dirs.pipe, &self.dirs.shm] {
+            empty_folder(dir);
+        }
         for dir in [&self.dirs.pipe, &self.dirs.log, &self.dirs.shm] {
             std::fs::create_dir_all(dir)
                 .map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
@@ -263,10 +267,21 @@ impl CardDaemon {
     }
 
     /// Stops the daemon and whatever its process group holds, and empties the pipe and
-    /// shm folders. Safe to call when nothing runs.
+    /// shm folders. Does nothing when this never started a daemon (the folders may be
+    /// another's: `vgpu run --mps` joining a running daemon).
     pub fn stop(&mut self) {
+        if self.child.is_none() && self.group.is_none() {
+            return;
+        }
         if self.child.is_some() && self.exited().is_none() {
-            let _ = self.query("quit");
+            if self.query("quit").is_err()
+                && let Some(pid) = self.pid().and_then(|pid| i32::try_from(pid).ok())
+            {
+                // No control client could run (`vgpu run` after its PID namespace
+                // ended cannot fork): ask the daemon itself.
+                // SAFETY: kill(2) of our own child; no memory is passed.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
             let deadline = Instant::now() + QUIT_GRACE;
             while self.exited().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
@@ -287,6 +302,7 @@ impl CardDaemon {
 
     /// Kills a daemon an earlier run left in the pipe folder (its pid file names a live
     /// `nvidia-cuda-mps…` process): a second daemon on one card would split its clients.
+    /// The folders are emptied by the caller.
     fn kill_stale(&self) {
         let pid_file = self.dirs.pipe.join(PID_FILE);
         let Some(pid) = std::fs::read_to_string(&pid_file)
@@ -303,8 +319,6 @@ impl CardDaemon {
             // SAFETY: kill(2) of one PID; no memory is passed.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
-        empty_folder(&self.dirs.pipe);
-        empty_folder(&self.dirs.shm);
     }
 
     /// The exit status, once the daemon has exited (reaped here).

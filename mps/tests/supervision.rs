@@ -261,3 +261,24 @@ fn a_daemon_an_earlier_run_left_is_killed_before_a_new_one_starts() {
     );
     daemon.stop();
 }
+
+#[test]
+fn a_daemon_handle_that_never_started_leaves_a_running_daemons_folders_alone() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dirs = CardDirs::new(root.path(), CARD);
+    let mut running = CardDaemon::new(CARD, dirs.clone(), options(fake()));
+    running.start().expect("starts");
+    {
+        let joined = CardDaemon::new(CARD, dirs.clone(), options(fake()));
+        assert!(
+            joined.query("get_server_list").is_ok(),
+            "joins the running daemon"
+        );
+    }
+    assert!(
+        dirs.pipe.join("control").exists() && daemon_pid(&dirs) == running.pid(),
+        "dropping a handle that started nothing stops and empties nothing"
+    );
+    assert!(matches!(running.check(), DaemonHealth::Running(_)));
+    running.stop();
+}
