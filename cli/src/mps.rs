@@ -8,7 +8,8 @@
 //! index or a UUID; the daemon gets it as `CUDA_VISIBLE_DEVICES` with
 //! `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so an index is nvidia-smi's). As root the daemon's
 //! `/dev/shm` is the card's shm folder and `vgpu run` binds the same folder over the
-//! command's `/dev/shm`; otherwise both use the host's.
+//! command's `/dev/shm`; otherwise (or with `VGPU_MPS_HOST_SHM` set) both use the
+//! host's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,9 +39,15 @@ pub struct MpsArgs {
     interval: u64,
 }
 
-fn is_root() -> bool {
+/// Set (to anything) to keep the host's `/dev/shm` for the daemon and the command.
+pub const HOST_SHM_ENV: &str = "VGPU_MPS_HOST_SHM";
+
+/// Whether the card's shm folder is the daemon's and the command's `/dev/shm`: as root,
+/// unless `VGPU_MPS_HOST_SHM` is set.
+fn private_shm() -> bool {
     // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    let root = unsafe { libc::geteuid() == 0 };
+    root && std::env::var_os(HOST_SHM_ENV).is_none()
 }
 
 /// The card's folder name: the selector, checked to be one path component.
@@ -61,7 +68,7 @@ fn options(control: Option<&Path>) -> DaemonOptions {
             .unwrap_or_else(|| PathBuf::from("nvidia-cuda-mps-control"))
     });
     let mut options = DaemonOptions::new(control);
-    options.private_shm = is_root();
+    options.private_shm = private_shm();
     options
 }
 
@@ -101,9 +108,9 @@ impl Client {
         })
     }
 
-    /// The folder to bind over the command's `/dev/shm` (as root), else `None`.
+    /// The folder to bind over the command's `/dev/shm` (see the module docs), else `None`.
     pub fn shm(&self) -> Option<&Path> {
-        is_root().then_some(self.dirs.shm.as_path())
+        private_shm().then_some(self.dirs.shm.as_path())
     }
 }
 

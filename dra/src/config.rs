@@ -305,6 +305,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_mps_docs_examples_parse() {
+        let doc = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/mps.md"),
+        )
+        .expect("docs/mps.md");
+        let blocks: Vec<&str> = doc
+            .split("```yaml\n")
+            .skip(1)
+            .map(|rest| rest.split("```").next().unwrap_or_default())
+            .collect();
+        assert_eq!(blocks.len(), 2, "the plugin's and the DRA driver's example");
+        let plugin = PluginConfig::from_yaml(blocks[0], Path::new("docs/mps.md"))
+            .expect("the plugin example parses");
+        let sharing = plugin.sharing_config();
+        assert_eq!(sharing.of("GPU-x", 0), Sharing::Mps);
+        assert_eq!(sharing.of("GPU-y", 1), Sharing::TimeSlicing);
+        assert!(!sharing.mps.compute_limiter && !sharing.mps.multiuser);
+        let dra = DraConfig::from_yaml(blocks[1], Path::new("docs/mps.md"))
+            .expect("the DRA example parses");
+        let sharing = dra.plugin_view().sharing_config();
+        assert_eq!(
+            sharing.of("GPU-5f1c9a8e-0000-4000-8000-000000000001", 3),
+            Sharing::Mps
+        );
+        assert_eq!(sharing.of("GPU-other", 0), Sharing::TimeSlicing);
+    }
+
+    #[test]
     fn sharing_keys_reach_the_plugin_view() {
         let config = DraConfig::from_yaml(
             "node_name: n\nsharing: mps\ncard_sharing: {\"1\": time-slicing}\nmps: {compute_limiter: true}\n",
