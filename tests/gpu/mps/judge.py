@@ -45,7 +45,7 @@ bare = result("matmul-alone.txt")
 neighbour = result("neighbour.txt")
 if bare and neighbour and bare.get("tflops"):
     emit("neighbour-throughput", "INFO",
-         f"neighbour at 50: {neighbour['tflops']} TFLOP/s over 11 s (decode beside it for ~5 s), "
+         f"neighbour at 50: {neighbour['tflops']} TFLOP/s over its {neighbour.get('seconds')} s (the decode run beside it for its last ~4 s), "
          f"{100 * neighbour['tflops'] / bare['tflops']:.0f}% of bare {bare['tflops']}",
          bare=bare, neighbour=neighbour)
 for cores in (30, 70):

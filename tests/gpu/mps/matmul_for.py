@@ -2,7 +2,7 @@
 
 Usage: matmul_for.py SECONDS [READY_FILE [WAIT_FILE...]]
 Warms up, writes READY_FILE, waits (up to 60 s) until every WAIT_FILE exists, then runs
-for SECONDS and prints RESULT {"tflops", "iters", "seconds", "error", "error_after_s"}: a
+for SECONDS (or until the file env MATMUL_STOP_FILE names exists) and prints RESULT {"tflops", "iters", "seconds", "error", "error_after_s"}: a
 CUDA error (a neighbour's fatal fault reaching this client) is caught and reported with
 the time it came, never raised.
 """
@@ -33,10 +33,11 @@ if ready:
 deadline = time.time() + 60
 while waits and not all(os.path.exists(w) for w in waits) and time.time() < deadline:
     time.sleep(0.01)
+stop_file = os.environ.get("MATMUL_STOP_FILE")
 iters = 0
 start = time.perf_counter()
 try:
-    while time.perf_counter() - start < seconds:
+    while time.perf_counter() - start < seconds and not (stop_file and os.path.exists(stop_file)):
         for _ in range(10):
             a @ b
         torch.cuda.synchronize()

@@ -25,8 +25,12 @@ export PATH=/usr/local/nvidia/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH=$GPU/limit
 mkdir -p "$D"
 T0=$(date +%s)
 log() { echo "== $(( $(date +%s) - T0 ))s $*" >&2; }
+# left: whether the budget (MPS_BUDGET seconds, default 200) still allows a step; the
+# stop and the judging always run.
+left() { [ $(( $(date +%s) - T0 )) -lt "${MPS_BUDGET:-200}" ] || { log "budget spent: skipped"; return 1; }; }
+RUN_ARGS=()
 ctl() { echo "$1" | CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/0/pipe timeout 10 nvidia-cuda-mps-control 2>&1; }
-mps_run() { local cores=$1; shift; timeout 90 "$VGPU" run --mps --mps-dir "$MPS_DIR" --cores "$cores" "$@"; }
+mps_run() { local cores=$1; shift; timeout 90 "$VGPU" run "${RUN_ARGS[@]}" --mps --mps-dir "$MPS_DIR" --cores "$cores" "$@"; }
 # wait_file FILE SECONDS [PID]: until FILE has content, SECONDS pass, or PID has ended
 wait_file() {
     for _ in $(seq 1 $(( $2 * 10 ))); do
@@ -61,58 +65,74 @@ if ! grep -q '"ok": true' "$D/preflight.txt"; then
     KEEPER=$!
     for _ in $(seq 1 150); do ctl get_server_list > /dev/null 2>&1 && break; sleep 0.1; done
     mps_run 50 --memory 8GiB -- python3 "$HERE/client.py" > "$D/preflight-hostshm.txt" 2>&1
-fi
-
-log "3. decode at 50 beside a busy neighbour at 50"
-rm -f "$WORK/n.ready"
-mps_run 50 --memory 16GiB -- python3 "$HERE/matmul_for.py" 11 "$WORK/n.ready" > "$D/neighbour.txt" 2>&1 &
-N=$!
-if wait_file "$WORK/n.ready" 30 "$N"; then
-    sleep 0.5
-    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$D/smi-apps.txt" 2>&1
-    mps_run 50 --memory 8GiB -- python3 "$GPU/limiter/decode.py" 4 > "$D/decode-mps.txt" 2>&1
-fi
-wait "$N"
-
-log "4. fault"
-rm -f "$WORK/f.ready"
-mps_run 50 --memory 16GiB -- python3 "$HERE/matmul_for.py" 8 "$WORK/f.ready" > "$D/fault-neighbour.txt" 2>&1 &
-N=$!
-if wait_file "$WORK/f.ready" 30 "$N"; then
-    mps_run 50 --memory 4GiB -- python3 "$HERE/fault.py" 1 > "$D/fault.txt" 2>&1
-fi
-wait "$N"
-{ echo "servers: $(ctl get_server_list | tr '\n' ' ')";
-  for s in $(ctl get_server_list); do echo "status $s: $(ctl "get_server_status $s")"; done; } > "$D/fault-daemon.txt" 2>&1
-mps_run 50 --memory 4GiB -- python3 "$HERE/client.py" > "$D/fault-after.txt" 2>&1
-if ! grep -q '"ok": true' "$D/fault-after.txt"; then
-    sleep 3
-    mps_run 50 --memory 4GiB -- python3 "$HERE/client.py" > "$D/fault-after-retry.txt" 2>&1
-fi
-
-log "5. shares at 30 and 70"
-rm -f "$WORK/a.ready" "$WORK/b.ready"
-mps_run 30 --memory 8GiB -- python3 "$HERE/matmul_for.py" 5 "$WORK/a.ready" "$WORK/a.ready" "$WORK/b.ready" > "$D/share-30.txt" 2>&1 &
-A=$!
-mps_run 70 --memory 8GiB -- python3 "$HERE/matmul_for.py" 5 "$WORK/b.ready" "$WORK/a.ready" "$WORK/b.ready" > "$D/share-70.txt" 2>&1 &
-B=$!
-wait "$A" "$B"
-
-log "6. memory under MPS"
-for fw in torch cupy; do
-    script=$GPU/torch_quota.py; args="default"
-    [ "$fw" = cupy ] && { script=$GPU/cupy_quota.py; args=""; }
-    rm -f "$WORK/$fw.marker"
-    mps_run 50 --memory 4GiB -- sh -c "python3 $script $args $WORK/$fw.marker & for i in \$(seq 400); do [ -s $WORK/$fw.marker ] \&\& break; sleep 0.1; done; echo INSIDE; nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; wait" > "$D/memory-$fw.txt" 2>&1 &
-    J=$!
-    if wait_file "$WORK/$fw.marker" 40 "$J"; then
-        nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader > "$D/memory-$fw-outside.txt" 2>&1
+    if ! grep -q '"ok": true' "$D/preflight-hostshm.txt"; then
+        log "and with the host's PID namespace"
+        RUN_ARGS=(--host-pid)
+        mps_run 50 --memory 8GiB -- python3 "$HERE/client.py" > "$D/preflight-hostpid.txt" 2>&1
     fi
-    wait "$J"
-done
-rm -f "$WORK/fence.marker"
-mps_run 50 -- env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M python3 "$GPU/torch_quota.py" default "$WORK/fence.marker" > "$D/memory-mps-fence-only.txt" 2>&1
+fi
 
+if left; then
+    log "3. decode at 50 beside a busy neighbour at 50"
+    rm -f "$WORK/n.ready" "$WORK/n.stop"
+    MATMUL_STOP_FILE=$WORK/n.stop mps_run 50 --memory 16GiB -- python3 "$HERE/matmul_for.py" 40 "$WORK/n.ready" > "$D/neighbour.txt" 2>&1 &
+    N=$!
+    if wait_file "$WORK/n.ready" 30 "$N"; then
+        sleep 0.5
+        nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$D/smi-apps.txt" 2>&1
+        mps_run 50 --memory 8GiB -- python3 "$GPU/limiter/decode.py" 4 > "$D/decode-mps.txt" 2>&1
+    fi
+    touch "$WORK/n.stop"
+    wait "$N"
+
+fi
+if left; then
+    log "4. fault"
+    rm -f "$WORK/f.ready" "$WORK/f.stop"
+    MATMUL_STOP_FILE=$WORK/f.stop mps_run 50 --memory 16GiB -- python3 "$HERE/matmul_for.py" 40 "$WORK/f.ready" > "$D/fault-neighbour.txt" 2>&1 &
+    N=$!
+    if wait_file "$WORK/f.ready" 30 "$N"; then
+        mps_run 50 --memory 4GiB -- python3 "$HERE/fault.py" 1 > "$D/fault.txt" 2>&1
+        sleep 2
+    fi
+    touch "$WORK/f.stop"
+    wait "$N"
+    { echo "servers: $(ctl get_server_list | tr '\n' ' ')";
+      for s in $(ctl get_server_list); do echo "status $s: $(ctl "get_server_status $s")"; done; } > "$D/fault-daemon.txt" 2>&1
+    mps_run 50 --memory 4GiB -- python3 "$HERE/client.py" > "$D/fault-after.txt" 2>&1
+    if ! grep -q '"ok": true' "$D/fault-after.txt"; then
+        sleep 3
+        mps_run 50 --memory 4GiB -- python3 "$HERE/client.py" > "$D/fault-after-retry.txt" 2>&1
+    fi
+
+fi
+if left; then
+    log "5. shares at 30 and 70"
+    rm -f "$WORK/a.ready" "$WORK/b.ready"
+    mps_run 30 --memory 8GiB -- python3 "$HERE/matmul_for.py" 5 "$WORK/a.ready" "$WORK/a.ready" "$WORK/b.ready" > "$D/share-30.txt" 2>&1 &
+    A=$!
+    mps_run 70 --memory 8GiB -- python3 "$HERE/matmul_for.py" 5 "$WORK/b.ready" "$WORK/a.ready" "$WORK/b.ready" > "$D/share-70.txt" 2>&1 &
+    B=$!
+    wait "$A" "$B"
+
+fi
+if left; then
+    log "6. memory under MPS"
+    for fw in torch cupy; do
+        script=$GPU/torch_quota.py; args="default"
+        [ "$fw" = cupy ] && { script=$GPU/cupy_quota.py; args=""; }
+        rm -f "$WORK/$fw.marker"
+        mps_run 50 --memory 4GiB -- sh -c "python3 $script $args $WORK/$fw.marker & for i in \$(seq 400); do [ -s $WORK/$fw.marker ] \&\& break; sleep 0.1; done; echo INSIDE; nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; wait" > "$D/memory-$fw.txt" 2>&1 &
+        J=$!
+        if wait_file "$WORK/$fw.marker" 40 "$J"; then
+            nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader > "$D/memory-$fw-outside.txt" 2>&1
+        fi
+        wait "$J"
+    done
+    rm -f "$WORK/fence.marker"
+    mps_run 50 -- env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M python3 "$GPU/torch_quota.py" default "$WORK/fence.marker" > "$D/memory-mps-fence-only.txt" 2>&1
+
+fi
 log "7. stop"
 kill -TERM "$KEEPER"
 timeout 20 tail --pid="$KEEPER" -f /dev/null
