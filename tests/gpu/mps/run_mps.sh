@@ -30,7 +30,11 @@ log() { echo "== $(( $(date +%s) - T0 ))s $*" >&2; }
 left() { [ $(( $(date +%s) - T0 )) -lt "${MPS_BUDGET:-200}" ] || { log "budget spent: skipped"; return 1; }; }
 RUN_ARGS=()
 ctl() { echo "$1" | CUDA_MPS_PIPE_DIRECTORY=$MPS_DIR/0/pipe timeout 10 nvidia-cuda-mps-control 2>&1; }
-mps_run() { local cores=$1; shift; timeout 90 "$VGPU" run "${RUN_ARGS[@]}" --mps --mps-dir "$MPS_DIR" --cores "$cores" "$@"; }
+# mps_run CORES ARGS... -- CMD: one `vgpu run --mps` container (at most RUN_TIMEOUT s, default 60)
+mps_run() {
+    local cores=$1; shift
+    timeout "${RUN_TIMEOUT:-60}" "$VGPU" run ${RUN_ARGS[@]+"${RUN_ARGS[@]}"} --mps --mps-dir "$MPS_DIR" --cores "$cores" "$@"
+}
 # wait_file FILE SECONDS [PID]: until FILE has content, SECONDS pass, or PID has ended
 wait_file() {
     for _ in $(seq 1 $(( $2 * 10 ))); do
@@ -55,7 +59,7 @@ log "2. keeper and a first client"
 "$VGPU" mps --card 0 --dir "$MPS_DIR" --interval 1 2> "$D/keeper.txt" &
 KEEPER=$!
 for _ in $(seq 1 150); do ctl get_server_list > /dev/null 2>&1 && break; sleep 0.1; done
-mps_run 50 --memory 8GiB -- python3 "$HERE/client.py" > "$D/preflight.txt" 2>&1
+RUN_TIMEOUT=35 mps_run 50 --memory 8GiB -- python3 "$HERE/client.py" > "$D/preflight.txt" 2>&1
 { echo "servers: $(ctl get_server_list | tr '\n' ' ')"; } > "$D/preflight-servers.txt"
 if ! grep -q '"ok": true' "$D/preflight.txt"; then
     log "first client failed with the card's own /dev/shm: trying the host's"
@@ -64,11 +68,11 @@ if ! grep -q '"ok": true' "$D/preflight.txt"; then
     "$VGPU" mps --card 0 --dir "$MPS_DIR" --interval 1 2>> "$D/keeper.txt" &
     KEEPER=$!
     for _ in $(seq 1 150); do ctl get_server_list > /dev/null 2>&1 && break; sleep 0.1; done
-    mps_run 50 --memory 8GiB -- python3 "$HERE/client.py" > "$D/preflight-hostshm.txt" 2>&1
+    RUN_TIMEOUT=35 mps_run 50 --memory 8GiB -- python3 "$HERE/client.py" > "$D/preflight-hostshm.txt" 2>&1
     if ! grep -q '"ok": true' "$D/preflight-hostshm.txt"; then
         log "and with the host's PID namespace"
         RUN_ARGS=(--host-pid)
-        mps_run 50 --memory 8GiB -- python3 "$HERE/client.py" > "$D/preflight-hostpid.txt" 2>&1
+        RUN_TIMEOUT=35 mps_run 50 --memory 8GiB -- python3 "$HERE/client.py" > "$D/preflight-hostpid.txt" 2>&1
     fi
 fi
 
