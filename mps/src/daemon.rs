@@ -73,7 +73,7 @@ pub struct DaemonOptions {
     pub control: PathBuf,
     /// `LD_LIBRARY_PATH` of the daemon and its servers: the real driver's folder.
     pub library_path: Option<PathBuf>,
-    /// Start with `--multiuser`.
+    /// Start with `--multiuser-server` (`-M`, driver 580's multi-user mode).
     pub multiuser: bool,
     /// Give the daemon the card's shm folder as `/dev/shm` (needs CAP_SYS_ADMIN).
     pub private_shm: bool,
@@ -185,7 +185,7 @@ impl CardDaemon {
         let mut command = self.command();
         command.arg("-f");
         if self.options.multiuser {
-            command.arg("--multiuser");
+            command.arg("--multiuser-server");
         }
         command
             .stdin(Stdio::null())

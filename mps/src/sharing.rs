@@ -9,7 +9,7 @@
 //!   control: null               # nvidia-cuda-mps-control; default: <host_driver_dir>/current/bin, then PATH
 //!   root: null                  # per-card folders; default: <state_dir>/mps
 //!   compute_limiter: false      # the shims' time limiter on top of the MPS thread percentage
-//!   multiuser: false            # start the daemons with --multiuser (drivers whose MPS has it)
+//!   multiuser: false            # start the daemons with --multiuser-server (drivers whose MPS has it)
 //!   health_interval_ms: 2000    # how often each daemon is asked for its server list
 //! ```
 //!
@@ -57,7 +57,7 @@ pub struct MpsSettings {
     /// thread percentage (default off: the percentage is the compute share, and the
     /// limiter's pauses are the latency this mode exists to remove).
     pub compute_limiter: bool,
-    /// `multiuser`: start each daemon with `--multiuser`, so one server serves clients of
+    /// `multiuser`: start each daemon with `--multiuser-server`, so one server serves clients of
     /// every user (only drivers whose MPS knows the flag; the daemon then refuses to
     /// start on others, which the card's health shows).
     pub multiuser: bool,

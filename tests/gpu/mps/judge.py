@@ -76,6 +76,9 @@ for fw in ("torch", "cupy"):
          f"total {res.get('total')} fit 3G {res.get('fit_3g')} OOM at +2G {res.get('oom_2g')}; "
          f"inside nvidia-smi: {inside}; outside: {text(f'memory-{fw}-outside.txt').strip().replace(chr(10), ' | ')}",
          result=res)
+ours = result("memory-ours-first.txt") or {}
+emit("memory-quota-alone", "PASS" if ours.get("fit_3g") and ours.get("oom_2g") and ours.get("total") == 4 << 30 else "FAIL",
+     f"--memory 4GiB with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M (ours refuses first): {ours}")
 fence = result("memory-mps-fence-only.txt")
 emit("mps-pinned-limit-alone", "INFO", f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M, no quota of ours: {fence}")
 

@@ -9,8 +9,8 @@
 #  4. the fault: a client writes through a null pointer while a neighbour runs; what the
 #     neighbour sees, the daemon's state, and a new client afterwards;
 #  5. throughput shares: two matmul containers at 30 and 70 at the same time;
-#  6. the memory quota and the nvidia-smi view under MPS, PyTorch and CuPy (4 GiB), and
-#     MPS's pinned limit alone (no quota of ours);
+#  6. the memory quota and the nvidia-smi view under MPS, PyTorch and CuPy (4 GiB), our
+#     quota alone (MPS's limit set above it) and MPS's pinned limit alone (no quota of ours);
 #  7. the keeper stops: no daemon, no server left, the pipe folder empty.
 # Every step runs under `timeout`; nothing here can hang the call.
 set -u
@@ -133,6 +133,9 @@ if left; then
         fi
         wait "$J"
     done
+    # Our quota alone refusing: MPS's limit set above it (8 GiB) for this one client.
+    rm -f "$WORK/ours.marker"
+    mps_run 50 --memory 4GiB -- env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M python3 "$GPU/torch_quota.py" default "$WORK/ours.marker" > "$D/memory-ours-first.txt" 2>&1
     rm -f "$WORK/fence.marker"
     mps_run 50 -- env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M python3 "$GPU/torch_quota.py" default "$WORK/fence.marker" > "$D/memory-mps-fence-only.txt" 2>&1
 
