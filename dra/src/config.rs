@@ -306,10 +306,9 @@ mod tests {
 
     #[test]
     fn the_mps_docs_examples_parse() {
-        let doc = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/mps.md"),
-        )
-        .expect("docs/mps.md");
+        let doc =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/mps.md"))
+                .expect("docs/mps.md");
         let blocks: Vec<&str> = doc
             .split("```yaml\n")
             .skip(1)
