@@ -261,7 +261,7 @@ impl CardDaemon {
         }
     }
 
-    /// Whether the daemon counts as hung (alive, not answering [`HUNG_AFTER`] times).
+    /// Whether the daemon counts as hung (alive, three checks in a row unanswered).
     pub fn hung(&self) -> bool {
         self.unanswered >= HUNG_AFTER
     }
