@@ -1,7 +1,8 @@
 //! One MPS control daemon per card, supervised.
 //!
 //! [`CardDaemon`] runs `nvidia-cuda-mps-control -f` (foreground: it is our child, so its
-//! death is seen at once) for one card: `CUDA_VISIBLE_DEVICES` is the card's UUID,
+//! death is seen at once) for one card: `CUDA_VISIBLE_DEVICES` is the card's UUID (or
+//! nvidia-smi's index: `CUDA_DEVICE_ORDER=PCI_BUS_ID`),
 //! `CUDA_MPS_PIPE_DIRECTORY` and `CUDA_MPS_LOG_DIRECTORY` are folders of its own
 //! ([`CardDirs`]), its `/dev/shm` is the card's shm folder (a mount namespace of its own,
 //! `spawn`), and it leads a process group that the MPS servers it starts join.
@@ -333,6 +334,8 @@ impl CardDaemon {
         let mut command = Command::new(&self.options.control);
         command
             .env("CUDA_VISIBLE_DEVICES", &self.uuid)
+            // An index (`vgpu mps --card 1`) is nvidia-smi's, not CUDA's fastest-first.
+            .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             .env("CUDA_MPS_PIPE_DIRECTORY", &self.dirs.pipe)
             .env("CUDA_MPS_LOG_DIRECTORY", &self.dirs.log);
         if let Some(folder) = self.options.control.parent() {
