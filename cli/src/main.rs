@@ -1,10 +1,12 @@
-//! `vgpu`: run a program under a GPU quota (`run`), assemble a driver folder of the
-//! shims (`install`), show what a process sees (`probe`, `smi`), and the node's view
-//! by card and container (`top`).
+//! `vgpu`: run a program under a GPU quota (`run`, `--mps` as an MPS client; `mps`
+//! keeps a card's MPS daemon), assemble a driver folder of the shims (`install`), show
+//! what a process sees (`probe`, `smi`), and the node's view by card and container
+//! (`top`).
 
 mod artifacts;
 mod coordinate;
 mod install;
+mod mps;
 mod pidns;
 mod probe;
 mod run;
@@ -29,6 +31,9 @@ enum Command {
     /// Run a command under a GPU quota, in a mount namespace where the shims cover the
     /// driver libraries, as a container gets them from the device plugin.
     Run(run::RunArgs),
+    /// Keep one card's MPS control daemon running, supervised, until SIGINT or SIGTERM
+    /// (`vgpu run --mps` joins it).
+    Mps(mps::MpsArgs),
     /// Install the shims, the simulated driver and vgpu into a prefix.
     Install(install::InstallArgs),
     /// Print what a CUDA process sees through libcuda.so.1 and libnvidia-ml.so.1.
@@ -44,6 +49,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(&args).map(Some),
+        Command::Mps(args) => mps::run(&args).map(|()| None),
         Command::Install(args) => install::run(&args).map(|()| None),
         Command::Probe(args) => probe::run(&args).map(|()| None),
         Command::Smi(args) => smi::run(&args).map(|()| None),

@@ -68,6 +68,18 @@ pub struct RunArgs {
     /// record `over-quota.yaml` beside the card views) or `kill` its newest process.
     #[arg(long, default_value = "report", value_parser = parse_over_quota)]
     over_quota: OverQuota,
+    /// Run the command as an MPS client of its card's MPS control daemon (joined when one
+    /// answers in --mps-dir, else started for this run): `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
+    /// from --cores, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` from --memory; the shims keep the
+    /// memory quota, and compute is left to MPS unless --mps-limiter. One device only.
+    #[arg(long)]
+    mps: bool,
+    /// The folder of the per-card MPS folders (shared with `vgpu mps`).
+    #[arg(long, default_value = crate::mps::DEFAULT_DIR, requires = "mps")]
+    mps_dir: PathBuf,
+    /// With --mps: keep the shims' time-based compute limiter on top of MPS.
+    #[arg(long, requires = "mps")]
+    mps_limiter: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
     command: Vec<String>,
@@ -302,10 +314,18 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         } else {
             args.devices.clone()
         };
-        let devices = selectors
+        let mut devices = selectors
             .iter()
             .map(|text| parse_device(text, args.memory, args.cores, args.core_mode))
             .collect::<Result<Vec<_>>>()?;
+        if args.mps && !args.mps_limiter {
+            // Compute is MPS's thread percentage; the memory quota and NVML view stay.
+            for device in &mut devices {
+                device.core_limit = None;
+                device.core_ceiling = None;
+                device.core_mode = CoreMode::Hard;
+            }
+        }
         let region_path = work.path.join("usage.region");
         let compute = devices.iter().any(|d| d.effective_core_limit().is_some());
         let host = crate::coordinate::host_dir();
@@ -366,7 +386,23 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         command.env("LD_LIBRARY_PATH", joined);
     }
 
+    // Before the namespace: the daemon and its servers must load the real driver, not
+    // the shims the namespace covers it with.
+    let mps_client = if args.mps {
+        let (card, share) = mps_share(args)?;
+        Some(crate::mps::Client::connect(
+            &args.mps_dir,
+            &card,
+            share,
+            &mut command,
+        )?)
+    } else {
+        None
+    };
     enter_mount_namespace()?;
+    if let Some(shm) = mps_client.as_ref().and_then(crate::mps::Client::shm) {
+        bind(shm, Path::new("/dev/shm"))?;
+    }
     for (real, private) in &plan.private_binds {
         bind(real, private)?;
     }
@@ -407,6 +443,27 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         let _ = umount2(private, MntFlags::MNT_DETACH);
     }
     status
+}
+
+/// The card and share of `--mps`: the one `--device` (default 0) with its quota.
+fn mps_share(args: &RunArgs) -> Result<(String, vgpu_mps::ClientShare)> {
+    if args.devices.len() > 1 {
+        bail!("--mps: one device only (one MPS daemon serves one card)");
+    }
+    let text = args.devices.first().map_or("0", String::as_str);
+    let quota = parse_device(text, args.memory, args.cores, args.core_mode)?;
+    let card = match (&quota.uuid, quota.index) {
+        (Some(uuid), _) => uuid.clone(),
+        (None, Some(index)) => index.to_string(),
+        (None, None) => "0".to_string(),
+    };
+    Ok((
+        card,
+        vgpu_mps::ClientShare {
+            cores: quota.core_limit,
+            memory: quota.memory_limit.map(|limit| limit.bytes()),
+        },
+    ))
 }
 
 /// Runs the command in this PID namespace (`--host-pid`), waits for it and returns its

@@ -25,13 +25,18 @@
 //! host_proc: /proc                            # the host's /proc (the DaemonSet runs with hostPID)
 //! dev_root: /dev
 //! metrics_address: 127.0.0.1:9402              # /metrics and /healthz; null turns them off
+//! sharing: time-slicing                        # or mps (docs/mps.md); per card: card_sharing
+//! card_sharing: {}                             # {GPU-<uuid> or "<index>": mps | time-slicing}
+//! mps: {}                                      # the MPS daemons' settings (vgpu_mps::sharing)
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use vgpu_kube::ClientSource;
 use vgpu_kube::slices::UnhealthyPolicy;
+use vgpu_mps::{MpsSettings, Sharing};
 use vgpu_plugin::PluginConfig;
 
 /// Where the config is read from when `--config` is not given.
@@ -112,6 +117,12 @@ pub struct DraConfig {
     /// turns the server off. Default `127.0.0.1:9402`; the manifests serve the pod's
     /// address on port 9402.
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// `sharing`: how this node's cards are shared (time-slicing, or mps: docs/mps.md).
+    pub sharing: Sharing,
+    /// `card_sharing`: per card (UUID or host index), over `sharing`.
+    pub card_sharing: BTreeMap<String, Sharing>,
+    /// `mps`: the MPS daemons' settings, for cards in mps mode.
+    pub mps: MpsSettings,
 }
 
 impl Default for DraConfig {
@@ -143,6 +154,9 @@ impl Default for DraConfig {
             host_proc: plugin.host_proc,
             dev_root: PathBuf::from("/dev"),
             metrics_address: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9402))),
+            sharing: plugin.sharing,
+            card_sharing: plugin.card_sharing,
+            mps: plugin.mps,
         }
     }
 }
@@ -229,6 +243,7 @@ impl DraConfig {
                 return Err(format!("{key}: must be more than 0"));
             }
         }
+        self.plugin_view().sharing_config().validate()?;
         Ok(())
     }
 
@@ -284,6 +299,9 @@ impl DraConfig {
             cdi_spec_format: vgpu_plugin::cdi::SpecFormat::Json,
             default_core_ceiling: self.default_core_ceiling,
             metrics_address: None,
+            sharing: self.sharing,
+            card_sharing: self.card_sharing.clone(),
+            mps: self.mps.clone(),
             ..PluginConfig::default()
         }
     }
@@ -292,6 +310,46 @@ impl DraConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mps_docs_examples_parse() {
+        let doc =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/mps.md"))
+                .expect("docs/mps.md");
+        let blocks: Vec<&str> = doc
+            .split("```yaml\n")
+            .skip(1)
+            .map(|rest| rest.split("```").next().unwrap_or_default())
+            .collect();
+        assert_eq!(blocks.len(), 2, "the plugin's and the DRA driver's example");
+        let plugin = PluginConfig::from_yaml(blocks[0], Path::new("docs/mps.md"))
+            .expect("the plugin example parses");
+        let sharing = plugin.sharing_config();
+        assert_eq!(sharing.of("GPU-x", 0), Sharing::Mps);
+        assert_eq!(sharing.of("GPU-y", 1), Sharing::TimeSlicing);
+        assert!(!sharing.mps.compute_limiter && !sharing.mps.multiuser);
+        let dra = DraConfig::from_yaml(blocks[1], Path::new("docs/mps.md"))
+            .expect("the DRA example parses");
+        let sharing = dra.plugin_view().sharing_config();
+        assert_eq!(
+            sharing.of("GPU-5f1c9a8e-0000-4000-8000-000000000001", 3),
+            Sharing::Mps
+        );
+        assert_eq!(sharing.of("GPU-other", 0), Sharing::TimeSlicing);
+    }
+
+    #[test]
+    fn sharing_keys_reach_the_plugin_view() {
+        let config = DraConfig::from_yaml(
+            "node_name: n\nsharing: mps\ncard_sharing: {\"1\": time-slicing}\nmps: {compute_limiter: true}\n",
+            Path::new("d.yaml"),
+        )
+        .expect("valid");
+        let sharing = config.plugin_view().sharing_config();
+        assert_eq!(sharing.of("GPU-a", 0), Sharing::Mps);
+        assert_eq!(sharing.of("GPU-b", 1), Sharing::TimeSlicing);
+        assert!(sharing.mps.compute_limiter);
+    }
 
     #[test]
     fn defaults_and_bad_keys() {
@@ -334,6 +392,12 @@ mod tests {
             (
                 "node_name: n\nkubeconfig: /k\napi_server_url: http://127.0.0.1:1\n",
                 "not both",
+            ),
+            ("node_name: n\nsharing: spatial\n", "spatial"),
+            ("node_name: n\ncard_sharing: {gpu0: mps}\n", "card_sharing"),
+            (
+                "node_name: n\nmps: {health_interval_ms: 0}\n",
+                "health_interval_ms",
             ),
         ] {
             let err = DraConfig::from_yaml(text, Path::new("d.yaml"))

@@ -280,6 +280,14 @@ pub async fn start(
             .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
     }
     let checkpoint = Checkpoint::load(&config.state_file())?;
+    let mps = vgpu_plugin::mps::start_daemons(&plugin, &cards)?;
+    let source: Arc<dyn DeviceSource> = match &mps {
+        Some(supervisor) => Arc::new(vgpu_plugin::mps::MpsAwareSource::new(
+            source,
+            supervisor.states(),
+        )),
+        None => source,
+    };
     tracing::info!(
         cards = cards.len(),
         prepared = checkpoint.claims.len(),
@@ -340,6 +348,12 @@ pub async fn start(
         }
         None => None,
     };
+    if let Some(supervisor) = mps {
+        background.push(tokio::spawn(vgpu_plugin::mps::stop_with(
+            supervisor,
+            stop_receiver.clone(),
+        )));
+    }
     background.push(tokio::spawn(supervise(
         config.clone(),
         service,

@@ -325,7 +325,22 @@ impl Preparer {
     }
 
     fn write_request(&self, plan: &RequestPlan) -> anyhow::Result<String> {
-        let quota: Config = container::container_config(&plan.quotas, &plan.container_id);
+        let cards: Vec<&CardInfo> = plan.cards.iter().collect();
+        // A request on one MPS card is its daemon's client at its share (taken before
+        // the quota leaves compute to MPS).
+        let mps_client = vgpu_plugin::mps::client_card(&self.plugin, &cards).map(|card| {
+            let quota = plan.quotas.first();
+            let share = vgpu_mps::ClientShare {
+                cores: quota.and_then(|quota| quota.core_limit),
+                memory: quota
+                    .and_then(|quota| quota.memory_limit)
+                    .map(|m| m.bytes()),
+            };
+            (card, share)
+        });
+        let mut quotas = plan.quotas.clone();
+        vgpu_plugin::mps::leave_compute_to_mps(&self.plugin, &self.cards, &mut quotas);
+        let quota: Config = container::container_config(&quotas, &plan.container_id);
         quota
             .validate()
             .map_err(|message| anyhow::anyhow!("the computed config is invalid: {message}"))?;
@@ -340,8 +355,10 @@ impl Preparer {
         // The device plugin's edits for these cards: driver layout, config, region,
         // device nodes, env; written as its CDI spec.
         let record = allocation_record(&plan.container_id, &plan.cards);
-        let cards: Vec<&CardInfo> = plan.cards.iter().collect();
-        let edits = container::container_edits(&self.plugin, &record, &cards);
+        let mut edits = container::container_edits(&self.plugin, &record, &cards);
+        if let Some((card, share)) = mps_client {
+            vgpu_plugin::mps::add_client_edits(&self.plugin, card, share, true, &mut edits);
+        }
         container::write_cdi_spec(&self.plugin, &record, &edits)
     }
 
@@ -565,5 +582,82 @@ mod tests {
             let err = plan_claim(&allocation(shares), "node-a", &cards, None).unwrap_err();
             assert!(err.contains(needle), "{err}");
         }
+    }
+
+    #[test]
+    fn a_request_on_an_mps_card_gets_the_client_edits_in_its_cdi_spec() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = DraConfig {
+            node_name: Some("node-a".into()),
+            state_dir: dir.path().join("state"),
+            cdi_dir: dir.path().join("cdi"),
+            dev_root: dir.path().join("dev"),
+            host_driver_dir: dir.path().join("driver"),
+            shim_dir: dir.path().join("driver/shim"),
+            ..DraConfig::default()
+        };
+        config
+            .card_sharing
+            .insert("GPU-1".into(), vgpu_mps::Sharing::Mps);
+        let cards = vec![card(0), card(1)];
+        let preparer =
+            Preparer::new(config.clone(), cards.clone(), Checkpoint::default()).expect("preparer");
+        let spec_of = |device: &str, cores: Option<u64>, memory: Option<u64>| {
+            let plans = plan_claim(
+                &allocation(vec![share("gpu", device, cores, memory)]),
+                "node-a",
+                &cards,
+                None,
+            )
+            .expect("plan");
+            let name = preparer.write_request(&plans[0]).expect("written");
+            let id = name.rsplit('=').next().expect("id").to_string();
+            let text =
+                std::fs::read_to_string(config.cdi_dir.join(format!("vgpu-shim.io-gpu_{id}.json")))
+                    .expect("spec");
+            let spec: serde_json::Value = serde_json::from_str(&text).expect("json");
+            let quota = vgpu_common::Config::load(&preparer.allocation_dir(&id).join("vgpu.yaml"))
+                .expect("quota");
+            (spec["devices"][0]["containerEdits"].clone(), quota)
+        };
+        let (edits, quota) = spec_of("gpu-1", Some(25), Some(3 << 30));
+        let env: Vec<&str> = edits["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        for wanted in [
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M",
+        ] {
+            assert!(env.contains(&wanted), "{wanted} missing: {env:?}");
+        }
+        let mounts: Vec<(String, String)> = edits["mounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .map(|m| {
+                (
+                    m["containerPath"].as_str().unwrap_or_default().to_string(),
+                    m["hostPath"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        let card_dir = config.state_dir.join("mps/GPU-1");
+        for (container, host) in [("/tmp/nvidia-mps", "pipe"), ("/dev/shm", "shm")] {
+            assert!(
+                mounts.contains(&(container.into(), card_dir.join(host).display().to_string())),
+                "{container} missing: {mounts:?}"
+            );
+        }
+        assert_eq!(quota.devices[0].core_limit, None, "compute left to MPS");
+        assert_eq!(quota.devices[0].memory_limit, Some(ByteSize::gib(3)));
+
+        let (edits, quota) = spec_of("gpu-0", Some(25), Some(3 << 30));
+        let text = edits.to_string();
+        assert!(!text.contains("CUDA_MPS_"), "time-sliced card: {text}");
+        assert_eq!(quota.devices[0].core_limit, Some(25));
     }
 }

@@ -33,16 +33,21 @@
 //! quota_events: true                      # a Kubernetes Event on the pod at its first refusal (and over quota)
 //! quota_event_interval_secs: 300          # then at most one Event per container and card this often
 //! warn_on_refusal_namespaces: []          # namespaces ("*": all) whose containers' shims print a line at each refusal
+//! sharing: time-slicing                   # or mps (docs/mps.md); per card: card_sharing
+//! card_sharing: {}                        # {GPU-<uuid> or "<index>": mps | time-slicing}
+//! mps: {}                                 # the MPS daemons' settings (vgpu_mps::sharing)
 //! ```
 //!
 //! A change of the config file makes the running plugin exit cleanly, so kubelet
 //! restarts it with the new config ([`crate::reload`]).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use vgpu_common::ByteSize;
+use vgpu_mps::{MpsSettings, Sharing, SharingConfig};
 
 use crate::cdi::SpecFormat;
 use crate::layout;
@@ -180,6 +185,12 @@ pub struct PluginConfig {
     /// get `warn_on_refusal: true` in their quota config, so their shims write one
     /// stderr line at each refusal (at most one a second) whatever `VGPU_LOG` says.
     pub warn_on_refusal_namespaces: Vec<String>,
+    /// `sharing`: how this node's cards are shared (time-slicing, or mps: docs/mps.md).
+    pub sharing: Sharing,
+    /// `card_sharing`: per card (UUID or host index), over `sharing`.
+    pub card_sharing: BTreeMap<String, Sharing>,
+    /// `mps`: the MPS daemons' settings, for cards in mps mode.
+    pub mps: MpsSettings,
 }
 
 impl Default for PluginConfig {
@@ -217,6 +228,9 @@ impl Default for PluginConfig {
             quota_events: true,
             quota_event_interval_secs: 300,
             warn_on_refusal_namespaces: Vec::new(),
+            sharing: Sharing::TimeSlicing,
+            card_sharing: BTreeMap::new(),
+            mps: MpsSettings::default(),
         }
     }
 }
@@ -289,7 +303,17 @@ impl PluginConfig {
                 return Err(format!("{key}: must be more than 0"));
             }
         }
+        self.sharing_config().validate()?;
         Ok(())
+    }
+
+    /// The sharing keys (`sharing`, `card_sharing`, `mps`) together.
+    pub fn sharing_config(&self) -> SharingConfig {
+        SharingConfig {
+            default: self.sharing,
+            cards: self.card_sharing.clone(),
+            mps: self.mps.clone(),
+        }
     }
 
     /// `<state_dir>/plugin-state.json`.
@@ -362,6 +386,9 @@ mod tests {
             ("device_list_strategy: volume-mounts\n", "volume-mounts"),
             ("cdi_kind: nvidia.com/x\n", "cdi_kind"),
             ("cdi_devices: true\n", "cdi_devices"),
+            ("sharing: spatial\n", "spatial"),
+            ("card_sharing: {gpu0: mps}\n", "card_sharing"),
+            ("mps: {threads: 50}\n", "threads"),
         ] {
             let err = PluginConfig::from_yaml(text, Path::new("p.yaml"))
                 .expect_err(text)

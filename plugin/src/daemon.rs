@@ -322,6 +322,11 @@ pub async fn start(
         }
     }
     let state = PluginState::load(&config.state_file())?;
+    let mps = crate::mps::start_daemons(&config, &cards)?;
+    let source: Arc<dyn DeviceSource> = match &mps {
+        Some(supervisor) => Arc::new(crate::mps::MpsAwareSource::new(source, supervisor.states())),
+        None => source,
+    };
     tracing::info!(
         cards = cards.len(),
         allocations = state.allocations.len(),
@@ -357,6 +362,12 @@ pub async fn start(
     ));
     let usage = Arc::new(UsageTotals::load(&config.state_dir));
     let mut background = Background::new(stop);
+    if let Some(supervisor) = mps {
+        background.push(tokio::spawn(crate::mps::stop_with(
+            supervisor,
+            stop_receiver.clone(),
+        )));
+    }
     let metrics_address = match config.metrics_address {
         Some(address) => {
             let sources = metrics::Sources {

@@ -29,6 +29,7 @@
 //! * [`metrics`]: Prometheus metrics and `/healthz`;
 //! * [`http`]: the plain-HTTP server they are served by (timeouts, a connection cap;
 //!   shared with the DRA driver).
+//! * [`mps`]: the MPS sharing mode's hooks: daemons, health, container edits, quota.
 
 #![forbid(unsafe_code)]
 
@@ -47,6 +48,7 @@ pub mod ids;
 pub mod kubelet;
 pub mod layout;
 pub mod metrics;
+pub mod mps;
 pub mod persist;
 pub mod proto;
 pub mod quota_watch;

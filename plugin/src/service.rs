@@ -165,7 +165,8 @@ impl ResourceService {
         };
         let record = &decision.record;
         let card_refs: Vec<_> = cards.iter().collect();
-        let edits = container::container_edits(&shared.config, record, &card_refs);
+        let mut edits = container::container_edits(&shared.config, record, &card_refs);
+        crate::mps::add_allocation_edits(&shared.config, record, &card_refs, &mut edits);
         let written = container::create_allocation_dir(&shared.config, record).and_then(|_| {
             if shared.config.device_list_strategy.cdi() {
                 container::write_cdi_spec(&shared.config, record, &edits).map(Some)
@@ -317,6 +318,10 @@ impl DevicePlugin for ResourceService {
         }
         let mut plans = planned.map_err(|status| self.refuse(status))?;
         self.shared.ceilings.apply(&mut plans).await;
+        let cards = self.shared.allocator().cards().to_vec();
+        for plan in &mut plans {
+            crate::mps::leave_compute_to_mps(&self.shared.config, &cards, &mut plan.devices);
+        }
         for plan in &plans {
             let dir = container::write_prestart(&self.shared.config, plan).map_err(|err| {
                 self.refuse(Status::internal(format!(
