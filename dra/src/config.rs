@@ -317,9 +317,10 @@ mod tests {
             std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/mps.md"))
                 .expect("docs/mps.md");
         let blocks: Vec<&str> = doc
-            .split("```yaml\n")
+            .split("```yaml ")
             .skip(1)
-            .map(|rest| rest.split("```").next().unwrap_or_default())
+            .filter_map(|rest| rest.split_once('\n'))
+            .map(|(_tag, rest)| rest.split("```").next().unwrap_or_default())
             .collect();
         assert_eq!(blocks.len(), 2, "the plugin's and the DRA driver's example");
         let plugin = PluginConfig::from_yaml(blocks[0], Path::new("docs/mps.md"))
