@@ -403,10 +403,10 @@ fn the_values_schema_admits_exactly_what_the_parsers_accept() {
         let rendered: serde_json::Value =
             serde_saphyr::from_str(&config_text(&docs).1).expect("config");
         let rendered: BTreeSet<String> = rendered
-            .as_mapping()
+            .as_object()
             .expect("mapping")
             .keys()
-            .map(|key| key.as_str().expect("key").to_string())
+            .cloned()
             .collect();
         let offered = schema_keys(&schema, section);
         let mut covered: BTreeSet<String> = rendered.union(&offered).cloned().collect();

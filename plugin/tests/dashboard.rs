@@ -255,7 +255,7 @@ async fn every_dashboard_query_and_recording_rule_names_an_exported_series() {
     }
 
     let rules: serde_json::Value =
-        serde_norway::from_str(&repo_file("deploy/prometheus-rules.yaml")).expect("YAML");
+        serde_saphyr::from_str(&repo_file("deploy/prometheus-rules.yaml")).expect("YAML");
     let groups = rules["groups"].as_array().expect("groups");
     let mut records = BTreeSet::new();
     for rule in groups

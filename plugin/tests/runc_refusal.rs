@@ -23,7 +23,7 @@ use vgpu_kube::standin::StandInApiServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_in_a_real_container_reaches_the_metrics_the_event_and_its_stderr() {
-    if !e2e::prerequisites("runc_refusal", "runc") {
+    if !e2e::prerequisites("runc") {
         return;
     }
     let server = StandInApiServer::start().await.expect("stand-in");
