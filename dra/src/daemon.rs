@@ -336,6 +336,7 @@ pub async fn start(
                 preparer: preparer.clone(),
                 cards: devices.clone(),
                 status: status.clone(),
+                quota: Arc::default(),
             };
             let (bound, task) = vgpu_plugin::http::bind_and_serve(
                 address,

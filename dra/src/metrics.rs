@@ -6,10 +6,14 @@
 //! * per card, labels `UUID`, `gpu` (host index): `vgpu_card_healthy`;
 //! * `vgpu_dra_prepared_claims`: the claims prepared on this node now;
 //! * per prepared request and card, labels `namespace`, `claim`, `request`, `UUID`:
-//!   `vgpu_container_memory_limit_bytes` (0: whole card), `vgpu_container_core_limit`
-//!   (percent of the card, 100: not throttled), `vgpu_container_memory_used_bytes` and
-//!   `vgpu_container_processes` (from a private copy of its usage region; the card is
-//!   matched to the region's device by UUID, through the request's config);
+//!   `vgpu_container_memory_limit_bytes` (the card's memory for a whole card, never 0),
+//!   `vgpu_container_core_limit` (percent of the card, 100: not throttled),
+//!   `vgpu_container_memory_used_bytes` and `vgpu_container_processes` (from a private
+//!   copy of its usage region; the card is matched to the region's device by UUID,
+//!   through the request's config), and the device plugin's counters of what the quota
+//!   did ([`vgpu_plugin::metrics::QuotaFamilies`]: `vgpu_container_memory_refusals_total`,
+//!   `vgpu_container_memory_refused_bytes_total`, `vgpu_container_throttled_seconds_total`,
+//!   `vgpu_container_memory_over_quota_total`), running totals that never step back;
 //! * `vgpu_build_info{version, commit}` (always 1).
 //!
 //! `/healthz` is 200 while the supervisor passes and both sockets (the DRA socket and
@@ -50,6 +54,8 @@ pub(crate) struct Sources {
     pub preparer: Arc<Preparer>,
     pub cards: watch::Receiver<Vec<GpuDevice>>,
     pub status: Arc<ServingStatus>,
+    /// The running totals of the requests' quota counters.
+    pub quota: Arc<vgpu_plugin::quota_watch::QuotaTotals>,
 }
 
 /// The text exposition of the driver's metrics.
@@ -69,7 +75,7 @@ pub(crate) fn render(sources: &Sources) -> String {
     let memory_limit = gauge_family(
         &mut registry,
         "container_memory_limit_bytes",
-        "Memory limit of the request on the card (0: whole card)",
+        "Memory limit of the request on the card (the card's memory when it has no limit of its own)",
     );
     let core_limit = gauge_family(
         &mut registry,
@@ -86,6 +92,13 @@ pub(crate) fn render(sources: &Sources) -> String {
         "container_processes",
         "Live CUDA processes of the request",
     );
+    let quota_families = vgpu_plugin::metrics::QuotaFamilies::register(&mut registry);
+    let card_memory: std::collections::BTreeMap<String, u64> = sources
+        .cards
+        .borrow()
+        .iter()
+        .map(|card| (card.uuid.clone(), card.memory_bytes))
+        .collect();
     build_info
         .get_or_create(&vec![
             ("version".into(), vgpu_build_info::VERSION.into()),
@@ -118,14 +131,26 @@ pub(crate) fn render(sources: &Sources) -> String {
                     ("namespace".into(), claim.namespace.clone()),
                     ("claim".into(), claim.name.clone()),
                     ("request".into(), request.request.clone()),
-                    ("UUID".into(), uuid),
+                    ("UUID".into(), uuid.clone()),
                 ];
-                memory_limit
-                    .get_or_create(&labels)
-                    .set(clamp(quota.memory_limit.map_or(0, |limit| limit.bytes())));
+                let whole_card = card_memory.get(&uuid).copied().unwrap_or(0);
+                memory_limit.get_or_create(&labels).set(clamp(
+                    quota.memory_limit.map_or(whole_card, |limit| limit.bytes()),
+                ));
                 core_limit
                     .get_or_create(&labels)
                     .set(i64::from(quota.core_limit.unwrap_or(100)));
+                let totals = match &snapshot {
+                    Some(snapshot) => Some(sources.quota.observe(
+                        &request.container_id,
+                        position,
+                        snapshot.counters(position),
+                    )),
+                    None => sources.quota.totals(&request.container_id, position),
+                };
+                if let Some(totals) = totals {
+                    quota_families.record(&labels, &totals);
+                }
                 if let (Some(snapshot), Some(live)) = (&snapshot, &live) {
                     memory_used
                         .get_or_create(&labels)
@@ -135,6 +160,11 @@ pub(crate) fn render(sources: &Sources) -> String {
             }
         }
     }
+    let known: Vec<String> = prepared
+        .values()
+        .flat_map(|claim| claim.requests.iter().map(|r| r.container_id.clone()))
+        .collect();
+    sources.quota.retain(&known);
     let mut text = String::new();
     if encode(&mut text, &registry).is_err() {
         text.clear();

@@ -118,6 +118,33 @@ async fn metrics_and_healthz_are_served_and_hold_up_against_hostile_tenants() {
         "{metrics}"
     );
     assert!(metrics.contains("vgpu_dra_prepared_claims 1"), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "vgpu_container_memory_limit_bytes{{{labels}}} {}",
+            4 * GIB
+        )),
+        "{metrics}"
+    );
+
+    // What the quota did, as the shim counts it in the region: refusals, throttling.
+    {
+        let region = Region::open_existing(&dir.join("usage.region")).expect("region");
+        region.count_refusal(0, GIB, 3 * GIB);
+        region.count_refusal(0, GIB, 3 * GIB);
+        region.add_throttled(0, 1_500_000_000);
+    }
+    let (_, metrics) = get(address, "/metrics").expect("metrics");
+    for (name, value) in [
+        ("vgpu_container_memory_refusals_total", "2"),
+        ("vgpu_container_memory_refused_bytes_total", "2147483648"),
+        ("vgpu_container_throttled_seconds_total", "1.5"),
+        ("vgpu_container_memory_over_quota_total", "0"),
+    ] {
+        assert!(
+            metrics.contains(&format!("{name}{{{labels}}} {value}\n")),
+            "{name} {value}: {metrics}"
+        );
+    }
 
     // The tenant stamps every slot of its region at u64::MAX.
     let region = Region::open_existing(&dir.join("usage.region")).expect("region");

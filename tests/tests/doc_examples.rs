@@ -173,7 +173,10 @@ fn the_checker_rejects_what_the_old_readme_had() {
         text: text.into(),
     };
     let error = check(&block(twice), "vgpu-config").expect_err("duplicate key");
-    assert!(error.contains("duplicate"), "{error}");
+    assert!(
+        error.contains("duplicate") && error.contains("container_id"),
+        "{error}"
+    );
     let hard_ceiling =
         "devices:\n  - index: 0\n    core_limit: 30\n    core_mode: hard\n    core_ceiling: 50\n";
     let error = check(&block(hard_ceiling), "vgpu-config").expect_err("ceiling");
