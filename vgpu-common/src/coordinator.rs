@@ -248,8 +248,6 @@ pub struct Coordinator {
     factors: HashMap<(String, String), f64>,
     /// Per (container, card): when the card last had other processes' work.
     others_seen: HashMap<(String, String), u64>,
-    /// Per (container, card): when its factor last had a target (see [`next_factor`]).
-    judged_at: HashMap<(String, String), u64>,
     /// Per (container, card): since when, alone on the card, the card's figure has
     /// been beyond [`ALONE_SLACK`] of the container's own.
     alone_beyond_since: HashMap<(String, String), u64>,
@@ -277,7 +275,6 @@ impl Coordinator {
             history: HashMap::new(),
             factors: HashMap::new(),
             others_seen: HashMap::new(),
-            judged_at: HashMap::new(),
             alone_beyond_since: HashMap::new(),
             written: HashSet::new(),
             my_pid_ns: process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0),
@@ -405,7 +402,6 @@ impl Coordinator {
         self.host_pids.forget_unused();
         let mut factors = HashMap::new();
         let mut others_seen = HashMap::new();
-        let mut judged_at = HashMap::new();
         let mut alone_beyond_since = HashMap::new();
         for (uuid, entries) in cards {
             let busy = entries.iter().filter(|(_, judged)| judged.active).count();
@@ -454,30 +450,13 @@ impl Coordinator {
                             entry.id
                         ));
                     }
-                    // NVML's per-process samples come every 200-1000 ms on a time-sliced
-                    // H200, and a busy process is now and then missing from a whole
-                    // window: while the host knows a neighbour is still busy (its region
-                    // says so), such a gap is not a departure.
-                    let last = self.judged_at.get(&key).copied();
-                    let gap = target.is_none()
-                        && others_active
-                        && judged.active
-                        && judged.all_found
-                        && reading.processes.is_some()
-                        && judged
-                            .self_percent
-                            .is_some_and(|p| p >= LEAST_JUDGED_PERCENT)
-                        && last.is_some_and(|at| now_ns.saturating_sub(at) < GAP_BRIDGE_NS);
-                    if target.is_some() {
-                        judged_at.insert(key.clone(), now_ns);
-                    } else if gap && let Some(at) = last {
-                        judged_at.insert(key.clone(), at);
-                    }
-                    let factor = next_factor(
-                        self.factors.get(&key).copied(),
-                        target.map(|(target, _)| target),
-                        gap,
-                    );
+                    let factor = match target {
+                        Some((target, _)) => {
+                            let before = self.factors.get(&key).copied().unwrap_or(1.0);
+                            before + (target - before) * SMOOTHING
+                        }
+                        None => 1.0,
+                    };
                     factors.insert(key, factor);
                     report.judgements.push(Judgement {
                         uuid: uuid.clone(),
@@ -516,7 +495,6 @@ impl Coordinator {
         }
         self.factors = factors;
         self.others_seen = others_seen;
-        self.judged_at = judged_at;
         self.alone_beyond_since = alone_beyond_since;
         // Cards nobody limited is on any more: their views go.
         let current: HashSet<&String> = report.views.iter().map(|view| &view.uuid).collect();
@@ -871,27 +849,6 @@ fn charge_target(
     Some((factor, reportable && raw >= FAR_BEYOND))
 }
 
-/// How long a container's factor is kept through a gap in the card's per-process
-/// figures while a neighbour is busy (see [`next_factor`]).
-const GAP_BRIDGE_NS: u64 = 1_000_000_000;
-
-/// A container's factor after a tick: `SMOOTHING` of the way from `before` (1 if it
-/// had none) to `target`; without a target, 1 (charged what it measured), except
-/// through a `gap` in the card's per-process figures while the host knows a neighbour
-/// on the card is busy, for at most `GAP_BRIDGE_NS` since the last target, when the
-/// factor stays as it was. On the H200 (BENCHMARKS.md run 9) such gaps snapped a decode
-/// loop's factor from 0.5 to 1 several times a second and held it far below its share.
-fn next_factor(before: Option<f64>, target: Option<f64>, gap: bool) -> f64 {
-    match (target, before) {
-        (Some(target), before) => {
-            let before = before.unwrap_or(1.0);
-            before + (target - before) * SMOOTHING
-        }
-        (None, Some(before)) if gap => before,
-        _ => 1.0,
-    }
-}
-
 /// A factor as the view's per mille, within what readers take.
 fn permille_of(factor: f64) -> u32 {
     ((factor * CHARGE_UNIT as f64).round() as u64).clamp(CHARGE_MIN_PERMILLE, CHARGE_MAX_PERMILLE)
@@ -1233,18 +1190,6 @@ mod tests {
             ..side(0.0, 0.0, 0.0)
         };
         assert_eq!(charge_target(40.0, &no_card, true, 30), None);
-    }
-
-    #[test]
-    fn a_gap_in_the_cards_figures_keeps_the_factor_only_while_a_neighbour_is_busy() {
-        // Through a gap: as it was (NVML's samples missed a busy process).
-        assert_eq!(next_factor(Some(0.6), None, true), 0.6);
-        // Nothing to judge by otherwise: back to what it measured, at once.
-        assert_eq!(next_factor(Some(0.6), None, false), 1.0);
-        assert_eq!(next_factor(None, None, true), 1.0);
-        // With a target: part of the way there.
-        assert!((next_factor(Some(0.5), Some(1.0), false) - (0.5 + 0.5 * SMOOTHING)).abs() < 1e-12);
-        assert!((next_factor(None, Some(0.5), true) - (1.0 - 0.5 * SMOOTHING)).abs() < 1e-12);
     }
 
     /// A card that says what the test tells it.
