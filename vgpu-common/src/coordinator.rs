@@ -728,9 +728,6 @@ impl CardSide {
     }
 }
 
-/// Beside others, a container the card sees more than this many points above what it
-/// is allowed is charged in proportion (hard means hard by the card's account too).
-const OVER_ALLOWED_SLACK: f64 = 1.0;
 /// A container that measured itself below this (percent of the card) is not judged.
 const LEAST_JUDGED_PERCENT: f64 = 2.0;
 /// Other processes below this together (percent) leave a container alone on the card.
@@ -784,10 +781,7 @@ fn alone_beyond_slack(self_percent: f64, card: &CardSide) -> bool {
 ///   what it is charged, never charge it for work the host may have misattributed.
 /// - Never less than 1 for a container the card sees above what it is allowed now
 ///   (by more than 5 points): no tenant gets more than its share by claiming to have
-///   measured more than it did. Seen above it by 1-5 points, the ratio is raised by
-///   card / allowed (at most to 1): the bucket then brings the card's account back to
-///   the allowance, where card / self would hold it at the excess (issue 25: a hard 40
-///   beside a soft 30 took 48.1 of its bare throughput on the H200).
+///   measured more than it did.
 ///
 /// Ratios within [`DEAD_BAND`] of 1 are 1; the result is within what readers take, and
 /// says whether the ratio was [`FAR_BEYOND`] (worth reporting).
@@ -818,12 +812,6 @@ fn charge_target(
     let mut ratio = raw;
     if ratio < 1.0 && measured > allowed as f64 + 5.0 {
         ratio = 1.0;
-    } else if ratio < 1.0 && measured > allowed as f64 + OVER_ALLOWED_SLACK {
-        // Beside others the card saw it above its allowance (NVML's split of a
-        // time-sliced card and the container's events part by a few points): charged
-        // that much more, so the card's own account comes back to the allowance, where
-        // card / self alone would leave it a few points over for good.
-        ratio = (ratio * measured / allowed.max(1) as f64).min(1.0);
     }
     // Alone, a figure not believed (yet) is not worth reporting either.
     let mut reportable = true;
@@ -1140,18 +1128,6 @@ mod tests {
         assert_eq!(
             charge_target(99.0, &side(5.0, 60.0, 65.0), true, 30),
             Some((0.5, false))
-        );
-        // Beside others, the card seeing it a few points above its allowance: charged
-        // in proportion, so the card's account comes back to the allowance.
-        let (factor, _) = charge_target(80.0, &side(44.0, 30.0, 74.0), true, 40).expect("judged");
-        assert!(
-            (factor - 44.0 / 80.0 * 44.0 / 40.0).abs() < 1e-9,
-            "{factor}"
-        );
-        let (factor, _) = charge_target(80.0, &side(40.5, 30.0, 70.5), true, 40).expect("judged");
-        assert!(
-            (factor - 40.5 / 80.0).abs() < 1e-9,
-            "within a point: as the card split it"
         );
         // Beside others: never charged above what it measured (the card's figure under
         // its PIDs may hold a neighbour's work), and a busy container the card lists
