@@ -49,21 +49,6 @@ fn wall_of(cost_ns: u64, rate_ppm: u64) -> u64 {
     wall.min(u64::MAX as u128) as u64
 }
 
-/// Launches of one round a hold keeps room for: a container's concurrent streams each
-/// launch about once per round, and their kernels overlap (so a round's union is about
-/// one kernel), but the streams resume a little apart and the stragglers each add some.
-pub const ROUND_LAUNCHES: u64 = 4;
-
-/// How long a hold lasts beyond the debt (see `Shared::hold`), for a launch of `cost_ns`
-/// at `rate_ppm`: the wall time that `ROUND_LAUNCHES` such launches take of the budget,
-/// so that one round of the container's streams resumes together, within
-/// `[least_ns, most_ns]`. Never longer than the launch's share needs: a loop of short
-/// kernels (a decode step) is held for about the time its next kernels take of its
-/// share, not for a whole window's refill.
-pub fn refill_ns(cost_ns: u64, rate_ppm: u64, least_ns: u64, most_ns: u64) -> u64 {
-    wall_of(cost_ns.saturating_mul(ROUND_LAUNCHES), rate_ppm).clamp(least_ns, most_ns.max(least_ns))
-}
-
 /// The bucket after spending `cost_ns` of GPU time (negative: giving back an
 /// over-estimate) at `now_ns`: never fuller than one window, never deeper in debt than
 /// `MAX_DEBT_NS`.
@@ -322,21 +307,6 @@ mod tests {
             "{wait}"
         );
         assert_eq!(delay(paid, now + wait), 0);
-    }
-
-    #[test]
-    fn a_hold_refills_what_a_round_of_its_launches_needs_not_a_whole_window() {
-        let (least, most) = (MS / 2, 15 * MS);
-        // A decode step's 50 us kernels at 50%: a round takes 400 us of wall time, so the
-        // hold is the shortest sleep worth taking.
-        assert_eq!(refill_ns(50_000, percent_ppm(50), least, most), least);
-        // Quarter-card 100 us kernels at 30%: four of them, 1.33 ms.
-        assert!(refill_ns(100_000, percent_ppm(30), least, most).abs_diff(4 * MS / 3) < 10);
-        // 1 ms kernels at 30%: 13.3 ms; 10 ms kernels: the old window's refill at most.
-        assert!(refill_ns(MS, percent_ppm(30), least, most).abs_diff(40 * MS / 3) < 10);
-        assert_eq!(refill_ns(10 * MS, percent_ppm(30), least, most), most);
-        // No known cost: the shortest.
-        assert_eq!(refill_ns(0, percent_ppm(30), least, most), least);
     }
 
     #[test]

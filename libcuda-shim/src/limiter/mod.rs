@@ -61,14 +61,11 @@ use trace::Counter;
 /// burst holds several rounds of kernels on concurrent streams (each round's ragged
 /// edge costs a little overlap), short enough for a 100 ms window to see the limit.
 const WINDOW_NS: u64 = 20_000_000;
-/// A launch held back by the limit waits until the bucket has refilled what a round of
-/// the container's launches needs (`duty::refill_ns`: four of its cost), so that all its
-/// streams resume together and overlap: with a trickle of budget, only one of them would
-/// get through at a time. At most this (less than the window, so that oversleeping by up
-/// to a quarter of it loses nothing), at least `MIN_SLEEP_NS`. A fixed refill of this
-/// much held a decode loop of short kernels for 15 ms whenever it ran into debt (18.5 ms
-/// steps on the H200, issue 25): a launch now waits for what its share needs.
-const MOST_REFILL_NS: u64 = WINDOW_NS * 3 / 4;
+/// A launch held back by the limit waits until the bucket has refilled this much wall
+/// time's worth, so that all the container's streams resume together and overlap: with
+/// a trickle of budget, only one of them would get through at a time. Less than the
+/// window, so that oversleeping by up to a quarter of it loses nothing.
+const REFILL_NS: u64 = WINDOW_NS * 3 / 4;
 /// How often a process publishes its activity and, in soft mode, reads the card view.
 const PUBLISH_NS: u64 = 20_000_000;
 /// The longest single sleep: rate changes and exit are noticed within this.
@@ -83,14 +80,6 @@ const FIRST_MEASURE_PATIENCE_NS: u64 = 2_000_000_000;
 /// sampled every launch): with launches of a few microseconds, one in eight would cost
 /// more in event calls than the launch itself.
 const MIN_SAMPLE_GAP_NS: u64 = 200_000;
-/// The gap once the kernel's estimate has settled (`SETTLED_SAMPLES` samples): its
-/// samples then move it by a sixteenth each, and a thousand a second per device still
-/// follow a change within milliseconds. A sample costs two `cuEventRecord`s (1.3-1.4 us
-/// each on the H200), a query and an elapsed-time call, about 3.5 us: at one per 200 us
-/// of 3-4 us launches that was 1.5-2 % of every launch, at one per ms it is 0.3-0.4 %.
-const SETTLED_SAMPLE_GAP_NS: u64 = 1_000_000;
-/// Samples after which a kernel's estimate counts as settled.
-const SETTLED_SAMPLES: u32 = 8;
 /// Finished samples are read at most this often.
 const SETTLE_EVERY_NS: u64 = 200_000;
 /// The activity word is written at most this often.
@@ -229,7 +218,7 @@ fn limited_launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult)
         .estimates
         .count_launch(work.key(), sample_open, duty::sample_every(now));
     if let Some((known, false)) = estimate
-        && (device.shared.hold(now, rate, refill(known.cost_ns, rate)) == 0
+        && (device.shared.hold(now, rate, REFILL_NS) == 0
             || device.rides_along(target, known.cost_ns, now))
         && now < device.next_publish_ns.load(Ordering::Relaxed)
     {
@@ -241,12 +230,6 @@ fn limited_launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult)
         return result;
     }
     device.slow_launch(work, target, estimate, launch)
-}
-
-/// How long a hold lasts beyond the debt for a launch of `cost_ns` at `rate_ppm`.
-#[inline]
-fn refill(cost_ns: u64, rate_ppm: u64) -> u64 {
-    duty::refill_ns(cost_ns, rate_ppm, MIN_SLEEP_NS, MOST_REFILL_NS)
 }
 
 /// The limiter of the calling thread's current device, when it has a compute limit and
@@ -614,16 +597,9 @@ impl DeviceLimiter {
         unknown &= known.is_none();
         let due = unknown || estimate.is_some_and(|(_, due)| due);
         let now = monotonic_ns();
-        if due
-            && !unknown
-            && let Some(known) = known.filter(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS)
-        {
-            let gap = if known.samples >= SETTLED_SAMPLES {
-                SETTLED_SAMPLE_GAP_NS
-            } else {
-                MIN_SAMPLE_GAP_NS
-            };
-            self.next_sample_ns.store(now + gap, Ordering::Relaxed);
+        if due && !unknown && known.is_some_and(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS) {
+            self.next_sample_ns
+                .store(now + MIN_SAMPLE_GAP_NS, Ordering::Relaxed);
         }
         let rate = self.rate();
         let cost = known.map(|k| k.cost_ns).unwrap_or(0);
@@ -680,9 +656,7 @@ impl DeviceLimiter {
     }
 
     /// Waits until the container may launch again: not at all while the bucket is not in
-    /// debt; once it is, until it has refilled what a round of launches of this one's
-    /// cost needs (`refill`; the shortest sleep for a launch of unknown cost, or for
-    /// `throttle_only`). An unknown kernel also waits
+    /// debt; once it is, until it has refilled `REFILL_NS`. An unknown kernel also waits
     /// (at most `FIRST_MEASURE_PATIENCE_NS`) for the measurement under way of another
     /// unknown one, so a queue of long kernels cannot slip past before anything is known.
     fn wait_turn(&self, unknown: bool, ride: Option<(Target, u64)>) {
@@ -690,10 +664,7 @@ impl DeviceLimiter {
         loop {
             let now = monotonic_ns();
             self.maintain(now);
-            let rate = self.rate();
-            let cost = ride.map_or(0, |(_, cost)| cost);
-            let mut delay = self.shared.hold(now, rate, refill(cost, rate));
-            trace::max(Counter::LongestHoldNs, delay);
+            let mut delay = self.shared.hold(now, self.rate(), REFILL_NS);
             if delay > 0
                 && let Some((target, cost)) = ride
                 && self.rides_along(target, cost, now)

@@ -58,9 +58,6 @@ pub enum Counter {
     WaitedNs,
     /// The per-thread context cache found stale by a sampled launch.
     StaleContext,
-    /// The longest hold the bucket decided for one launch (a maximum, not a sum): the
-    /// wait its debt and refill asked for, before any oversleeping by the host.
-    LongestHoldNs,
 }
 
 const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
@@ -84,10 +81,9 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "waits",
     "waited_ns",
     "stale_context",
-    "longest_hold_ns",
 ];
 
-const COUNTERS_LEN: usize = Counter::LongestHoldNs as usize + 1;
+const COUNTERS_LEN: usize = Counter::StaleContext as usize + 1;
 static COUNTERS: [AtomicU64; COUNTERS_LEN] = [const { AtomicU64::new(0) }; COUNTERS_LEN];
 
 /// Turns tracing on when `VGPU_LIMITER_TRACE` names a file (read once, when the
@@ -109,14 +105,6 @@ pub fn on() -> bool {
 pub fn add(counter: Counter, by: u64) {
     if on() {
         COUNTERS[counter as usize].fetch_add(by, Ordering::Relaxed);
-    }
-}
-
-/// Raises `counter` to `value` if it is below (nothing when tracing is off).
-#[inline]
-pub fn max(counter: Counter, value: u64) {
-    if on() {
-        COUNTERS[counter as usize].fetch_max(value, Ordering::Relaxed);
     }
 }
 
@@ -167,15 +155,12 @@ mod tests {
         ON.store(true, Ordering::Relaxed);
         count(Counter::Launches);
         add(Counter::WaitedNs, 5_000);
-        max(Counter::LongestHoldNs, 7_000);
-        max(Counter::LongestHoldNs, 3_000);
         let text = render(&["device GPU-1 limit 30".to_string()]);
         ON.store(false, Ordering::Relaxed);
         assert!(text.starts_with("vgpu-limiter-trace 1\n"), "{text}");
         assert!(text.contains("launches 1\n"), "{text}");
         assert!(text.contains("waited_ns 5000\n"), "{text}");
         assert!(text.contains("stale_context 0\n"), "{text}");
-        assert!(text.contains("longest_hold_ns 7000\n"), "{text}");
         assert!(text.ends_with("device GPU-1 limit 30\n"), "{text}");
     }
 }
