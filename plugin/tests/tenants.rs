@@ -65,7 +65,8 @@ fn free_port() -> u16 {
 }
 
 /// The `vgpu-plugin` binary over the simulated driver (one card), against `kubelet`,
-/// metrics on loopback, its config checked every 100 ms; `open_files` limits its
+/// metrics on loopback (`--metrics-address`, as the DaemonSet passes the node's
+/// address), its config checked every 100 ms; `open_files` limits its
 /// descriptors. Its log goes to `<root>/plugin.log`.
 struct Running {
     child: Child,
@@ -81,7 +82,7 @@ impl Running {
         std::fs::write(
             &config,
             format!(
-                "device_plugin_dir: {}\npod_resources_socket: {}\nstate_dir: {}\nnvml_library: {}\nmetrics_address: {metrics}\nkubelet_watch_interval_ms: 50\nconfig_watch_interval_ms: 100\npod_annotations: false\ncheck_foreign_plugins: false\n",
+                "device_plugin_dir: {}\npod_resources_socket: {}\nstate_dir: {}\nnvml_library: {}\nmetrics_address: null\nkubelet_watch_interval_ms: 50\nconfig_watch_interval_ms: 100\npod_annotations: false\ncheck_foreign_plugins: false\n",
                 base.device_plugin_dir.display(),
                 base.pod_resources_socket.display(),
                 base.state_dir.display(),
@@ -93,9 +94,12 @@ impl Running {
         let limit = open_files.map_or(String::new(), |n| format!("ulimit -n {n} && "));
         let child = Command::new("bash")
             .arg("-c")
-            .arg(format!("{limit}exec \"$0\" --config \"$1\""))
+            .arg(format!(
+                "{limit}exec \"$0\" --config \"$1\" --metrics-address \"$2\""
+            ))
             .arg(env!("CARGO_BIN_EXE_vgpu-plugin"))
             .arg(&config)
+            .arg(metrics.to_string())
             .env("VGPU_SIM_GPUS", "1")
             .env("VGPU_SIM_STATE", kubelet.root.path().join("sim.state"))
             .stdout(Stdio::null())
