@@ -564,3 +564,69 @@ pub async fn scrape(address: std::net::SocketAddr) -> String {
     assert_eq!(code, 200, "{body}");
     body
 }
+
+/// A metric's value in a scrape, by name and the label text inside its braces.
+pub fn value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// A process of a container, as the shim records it (a PID namespace of its own).
+pub fn tenant(pid: i32) -> vgpu_common::process::Identity {
+    vgpu_common::process::Identity {
+        pid,
+        start_time: 7000 + pid as u64,
+        pid_ns: 4026532999,
+    }
+}
+
+/// The simulated NVML this build made (`cargo test` builds it: a dev-dependency);
+/// `None`, said on stderr for `who`, where it was not built (an error under CI).
+pub fn sim_nvml(who: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().expect("test exe");
+    let profile = exe.parent()?.parent()?;
+    let sim = vgpu_common::built::in_profile_dir(profile, "libvgpu_sim.so");
+    assert!(
+        sim.is_some() || std::env::var_os("CI").is_none(),
+        "libvgpu_sim.so is not built in {}: run `cargo test --workspace`",
+        profile.display()
+    );
+    if sim.is_none() {
+        eprintln!("{who}: libvgpu_sim.so not built; skipped");
+    }
+    sim
+}
+
+/// Container `team/trainer/cuda` with the first `cores` and `memory` IDs of the plugin
+/// serving `sockets` (core, memory), allocated and started: its core response.
+pub async fn started_container(
+    kubelet: &TestKubelet,
+    sockets: &[PathBuf],
+    cores: usize,
+    memory: usize,
+) -> ContainerAllocateResponse {
+    let mut core_client = plugin_client(&sockets[0]).await;
+    let mut memory_client = plugin_client(&sockets[1]).await;
+    let core_ids: Vec<String> = list_ids(&mut core_client)
+        .await
+        .into_iter()
+        .take(cores)
+        .collect();
+    let memory_ids: Vec<String> = list_ids(&mut memory_client)
+        .await
+        .into_iter()
+        .take(memory)
+        .collect();
+    let response = allocate(&mut core_client, &core_ids).await.expect("cores");
+    allocate(&mut memory_client, &memory_ids)
+        .await
+        .expect("memory");
+    kubelet.add_container("team", "trainer", "cuda", &core_ids, &memory_ids);
+    prestart(&mut core_client, &core_ids)
+        .await
+        .expect("PreStart");
+    response
+}
