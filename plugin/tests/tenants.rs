@@ -472,6 +472,9 @@ async fn measure_a_plugin_binary() {
         rss_before,
         rss_after
     );
+    if let Some(line) = plugin.log().lines().find(|l| l.contains("in the future")) {
+        eprintln!("first: {line}");
+    }
     for slot in slots {
         region.slot_limiter(slot, 0)[words::ACTIVE_NS].store(0, Ordering::SeqCst);
         region.detach(slot);
