@@ -29,9 +29,9 @@
 //! leftovers (an init container whose devices it reuses started before it) and are
 //! released, never paired ([`Allocator::release_leftovers`]).
 //!
-//! One file per kubelet phase: [`preferred`] (GetPreferredAllocation), [`allocate`]
-//! (Allocate), [`prestart`] (PreStartContainer), [`garbage`] (liveness and garbage
-//! collection), with [`holders`] (the PodResources view) beside them; this file keeps
+//! One file per kubelet phase: `preferred.rs` (GetPreferredAllocation), `allocate.rs`
+//! (Allocate), `prestart.rs` (PreStartContainer), `garbage.rs` (liveness and garbage
+//! collection), with `holders.rs` (the PodResources view) beside them; this file keeps
 //! the book they share.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
