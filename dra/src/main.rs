@@ -21,11 +21,19 @@ struct Args {
     /// Plugin config (YAML); a missing default file means built-in defaults.
     #[arg(long, default_value = vgpu_dra::config::DEFAULT_CONFIG_PATH)]
     config: PathBuf,
+    /// Serve /metrics and /healthz here instead of the config's `metrics_address`: the
+    /// DaemonSet passes `$(HOST_IP):9402` (the downward API's status.hostIP), which only
+    /// a per-node value can say.
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("{}", vgpu_build_info::banner("vgpu-dra-plugin"));
-    let config = DraConfig::load(&args.config)?;
+    let mut config = DraConfig::load(&args.config)?;
+    if let Some(address) = args.metrics_address {
+        config.metrics_address = Some(address);
+    }
     let source = Arc::new(NvmlSource::open(&config.nvml_library)?);
     let details = Arc::new(NvmlDetails::open(&config.nvml_library)?);
     let plugin = vgpu_dra::start(config, source, details).await?;

@@ -23,6 +23,11 @@ struct Args {
     /// Plugin config (YAML); missing default file means built-in defaults.
     #[arg(long, default_value = vgpu_plugin::config::DEFAULT_CONFIG_PATH)]
     config: PathBuf,
+    /// Serve /metrics and /healthz here instead of the config's `metrics_address`: the
+    /// DaemonSet passes `$(HOST_IP):9401` (the downward API's status.hostIP), which only
+    /// a per-node value can say.
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// Returns once the config file holds another valid config.
@@ -45,7 +50,10 @@ async fn config_changed(mut watch: ConfigWatch, every: Duration) {
 async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("{}", vgpu_build_info::banner("vgpu-plugin"));
     let default_path = args.config == Path::new(vgpu_plugin::config::DEFAULT_CONFIG_PATH);
-    let (config, watch) = ConfigWatch::load(&args.config, default_path)?;
+    let (mut config, watch) = ConfigWatch::load(&args.config, default_path)?;
+    if let Some(address) = args.metrics_address {
+        config.metrics_address = Some(address);
+    }
     if default_path && !args.config.exists() {
         tracing::info!(path = %args.config.display(), "no config file; using defaults");
     }

@@ -352,3 +352,31 @@ fn probes_service_and_servicemonitor_reach_the_metrics_port() {
         "keeps the tenants' namespace/pod/container labels"
     );
 }
+
+#[test]
+fn the_networkpolicy_example_parses_and_covers_both_metrics_ports() {
+    use vgpu_kube::k8s_openapi::api::networking::v1::NetworkPolicy;
+    let docs = documents("networkpolicy.yaml");
+    let policies: Vec<NetworkPolicy> = docs
+        .iter()
+        .map(|doc| serde_json::from_value(doc.clone()).expect("a NetworkPolicy"))
+        .collect();
+    assert_eq!(policies.len(), 2);
+    let ingress = policies[0].spec.as_ref().expect("spec");
+    let ports: Vec<String> = ingress.ingress.as_ref().expect("ingress")[0]
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|port| port.port.as_ref().map(|port| format!("{port:?}")))
+        .collect();
+    assert_eq!(ports, ["Int(9401)", "Int(9402)"]);
+    // The plugin's own port is the one the DaemonSet serves.
+    let daemonset = of_kind(&documents("vgpu-plugin.yaml"), "DaemonSet").clone();
+    let text = serde_json::to_string(&daemonset).expect("json");
+    assert!(text.contains("\"containerPort\":9401"), "{text}");
+    let egress = policies[1].spec.as_ref().expect("spec");
+    assert_eq!(
+        egress.policy_types.as_deref(),
+        Some(&["Egress".to_string()][..])
+    );
+}

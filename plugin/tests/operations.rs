@@ -12,11 +12,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestKubelet, allocate, http_get, list_ids, plugin_client};
+use common::{
+    TestKubelet, allocate, host_path_of, http_get, list_ids, plugin_client, sim_nvml,
+    started_container, tenant, value,
+};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
-use vgpu_common::process::Identity;
 use vgpu_common::region::Region;
 use vgpu_plugin::devices::FakeSource;
 use vgpu_plugin::proto::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
@@ -25,24 +27,6 @@ use vgpu_plugin::proto::deviceplugin::{
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
     PreferredAllocationResponse,
 };
-
-/// A metric's value in a scrape, by name and the label text inside its braces.
-fn value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
-}
-
-/// A process of the container, as the shim would record it (PID namespace of its own).
-fn tenant(pid: i32) -> Identity {
-    Identity {
-        pid,
-        start_time: 7000 + pid as u64,
-        pid_ns: 4026532999,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_never_drop_when_processes_exit_and_the_region_is_read_by_copy() {
@@ -54,27 +38,8 @@ async fn counters_never_drop_when_processes_exit_and_the_region_is_read_by_copy(
     .await
     .expect("plugin");
     kubelet.wait_registrations(2).await;
-    let mut cores = plugin_client(&plugin.sockets()[0]).await;
-    let mut memory = plugin_client(&plugin.sockets()[1]).await;
-    let core_ids: Vec<String> = list_ids(&mut cores).await.into_iter().take(30).collect();
-    let memory_ids: Vec<String> = list_ids(&mut memory).await.into_iter().take(4).collect();
-    let response = allocate(&mut cores, &core_ids).await.expect("cores");
-    allocate(&mut memory, &memory_ids).await.expect("memory");
-    kubelet.add_container("team", "trainer", "cuda", &core_ids, &memory_ids);
-    cores
-        .pre_start_container(PreStartContainerRequest {
-            devices_ids: core_ids.clone(),
-        })
-        .await
-        .expect("PreStart");
-    let region_path = PathBuf::from(
-        &response
-            .mounts
-            .iter()
-            .find(|mount| mount.container_path == "/etc/vgpu/usage.region")
-            .expect("region mount")
-            .host_path,
-    );
+    let response = started_container(&kubelet, plugin.sockets(), 30, 4).await;
+    let region_path = PathBuf::from(host_path_of(&response, "/etc/vgpu/usage.region"));
     let address = plugin.metrics_address().expect("metrics");
     let labels = r#"namespace="team",pod="trainer",container="cuda",UUID="GPU-fake-0""#;
     let scrape = || async {
@@ -356,13 +321,6 @@ async fn refuses_to_start_beside_another_plugin_of_our_resources() {
     nvidia.abort();
 }
 
-/// The simulated NVML this build made (`cargo test` builds it: a dev-dependency).
-fn sim_nvml() -> Option<PathBuf> {
-    use vgpu_test_support::{Need, require};
-    require!(return None; Need::Built("libvgpu_sim.so"));
-    vgpu_test_support::built("libvgpu_sim.so")
-}
-
 /// Publishes `text` as a ConfigMap volume does: a new timestamped folder, then the
 /// `..data` link swapped to it in one rename (`plugin.yaml -> ..data/plugin.yaml`).
 fn publish(volume: &Path, stamp: u32, text: &str) {
@@ -400,7 +358,9 @@ async fn the_binary_logs_its_version_and_exits_when_its_configmap_changes() {
         String::from_utf8_lossy(&version.stdout).trim(),
         format!("vgpu-plugin {}", vgpu_build_info::VERSION_LINE)
     );
-    let Some(sim) = sim_nvml() else { return };
+    let Some(sim) = sim_nvml("operations") else {
+        return;
+    };
     let kubelet = TestKubelet::start().await;
     let volume = kubelet.root.path().join("config");
     std::fs::create_dir_all(&volume).expect("mkdir");

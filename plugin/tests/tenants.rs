@@ -14,46 +14,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{TestKubelet, allocate, host_path_of, http_get, list_ids, plugin_client};
+use common::{
+    TestKubelet, allocate, host_path_of, http_get, list_ids, plugin_client, sim_nvml,
+    started_container, tenant, value,
+};
 use vgpu_common::limiter_words::slot as words;
 use vgpu_common::process::Identity;
 use vgpu_common::region::{MAX_SLOTS, Region};
 use vgpu_plugin::CardInfo;
 use vgpu_plugin::devices::FakeSource;
-use vgpu_plugin::proto::deviceplugin::PreStartContainerRequest;
 
-/// A metric's value in a scrape, by name and the label text inside its braces.
-fn value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
-}
-
-/// A process of the container, as the shim records it (a PID namespace of its own).
-fn tenant(pid: i32) -> Identity {
-    Identity {
-        pid,
-        start_time: 7000 + pid as u64,
-        pid_ns: 4026532999,
-    }
-}
-
-/// The simulated NVML this build made (`cargo test` builds it: a dev-dependency).
-fn sim_nvml() -> Option<PathBuf> {
-    let exe = std::env::current_exe().expect("test exe");
-    let profile = exe.parent()?.parent()?;
-    let sim = vgpu_test_support::in_profile_dir(profile, "libvgpu_sim.so");
-    assert!(
-        sim.is_some() || std::env::var_os("CI").is_none(),
-        "libvgpu_sim.so is not built in {}: run `cargo test --workspace`",
-        profile.display()
-    );
-    if sim.is_none() {
-        eprintln!("tenants: libvgpu_sim.so not built; skipped");
-    }
-    sim
+/// The plugin binary: this build's, or `VGPU_MEASURE_PLUGIN` (a release build, for
+/// [`measure_a_plugin_binary`]).
+fn plugin_binary() -> PathBuf {
+    std::env::var_os("VGPU_MEASURE_PLUGIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vgpu-plugin")))
 }
 
 /// A free TCP port on loopback.
@@ -65,7 +41,8 @@ fn free_port() -> u16 {
 }
 
 /// The `vgpu-plugin` binary over the simulated driver (one card), against `kubelet`,
-/// metrics on loopback, its config checked every 100 ms; `open_files` limits its
+/// metrics on loopback (`--metrics-address`, as the DaemonSet passes the node's
+/// address), its config checked every 100 ms; `open_files` limits its
 /// descriptors. Its log goes to `<root>/plugin.log`.
 struct Running {
     child: Child,
@@ -81,7 +58,7 @@ impl Running {
         std::fs::write(
             &config,
             format!(
-                "device_plugin_dir: {}\npod_resources_socket: {}\nstate_dir: {}\nnvml_library: {}\nmetrics_address: {metrics}\nkubelet_watch_interval_ms: 50\nconfig_watch_interval_ms: 100\npod_annotations: false\ncheck_foreign_plugins: false\n",
+                "device_plugin_dir: {}\npod_resources_socket: {}\nstate_dir: {}\nnvml_library: {}\nmetrics_address: null\nkubelet_watch_interval_ms: 50\nconfig_watch_interval_ms: 100\npod_annotations: false\ncheck_foreign_plugins: false\n",
                 base.device_plugin_dir.display(),
                 base.pod_resources_socket.display(),
                 base.state_dir.display(),
@@ -93,9 +70,12 @@ impl Running {
         let limit = open_files.map_or(String::new(), |n| format!("ulimit -n {n} && "));
         let child = Command::new("bash")
             .arg("-c")
-            .arg(format!("{limit}exec \"$0\" --config \"$1\""))
-            .arg(env!("CARGO_BIN_EXE_vgpu-plugin"))
+            .arg(format!(
+                "{limit}exec \"$0\" --config \"$1\" --metrics-address \"$2\""
+            ))
+            .arg(plugin_binary())
             .arg(&config)
+            .arg(metrics.to_string())
             .env("VGPU_SIM_GPUS", "1")
             .env("VGPU_SIM_STATE", kubelet.root.path().join("sim.state"))
             .stdout(Stdio::null())
@@ -118,6 +98,26 @@ impl Running {
         std::fs::metadata(&self.log).map_or(0, |meta| meta.len())
     }
 
+    /// (CPU seconds so far, resident KiB) of the plugin process.
+    fn cpu_and_rss(&self) -> (f64, u64) {
+        let pid = self.child.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+        let ticks: u64 = [11, 12]
+            .iter()
+            .filter_map(|&n| fields.get(n).and_then(|v| v.parse::<u64>().ok()))
+            .sum();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let rss = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        (ticks as f64 / 100.0, rss)
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -126,29 +126,11 @@ impl Running {
     /// its usage region on the host.
     async fn container(&self, kubelet: &TestKubelet, cores: usize, memory: usize) -> PathBuf {
         let sockets = kubelet.device_plugin_dir();
-        let mut core_client = plugin_client(&sockets.join("vgpu-vcuda-core.sock")).await;
-        let mut memory_client = plugin_client(&sockets.join("vgpu-vcuda-memory.sock")).await;
-        let core_ids: Vec<String> = list_ids(&mut core_client)
-            .await
-            .into_iter()
-            .take(cores)
-            .collect();
-        let memory_ids: Vec<String> = list_ids(&mut memory_client)
-            .await
-            .into_iter()
-            .take(memory)
-            .collect();
-        let response = allocate(&mut core_client, &core_ids).await.expect("cores");
-        allocate(&mut memory_client, &memory_ids)
-            .await
-            .expect("memory");
-        kubelet.add_container("team", "tenant", "cuda", &core_ids, &memory_ids);
-        core_client
-            .pre_start_container(PreStartContainerRequest {
-                devices_ids: core_ids,
-            })
-            .await
-            .expect("PreStart");
+        let sockets = [
+            sockets.join("vgpu-vcuda-core.sock"),
+            sockets.join("vgpu-vcuda-memory.sock"),
+        ];
+        let response = started_container(kubelet, &sockets, cores, memory).await;
         PathBuf::from(host_path_of(&response, "/etc/vgpu/usage.region"))
     }
 }
@@ -158,6 +140,46 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A process of `identity` in `region` launching kernels without pause while five
+/// scrapers scrape `address` without pause, for `how_long`: the launches it counted.
+async fn launch_while_scraping(
+    region: &Arc<Region>,
+    identity: Identity,
+    address: SocketAddr,
+    how_long: Duration,
+) -> u64 {
+    let slot = region.attach(&identity).expect("attach");
+    let stop = Arc::new(AtomicBool::new(false));
+    let counted = Arc::new(AtomicU64::new(0));
+    let launcher = {
+        let (region, stop, counted) = (region.clone(), stop.clone(), counted.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                region.add_busy(slot, 0, 1000, 1);
+                counted.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        })
+    };
+    let scrapers: Vec<_> = (0..5)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    http_get(address, "/metrics").await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(how_long).await;
+    stop.store(true, Ordering::Relaxed);
+    launcher.join().expect("launcher");
+    for scraper in scrapers {
+        scraper.await.expect("scraper");
+    }
+    counted.load(Ordering::Relaxed)
 }
 
 /// `GET /healthz` with a deadline: the status code, or `None` when no answer came.
@@ -174,7 +196,9 @@ fn healthz(address: SocketAddr, within: Duration) -> Option<u16> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slow_connections_cannot_exhaust_or_stop_the_plugin() {
-    let Some(sim) = sim_nvml() else { return };
+    let Some(sim) = sim_nvml("tenants") else {
+        return;
+    };
     let kubelet = TestKubelet::start().await;
     let mut plugin = Running::start(&kubelet, &sim, Some(128)).await;
     assert_eq!(healthz(plugin.metrics, Duration::from_secs(2)), Some(200));
@@ -226,7 +250,9 @@ async fn idle_and_slow_connections_cannot_exhaust_or_stop_the_plugin() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn activity_stamps_at_u64_max_in_every_slot_neither_flood_the_log_nor_repeat() {
-    let Some(sim) = sim_nvml() else { return };
+    let Some(sim) = sim_nvml("tenants") else {
+        return;
+    };
     let kubelet = TestKubelet::start().await;
     let mut plugin = Running::start(&kubelet, &sim, None).await;
     let region_path = plugin.container(&kubelet, 30, 4).await;
@@ -264,54 +290,18 @@ async fn parallel_scrapes_never_inflate_the_running_totals() {
     .await
     .expect("plugin");
     kubelet.wait_registrations(2).await;
-    let mut cores = plugin_client(&plugin.sockets()[0]).await;
-    let mut memory = plugin_client(&plugin.sockets()[1]).await;
-    let core_ids: Vec<String> = list_ids(&mut cores).await.into_iter().take(30).collect();
-    let memory_ids: Vec<String> = list_ids(&mut memory).await.into_iter().take(4).collect();
-    let response = allocate(&mut cores, &core_ids).await.expect("cores");
-    allocate(&mut memory, &memory_ids).await.expect("memory");
-    kubelet.add_container("team", "trainer", "cuda", &core_ids, &memory_ids);
-    common::prestart(&mut cores, &core_ids)
-        .await
-        .expect("PreStart");
+    let response = started_container(&kubelet, plugin.sockets(), 30, 4).await;
     let region_path = PathBuf::from(host_path_of(&response, "/etc/vgpu/usage.region"));
     let address = plugin.metrics_address().expect("metrics");
 
     // One process launching kernels without pause, five scrapers without pause.
     let region = Arc::new(Region::open_existing(&region_path).expect("region"));
-    let slot = region.attach(&tenant(100)).expect("attach");
-    let stop = Arc::new(AtomicBool::new(false));
-    let counted = Arc::new(AtomicU64::new(0));
-    let launcher = {
-        let (region, stop, counted) = (region.clone(), stop.clone(), counted.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                region.add_busy(slot, 0, 1000, 1);
-                counted.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_micros(50));
-            }
-        })
-    };
-    let scrapers: Vec<_> = (0..5)
-        .map(|_| {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    http_get(address, "/metrics").await;
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.store(true, Ordering::Relaxed);
-    launcher.join().expect("launcher");
-    for scraper in scrapers {
-        scraper.await.expect("scraper");
-    }
+    let counted =
+        launch_while_scraping(&region, tenant(100), address, Duration::from_secs(3)).await;
     let labels = r#"namespace="team",pod="trainer",container="cuda",UUID="GPU-fake-0""#;
     let (_, metrics) = http_get(address, "/metrics").await;
     let total = value(&metrics, "vgpu_container_kernel_launches_total", labels).expect("total");
-    let counted = counted.load(Ordering::Relaxed) as f64;
+    let counted = counted as f64;
     eprintln!(
         "launches counted by the process {counted}, reported {total} (x{:.2})",
         total / counted
@@ -407,4 +397,108 @@ async fn a_two_card_containers_figures_are_filed_under_their_own_card() {
         Some(0.0)
     );
     plugin.stop().await;
+}
+
+/// Figures for the report, not a judge: `VGPU_MEASURE_PLUGIN=<vgpu-plugin binary>
+/// VGPU_MEASURE_SECS=<n> cargo test -p vgpu-plugin --test tenants -- --ignored
+/// --nocapture`. A tenant stamps its 256 slots at u64::MAX for n seconds (log bytes,
+/// tick period from the card view's stamps, plugin CPU and RSS), then one process
+/// launches while five scrapers scrape for n seconds (inflation of the total).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run by hand with a release build"]
+async fn measure_a_plugin_binary() {
+    let Some(sim) = sim_nvml("tenants") else {
+        return;
+    };
+    let secs: u64 = std::env::var("VGPU_MEASURE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let kubelet = TestKubelet::start().await;
+    let mut plugin = Running::start(&kubelet, &sim, None).await;
+    let region_path = plugin.container(&kubelet, 30, 4).await;
+    let cards = kubelet.root.path().join("vgpu/cards");
+    let find_view = || {
+        std::fs::read_dir(&cards)
+            .ok()
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find_map(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                name.strip_suffix(".card").map(str::to_string)
+            })
+    };
+    let region = Arc::new(Region::open_existing(&region_path).expect("region"));
+    let mut slots = Vec::new();
+    for pid in 1..=MAX_SLOTS as i32 {
+        let slot = region.attach(&tenant(pid)).expect("attach");
+        region.slot_limiter(slot, 0)[words::ACTIVE_NS].store(u64::MAX, Ordering::SeqCst);
+        slots.push(slot);
+    }
+    let (cpu_before, rss_before) = plugin.cpu_and_rss();
+    let log_before = plugin.log_len();
+    let started = Instant::now();
+    let mut stamps = Vec::new();
+    let mut uuid = None;
+    while started.elapsed() < Duration::from_secs(secs) {
+        uuid = uuid.or_else(find_view);
+        if let Some(view) = uuid
+            .as_deref()
+            .and_then(|uuid| vgpu_common::cardview::CardView::read(&cards, uuid).ok())
+            && stamps.last() != Some(&view.written_ns)
+        {
+            stamps.push(view.written_ns);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (cpu_after, rss_after) = plugin.cpu_and_rss();
+    let periods: Vec<f64> = stamps
+        .windows(2)
+        .map(|pair| (pair[1] - pair[0]) as f64 / 1e6)
+        .collect();
+    let mean = periods.iter().sum::<f64>() / periods.len().max(1) as f64;
+    let worst = periods.iter().cloned().fold(0.0, f64::max);
+    eprintln!(
+        "u64::MAX stamps, {secs} s: log {} bytes ({} lines 'in the future'), tick mean {mean:.1} ms worst {worst:.1} ms over {} ticks, plugin CPU {:.0} %, RSS {} -> {} KiB",
+        plugin.log_len() - log_before,
+        plugin
+            .log()
+            .lines()
+            .filter(|l| l.contains("in the future"))
+            .count(),
+        periods.len(),
+        (cpu_after - cpu_before) * 100.0 / secs as f64,
+        rss_before,
+        rss_after
+    );
+    if let Some(line) = plugin.log().lines().find(|l| l.contains("in the future")) {
+        eprintln!("first: {line}");
+    }
+    for slot in slots {
+        region.slot_limiter(slot, 0)[words::ACTIVE_NS].store(0, Ordering::SeqCst);
+        region.detach(slot);
+    }
+
+    // Five scrapers against one launching process.
+    let counted = launch_while_scraping(
+        &region,
+        tenant(9999),
+        plugin.metrics,
+        Duration::from_secs(secs),
+    )
+    .await;
+    let address = plugin.metrics;
+    let (_, metrics) = http_get(address, "/metrics").await;
+    let total: f64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("vgpu_container_kernel_launches_total{"))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    let counted = counted as f64;
+    eprintln!(
+        "5 scrapers, {secs} s: launches counted {counted}, reported {total} (x{:.2})",
+        total / counted
+    );
+    assert!(plugin.alive());
 }

@@ -22,6 +22,13 @@
 //! the new record shares them (one group, counted once) and gets its own folder. IDs held
 //! by a container that has started are refused.
 //!
+//! Kubelet also frees, without a word to the plugin, the IDs of a pod it rejects after
+//! one of its Allocate calls succeeded, and may hand them to the next pod. So sharing
+//! at Allocate decides nothing: at the PreStartContainer of a container PodResources
+//! lists, records that hold some of its IDs and that no container started are such
+//! leftovers (an init container whose devices it reuses started before it) and are
+//! released, never paired ([`Allocator::release_leftovers`]).
+//!
 //! One file per kubelet phase: `preferred.rs` (GetPreferredAllocation), `allocate.rs`
 //! (Allocate), `prestart.rs` (PreStartContainer), `garbage.rs` (liveness and garbage
 //! collection), with `holders.rs` (the PodResources view) beside them; this file keeps

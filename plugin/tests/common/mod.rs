@@ -573,3 +573,60 @@ pub async fn scrape(address: std::net::SocketAddr) -> String {
     assert_eq!(code, 200, "{body}");
     body
 }
+
+/// A metric's value in a scrape, by name and the label text inside its braces.
+pub fn value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// A process of a container, as the shim records it (a PID namespace of its own).
+pub fn tenant(pid: i32) -> vgpu_common::process::Identity {
+    vgpu_common::process::Identity {
+        pid,
+        start_time: 7000 + pid as u64,
+        pid_ns: 4026532999,
+    }
+}
+
+/// The simulated NVML this build made (`cargo test` builds it: a dev-dependency);
+/// `None` where it was not built, by the prerequisite policy (an error under CI).
+pub fn sim_nvml(_who: &str) -> Option<PathBuf> {
+    use vgpu_test_support::{Need, require};
+    require!(return None; Need::Built("libvgpu_sim.so"));
+    vgpu_test_support::built("libvgpu_sim.so")
+}
+
+/// Container `team/trainer/cuda` with the first `cores` and `memory` IDs of the plugin
+/// serving `sockets` (core, memory), allocated and started: its core response.
+pub async fn started_container(
+    kubelet: &TestKubelet,
+    sockets: &[PathBuf],
+    cores: usize,
+    memory: usize,
+) -> ContainerAllocateResponse {
+    let mut core_client = plugin_client(&sockets[0]).await;
+    let mut memory_client = plugin_client(&sockets[1]).await;
+    let core_ids: Vec<String> = list_ids(&mut core_client)
+        .await
+        .into_iter()
+        .take(cores)
+        .collect();
+    let memory_ids: Vec<String> = list_ids(&mut memory_client)
+        .await
+        .into_iter()
+        .take(memory)
+        .collect();
+    let response = allocate(&mut core_client, &core_ids).await.expect("cores");
+    allocate(&mut memory_client, &memory_ids)
+        .await
+        .expect("memory");
+    kubelet.add_container("team", "trainer", "cuda", &core_ids, &memory_ids);
+    prestart(&mut core_client, &core_ids)
+        .await
+        .expect("PreStart");
+    response
+}
