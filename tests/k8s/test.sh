@@ -128,7 +128,7 @@ dp_install() { # helm|kubectl
         helm)
             [ -e "$ROOT/deploy/namespace.yaml" ] && { kubectl apply -f "$ROOT/deploy/namespace.yaml" || return 1; }
             helm install vgpu-shim "$ROOT/deploy/helm/vgpu-shim" --namespace "$NS" --create-namespace \
-                --set mode=device-plugin --wait --timeout 5m || return 1
+                --set mode=device-plugin --set 'prepareDriver.extraArgs={--allow-missing-exports}' || return 1
             ;;
         kubectl)
             local files=()
@@ -136,6 +136,8 @@ dp_install() { # helm|kubectl
             kubectl apply "${files[@]}" -f "$ROOT/deploy/vgpu-plugin.yaml" || return 1
             ;;
     esac
+    # The simulated driver's two needs (cluster.sh says why).
+    bash "$HERE/cluster.sh" sim-patch vgpu-plugin || return 1
     kubectl -n "$NS" rollout status daemonset/vgpu-plugin --timeout 300s || {
         kubectl -n "$NS" describe pods -l app=vgpu-plugin | tail -30
         kubectl -n "$NS" logs -l app=vgpu-plugin --all-containers --tail 30
@@ -371,6 +373,7 @@ dra_install() {
     local files=()
     [ -e "$ROOT/deploy/namespace.yaml" ] && files+=(-f "$ROOT/deploy/namespace.yaml")
     kubectl apply "${files[@]}" -f "$ROOT/deploy/dra/device-class.yaml" -f "$ROOT/deploy/dra/vgpu-dra-plugin.yaml" || return 1
+    bash "$HERE/cluster.sh" sim-patch vgpu-dra-plugin || return 1
     kubectl -n "$NS" rollout status daemonset/vgpu-dra-plugin --timeout 300s || {
         kubectl -n "$NS" describe pods -l app=vgpu-dra-plugin | tail -30
         kubectl -n "$NS" logs -l app=vgpu-dra-plugin --all-containers --tail 30
