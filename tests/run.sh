@@ -35,3 +35,18 @@ python3 -m pip install --quiet --disable-pip-version-check "cuda-bindings>=13,<1
 export CARGO_INCREMENTAL=0
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast
+
+# A real single-node Kubernetes cluster (etcd, kube-apiserver, controller-manager,
+# scheduler, containerd with CDI, kubelet on runc) built from Go modules by
+# tests/k8s/build.sh (cached by version in /root/.cache/vgpu-k8s; Go's build cache makes
+# a rebuild cheap), then the seed's deploy and verify steps in both modes against it.
+# Its closing line is `N passed, N failed`.
+if [ "$(id -u)" = 0 ] && command -v go >/dev/null; then
+    k8s_start=$SECONDS
+    bash tests/k8s/build.sh
+    echo "tests/k8s/build.sh: $((SECONDS - k8s_start)) s"
+    bash tests/k8s/test.sh all
+else
+    echo "real-cluster tests skipped: they need root and Go" >&2
+    [ -z "${CI:-}" ] || exit 1
+fi

@@ -546,6 +546,13 @@ up() {
             grep -qxF "$dir" "$STATE/created" 2>/dev/null || echo "$dir" >> "$STATE/created"
         fi
     done
+    # The DaemonSets mount the host's / with HostToContainer propagation, which the
+    # runtime allows only from a shared or slave mount: systemd makes / shared on every
+    # node; this machine has no systemd and a private /. `down` puts it back.
+    if [ "$(findmnt -n -o PROPAGATION /)" = private ]; then
+        mount --make-rshared /
+        touch "$STATE/root-was-private"
+    fi
     build_tools
     versions
     local ref
@@ -638,6 +645,7 @@ down() {
         done < "$STATE/created"
     fi
     rm -rf "$RUN_DIR"
+    [ -e "$STATE/root-was-private" ] && mount --make-rprivate /
     rm -rf --one-file-system "$STATE"
     CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} podman rmi localhost/vgpu-k8s/pause:1 >/dev/null 2>&1 || true
     log "down: nothing left"
