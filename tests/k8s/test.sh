@@ -17,7 +17,7 @@
 # that must share a card's timeline (the compute check) mount that file and name it in
 # VGPU_SIM_STATE, and so does the plugin for that check.
 set -uo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 MODE=${1:-all}
 NODE=vgpu-node
@@ -39,7 +39,8 @@ check() {
     local name=$1
     shift
     local out start=$SECONDS
-    out=$("$@" 2>&1)
+    # errexit inside: a check stops at its first failing step.
+    out=$(set -e; "$@" 2>&1)
     local rc=$?
     if [ $rc = 0 ]; then
         PASSED=$((PASSED + 1))
@@ -103,6 +104,26 @@ spec:
         limits:
           tencent.com/vcuda-core: $cores
           tencent.com/vcuda-memory: $memory
+EOF
+}
+
+# A pod of cores alone: dp_core_pod NAME CORES
+dp_core_pod() {
+    kubectl apply -f - <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: cuda
+      image: $IMAGE
+      command: [sleep, infinity]
+      resources:
+        limits:
+          tencent.com/vcuda-core: $2
 EOF
 }
 
@@ -234,7 +255,7 @@ dp_impossible_pods() {
     local toobig toowide reason
     toobig=$(phase toobig)
     toowide=$(phase toowide)
-    reason=$(kubectl get pod toowide -o jsonpath='{.status.reason}: {.status.message}')
+    reason=$(kubectl get pod toowide -o jsonpath='{.status.reason}: {.status.message}' | cut -c1-300)
     echo "toobig: $toobig; toowide: $toowide ($reason)"
     [ "$toobig" = Pending ] || fail "toobig is $toobig"
     case "$toowide" in
@@ -292,16 +313,20 @@ dp_two_pods_one_card() {
 }
 
 # After a restart (of the kubelet or of the plugin), nothing is lost: the capacity is
-# back, q30 and p60 still run, and a new pod of 20 cores is not put on their card.
+# back, q30 and p60 still run, and a new pod of 20 cores is not put on their card. The
+# new pod asks for cores alone: a pod asking for both resources beside q30 and p60 trips
+# the plugin's split-card refusal whenever the kubelet happens to allocate its memory
+# first (it walks the container's limits, a Go map, in random order; see the report of
+# issue 23), which would make this check a coin toss.
 nothing_lost() { # NAME
     local name=$1
     wait_until 120 test "$(allocatable vcuda-core)" = $((CARDS * 100)) || fail "vcuda-core allocatable: $(allocatable vcuda-core)"
     phase_is q30 Running || fail "q30: $(phase q30)"
     phase_is p60 Running || fail "p60: $(phase p60)"
-    dp_pod "$name" 20 4 sleep infinity >/dev/null || return 1
+    dp_core_pod "$name" 20 >/dev/null || return 1
     wait_until 120 phase_is "$name" Running || { describe_pod "$name"; fail "$name: $(phase "$name")"; }
     local shared card
-    shared=$(cat "$WORK/shared-card")
+    shared=$(cat "$WORK/shared-card" 2>/dev/null || cat /tmp/shared-card)
     card=$(card_of "$name")
     echo "$name on $card; q30 and p60 on $shared"
     [ -n "$card" ] && [ "$card" != "$shared" ] || fail "$name was put on the card q30 and p60 fill (double-booked)"
@@ -512,7 +537,7 @@ dra_rbac() {
     # The admission policy: a request as the plugin's account without a node in its token
     # may not write any slice.
     local out
-    out=$(kubectl create --as "system:serviceaccount:$NS:$sa" -f - 2>&1 <<EOF
+    out=$(kubectl create --as "system:serviceaccount:$NS:$sa" -f - 2>&1 <<EOF || true
 apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
 metadata:
@@ -551,23 +576,26 @@ finish() {
     [ "$FAILED" = 0 ]
 }
 
-start=$SECONDS
-check "cluster up (etcd, apiserver, controller-manager, scheduler, containerd, kubelet)" cluster_up
-if [ "$FAILED" != 0 ]; then
+# Sourced, it only defines the checks (for running one against a cluster that is up).
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    start=$SECONDS
+    check "cluster up (etcd, apiserver, controller-manager, scheduler, containerd, kubelet)" cluster_up
+    if [ "$FAILED" != 0 ]; then
+        finish
+        exit 1
+    fi
+    eval "$(bash "$HERE/cluster.sh" env)"
+    bash "$HERE/cluster.sh" versions 2>&1
+    case "$MODE" in
+        all)
+            [ -d "$ROOT/deploy/helm/vgpu-shim" ] && device_plugin_run helm
+            device_plugin_run kubectl
+            dra_run
+            ;;
+        device-plugin) device_plugin_run kubectl ;;
+        dra) dra_run ;;
+        *) say "mode: all, device-plugin or dra"; exit 2 ;;
+    esac
+    say "done in $((SECONDS - start)) s"
     finish
-    exit 1
 fi
-eval "$(bash "$HERE/cluster.sh" env)"
-bash "$HERE/cluster.sh" versions 2>&1
-case "$MODE" in
-    all)
-        [ -d "$ROOT/deploy/helm/vgpu-shim" ] && device_plugin_run helm
-        device_plugin_run kubectl
-        dra_run
-        ;;
-    device-plugin) device_plugin_run kubectl ;;
-    dra) dra_run ;;
-    *) say "mode: all, device-plugin or dra"; exit 2 ;;
-esac
-say "done in $((SECONDS - start)) s"
-finish
