@@ -36,6 +36,10 @@ export CARGO_INCREMENTAL=0
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast
 
+# The Helm chart without a cluster: lint and template of both modes, deploy/ equal to the
+# chart's output, each mode's rendered config through the daemon's own parser.
+bash tests/k8s/chart.sh
+
 # A real single-node Kubernetes cluster (etcd, kube-apiserver, controller-manager,
 # scheduler, containerd with CDI, kubelet on runc) built from Go modules by
 # tests/k8s/build.sh (cached by version in /root/.cache/vgpu-k8s; Go's build cache makes

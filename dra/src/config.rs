@@ -24,6 +24,7 @@
 //! slice_resync_secs: 600
 //! host_proc: /proc                            # the host's /proc (the DaemonSet runs with hostPID)
 //! dev_root: /dev
+//! metrics_address: 127.0.0.1:9402              # /metrics and /healthz; null turns them off
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -106,6 +107,11 @@ pub struct DraConfig {
     /// `dev_root`: the root under which host device nodes (`nvidia<minor>`, `nvidiactl`,
     /// ...) are looked up for the CDI spec (tests point it elsewhere).
     pub dev_root: PathBuf,
+    /// `metrics_address`: where `/metrics` and `/healthz` are served over plain HTTP
+    /// (the device plugin's server and limits, [`vgpu_plugin::http`]); `None` (null)
+    /// turns the server off. Default `127.0.0.1:9402`; the manifests serve the pod's
+    /// address on port 9402.
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 impl Default for DraConfig {
@@ -136,6 +142,7 @@ impl Default for DraConfig {
             slice_resync_secs: 600,
             host_proc: plugin.host_proc,
             dev_root: PathBuf::from("/dev"),
+            metrics_address: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9402))),
         }
     }
 }

@@ -2,9 +2,12 @@
 //! the checkpoint, serve the DRA socket (v1 and v1beta1) and then the registration
 //! socket, keep both served (a removed socket is served again, so kubelet's plugin
 //! watcher finds it again), watch card health, keep the node's ResourceSlices current,
-//! and on stop remove the sockets (kubelet then deregisters the driver).
+//! serve `/metrics` and `/healthz` (the device plugin's HTTP server), run the node's
+//! compute coordination (the device plugin's loop), and on stop remove the sockets
+//! (kubelet then deregisters the driver).
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -14,6 +17,7 @@ use tokio::sync::watch;
 use vgpu_kube::slices::{GpuDevice, SlicePublisher};
 use vgpu_plugin::coordination;
 use vgpu_plugin::devices::watch_health;
+use vgpu_plugin::health::ServingStatus;
 use vgpu_plugin::serve::ServedSocket;
 use vgpu_plugin::tasks::Background;
 use vgpu_plugin::{CardInfo, DeviceSource};
@@ -45,6 +49,7 @@ pub struct DraHandle {
     cards: watch::Receiver<Vec<GpuDevice>>,
     background: Background,
     sockets: [PathBuf; 2],
+    metrics_address: Option<SocketAddr>,
 }
 
 impl DraHandle {
@@ -66,6 +71,11 @@ impl DraHandle {
     /// The DRA socket and the registration socket.
     pub fn sockets(&self) -> &[PathBuf; 2] {
         &self.sockets
+    }
+
+    /// Where `/metrics` and `/healthz` are served, once bound (port 0 picks a free one).
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_address
     }
 
     /// Stops serving, removes the sockets (the checkpoint, folders and CDI specs stay:
@@ -93,6 +103,7 @@ async fn supervise(
     config: DraConfig,
     service: Arc<DraService>,
     registration: Arc<RegistrationBook>,
+    status: Arc<ServingStatus>,
     mut stop: watch::Receiver<bool>,
 ) {
     let tick = Duration::from_millis(config.registration_watch_interval_ms);
@@ -142,6 +153,10 @@ async fn supervise(
                 }
             }
         }
+        // Served counts; kubelet's plugin watcher registers on its own schedule.
+        let served = [(&dra, &dra_socket), (&reg, &registration_socket)]
+            .map(|(served, path)| alive(served, path));
+        status.record_pass(&served.map(|served| (served, served)));
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
             _ = stop.wait_for(|stopped| *stopped) => break,
@@ -303,10 +318,33 @@ pub async fn start(
     let registration = Arc::new(RegistrationBook::default());
     let (stop, stop_receiver) = watch::channel(false);
     let mut background = Background::new(stop);
+    let status = Arc::new(ServingStatus::new(
+        &["DRA socket".to_string(), "registration socket".to_string()],
+        Duration::from_millis(config.registration_watch_interval_ms),
+    ));
+    let metrics_address = match config.metrics_address {
+        Some(address) => {
+            let sources = crate::metrics::Sources {
+                preparer: preparer.clone(),
+                cards: devices.clone(),
+                status: status.clone(),
+            };
+            let (bound, task) = vgpu_plugin::http::bind_and_serve(
+                address,
+                crate::metrics::handler(sources),
+                stop_receiver.clone(),
+            )
+            .await?;
+            background.push(task);
+            Some(bound)
+        }
+        None => None,
+    };
     background.push(tokio::spawn(supervise(
         config.clone(),
         service,
         registration.clone(),
+        status,
         stop_receiver.clone(),
     )));
     {
@@ -348,5 +386,6 @@ pub async fn start(
         cards: devices,
         background,
         sockets,
+        metrics_address,
     })
 }

@@ -11,7 +11,8 @@
 //! * [`prepare`]: a claim's allocation → config, region and CDI spec, and back;
 //! * [`registration`]: the pluginregistration service kubelet's plugin watcher calls;
 //! * `service`: the DRAPlugin service, both versions;
-//! * [`daemon`]: sockets, re-serving, health, slice publishing, shutdown.
+//! * [`daemon`]: sockets, re-serving, health, slice publishing, shutdown;
+//! * `metrics`: `/metrics` and `/healthz` on the device plugin's HTTP server.
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +20,7 @@ pub mod cards;
 pub mod checkpoint;
 pub mod config;
 pub mod daemon;
+mod metrics;
 pub mod prepare;
 pub mod proto;
 pub mod registration;

@@ -14,7 +14,7 @@
 //! card without MPS a container's events also time its neighbours' time slices). Without
 //! NVML every container is charged what it measured.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +30,56 @@ use crate::container::{CONFIG_FILE, REGION_FILE};
 const REFRESH: Duration = Duration::from_secs(1);
 /// A problem the coordinator reports is logged again after this long at the earliest.
 const REPEAT_PROBLEM: Duration = Duration::from_secs(60);
+/// Distinct problems remembered (and so logged) per [`REPEAT_PROBLEM`] at most; beyond
+/// that, one line says how many were not shown.
+const MAX_PROBLEMS: usize = 64;
+
+/// The coordinator's problems as logged: each distinct line once per
+/// [`REPEAT_PROBLEM`], at most [`MAX_PROBLEMS`] of them per period, whatever the tenants
+/// write into their regions (the coordinator's lines are steady, one per container and
+/// device at most). Work per tick is a hash lookup per problem.
+#[derive(Default)]
+struct ProblemLog {
+    logged: HashMap<String, Instant>,
+    suppressed: usize,
+    period: Option<Instant>,
+}
+
+impl ProblemLog {
+    /// The lines to log now out of `problems`.
+    fn admit(&mut self, problems: Vec<String>, now: Instant) -> Vec<String> {
+        let mut lines = Vec::new();
+        if self
+            .period
+            .is_none_or(|at| now.duration_since(at) >= REPEAT_PROBLEM)
+        {
+            self.logged
+                .retain(|_, at| now.duration_since(*at) < REPEAT_PROBLEM);
+            if self.suppressed > 0 {
+                lines.push(format!(
+                    "{} more problems in the last {}s were not logged",
+                    self.suppressed,
+                    REPEAT_PROBLEM.as_secs()
+                ));
+                self.suppressed = 0;
+            }
+            self.period = Some(now);
+        }
+        for problem in problems {
+            match self.logged.get(&problem) {
+                Some(at) if now.duration_since(*at) < REPEAT_PROBLEM => {}
+                _ if self.logged.len() >= MAX_PROBLEMS && !self.logged.contains_key(&problem) => {
+                    self.suppressed += 1;
+                }
+                _ => {
+                    lines.push(problem.clone());
+                    self.logged.insert(problem, now);
+                }
+            }
+        }
+        lines
+    }
+}
 
 /// `<state_dir>/cards`: the views' folder on the host.
 pub fn cards_dir(state_dir: &Path) -> PathBuf {
@@ -86,7 +136,7 @@ pub async fn run(
     }
     let mut containers: Vec<ContainerSpec> = Vec::new();
     let mut refreshed: Option<Instant> = None;
-    let mut logged: Vec<(String, Instant)> = Vec::new();
+    let mut logged = ProblemLog::default();
     loop {
         if refreshed.is_none_or(|at| at.elapsed() >= REFRESH) {
             let list = folders();
@@ -106,17 +156,34 @@ pub async fn run(
             return;
         };
         coordinator = back;
-        let now = Instant::now();
-        logged.retain(|(_, at)| now.duration_since(*at) < REPEAT_PROBLEM);
-        for problem in report.problems {
-            if !logged.iter().any(|(seen, _)| *seen == problem) {
-                tracing::warn!("compute coordination: {problem}");
-                logged.push((problem, now));
-            }
+        for line in logged.admit(report.problems, Instant::now()) {
+            tracing::warn!("compute coordination: {line}");
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_nanos(TICK_NS)) => {}
             _ = stop.wait_for(|stopped| *stopped) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problems_are_logged_once_per_period_and_at_most_a_bounded_number() {
+        let mut log = ProblemLog::default();
+        let start = Instant::now();
+        let flood: Vec<String> = (0..1000).map(|n| format!("problem {n}")).collect();
+        let lines = log.admit(flood.clone(), start);
+        assert_eq!(lines.len(), MAX_PROBLEMS);
+        assert!(
+            log.admit(flood.clone(), start + Duration::from_secs(1))
+                .is_empty()
+        );
+        assert!(log.logged.len() <= MAX_PROBLEMS);
+        let later = log.admit(flood, start + REPEAT_PROBLEM);
+        assert_eq!(later.len(), MAX_PROBLEMS + 1);
+        assert!(later[0].contains("more problems"), "{later:?}");
     }
 }

@@ -22,6 +22,7 @@ use crate::container;
 use crate::coordination;
 use crate::devices::{DeviceSource, watch_health};
 use crate::health::ServingStatus;
+use crate::http;
 use crate::ids::Kind;
 use crate::kubelet;
 use crate::metrics;
@@ -32,7 +33,6 @@ use crate::service::{ResourceService, Shared, now_unix};
 use crate::state::PluginState;
 use crate::tasks::Background;
 use crate::usage::UsageTotals;
-use vgpu_common::snapshot::RegionSnapshot;
 
 /// A running plugin.
 pub struct PluginHandle {
@@ -240,12 +240,10 @@ async fn region_loop(
             let mut filled = 0;
             for (id, devices) in &allocations {
                 let path = container::allocation_dir(&config, id).join("usage.region");
-                let Ok(snapshot) = RegionSnapshot::read(&path) else {
+                let Some((snapshot, _, _)) = usage.observe_region(id, &path, *devices) else {
                     continue;
                 };
-                let processes = snapshot.processes();
                 filled += snapshot.fill_host_pids(&config.host_proc);
-                usage.observe(id, &processes, *devices);
             }
             let known: Vec<String> = allocations.into_iter().map(|(id, _)| id).collect();
             usage.retain(&known);
@@ -360,21 +358,15 @@ pub async fn start(
     let mut background = Background::new(stop);
     let metrics_address = match config.metrics_address {
         Some(address) => {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .map_err(|err| anyhow::anyhow!("cannot serve metrics on {address}: {err}"))?;
-            let bound = listener.local_addr()?;
-            tracing::info!(address = %bound, "serving /metrics and /healthz");
             let sources = metrics::Sources {
                 shared: shared.clone(),
                 usage: usage.clone(),
                 status: status.clone(),
             };
-            background.push(tokio::spawn(metrics::serve(
-                listener,
-                sources,
-                stop_receiver.clone(),
-            )));
+            let (bound, task) =
+                http::bind_and_serve(address, metrics::handler(sources), stop_receiver.clone())
+                    .await?;
+            background.push(task);
             Some(bound)
         }
         None => None,

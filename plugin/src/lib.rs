@@ -26,7 +26,9 @@
 //! * [`health`]: what `/healthz` answers;
 //! * [`reload`]: noticing a changed config file (the plugin then exits to be restarted);
 //! * [`coordination`]: the host-side compute coordinator over the node's containers;
-//! * [`metrics`]: Prometheus metrics and `/healthz` over plain HTTP.
+//! * [`metrics`]: Prometheus metrics and `/healthz`;
+//! * [`http`]: the plain-HTTP server they are served by (timeouts, a connection cap;
+//!   shared with the DRA driver).
 
 #![forbid(unsafe_code)]
 
@@ -40,6 +42,7 @@ pub mod coordination;
 pub mod daemon;
 pub mod devices;
 pub mod health;
+pub mod http;
 pub mod ids;
 pub mod kubelet;
 pub mod layout;

@@ -35,6 +35,9 @@ async fn config_changed(mut watch: ConfigWatch, every: Duration) {
             Change::Invalid(reason) => {
                 tracing::error!("{reason}; keeping the config in effect until the file is fixed")
             }
+            Change::Unreadable(reason) => {
+                tracing::warn!("{reason}; keeping the config in effect")
+            }
         }
     }
 }

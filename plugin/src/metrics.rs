@@ -1,4 +1,4 @@
-//! Prometheus metrics and the health probe over plain HTTP (hyper's HTTP/1 server):
+//! Prometheus metrics and the health probe over plain HTTP ([`crate::http`]):
 //! `GET /metrics` and `GET /healthz` ([`crate::health`]).
 //!
 //! Series, named to join the dashboards operators have (dcgm-exporter's label names):
@@ -14,26 +14,22 @@
 //! * `vgpu_build_info{version, commit}` (always 1) and `vgpu_plugin_events_total{event}`.
 //!
 //! A scrape copies what it needs from the allocator under its lock and releases it
-//! before any file is read; every usage region is read through
-//! [`RegionSnapshot::read`] (a private copy, never a mapping of a tenant's file).
+//! before any file is read; every usage region is read as a private copy (never a
+//! mapping of a tenant's file), and copied and folded into the running totals under the
+//! totals' lock ([`UsageTotals::observe_region`]). A container's cards are matched to
+//! its config's and region's devices by UUID.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Response, StatusCode};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
 use vgpu_common::Config;
-use vgpu_common::snapshot::RegionSnapshot;
 
 use crate::container;
 use crate::health::ServingStatus;
@@ -189,34 +185,37 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
     for row in &containers {
         let dir = container::allocation_dir(&shared.config, &row.id);
         let config = Config::load(&dir.join("vgpu.yaml")).ok();
-        let snapshot = RegionSnapshot::read(&dir.join("usage.region")).ok();
-        let live = snapshot.as_ref().map(RegionSnapshot::processes);
-        let totals = match &live {
-            Some(live) => usage.observe(&row.id, live, row.cards.len()),
+        let observed = usage.observe_region(&row.id, &dir.join("usage.region"), row.cards.len());
+        let totals = match &observed {
+            Some((_, _, totals)) => totals.clone(),
             None => usage.totals(&row.id),
         };
-        for (position, uuid) in row.cards.iter().enumerate() {
+        for uuid in &row.cards {
             let labels: Labels = vec![
                 ("namespace".into(), row.owner.namespace.clone()),
                 ("pod".into(), row.owner.pod.clone()),
                 ("container".into(), row.owner.container.clone()),
                 ("UUID".into(), uuid.clone()),
             ];
-            let quota = config.as_ref().and_then(|config| {
+            // The card's place in the container's config is its place in the region
+            // (the record lists cards by host index, the config by UUID): matched by
+            // UUID, never by position.
+            let Some((position, quota)) = config.as_ref().and_then(|config| {
                 config
                     .devices
                     .iter()
-                    .find(|device| device.uuid.as_deref() == Some(uuid))
-            });
-            if let Some(quota) = quota {
-                memory_limit
-                    .get_or_create(&labels)
-                    .set(clamp(quota.memory_limit.map_or(0, |limit| limit.bytes())));
-                core_limit
-                    .get_or_create(&labels)
-                    .set(i64::from(quota.core_limit.unwrap_or(CORES_PER_CARD)));
-            }
-            if let (Some(snapshot), Some(live)) = (&snapshot, &live) {
+                    .enumerate()
+                    .find(|(_, device)| device.uuid.as_deref() == Some(uuid.as_str()))
+            }) else {
+                continue;
+            };
+            memory_limit
+                .get_or_create(&labels)
+                .set(clamp(quota.memory_limit.map_or(0, |limit| limit.bytes())));
+            core_limit
+                .get_or_create(&labels)
+                .set(i64::from(quota.core_limit.unwrap_or(CORES_PER_CARD)));
+            if let Some((snapshot, live, _)) = &observed {
                 let used = snapshot.device_used(position);
                 memory_used.get_or_create(&labels).set(clamp(used));
                 *used_per_card.entry(uuid.clone()).or_default() += used;
@@ -275,62 +274,55 @@ pub(crate) struct Sources {
     pub status: Arc<ServingStatus>,
 }
 
-async fn answer(
-    sources: Sources,
-    request: Request<Incoming>,
-) -> Result<Response<String>, Infallible> {
-    let get = request.method() == Method::GET;
-    let response = match request.uri().path() {
-        "/metrics" if get => {
-            let body = tokio::task::spawn_blocking(move || render(&sources.shared, &sources.usage))
-                .await
-                .unwrap_or_default();
-            Response::builder()
-                .header(
-                    "content-type",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                )
-                .body(body)
-        }
-        "/healthz" if get => {
-            let (status, body) = match sources.status.verdict() {
-                Ok(summary) => (StatusCode::OK, summary),
-                Err(reasons) => (StatusCode::SERVICE_UNAVAILABLE, reasons),
-            };
-            Response::builder()
-                .status(status)
-                .header("content-type", "text/plain; charset=utf-8")
-                .body(format!("{body}\n"))
-        }
-        _ => Response::builder()
-            .status(StatusCode::NOT_FOUND)
-            .body("only GET /metrics and GET /healthz are served\n".to_string()),
-    };
-    Ok(response.unwrap_or_else(|_| Response::new(String::new())))
+/// The answer to `GET /metrics` (the exposition, rendered on the blocking pool).
+pub async fn metrics_response(
+    render: impl FnOnce() -> String + Send + 'static,
+) -> Response<String> {
+    let body = tokio::task::spawn_blocking(render)
+        .await
+        .unwrap_or_default();
+    Response::builder()
+        .header(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
+        .body(body)
+        .unwrap_or_else(|_| Response::new(String::new()))
 }
 
-/// Serves `GET /metrics` and `GET /healthz` until `stop`.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    sources: Sources,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|stopped| *stopped) => return,
-        };
-        let Ok((stream, _)) = accepted else { continue };
+/// The answer to `GET /healthz`: 200 and the summary, or 503 and the reasons.
+pub fn health_response(verdict: Result<String, String>) -> Response<String> {
+    let (status, body) = match verdict {
+        Ok(summary) => (StatusCode::OK, summary),
+        Err(reasons) => (StatusCode::SERVICE_UNAVAILABLE, reasons),
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(format!("{body}\n"))
+        .unwrap_or_else(|_| Response::new(String::new()))
+}
+
+/// The answer to anything else.
+pub fn not_found() -> Response<String> {
+    Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .body("only GET /metrics and GET /healthz are served\n".to_string())
+        .unwrap_or_else(|_| Response::new(String::new()))
+}
+
+/// The plugin's answers, for [`crate::http::serve`].
+pub(crate) fn handler(sources: Sources) -> crate::http::Handler {
+    Arc::new(move |method: Method, path: String| {
         let sources = sources.clone();
-        tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |request| answer(sources.clone(), request));
-            if let Err(err) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %err, "metrics connection ended with an error");
+        Box::pin(async move {
+            match (method == Method::GET, path.as_str()) {
+                (true, "/metrics") => {
+                    metrics_response(move || render(&sources.shared, &sources.usage)).await
+                }
+                (true, "/healthz") => health_response(sources.status.verdict()),
+                _ => not_found(),
             }
-        });
-    }
+        })
+    })
 }

@@ -21,6 +21,9 @@ pub enum Change {
     Valid(Box<PluginConfig>),
     /// A new text that does not parse: the reason (reported once per text).
     Invalid(String),
+    /// The file could not be read (out of descriptors, permissions, I/O): the reason,
+    /// reported once until a read succeeds. Never taken for a missing file.
+    Unreadable(String),
 }
 
 /// Watches one config file.
@@ -28,6 +31,8 @@ pub struct ConfigWatch {
     path: PathBuf,
     running: PluginConfig,
     last_text: Option<String>,
+    /// The read error last reported, while reads keep failing.
+    failing: Option<String>,
 }
 
 impl ConfigWatch {
@@ -51,13 +56,27 @@ impl ConfigWatch {
             path: path.to_path_buf(),
             running: config.clone(),
             last_text: text,
+            failing: None,
         };
         Ok((config, watch))
     }
 
-    /// Reads the file again.
+    /// Reads the file again. Only a file that is not there (a ConfigMap key removed)
+    /// means the built-in defaults; any other read error changes nothing.
     pub fn poll(&mut self) -> Change {
-        let text = std::fs::read_to_string(&self.path).ok();
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => Some(text),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+            Err(err) => {
+                let reason = format!("cannot read {}: {err}", self.path.display());
+                if self.failing.as_ref() == Some(&reason) {
+                    return Change::None;
+                }
+                self.failing = Some(reason.clone());
+                return Change::Unreadable(reason);
+            }
+        };
+        self.failing = None;
         if text == self.last_text {
             return Change::None;
         }
@@ -121,6 +140,27 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_config_that_cannot_be_read_is_not_taken_for_missing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("plugin.yaml");
+        std::fs::write(&path, "policy: spread\n").expect("write");
+        let (_, mut watch) = ConfigWatch::load(&path, false).expect("valid");
+        // A read that fails (here EISDIR; in the field EMFILE when the process is out of
+        // descriptors) is reported once and changes nothing.
+        std::fs::remove_file(&path).expect("rm");
+        std::fs::create_dir(&path).expect("mkdir");
+        match watch.poll() {
+            Change::Unreadable(reason) => assert!(reason.contains("cannot read"), "{reason}"),
+            other => panic!("a read error was taken for a change: {other:?}"),
+        }
+        assert!(matches!(watch.poll(), Change::None), "reported once");
+        // Readable again with the same text: still no change.
+        std::fs::remove_dir(&path).expect("rmdir");
+        std::fs::write(&path, "policy: spread\n").expect("write");
+        assert!(matches!(watch.poll(), Change::None));
     }
 
     #[test]

@@ -113,10 +113,17 @@ impl ResourceService {
         status
     }
 
+    /// Allocate for one container request: its response and the record made.
     async fn allocate_one(
         &self,
         ids: &[String],
-    ) -> Result<crate::proto::deviceplugin::ContainerAllocateResponse, Status> {
+    ) -> Result<
+        (
+            crate::proto::deviceplugin::ContainerAllocateResponse,
+            crate::state::AllocationRecord,
+        ),
+        Status,
+    > {
         let shared = &self.shared;
         let blockers = shared.allocator().blockers(self.kind, ids, now_unix());
         let mut holders = None;
@@ -176,11 +183,9 @@ impl ResourceService {
             count = ids.len(), reuses = ?record.reuses, cdi = ?cdi_name, "allocated"
         );
         shared.counters.allocations.fetch_add(1, Ordering::Relaxed);
-        Ok(container::allocate_response(
-            &shared.config,
-            record,
-            &edits,
-            cdi_name,
+        Ok((
+            container::allocate_response(&shared.config, record, &edits, cdi_name),
+            record.clone(),
         ))
     }
 }
@@ -261,13 +266,25 @@ impl DevicePlugin for ResourceService {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
+        // One call, one answer: when a request fails, the records made for the ones
+        // before it in this call are undone (kubelet books none of them).
         let mut container_responses = Vec::new();
+        let mut made = Vec::new();
         for wanted in request.into_inner().container_requests {
-            let response = self
-                .allocate_one(&wanted.devices_ids)
-                .await
-                .map_err(|status| self.refuse(status))?;
-            container_responses.push(response);
+            match self.allocate_one(&wanted.devices_ids).await {
+                Ok((response, record)) => {
+                    container_responses.push(response);
+                    made.push(record);
+                }
+                Err(status) => {
+                    for record in &made {
+                        self.shared.allocator().forget(&record.id);
+                        container::remove_allocation(&self.shared.config, record);
+                        tracing::info!(allocation = %record.id, "undone: a later request of the same Allocate call failed");
+                    }
+                    return Err(self.refuse(status));
+                }
+            }
         }
         Ok(Response::new(AllocateResponse {
             container_responses,
@@ -284,11 +301,18 @@ impl DevicePlugin for ResourceService {
             .holders()
             .await
             .map_err(|status| self.refuse(status))?;
-        let mut plans = self
-            .shared
-            .allocator()
-            .plan_prestart(self.kind, &ids, &holders)
-            .map_err(|status| self.refuse(status))?;
+        let (released, planned) = {
+            let mut allocator = self.shared.allocator();
+            let released = allocator
+                .release_leftovers(self.kind, &ids, &holders)
+                .map_err(|err| self.refuse(Status::internal(err.to_string())))?;
+            (released, allocator.plan_prestart(self.kind, &ids, &holders))
+        };
+        for record in &released {
+            tracing::info!(allocation = %record.id, "released the leftover of a pod kubelet rejected: its devices are this container's now");
+            container::remove_allocation(&self.shared.config, record);
+        }
+        let mut plans = planned.map_err(|status| self.refuse(status))?;
         self.shared.ceilings.apply(&mut plans).await;
         for plan in &plans {
             let dir = container::write_prestart(&self.shared.config, plan).map_err(|err| {

@@ -12,7 +12,11 @@
 //! the last snapshot before its exit is missed: the daemon takes one a second.
 //!
 //! Figures a tenant writes are its own business: a counter that goes backwards is taken
-//! as a new process, so a total never decreases.
+//! as a new process, so a total never decreases. That rule holds only if copies are
+//! folded in the order they were taken: an older copy folded after a newer one would
+//! read as counters going back, and count the process again. So a region is copied and
+//! folded under the book's one lock ([`UsageTotals::observe_region`]), whoever asks (the
+//! 1 s loop, any number of parallel scrapes).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use vgpu_common::region::ProcessUsage;
+use vgpu_common::snapshot::RegionSnapshot;
 
 use crate::persist::write_atomically;
 
@@ -137,11 +142,37 @@ impl UsageTotals {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Folds the live processes of allocation `id` (from a snapshot of its region,
-    /// `devices` positions) into its totals; returns the totals per position.
-    pub fn observe(&self, id: &str, processes: &[ProcessUsage], devices: usize) -> Vec<Counters> {
+    /// Copies the usage region of allocation `id` at `region` and folds its live
+    /// processes into the totals (`devices` positions), under one lock: the copy, its
+    /// live processes and the totals per position after it; `None` when the region
+    /// cannot be read (the totals then stay as they were: [`UsageTotals::totals`]).
+    pub fn observe_region(
+        &self,
+        id: &str,
+        region: &Path,
+        devices: usize,
+    ) -> Option<(RegionSnapshot, Vec<ProcessUsage>, Vec<Counters>)> {
         let mut guard = self.lock();
-        let (book, dirty, _) = &mut *guard;
+        let snapshot = RegionSnapshot::read(region).ok()?;
+        let processes = snapshot.processes();
+        let totals = Self::fold(&mut guard, id, &processes, devices);
+        Some((snapshot, processes, totals))
+    }
+
+    /// Folds the live processes of allocation `id` (from a copy of its region taken
+    /// after every copy folded before, `devices` positions) into its totals; returns the
+    /// totals per position.
+    pub fn observe(&self, id: &str, processes: &[ProcessUsage], devices: usize) -> Vec<Counters> {
+        Self::fold(&mut self.lock(), id, processes, devices)
+    }
+
+    fn fold(
+        guard: &mut (Book, bool, Option<Instant>),
+        id: &str,
+        processes: &[ProcessUsage],
+        devices: usize,
+    ) -> Vec<Counters> {
+        let (book, dirty, _) = guard;
         let books = book.allocations.entry(id.to_string()).or_default();
         if books.len() < devices {
             books.resize_with(devices, DeviceBook::default);

@@ -224,13 +224,28 @@ fn the_daemonset_grants_only_what_the_plugin_uses() {
         .expect("api-token volume");
     assert!(token["projected"]["sources"][0]["serviceAccountToken"].is_mapping());
 
-    // RBAC: read pods (the soft-ceiling annotation), nothing else.
+    // RBAC: get a pod (the soft-ceiling annotation, kube/src/pods.rs PodReader::get),
+    // create an Event on it (issue 27's quota refusal); nothing else.
     let rules = of_kind(&docs, "ClusterRole")["rules"]
         .as_sequence()
         .expect("rules");
-    assert_eq!(rules.len(), 1);
-    assert_eq!(strings(&rules[0]["resources"]), ["pods"]);
-    assert_eq!(strings(&rules[0]["verbs"]), ["get", "list", "watch"]);
+    let rules: Vec<(Vec<&str>, Vec<&str>, Vec<&str>)> = rules
+        .iter()
+        .map(|rule| {
+            (
+                strings(&rule["apiGroups"]),
+                strings(&rule["resources"]),
+                strings(&rule["verbs"]),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            (vec![""], vec!["pods"], vec!["get"]),
+            (vec!["events.k8s.io"], vec!["events"], vec!["create"]),
+        ]
+    );
 
     // The init container runs with no privilege; the namespace admits the plugin's.
     let init_security = &init["securityContext"];
@@ -245,10 +260,20 @@ fn the_daemonset_grants_only_what_the_plugin_uses() {
         plugin["securityContext"]["privileged"].as_bool(),
         Some(true)
     );
+    // deploy/namespace.yaml, applied first, is shared with DRA mode.
+    assert!(
+        docs.iter()
+            .all(|doc| doc["kind"].as_str() != Some("Namespace"))
+    );
+    let namespace = documents("namespace.yaml");
+    let namespace = of_kind(&namespace, "Namespace");
     assert_eq!(
-        of_kind(&docs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
-            .as_str(),
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"].as_str(),
         Some("privileged")
+    );
+    assert_eq!(
+        of_kind(&docs, "DaemonSet")["metadata"]["namespace"],
+        namespace["metadata"]["name"]
     );
     // gpu-manager's taint is tolerated.
     assert!(

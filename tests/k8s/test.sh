@@ -356,17 +356,21 @@ can_i() {
     fi
 }
 
-# What the plugin does: get/list/watch pods (the ceiling annotation), nothing else.
+# What the plugin does: get a pod (the ceiling annotation, the quota Event's pod UID),
+# create an events.k8s.io Event (a quota refusal), nothing else.
 dp_rbac() {
     local bad=0 verb
-    for verb in get list watch; do can_i vgpu-plugin "$verb" pods yes || bad=1; done
-    for verb in create update patch delete; do can_i vgpu-plugin "$verb" pods no || bad=1; done
+    can_i vgpu-plugin get pods yes || bad=1
+    for verb in list watch create update patch delete; do can_i vgpu-plugin "$verb" pods no || bad=1; done
+    can_i vgpu-plugin create events.events.k8s.io yes || bad=1
+    for verb in get list patch update delete; do can_i vgpu-plugin "$verb" events.events.k8s.io no || bad=1; done
+    can_i vgpu-plugin create events no || bad=1
     can_i vgpu-plugin get nodes no || bad=1
     can_i vgpu-plugin patch nodes no || bad=1
     can_i vgpu-plugin get secrets no || bad=1
     can_i vgpu-plugin list configmaps no || bad=1
     can_i vgpu-plugin create resourceslices.resource.k8s.io no || bad=1
-    [ $bad = 0 ] && echo "vgpu-plugin: get/list/watch pods, nothing more"
+    [ $bad = 0 ] && echo "vgpu-plugin: get pods, create events.k8s.io events, nothing more"
 }
 
 dp_cleanup() {

@@ -103,6 +103,7 @@ impl TestKubelet {
             registration_watch_interval_ms: 50,
             health_interval_secs: 1,
             dev_root: self.path("dev"),
+            metrics_address: Some("127.0.0.1:0".parse().expect("address")),
             ..DraConfig::default()
         }
     }

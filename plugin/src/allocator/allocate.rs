@@ -133,7 +133,10 @@ impl Allocator {
             Kind::Core => {
                 let count = ids.len();
                 let per_100 = CORES_PER_CARD as usize;
-                if count > per_100 {
+                // From 100 up a container gets whole cards: 100 IDs of each card it
+                // touches, however kubelet filled the pick (99 + 1 across two cards is
+                // no whole card, and no part of one either).
+                if count >= per_100 {
                     let uneven: Vec<String> = per_card
                         .values()
                         .filter(|(_, n)| *n != per_100)

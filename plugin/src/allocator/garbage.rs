@@ -1,7 +1,8 @@
 //! Liveness and garbage collection: which records a container may still use, and
 //! dropping the others (the periodic pass, and records in the way of an Allocate call).
 
-use super::{Allocator, HolderIndex};
+use super::{Allocator, HolderIndex, set_of};
+use crate::ids::Kind;
 use crate::state::AllocationRecord;
 
 impl Allocator {
@@ -46,6 +47,41 @@ impl Allocator {
                 record.prepared_unix.is_none() && now.saturating_sub(record.created_unix) <= window;
             !listed && !admitting
         })
+    }
+
+    /// Drops the records kubelet has released, at the PreStartContainer of a container
+    /// PodResources lists with exactly `ids` of `kind`: kubelet handed that container
+    /// these IDs, so a record of them that no container started is not the same pod's
+    /// init container (those start, and so are prepared, before the pod's other
+    /// containers) but the leftover half of a pod kubelet rejected after its Allocate
+    /// (kubelet frees such IDs without telling the plugin). Records holding exactly the
+    /// container's IDs of their kind are kept: an init container whose devices the
+    /// container reuses holds the same set, and the pairing tells them apart. Returns
+    /// them.
+    pub fn release_leftovers(
+        &mut self,
+        kind: Kind,
+        ids: &[String],
+        holders: &HolderIndex,
+    ) -> anyhow::Result<Vec<AllocationRecord>> {
+        let Some(listed) = holders.exactly(kind, &set_of(ids)) else {
+            return Ok(Vec::new());
+        };
+        let leftovers: Vec<String> = self
+            .state
+            .allocations
+            .values()
+            .filter(|record| record.prepared_unix.is_none())
+            .filter(|record| {
+                [Kind::Core, Kind::Memory].into_iter().any(|kind| {
+                    let theirs = record.ids(kind);
+                    let mine = listed.ids(kind);
+                    theirs.iter().any(|id| mine.contains(id)) && set_of(theirs) != *mine
+                })
+            })
+            .map(|record| record.id.clone())
+            .collect();
+        self.release_where(&leftovers, |_, _| true)
     }
 
     fn release_where(

@@ -20,6 +20,23 @@ impl Allocator {
         now: u64,
     ) -> Vec<String> {
         let booked = self.booked();
+        // Kubelet's contract: `must_include` is part of `available`. Whatever it sends,
+        // the answer names only IDs it offered, of this resource on a known card.
+        let known = |id: &String| {
+            DeviceId::parse(id)
+                .filter(|parsed| parsed.kind == kind)
+                .and_then(|parsed| {
+                    self.card(&parsed.uuid)
+                        .filter(|card| parsed.unit < self.units_of(card, kind))
+                })
+                .is_some()
+        };
+        let must_include: Vec<String> = must_include
+            .iter()
+            .filter(|id| available.contains(id) && known(id))
+            .cloned()
+            .collect();
+        let must_include = must_include.as_slice();
         let mut free: BTreeMap<&str, Vec<DeviceId>> = BTreeMap::new();
         for id in available {
             if booked.contains_key(id.as_str()) || must_include.contains(id) {
@@ -101,14 +118,15 @@ impl Allocator {
             );
         }
         if chosen.len() < size {
-            // Nothing fits on one card: give kubelet a plain pick; Allocate will say why it fails.
+            // Nothing fits on one card: a plain pick of free IDs (Allocate will say why it
+            // fails), short when there are not enough: kubelet fills the rest itself.
             chosen = must_include.to_vec();
             chosen.extend(
-                available
+                order
                     .iter()
-                    .filter(|id| !must_include.contains(id))
-                    .take(size - chosen.len())
-                    .cloned(),
+                    .flat_map(|card| free[card.uuid.as_str()].iter())
+                    .map(DeviceId::to_string)
+                    .take(size - chosen.len()),
             );
         }
         chosen.truncate(size.max(must_include.len()));

@@ -296,6 +296,28 @@ impl Allocator {
         let memory_cards = cards_of(memory_ids);
         let mut devices = Vec::new();
         if core_ids.len().is_multiple_of(CORES_PER_CARD as usize) {
+            let split: Vec<String> = core_cards
+                .iter()
+                .map(|uuid| {
+                    (
+                        uuid,
+                        core_ids
+                            .iter()
+                            .filter(|id| card_of(id).as_deref() == Some(uuid))
+                            .count(),
+                    )
+                })
+                .filter(|(_, count)| *count != CORES_PER_CARD as usize)
+                .map(|(uuid, count)| format!("{uuid}: {count}"))
+                .collect();
+            if !split.is_empty() {
+                return Err(Status::failed_precondition(format!(
+                    "{name}: {} cores are whole cards only as {} of each card, not {}; delete the pod to retry",
+                    core_ids.len(),
+                    CORES_PER_CARD,
+                    split.join(", ")
+                )));
+            }
             for uuid in &core_cards {
                 devices.push(DeviceQuota {
                     uuid: Some(uuid.clone()),
@@ -368,6 +390,10 @@ impl Allocator {
         }
         self.save()
     }
+}
+
+fn card_of(id: &str) -> Option<String> {
+    DeviceId::parse(id).map(|id| id.uuid)
 }
 
 fn cards_of(ids: &[String]) -> Vec<String> {

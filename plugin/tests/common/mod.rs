@@ -449,8 +449,8 @@ impl TestKubelet {
     }
 
     /// Kubelet's admission of one container: for each `(resource, count)` in order, the
-    /// free devices (listed minus held), GetPreferredAllocation, Allocate, and the
-    /// devices recorded in PodResources at once. An Allocate refusal is returned with
+    /// free devices (listed minus held), GetPreferredAllocation (its pick filled by
+    /// kubelet when short), Allocate, and the devices recorded in PodResources at once. An Allocate refusal is returned with
     /// what was admitted before it.
     pub async fn admit(
         &self,
@@ -469,7 +469,20 @@ impl TestKubelet {
                 .into_iter()
                 .filter(|id| !held.contains(id))
                 .collect();
-            let ids = preferred(client, &available, count).await;
+            // As kubelet (v1.37 `devicesToAllocate`): the plugin's pick counts only where
+            // it names free IDs, and a short pick is filled from the other free IDs.
+            // Kubelet fills in Go map order, at random; here in list order, so a test
+            // whose outcome depends on the fill forces it (only the IDs it means are free).
+            let mut ids = preferred(client, &available, count).await;
+            ids.retain(|id| available.contains(id));
+            for id in &available {
+                if ids.len() >= count {
+                    break;
+                }
+                if !ids.contains(id) {
+                    ids.push(id.clone());
+                }
+            }
             match allocate(client, &ids).await {
                 Ok(response) => admitted.responses.push(response),
                 Err(status) => return Err((admitted, status)),
