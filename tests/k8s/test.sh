@@ -197,11 +197,12 @@ dp_uninstall() { # helm|kubectl
 
 capacity() { kubectl get node "$NODE" -o jsonpath="{.status.capacity['tencent\.com/$1']}"; }
 allocatable() { kubectl get node "$NODE" -o jsonpath="{.status.allocatable['tencent\.com/$1']}"; }
+allocatable_is() { [ "$(allocatable "$1")" = "$2" ]; }
 
 # `kubectl describe node | grep tencent`: 100 cores per card, memory in 256 MiB units.
 dp_describe_node() {
-    wait_until 120 test "$(capacity vcuda-core)" = $((CARDS * 100))
-    wait_until 30 test "$(allocatable vcuda-memory)" = $((CARDS * CARD_UNITS))
+    wait_until 120 allocatable_is vcuda-core $((CARDS * 100))
+    wait_until 30 allocatable_is vcuda-memory $((CARDS * CARD_UNITS))
     local text
     text=$(kubectl describe node "$NODE" | grep tencent.com/)
     echo "$text"
@@ -341,7 +342,7 @@ dp_two_pods_one_card() {
 # issue 23), which would make this check a coin toss.
 nothing_lost() { # NAME
     local name=$1
-    wait_until 120 test "$(allocatable vcuda-core)" = $((CARDS * 100)) || fail "vcuda-core allocatable: $(allocatable vcuda-core)"
+    wait_until 120 allocatable_is vcuda-core $((CARDS * 100)) || fail "vcuda-core allocatable: $(allocatable vcuda-core)"
     phase_is q30 Running || fail "q30: $(phase q30)"
     phase_is p60 Running || fail "p60: $(phase p60)"
     dp_core_pod "$name" 20 >/dev/null || return 1
