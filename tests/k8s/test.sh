@@ -288,27 +288,35 @@ dp_impossible_pods() {
     kubectl delete pod toobig toowide --wait --timeout 60s >/dev/null
 }
 
-# Every card's memory taken, a pod that needs any stays Pending; delete the holder and it
-# runs (the scheduler's count and the plugin's own both freed).
-dp_delete_frees() {
-    local containers="" i
+# holder_pod NAME CORES: one container per card, each with a whole card's memory and
+# CORES cores (none when 0).
+holder_pod() {
+    local containers="" i cores=""
+    [ "$2" = 0 ] || cores="tencent.com/vcuda-core: $2, "
     for i in $(seq 1 $CARDS); do
         containers+="
     - name: c$i
       image: $IMAGE
       command: [sleep, infinity]
       resources:
-        limits: { tencent.com/vcuda-core: 10, tencent.com/vcuda-memory: $CARD_UNITS }"
+        limits: { ${cores}tencent.com/vcuda-memory: $CARD_UNITS }"
     done
-    kubectl apply -f - <<EOF || return 1
+    kubectl apply -f - <<EOF
 apiVersion: v1
 kind: Pod
 metadata:
-  name: holder
+  name: $1
 spec:
   terminationGracePeriodSeconds: 1
   containers:$containers
 EOF
+}
+
+# Every card's memory taken (memory-only containers), a pod that needs any stays
+# Pending; delete the holder and it runs (the scheduler's count and the plugin's own
+# both freed).
+dp_delete_frees() {
+    holder_pod holder 0 >/dev/null || return 1
     wait_until 180 phase_is holder Running || { describe_pod holder; fail "holder is $(phase holder)"; }
     dp_pod next 10 4 sleep infinity >/dev/null || return 1
     sleep 10
@@ -317,6 +325,18 @@ EOF
     wait_until 120 phase_is next Running || { describe_pod next; fail "next is $(phase next) after holder is gone"; }
     echo "next ran once holder was deleted (card $(card_of next))"
     kubectl delete pod next --wait --timeout 60s >/dev/null
+}
+
+# A pod of one container per card, each with 10 cores and a whole card's memory, fits
+# the node; the plugin places each container's cores where its memory can follow.
+dp_containers_with_cores_and_a_cards_memory() {
+    holder_pod cardfuls 10 >/dev/null || return 1
+    wait_until 120 phase_is cardfuls Running || {
+        kubectl get events --field-selector involvedObject.name=cardfuls -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' | grep -i precondition | tail -2 | cut -c1-400
+        kubectl delete pod cardfuls --wait=false >/dev/null 2>&1
+        fail "cardfuls is $(phase cardfuls)"
+    }
+    kubectl delete pod cardfuls --wait --timeout 60s >/dev/null
 }
 
 # Two pods on one card: binpack puts 30 and 60 cores on one card; a third of 20 must go
@@ -396,7 +416,7 @@ dp_rbac() {
 }
 
 dp_cleanup() {
-    kubectl delete pod q30 p60 vcuda-example quota toobig toowide holder next after-kubelet after-plugin \
+    kubectl delete pod q30 p60 vcuda-example quota toobig toowide holder next cardfuls after-kubelet after-plugin \
         --ignore-not-found --wait --timeout 60s >/dev/null
 }
 
@@ -413,6 +433,10 @@ device_plugin_run() { # helm|kubectl
     check "dp[$how] the example quota: 2560MiB through the shims, OOM past it" dp_example_quota
     check "dp[$how] a pod no card holds is Pending or refused with a reason" dp_impossible_pods
     check "dp[$how] deleting a pod frees its share" dp_delete_frees
+    known "dp[$how] four containers of 10 cores and a card's memory each run" \
+        "the plugin binpacks a container's cores and its memory apart: the second container's cores go to the first one's card, its memory cannot follow, and PreStartContainer refuses it forever (FailedPrecondition: cores are on card A but memory is on card B)" \
+        dp_containers_with_cores_and_a_cards_memory
+    kubectl delete pod cardfuls --ignore-not-found --wait --timeout 60s >/dev/null
     check "dp[$how] two pods share one card" dp_two_pods_one_card
     check "dp[$how] a kubelet restart loses nothing" dp_kubelet_restart
     check "dp[$how] a plugin restart loses nothing" dp_plugin_restart
