@@ -476,12 +476,12 @@ install_mode() {
     if [ -z "$how" ]; then
         if [ -d "$ROOT/deploy/helm/vgpu-shim" ]; then how=helm; else how=kubectl; fi
     fi
+    [ "$how" = none ] && return
     case "$mode" in
         device-plugin) kubectl label node "$NODE" nvidia-device-enable=enable --overwrite >&2 ;;
         dra) kubectl label node "$NODE" vgpu-shim.io/mode=dra --overwrite >&2 ;;
     esac
     case "$how" in
-        none) return ;;
         helm)
             [ -e "$ROOT/deploy/namespace.yaml" ] && kubectl apply -f "$ROOT/deploy/namespace.yaml" >&2
             helm --kubeconfig "$STATE/admin.kubeconfig" upgrade --install vgpu-shim "$ROOT/deploy/helm/vgpu-shim" \
