@@ -288,18 +288,18 @@ dp_impossible_pods() {
     kubectl delete pod toobig toowide --wait --timeout 60s >/dev/null
 }
 
-# holder_pod NAME CORES: one container per card, each with a whole card's memory and
-# CORES cores (none when 0).
+# holder_pod NAME CORES [MEMORY]: one container per card, each with CORES cores and
+# MEMORY units (none when not given).
 holder_pod() {
-    local containers="" i cores=""
-    [ "$2" = 0 ] || cores="tencent.com/vcuda-core: $2, "
+    local containers="" i limits="tencent.com/vcuda-core: $2"
+    [ -z "${3:-}" ] || limits+=", tencent.com/vcuda-memory: $3"
     for i in $(seq 1 $CARDS); do
         containers+="
     - name: c$i
       image: $IMAGE
       command: [sleep, infinity]
       resources:
-        limits: { ${cores}tencent.com/vcuda-memory: $CARD_UNITS }"
+        limits: { $limits }"
     done
     kubectl apply -f - <<EOF
 apiVersion: v1
@@ -312,15 +312,16 @@ spec:
 EOF
 }
 
-# Every card's memory taken (memory-only containers), a pod that needs any stays
-# Pending; delete the holder and it runs (the scheduler's count and the plugin's own
-# both freed).
+# Every card's cores taken (one whole card's cores per container, no memory: the plugin
+# refuses memory without cores at PreStartContainer, and a container with both trips the
+# split-card bug below), a pod that needs any stays Pending; delete the holder and it
+# runs (the scheduler's count and the plugin's own both freed).
 dp_delete_frees() {
-    holder_pod holder 0 >/dev/null || return 1
+    holder_pod holder 100 >/dev/null || return 1
     wait_until 180 phase_is holder Running || { describe_pod holder; fail "holder is $(phase holder)"; }
     dp_pod next 10 4 sleep infinity >/dev/null || return 1
     sleep 10
-    [ "$(phase next)" = Pending ] || { describe_pod next; fail "next is $(phase next) while every card's memory is held"; }
+    [ "$(phase next)" = Pending ] || { describe_pod next; fail "next is $(phase next) while every card's cores are held"; }
     kubectl delete pod holder --wait --timeout 60s >/dev/null || return 1
     wait_until 120 phase_is next Running || { describe_pod next; fail "next is $(phase next) after holder is gone"; }
     echo "next ran once holder was deleted (card $(card_of next))"
@@ -330,7 +331,7 @@ dp_delete_frees() {
 # A pod of one container per card, each with 10 cores and a whole card's memory, fits
 # the node; the plugin places each container's cores where its memory can follow.
 dp_containers_with_cores_and_a_cards_memory() {
-    holder_pod cardfuls 10 >/dev/null || return 1
+    holder_pod cardfuls 10 "$CARD_UNITS" >/dev/null || return 1
     wait_until 120 phase_is cardfuls Running || {
         kubectl get events --field-selector involvedObject.name=cardfuls -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' | grep -i precondition | tail -2 | cut -c1-400
         kubectl delete pod cardfuls --wait=false >/dev/null 2>&1
