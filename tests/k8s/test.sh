@@ -318,10 +318,18 @@ EOF
 # runs (the scheduler's count and the plugin's own both freed).
 dp_delete_frees() {
     holder_pod holder 100 >/dev/null || return 1
-    wait_until 180 phase_is holder Running || { describe_pod holder; fail "holder is $(phase holder)"; }
+    wait_until 180 phase_is holder Running || {
+        describe_pod holder
+        kubectl delete pod holder --wait=false >/dev/null 2>&1
+        fail "holder is $(phase holder)"
+    }
     dp_pod next 10 4 sleep infinity >/dev/null || return 1
     sleep 10
-    [ "$(phase next)" = Pending ] || { describe_pod next; fail "next is $(phase next) while every card's cores are held"; }
+    [ "$(phase next)" = Pending ] || {
+        describe_pod next
+        kubectl delete pod holder next --wait=false >/dev/null 2>&1
+        fail "next is $(phase next) while every card's cores are held"
+    }
     kubectl delete pod holder --wait --timeout 60s >/dev/null || return 1
     wait_until 120 phase_is next Running || { describe_pod next; fail "next is $(phase next) after holder is gone"; }
     echo "next ran once holder was deleted (card $(card_of next))"
