@@ -441,6 +441,13 @@ device_plugin_run() { # helm|kubectl
     kubectl delete pod vcuda-example --ignore-not-found --wait --timeout 60s >/dev/null
     check "dp[$how] the example quota: 2560MiB through the shims, OOM past it" dp_example_quota
     check "dp[$how] a pod no card holds is Pending or refused with a reason" dp_impossible_pods
+    check "dp[$how] two pods share one card" dp_two_pods_one_card
+    check "dp[$how] a kubelet restart loses nothing" dp_kubelet_restart
+    check "dp[$how] a plugin restart loses nothing" dp_plugin_restart
+    check "dp[$how] RBAC: what the plugin does and nothing more" dp_rbac
+    dp_cleanup
+    # Last: a deleted pod's devices stay taken in the plugin until its garbage
+    # collection, so the checks that delete pods go after those that need free cards.
     known "dp[$how] deleting a pod frees its share" \
         "the plugin frees a deleted pod's devices only at its garbage collection (gc_interval_secs 60, gc_grace_secs 300) while the kubelet hands them out at once: the next pod is admitted, GetPreferredAllocation has nothing to offer, the kubelet picks core IDs across all cards and Allocate refuses them (UnexpectedAdmissionError: core IDs span cards)" \
         dp_delete_frees
@@ -449,11 +456,6 @@ device_plugin_run() { # helm|kubectl
         "the plugin binpacks a container's cores and its memory apart: the second container's cores go to the first one's card, its memory cannot follow, and PreStartContainer refuses it forever (FailedPrecondition: cores are on card A but memory is on card B)" \
         dp_containers_with_cores_and_a_cards_memory
     kubectl delete pod cardfuls --ignore-not-found --wait --timeout 60s >/dev/null
-    check "dp[$how] two pods share one card" dp_two_pods_one_card
-    check "dp[$how] a kubelet restart loses nothing" dp_kubelet_restart
-    check "dp[$how] a plugin restart loses nothing" dp_plugin_restart
-    check "dp[$how] RBAC: what the plugin does and nothing more" dp_rbac
-    dp_cleanup
     check "dp[$how] uninstall" dp_uninstall "$how"
 }
 
