@@ -35,7 +35,7 @@
 # mode; default helm when deploy/helm/vgpu-shim exists, else kubectl), VGPU_DEBIAN_DEBS
 # (the 535 .debs, default target/debian-debs, downloaded with apt-get when missing).
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 STATE=${VGPU_K8S_STATE:-/var/lib/vgpu-k8s}
 RUN_DIR=/run/vgpu-k8s
@@ -241,8 +241,7 @@ make_network() {
       "ipam": {
         "type": "host-local",
         "dataDir": "$STATE/cni/ipam",
-        "ranges": [[{ "subnet": "$POD_CIDR", "rangeStart": "10.244.0.10", "gateway": "$NODE_IP" }]],
-        "routes": [{ "dst": "0.0.0.0/0" }]
+        "ranges": [[{ "subnet": "$POD_CIDR", "rangeStart": "10.244.0.10", "gateway": "$NODE_IP" }]]
       }
     },
     { "type": "loopback" }
@@ -310,7 +309,7 @@ make_pause_image() {
     cc -static -O2 -o "$work/rootfs/pause" "$HERE/pause/pause.c"
     tar -C "$work/rootfs" -cf "$work/pause.tar" pause
     CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} \
-        podman import --change 'ENTRYPOINT ["/pause"]' "$work/pause.tar" localhost/vgpu-k8s/pause:1 >/dev/null
+        podman import --quiet --change 'ENTRYPOINT ["/pause"]' "$work/pause.tar" localhost/vgpu-k8s/pause:1 >/dev/null
 }
 
 ctr_() { ctr --address "$CONTAINERD_SOCKET" --namespace k8s.io "$@"; }
@@ -406,6 +405,9 @@ state = "$RUN_DIR/containerd"
     sandbox = "localhost/vgpu-k8s/pause:1"
 
 [plugins.'io.containerd.cri.v1.runtime']
+  # This machine's root lacks CAP_SYS_RESOURCE: no process may lower its
+  # oom_score_adj, which runc does for the kubelet's sandboxes (-998) and critical pods.
+  restrict_oom_score_adj = true
   enable_cdi = true
   cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
@@ -474,15 +476,17 @@ install_mode() {
     if [ -z "$how" ]; then
         if [ -d "$ROOT/deploy/helm/vgpu-shim" ]; then how=helm; else how=kubectl; fi
     fi
+    [ "$how" = none ] && return
     case "$mode" in
         device-plugin) kubectl label node "$NODE" nvidia-device-enable=enable --overwrite >&2 ;;
         dra) kubectl label node "$NODE" vgpu-shim.io/mode=dra --overwrite >&2 ;;
     esac
     case "$how" in
-        none) return ;;
         helm)
+            [ -e "$ROOT/deploy/namespace.yaml" ] && kubectl apply -f "$ROOT/deploy/namespace.yaml" >&2
             helm --kubeconfig "$STATE/admin.kubeconfig" upgrade --install vgpu-shim "$ROOT/deploy/helm/vgpu-shim" \
-                --namespace vgpu-system --create-namespace --set mode="$mode" --wait --timeout 5m >&2
+                --namespace vgpu-system --create-namespace --set mode="$mode" \
+                --set 'prepareDriver.extraArgs={--allow-missing-exports}' >&2
             ;;
         kubectl)
             local files=()
@@ -492,12 +496,33 @@ install_mode() {
                 dra) files+=(-f "$ROOT/deploy/dra/device-class.yaml" -f "$ROOT/deploy/dra/vgpu-dra-plugin.yaml") ;;
             esac
             kubectl apply "${files[@]}" >&2
-            local daemonset=vgpu-plugin
-            [ "$mode" = dra ] && daemonset=vgpu-dra-plugin
-            kubectl -n vgpu-system rollout status "daemonset/$daemonset" --timeout 5m >&2
             ;;
         *) die "VGPU_K8S_INSTALL=$how: helm, kubectl or none" ;;
     esac
+    local daemonset=vgpu-plugin
+    [ "$mode" = dra ] && daemonset=vgpu-dra-plugin
+    sim_patch "$daemonset"
+    kubectl -n vgpu-system rollout status "daemonset/$daemonset" --timeout 5m >&2
+}
+
+# What a node with the simulated driver needs beyond a GPU node, applied to the installed
+# DaemonSet (vgpu-plugin or vgpu-dra-plugin):
+# * `vgpu-ldconfig prepare --allow-missing-exports`: the sim is one library exporting
+#   both the CUDA and the NVML names, in both real libraries' place, so each shim
+#   "lacks" the other API's names and the export check refuses it (as it should refuse
+#   a real driver the shims do not cover: plugin/tests/image.rs proves that check on
+#   Debian's real 535 libraries);
+# * VGPU_SIM_STATE in the daemon: the sim keeps the cards' shared state in a file (a real
+#   driver keeps it in the kernel); /var/lib/vgpu is already the daemon's host folder.
+SIM_STATE=/var/lib/vgpu/sim/state
+sim_patch() { # DAEMONSET
+    local daemonset=$1 command
+    command=$(kubectl -n vgpu-system get daemonset "$daemonset" -o jsonpath='{.spec.template.spec.initContainers[0].command}')
+    if [[ $command != *--allow-missing-exports* ]]; then
+        kubectl -n vgpu-system patch daemonset "$daemonset" --type json \
+            -p '[{"op": "add", "path": "/spec/template/spec/initContainers/0/command/-", "value": "--allow-missing-exports"}]' >&2
+    fi
+    kubectl -n vgpu-system set env "daemonset/$daemonset" -c "$daemonset" "VGPU_SIM_STATE=$SIM_STATE" >&2
 }
 
 print_env() {
@@ -521,6 +546,13 @@ up() {
             grep -qxF "$dir" "$STATE/created" 2>/dev/null || echo "$dir" >> "$STATE/created"
         fi
     done
+    # The DaemonSets mount the host's / with HostToContainer propagation, which the
+    # runtime allows only from a shared or slave mount: systemd makes / shared on every
+    # node; this machine has no systemd and a private /. `down` puts it back.
+    if [ "$(findmnt -n -o PROPAGATION /)" = private ]; then
+        mount --make-rshared /
+        touch "$STATE/root-was-private"
+    fi
     build_tools
     versions
     local ref
@@ -613,6 +645,7 @@ down() {
         done < "$STATE/created"
     fi
     rm -rf "$RUN_DIR"
+    [ -e "$STATE/root-was-private" ] && mount --make-rprivate /
     rm -rf --one-file-system "$STATE"
     CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} podman rmi localhost/vgpu-k8s/pause:1 >/dev/null 2>&1 || true
     log "down: nothing left"
@@ -633,6 +666,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
         versions)
             PATH=$(tools_path):$PATH
             versions
+            ;;
+        sim-patch)
+            PATH=$(tools_path):$PATH
+            sim_patch "${2:?sim-patch DAEMONSET}"
             ;;
         *) die "usage: $0 up [device-plugin|dra] | down | env | restart-kubelet | versions" ;;
     esac
