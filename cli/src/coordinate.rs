@@ -69,9 +69,10 @@ struct Registration {
     id: String,
     region: PathBuf,
     devices: Vec<RegisteredDevice>,
-    /// Memory quotas by card UUID, for the backstop.
+    /// Memory quotas by card UUID (with the card's place in the region), for the
+    /// backstop.
     #[serde(default)]
-    memory: Vec<(String, u64)>,
+    memory: Vec<(String, usize, u64)>,
     #[serde(default)]
     over_quota: OverQuota,
     pid: i32,
@@ -107,7 +108,7 @@ impl Registration {
             memory: spec
                 .memory
                 .iter()
-                .map(|quota| (quota.uuid.clone(), quota.memory_limit))
+                .map(|quota| (quota.uuid.clone(), quota.region_index, quota.memory_limit))
                 .collect(),
             over_quota: spec.over_quota,
             pid: me.pid,
@@ -137,8 +138,9 @@ impl Registration {
             memory: self
                 .memory
                 .iter()
-                .map(|(uuid, memory_limit)| MemoryEntitlement {
+                .map(|(uuid, region_index, memory_limit)| MemoryEntitlement {
                     uuid: uuid.clone(),
+                    region_index: *region_index,
                     memory_limit: *memory_limit,
                 })
                 .collect(),

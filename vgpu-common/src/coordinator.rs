@@ -64,6 +64,8 @@ pub struct Entitlement {
 pub struct MemoryEntitlement {
     /// The card's UUID.
     pub uuid: String,
+    /// The card's place in the container's config and usage region.
+    pub region_index: usize,
     /// Its quota there, bytes.
     pub memory_limit: u64,
 }
@@ -100,8 +102,10 @@ impl ContainerSpec {
         let memory = config
             .devices
             .iter()
-            .filter_map(|device| {
+            .enumerate()
+            .filter_map(|(region_index, device)| {
                 Some(MemoryEntitlement {
+                    region_index,
                     memory_limit: device.memory_limit?.bytes(),
                     uuid: uuid_for(device)?,
                 })
@@ -538,7 +542,23 @@ impl Coordinator {
                     continue;
                 }
                 let key = (spec.id.clone(), quota.uuid.clone());
-                let since = self.over_since.get(&key).copied().unwrap_or(now_ns);
+                let since = match self.over_since.get(&key) {
+                    Some(since) => *since,
+                    None => {
+                        // Newly over: the host's own counter word in the container's
+                        // region (the plugin's metric and its Event on the pod read it).
+                        if let Err(error) = crate::snapshot::count_over_quota_by_io(
+                            &spec.region,
+                            quota.region_index,
+                        ) {
+                            report.problems.push(format!(
+                                "container {}: over-quota count not written: {error}",
+                                spec.id
+                            ));
+                        }
+                        now_ns
+                    }
+                };
                 let over_for_ns = now_ns.saturating_sub(since);
                 let mut over = Over {
                     container: spec.id.clone(),
@@ -1309,6 +1329,7 @@ mod backstop_tests {
             devices: Vec::new(),
             memory: vec![MemoryEntitlement {
                 uuid: CARD.into(),
+                region_index: 0,
                 memory_limit: 1 << 30,
             }],
             over_quota: policy,
@@ -1344,10 +1365,19 @@ mod backstop_tests {
         );
         let record = Record::read(&dir.path().join("cards")).expect("record");
         assert_eq!(record.over_quota, report.over_quota);
+        // The host counted the episode in the container's region, once.
+        let over_count = || {
+            crate::snapshot::RegionSnapshot::read(&spec.region)
+                .expect("region")
+                .counters(0)
+                .over_quota
+        };
+        assert_eq!(over_count(), 1);
         // Two seconds later, still over: the default policy still only reports.
         let later = coordinator.tick_at(std::slice::from_ref(&spec), now + 2_000_000_000);
         assert_eq!(later.over_quota[0].action, Action::Reported);
         assert_eq!(later.over_quota[0].over_for_ns, 2_000_000_000);
+        assert_eq!(over_count(), 1, "one count per time over, not per tick");
         // Back within the quota: nothing reported, the record is gone.
         *figures.lock().expect("figures") = vec![(me.pid as u32, 900 * MIB)];
         let within = coordinator.tick_at(std::slice::from_ref(&spec), now + 3_000_000_000);
