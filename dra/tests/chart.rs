@@ -351,11 +351,12 @@ fn accepted_keys(error: &str) -> BTreeSet<String> {
     let list = error
         .split("expected one of")
         .nth(1)
-        .unwrap_or_else(|| panic!("serde's message changed: {error}"));
-    list.split('`')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_string)
+        .unwrap_or_else(|| panic!("the parser's message changed: {error}"));
+    // serde-saphyr: `a, b, c at line L, column C` (serde's own: backticked names).
+    let list = list.split(" at line ").next().unwrap_or(list);
+    list.split(',')
+        .map(|key| key.trim().trim_matches('`').to_string())
+        .filter(|key| !key.is_empty())
         .collect()
 }
 
