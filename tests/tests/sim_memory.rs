@@ -379,8 +379,10 @@ fn each_vgpu_run_is_its_own_pid_namespace_and_nvml_sees_only_it() {
     let list = "import json, os, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); \
          print('RESULT ' + json.dumps({'me': os.getpid(), 'pids': [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)], \
          'proc': sorted(int(d) for d in os.listdir('/proc') if d.isdigit())}))";
+    // The marker is removed first: the second run must not find the first run's marker
+    // and list before its holder has printed (the holder's RESULT line would be last).
     let script = format!(
-        "python3 {hold} hold 64 30 {inner} & while [ ! -s {inner} ]; do sleep 0.05; done; \
+        "rm -f {inner}; python3 {hold} hold 64 30 {inner} & while [ ! -s {inner} ]; do sleep 0.05; done; \
          LD_LIBRARY_PATH={bare} python3 -c \"{list}\"; kill $!",
         hold = client("cuda_check.py"),
         inner = host.dir.path().join("inner.pid").display(),
