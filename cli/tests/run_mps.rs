@@ -174,3 +174,71 @@ fn runs_join_the_daemon_vgpu_mps_keeps_and_leave_it_running() {
     );
     assert!(!pid_file.exists());
 }
+
+/// NVML inside an MPS run lists the container's process and what it holds (the H200's
+/// MPS section once read 0 MiB there: its inner loop never saw the marker, so it looked
+/// after the holder had exited; this checks the view itself on the run's MPS path).
+#[test]
+fn nvml_inside_an_mps_run_shows_the_containers_process_and_its_memory() {
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
+    vgpu_test_support::require!(vgpu_test_support::Need::Python(&[
+        "cuda.bindings.driver",
+        "pynvml"
+    ]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("holder.pid");
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clients/cuda_check.py");
+    let view = "import json, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); \
+         m = pynvml.nvmlDeviceGetMemoryInfo(h); \
+         print('RESULT ' + json.dumps({'total': m.total, 'used': m.used, \
+         'pids': [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]}))";
+    let script = format!(
+        "python3 {client} hold 512 30 {marker} >/dev/null & \
+         while [ ! -s {marker} ]; do sleep 0.05; done; python3 -c \"{view}\"; kill $!",
+        client = client.display(),
+        marker = marker.display(),
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_vgpu"))
+        .args(["run", "--simulate", "--mps", "--mps-dir"])
+        .arg(dir.path().join("mps"))
+        .args([
+            "--cores", "50", "--memory", "2GiB", "--", "bash", "-c", &script,
+        ])
+        .env("PATH", path_with_fake())
+        .env("VGPU_HOST_DIR", dir.path().join("host"))
+        .env("VGPU_SIM_STATE", dir.path().join("sim-state"))
+        .env_remove("VGPU_CONFIG")
+        .output()
+        .expect("run vgpu");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix("RESULT "))
+        .unwrap_or_else(|| {
+            panic!(
+                "no RESULT line:\n{stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+    let holder: u64 = std::fs::read_to_string(&marker)
+        .expect("marker")
+        .trim()
+        .parse()
+        .expect("pid");
+    let result: serde_json::Value = serde_json::from_str(line).expect("RESULT json");
+    assert_eq!(
+        result["total"],
+        2u64 << 30,
+        "the quota is the total: {result}"
+    );
+    assert!(
+        result["used"].as_u64().expect("used") >= 512 << 20,
+        "the holder's 512 MiB is used: {result}"
+    );
+    assert_eq!(
+        result["pids"],
+        serde_json::json!([holder]),
+        "the holder is the process listed: {result}"
+    );
+}

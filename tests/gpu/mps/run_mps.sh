@@ -126,7 +126,7 @@ if left; then
         script=$GPU/torch_quota.py; args="default"
         [ "$fw" = cupy ] && { script=$GPU/cupy_quota.py; args=""; }
         rm -f "$WORK/$fw.marker"
-        mps_run 50 --memory 4GiB -- sh -c "python3 $script $args $WORK/$fw.marker & for i in \$(seq 400); do [ -s $WORK/$fw.marker ] \&\& break; sleep 0.1; done; echo INSIDE; nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; wait" > "$D/memory-$fw.txt" 2>&1 &
+        mps_run 50 --memory 4GiB -- sh -c "python3 $script $args $WORK/$fw.marker & for i in \$(seq 400); do [ -s $WORK/$fw.marker ] && break; sleep 0.1; done; echo INSIDE; nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; wait" > "$D/memory-$fw.txt" 2>&1 &
         J=$!
         if wait_file "$WORK/$fw.marker" 40 "$J"; then
             nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader > "$D/memory-$fw-outside.txt" 2>&1
