@@ -210,23 +210,13 @@ fn nvml_inside_an_mps_run_shows_the_containers_process_and_its_memory() {
         .env_remove("VGPU_CONFIG")
         .output()
         .expect("run vgpu");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix("RESULT "))
-        .unwrap_or_else(|| {
-            panic!(
-                "no RESULT line:\n{stdout}\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-        });
+    let line = vgpu_test_support::result_line(&output);
     let holder: u64 = std::fs::read_to_string(&marker)
         .expect("marker")
         .trim()
         .parse()
         .expect("pid");
-    let result: serde_json::Value = serde_json::from_str(line).expect("RESULT json");
+    let result: serde_json::Value = serde_json::from_str(&line).expect("RESULT json");
     assert_eq!(
         result["total"],
         2u64 << 30,

@@ -1,6 +1,6 @@
 //! Test plumbing shared by every crate's tests: where a Cargo build left the workspace's
 //! libraries and programs (`built`), Debian's driver packages the export checks read
-//! (`debian`), and the one policy for what a test needs from the
+//! (`debian`), a client's `RESULT` line (`client_output`), and the one policy for what a test needs from the
 //! machine (`prerequisites`, the `require!` macro).
 //!
 //! The policy, in short: a test that needs something this workspace does not build
@@ -12,9 +12,11 @@
 #![forbid(unsafe_code)]
 
 pub mod built;
+pub mod client_output;
 pub mod debian;
 pub mod prerequisites;
 
 pub use built::{built, in_profile_dir, profile_dir};
+pub use client_output::result_line;
 pub use debian::unpack_debian_driver;
 pub use prerequisites::{Need, in_ci, present};

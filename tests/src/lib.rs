@@ -228,19 +228,8 @@ pub fn host_pid_of(ancestor: u32, ns_pid: i32) -> Option<i32> {
 
 /// The JSON object printed on the last line starting with `RESULT `.
 pub fn result_json(output: &Output) -> serde_json::Value {
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix("RESULT "))
-        .unwrap_or_else(|| {
-            panic!(
-                "no RESULT line; status {:?}\nstdout:\n{stdout}\nstderr:\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            )
-        });
-    serde_json::from_str(line).unwrap_or_else(|err| panic!("bad RESULT json {line}: {err}"))
+    let line = vgpu_test_support::result_line(output);
+    serde_json::from_str(&line).unwrap_or_else(|err| panic!("bad RESULT json {line}: {err}"))
 }
 
 /// A script under tests/clients/.
