@@ -110,8 +110,14 @@ fn scan_prepare_and_layout_from_the_command_line() {
     )
     .unwrap();
 
+    // `--driver-root /` and no kernel module file: the machine's own
+    // /run/nvidia/driver (a GPU Operator's, or tests/k8s's sim node) must not be found.
     let output = vgpu_ldconfig(&[
         "scan",
+        "--driver-root",
+        "/",
+        "--proc-version",
+        "/nonexistent",
         "--cache",
         path(&cache),
         "--extra-dir",
@@ -120,10 +126,8 @@ fn scan_prepare_and_layout_from_the_command_line() {
     ]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let scan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    // The host may have a loaded kernel module of another version; otherwise the name tells.
-    if !Path::new("/proc/driver/nvidia/version").exists() {
-        assert_eq!(scan["version"], DEBIAN_VERSION);
-    }
+    // No kernel module file: the libraries' names tell the version.
+    assert_eq!(scan["version"], DEBIAN_VERSION);
     let sonames: Vec<&str> = scan["libraries"]
         .as_array()
         .unwrap()
@@ -151,6 +155,10 @@ fn scan_prepare_and_layout_from_the_command_line() {
         path(&cache),
         "--extra-dir",
         path(&driver.lib_dir),
+        "--driver-root",
+        "/",
+        "--proc-version",
+        "/nonexistent",
     ];
     let refused = vgpu_ldconfig(&prepare_args);
     assert_eq!(refused.status.code(), Some(2));
@@ -222,13 +230,15 @@ fn scan_prepare_and_layout_from_the_command_line() {
     let version_dir = vgpu_ldconfig::prepared_dir(&dest);
     assert_ne!(version_dir, dest);
     assert_eq!(layout["mounts"][0]["host_path"], path(&version_dir));
-    let plain = text(&vgpu_ldconfig(&["layout"]).stdout);
-    assert!(
-        plain.contains(
-            "mount /var/lib/vgpu/driver/shim/libcuda_shim.so => /usr/lib64/libcuda.so.1 (ro)"
-        ),
-        "{plain}"
+    // A folder nothing was prepared in (not the machine's /var/lib/vgpu/driver, which a
+    // node of tests/k8s may have filled): the plain lines name the folder itself.
+    let unprepared = work.path().join("unprepared");
+    let plain = text(&vgpu_ldconfig(&["layout", "--host-driver-dir", path(&unprepared)]).stdout);
+    let wanted = format!(
+        "mount {}/shim/libcuda_shim.so => /usr/lib64/libcuda.so.1 (ro)",
+        unprepared.display()
     );
+    assert!(plain.contains(&wanted), "{plain}");
 }
 
 #[test]
