@@ -6,7 +6,7 @@
 //! card by UUID or by `index:` (which counts in PCI order, as nvidia-smi and NVML do);
 //! one not on the host stays hidden, with one stderr line.
 
-use vgpu_common::{CoreMode, DeviceQuota, DeviceSelector};
+use vgpu_contract::{CoreMode, DeviceQuota, DeviceSelector};
 use vgpu_shimgen::runtime;
 
 use crate::cuda::*;
@@ -239,7 +239,7 @@ pub fn total_memory(handle: CUdevice) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_common::ByteSize;
+    use vgpu_contract::ByteSize;
 
     const GIB: u64 = 1 << 30;
 

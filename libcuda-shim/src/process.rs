@@ -11,9 +11,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use vgpu_common::config::MAX_DEVICES;
-use vgpu_common::process;
-use vgpu_common::region::SlotId;
+use vgpu_contract::config::MAX_DEVICES;
+use vgpu_contract::process;
+use vgpu_contract::region::SlotId;
 use vgpu_shimgen::runtime;
 
 use crate::fork_epoch;

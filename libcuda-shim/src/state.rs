@@ -17,8 +17,8 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use vgpu_common::config::Config;
-use vgpu_common::region::{OpenOutcome, Region, RegionError};
+use vgpu_contract::config::Config;
+use vgpu_contract::region::{OpenOutcome, Region, RegionError};
 use vgpu_shimgen::runtime::{self, FailedClosed, RealLibrary, StartConfig};
 
 use crate::cuda::*;

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use vgpu_common::config::Config;
+use vgpu_contract::config::Config;
 use vgpu_shimgen::runtime::{self, FailedClosed, RealLibrary, StartConfig};
 
 use crate::devices::VisibleGpu;

@@ -92,7 +92,7 @@ fn mib(bytes: u64) -> String {
 fn warning_due() -> bool {
     use std::sync::atomic::{AtomicU64, Ordering};
     static LAST_NS: AtomicU64 = AtomicU64::new(0);
-    let now = vgpu_common::clock::monotonic_ns().max(1);
+    let now = vgpu_contract::clock::monotonic_ns().max(1);
     let last = LAST_NS.load(Ordering::Relaxed);
     (last == 0 || now.saturating_sub(last) >= 1_000_000_000)
         && LAST_NS

@@ -41,11 +41,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use vgpu_common::CoreMode;
-use vgpu_common::cardview::{self, CardView};
-use vgpu_common::clock::monotonic_ns;
-use vgpu_common::limiter_words::slot as slot_words;
-use vgpu_common::region::{Region, SLOT_LIMITER_WORDS, SlotId};
+use vgpu_contract::CoreMode;
+use vgpu_contract::cardview::{self, CardView};
+use vgpu_contract::clock::monotonic_ns;
+use vgpu_contract::limiter_words::slot as slot_words;
+use vgpu_contract::region::{Region, SLOT_LIMITER_WORDS, SlotId};
 
 use crate::cuda::*;
 use crate::current::PER_THREAD_KEY_BIT;

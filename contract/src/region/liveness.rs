@@ -160,13 +160,13 @@ pub(crate) fn wanting_host_pids(bytes: &impl RegionBytes) -> Vec<WantedHostPid> 
 
 /// A live slot whose owner runs in another PID namespace and has no host PID yet: its
 /// index, PID (in its own namespace), PID namespace and start time.
-pub(crate) type WantedHostPid = (usize, i32, u64, u64);
+pub type WantedHostPid = (usize, i32, u64, u64);
 
 /// The host PIDs of `wanted` slots: a process in `proc_root` (the host's `/proc`) whose
 /// PID namespace is the slot's, whose innermost `NSpid` is the slot's PID and whose
 /// start time is the slot's. Returns (slot index, host PID) pairs; no scan at all when
 /// nothing is wanted.
-pub(crate) fn find_host_pids(wanted: &[WantedHostPid], proc_root: &Path) -> Vec<(usize, i32)> {
+pub fn find_host_pids(wanted: &[WantedHostPid], proc_root: &Path) -> Vec<(usize, i32)> {
     let mut found = Vec::new();
     if wanted.is_empty() {
         return found;

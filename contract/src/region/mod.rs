@@ -50,8 +50,8 @@ pub use layout::{
     CONTAINER_LIMITER_WORDS, COUNTER_WORDS, MAX_SLOTS, REGION_LEN, RegionDevice,
     SLOT_LIMITER_WORDS, VERSION,
 };
-pub(crate) use liveness::{dead_slots, find_host_pids, wanting_host_pids};
-pub use liveness::{is_dead, judge, nvml_match};
+pub use liveness::{WantedHostPid, find_host_pids, is_dead, judge, nvml_match};
+pub(crate) use liveness::{dead_slots, wanting_host_pids};
 pub use open::{OpenOutcome, RegionError};
 pub(crate) use read::RegionBytes;
 pub use read::{MAX_COUNT, ProcessUsage};
