@@ -35,7 +35,7 @@ pub type Policy = runtime::Policy<Enforcer>;
 /// What the shim learned at load.
 pub struct Shim {
     /// The real driver library, when it could be loaded.
-    pub driver: Option<RealLibrary>,
+    pub library: Option<RealLibrary>,
     /// What the hooks do.
     pub policy: Policy,
 }
@@ -111,7 +111,7 @@ fn load() -> Shim {
         unloaded_effect: "every CUDA call returns CUDA_ERROR_NOT_INITIALIZED",
         fail_closed_effect: "hiding every GPU (fail-closed)",
     };
-    let (driver, config, driver_dir) = start.run(
+    let (library, config, driver_dir) = start.run(
         &exports::NAMES,
         &SLOTS,
         |index| exports::HOOKS[index].is_some(),
@@ -126,7 +126,7 @@ fn load() -> Shim {
         },
     };
     crate::process::register_handlers();
-    Shim { driver, policy }
+    Shim { library, policy }
 }
 
 impl Enforcer {
