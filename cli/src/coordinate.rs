@@ -5,16 +5,18 @@
 //! (`<host>/containers/<container_id>.<pid>.json`: its region and what it is entitled
 //! to on which card) and, in a thread, tries every tick to take `<host>/coordinator.lock`
 //! (`flock`, released by the kernel when its holder exits). The run that holds it runs
-//! [`Coordinator::tick`] over every registration whose owner is alive and writes the
-//! card views into `<host>/cards`, which every container's config names as its
-//! `card_state_dir`; when that run ends, another takes over within a tick. The host
-//! folder is `$VGPU_HOST_DIR`, else `/run/vgpu` for root, else a folder of the user's.
+//! the node's one coordination loop ([`vgpu_coordination::tick`]) over every
+//! registration whose owner is alive, which writes the card views into `<host>/cards`
+//! (every container's config names it as its `card_state_dir`); when that run ends,
+//! another takes over within a tick. The host folder is `$VGPU_HOST_DIR`, else
+//! `/run/vgpu` for root, else a folder of the user's.
 //!
 //! The coordinator checks what each container measured against the card's own
-//! per-process utilization, through the real NVML ([`NvmlMeter`]). NVML loads
-//! `libcuda.so.1`, which in this mount namespace is our shim bound over the public
-//! driver: [`pin_real_driver`] loads the real one first, so the host side never runs the
-//! shim (which, without a config, would say it cannot find the real driver).
+//! per-process utilization, through the real NVML
+//! ([`vgpu_coordination::cardmeter::NvmlMeter`]). NVML loads `libcuda.so.1`, which in
+//! this mount namespace is our shim bound over the public driver: [`pin_real_driver`]
+//! loads the real one first, so the host side never runs the shim (which, without a
+//! config, would say it cannot find the real driver).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -26,14 +28,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use vgpu_common::CoreMode;
-use vgpu_common::OverQuota;
-use vgpu_common::cardmeter::NvmlMeter;
-use vgpu_common::config::DRIVER_DIR_ENV;
-use vgpu_common::coordinator::{
-    ContainerSpec, Coordinator, Entitlement, MemoryEntitlement, TICK_NS,
-};
-use vgpu_common::process;
+use vgpu_contract::CoreMode;
+use vgpu_contract::OverQuota;
+use vgpu_contract::config::DRIVER_DIR_ENV;
+use vgpu_contract::process;
+use vgpu_coordination::coordinator::{ContainerSpec, Entitlement, MemoryEntitlement, TickReport};
+use vgpu_coordination::tick;
 
 /// Env var naming the host folder.
 pub const HOST_DIR_ENV: &str = "VGPU_HOST_DIR";
@@ -233,58 +233,65 @@ pub fn start(host: &Path, spec: &ContainerSpec, nvml: &Path) -> Result<Coordinat
 }
 
 /// Every tick: take the lock if nobody holds it; while holding it, coordinate (with
-/// the card's own figures from the NVML at `nvml`, where it loads).
+/// the card's own figures from the NVML at `nvml`, where it loads): the one loop of
+/// [`tick::run`], elected by the lock, over the registrations, into the trace.
 fn elect_and_coordinate(host: &Path, nvml: &Path, lock: &File, stop: &AtomicBool) {
-    let mut coordinator: Option<Coordinator> = None;
-    let mut trace = Trace::from_env();
-    let started = std::time::Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        if coordinator.is_none()
-            // SAFETY: flock on a descriptor we hold open for the thread's life.
-            && unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0
-        {
-            coordinator = Coordinator::new(&cards_dir(host)).ok().map(|coordinator| {
-                match NvmlMeter::open(nvml) {
-                    Ok(meter) => coordinator.with_meter(Box::new(meter), Path::new("/proc")),
-                    Err(error) => {
-                        trace.line(started, &format!("meter none: {}: {error}", nvml.display()));
-                        coordinator
-                    }
-                }
-            });
-        }
-        if let Some(coordinator) = coordinator.as_mut() {
-            let report = coordinator.tick(&registered(&host.join("containers")));
-            for judgement in &report.judgements {
-                trace.line(started, &judgement.render());
-            }
-            for problem in &report.problems {
-                trace.line(started, &format!("problem {problem}"));
-            }
-        }
-        std::thread::sleep(Duration::from_nanos(TICK_NS));
-    }
+    let settings = tick::Settings {
+        cards_dir: cards_dir(host),
+        nvml: Some(nvml.to_path_buf()),
+        host_proc: PathBuf::from("/proc"),
+        refresh: Duration::ZERO,
+    };
+    let containers = host.join("containers");
+    let inputs = tick::Loop {
+        // SAFETY: flock on a descriptor we hold open for the thread's life.
+        elect: &mut || unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0,
+        containers: &mut || registered(&containers),
+        stop: &|| stop.load(Ordering::Relaxed),
+    };
+    tick::run(&settings, inputs, &mut Trace::from_env());
 }
 
 /// The opt-in trace of [`TRACE_ENV`]: lines stamped with milliseconds since the thread
 /// started; a file that cannot be written turns it off.
-struct Trace(Option<File>);
+struct Trace {
+    file: Option<File>,
+    started: std::time::Instant,
+}
 
 impl Trace {
     fn from_env() -> Trace {
         let file = std::env::var_os(TRACE_ENV)
             .filter(|path| !path.is_empty())
             .and_then(|path| File::options().create(true).append(true).open(path).ok());
-        Trace(file)
+        Trace {
+            file,
+            started: std::time::Instant::now(),
+        }
     }
 
-    fn line(&mut self, started: std::time::Instant, text: &str) {
+    fn line(&mut self, text: &str) {
         use std::io::Write;
-        if let Some(file) = self.0.as_mut() {
-            let ms = started.elapsed().as_millis();
+        if let Some(file) = self.file.as_mut() {
+            let ms = self.started.elapsed().as_millis();
             if writeln!(file, "{ms} {text}").is_err() {
-                self.0 = None;
+                self.file = None;
             }
+        }
+    }
+}
+
+impl tick::Watch for Trace {
+    fn without_meter(&mut self, nvml: &Path, error: &str) {
+        self.line(&format!("meter none: {}: {error}", nvml.display()));
+    }
+
+    fn ticked(&mut self, report: &TickReport) {
+        for judgement in &report.judgements {
+            self.line(&judgement.render());
+        }
+        for problem in &report.problems {
+            self.line(&format!("problem {problem}"));
         }
     }
 }

@@ -157,7 +157,7 @@ fn container_init(mut command: Command, region: Option<PathBuf>) -> i32 {
     unsafe { libc::kill(-1, libc::SIGKILL) };
     reap_all();
     if let Some(region) = region
-        && let Err(error) = vgpu_common::snapshot::reclaim_dead(&region)
+        && let Err(error) = vgpu_contract::snapshot::reclaim_dead(&region)
     {
         eprintln!("vgpu run: {error}; the slots of killed processes stay");
     }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use vgpu_abi::cuda::{CUDA_SUCCESS, CUresult};
 use vgpu_abi::entry::*;
 use vgpu_abi::nvml::{Memory, NVML_SUCCESS};
-use vgpu_common::ByteSize;
+use vgpu_contract::ByteSize;
 
 #[derive(clap::Args)]
 pub struct ProbeArgs {

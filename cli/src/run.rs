@@ -21,8 +21,8 @@ use anyhow::{Context, Result, bail};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
 use nix::unistd::{getegid, geteuid};
-use vgpu_common::region::{OpenOutcome, Region};
-use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota, OverQuota};
+use vgpu_contract::region::{OpenOutcome, Region};
+use vgpu_contract::{ByteSize, Config, CoreMode, DeviceQuota, OverQuota};
 
 use crate::artifacts::{Artifacts, sim_driver_folder};
 
@@ -418,8 +418,9 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             let nvml = plan.driver_dir.join(LIBS[1]);
             let uuid_of = crate::coordinate::uuid_by_index(&nvml);
             let region = work.path.join("usage.region");
-            let spec =
-                vgpu_common::coordinator::ContainerSpec::from_config(config, &region, uuid_of);
+            let spec = vgpu_coordination::coordinator::ContainerSpec::from_config(
+                config, &region, uuid_of,
+            );
             match spec.map(|spec| crate::coordinate::start(host, &spec, &nvml)) {
                 Some(Ok(coordination)) => Some(coordination),
                 Some(Err(error)) => {
@@ -495,9 +496,9 @@ fn run_here(command: &mut Command, program: &str) -> Result<i32> {
 fn container_id(state_dir: Option<&Path>, work: &Path) -> String {
     let path = state_dir.unwrap_or(work);
     let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let hash = vgpu_common::mapped::fnv1a(
+    let hash = vgpu_contract::mapped::fnv1a(
         canonical.as_os_str().as_encoded_bytes(),
-        vgpu_common::mapped::FNV_OFFSET,
+        vgpu_contract::mapped::FNV_OFFSET,
     );
     let name: String = canonical
         .file_name()
@@ -561,7 +562,7 @@ mod tests {
         let long = dir.path().join("x".repeat(200));
         std::fs::create_dir_all(&long).expect("mkdir");
         for id in [id, container_id(Some(&long), &a)] {
-            vgpu_common::config::validate_container_id(&id).expect("valid");
+            vgpu_contract::config::validate_container_id(&id).expect("valid");
         }
     }
 }

@@ -22,10 +22,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde::Serialize;
-use vgpu_common::cardview::CardView;
-use vgpu_common::region::{ProcessUsage, QuotaCounters};
-use vgpu_common::snapshot::RegionSnapshot;
-use vgpu_common::{Config, CoreMode};
+use vgpu_contract::cardview::CardView;
+use vgpu_contract::region::{ProcessUsage, QuotaCounters};
+use vgpu_contract::snapshot::RegionSnapshot;
+use vgpu_contract::{Config, CoreMode};
 
 #[derive(clap::Args)]
 pub struct TopArgs {
@@ -556,7 +556,7 @@ mod tests {
             );
             std::fs::write(dir.join("vgpu.yaml"), config).expect("config");
             let parsed = Config::load(&dir.join("vgpu.yaml")).expect("valid");
-            vgpu_common::region::Region::create_file(
+            vgpu_contract::region::Region::create_file(
                 &dir.join("usage.region"),
                 &parsed.region_devices(),
             )

@@ -206,7 +206,7 @@ async fn host_pid_loop(
         let proc_root = proc_root.clone();
         let _ = tokio::task::spawn_blocking(move || {
             for region in regions {
-                if let Ok(copy) = vgpu_common::snapshot::RegionSnapshot::read(&region) {
+                if let Ok(copy) = vgpu_contract::snapshot::RegionSnapshot::read(&region) {
                     copy.fill_host_pids(&proc_root);
                 }
             }

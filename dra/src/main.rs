@@ -50,7 +50,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 async fn main() -> std::process::ExitCode {
     // `VGPU_LOG` is read by the one parser every component shares; unset, or naming no
     // level, it is `info`.
-    let level = vgpu_common::log::Level::from_env(vgpu_common::log::Level::Info);
+    let level = vgpu_contract::log::Level::from_env(vgpu_contract::log::Level::Info);
     let filter = tracing_subscriber::EnvFilter::new(level.directive());
     tracing_subscriber::fmt()
         .with_env_filter(filter)

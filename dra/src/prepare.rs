@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
-use vgpu_common::{ByteSize, Config, CoreMode, DeviceQuota};
+use vgpu_contract::{ByteSize, Config, CoreMode, DeviceQuota};
 use vgpu_kube::claims::{AllocatedShare, ClaimAllocation};
 use vgpu_kube::pods::{CeilingLookup, PodReader, apply_ceiling};
 use vgpu_kube::slices::{CORES_PER_CARD, device_name};
@@ -348,7 +348,7 @@ impl Preparer {
         std::fs::create_dir_all(&dir)
             .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
         write_atomically(&dir.join("vgpu.yaml"), quota.to_yaml().as_bytes())?;
-        vgpu_common::region::Region::create_file(
+        vgpu_contract::region::Region::create_file(
             &dir.join("usage.region"),
             &quota.region_devices(),
         )?;
@@ -500,7 +500,7 @@ mod tests {
         assert_eq!(long_a.len(), 64);
         assert_ne!(long_a, long_b);
         for id in [long_a, long_b, container_id("weird uid!", "x")] {
-            vgpu_common::config::validate_container_id(&id).expect("valid id");
+            vgpu_contract::config::validate_container_id(&id).expect("valid id");
         }
     }
 
@@ -616,8 +616,9 @@ mod tests {
                 std::fs::read_to_string(config.cdi_dir.join(format!("vgpu-shim.io-gpu_{id}.json")))
                     .expect("spec");
             let spec: serde_json::Value = serde_json::from_str(&text).expect("json");
-            let quota = vgpu_common::Config::load(&preparer.allocation_dir(&id).join("vgpu.yaml"))
-                .expect("quota");
+            let quota =
+                vgpu_contract::Config::load(&preparer.allocation_dir(&id).join("vgpu.yaml"))
+                    .expect("quota");
             (spec["devices"][0]["containerEdits"].clone(), quota)
         };
         let (edits, quota) = spec_of("gpu-1", Some(25), Some(3 << 30));

@@ -220,7 +220,7 @@ fn each_modes_default_config_parses_and_matches_its_daemonset() {
     };
     let (docs, config) = device_plugin(&helm, &[]);
     assert_eq!(config.core_resource, "tencent.com/vcuda-core");
-    assert_eq!(config.memory_unit, vgpu_common::ByteSize::mib(256));
+    assert_eq!(config.memory_unit, vgpu_contract::ByteSize::mib(256));
     assert_eq!(config.metrics_address.map(|a| a.port()), Some(9401));
     let pod = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"]["nvidia-device-enable"], "enable");

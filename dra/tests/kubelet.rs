@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use vgpu_common::{ByteSize, Config, CoreMode};
+use vgpu_contract::{ByteSize, Config, CoreMode};
 use vgpu_dra::cards::{NoDetails, NvmlDetails};
 use vgpu_kube::k8s_openapi::api::resource::v1::ResourceSlice;
 use vgpu_kube::standin::StandInApiServer;
@@ -272,8 +272,8 @@ async fn four_sim_gpus_slices_placement_prepare_and_restart() {
         assert_eq!(device.core_limit, Some(cores));
         assert_eq!(device.memory_limit, Some(ByteSize(memory)));
         assert_eq!((device.core_mode, device.core_ceiling), (mode, ceiling));
-        let region =
-            vgpu_common::snapshot::RegionSnapshot::read(&dir.join("usage.region")).expect("region");
+        let region = vgpu_contract::snapshot::RegionSnapshot::read(&dir.join("usage.region"))
+            .expect("region");
         drop(region);
         let spec: Value = serde_json::from_str(
             &std::fs::read_to_string(

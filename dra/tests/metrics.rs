@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use vgpu_common::Config;
-use vgpu_common::limiter_words::slot as words;
-use vgpu_common::process::Identity;
-use vgpu_common::region::{MAX_SLOTS, Region};
+use vgpu_contract::Config;
+use vgpu_contract::limiter_words::slot as words;
+use vgpu_contract::process::Identity;
+use vgpu_contract::region::{MAX_SLOTS, Region};
 use vgpu_dra::cards::NvmlDetails;
 use vgpu_kube::standin::StandInApiServer;
 use vgpu_plugin::devices::{DeviceSource, NvmlSource};

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vgpu_common::cardview::{self, CHARGE_MAX_PERMILLE, CHARGE_MIN_PERMILLE, CardView};
+use vgpu_contract::cardview::{self, CHARGE_MAX_PERMILLE, CHARGE_MIN_PERMILLE, CardView};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

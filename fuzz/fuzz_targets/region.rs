@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use vgpu_common::region::{MAX_SLOTS, REGION_LEN, Region, RegionDevice};
-use vgpu_common::snapshot::RegionSnapshot;
+use vgpu_contract::region::{MAX_SLOTS, REGION_LEN, Region, RegionDevice};
+use vgpu_contract::snapshot::RegionSnapshot;
 
 /// Reads the input front to back; zeros past its end.
 struct Input<'a>(&'a [u8]);
@@ -81,7 +81,7 @@ fuzz_target!(|data: &[u8]| {
 
     if let Ok(copy) = RegionSnapshot::read(path) {
         let devices = copy.devices();
-        assert!(devices.len() <= vgpu_common::config::MAX_DEVICES);
+        assert!(devices.len() <= vgpu_contract::config::MAX_DEVICES);
         for device in 0..=devices.len() {
             let _ = copy.device_used(device);
             let _ = copy.container_limiter(device);

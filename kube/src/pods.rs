@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use vgpu_common::{CoreMode, DeviceQuota};
+use vgpu_contract::{CoreMode, DeviceQuota};
 
 /// The annotation.
 pub const CORE_LIMIT_ANNOTATION: &str = "tencent.com/vcuda-core-limit";

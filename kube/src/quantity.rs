@@ -1,5 +1,5 @@
 //! Resource quantities (`2560Mi`, `60`, `1e3`, `2.5Gi`) read exactly as whole numbers,
-//! by vgpu-common's one quantity parser, and byte counts written in their shortest
+//! by vgpu-contract's one quantity parser, and byte counts written in their shortest
 //! binary form. A quantity that is not a whole number, is negative or does not fit is
 //! an error naming the text.
 
@@ -16,9 +16,9 @@ const BINARY: [(&str, u32); 6] = [
 ];
 
 /// The whole number a quantity stands for, read by the workspace's one quantity parser
-/// ([`vgpu_common::size::parse_whole`]: `m` is milli, and the value must be whole).
+/// ([`vgpu_contract::size::parse_whole`]: `m` is milli, and the value must be whole).
 pub fn parse_whole(text: &str) -> Result<u64, String> {
-    vgpu_common::size::parse_whole(text).map_err(|why| format!("quantity `{text}`: {why}"))
+    vgpu_contract::size::parse_whole(text).map_err(|why| format!("quantity `{text}`: {why}"))
 }
 
 /// [`parse_whole`] of a k8s-openapi quantity.
@@ -76,7 +76,7 @@ mod tests {
         }
     }
 
-    /// Issue 26: this crate read `3000m` as 3 while vgpu-common refused every `m`; both
+    /// Issue 26: this crate read `3000m` as 3 while vgpu-common (now vgpu-contract) refused every `m`; both
     /// now go through one parser and agree on each of these.
     #[test]
     fn agrees_with_the_config_sizes_on_milli_and_fractions() {
@@ -85,7 +85,7 @@ mod tests {
         ] {
             assert_eq!(
                 parse_whole(text).ok(),
-                text.parse::<vgpu_common::ByteSize>()
+                text.parse::<vgpu_contract::ByteSize>()
                     .ok()
                     .map(|size| size.bytes()),
                 "{text}"

@@ -234,9 +234,9 @@ mod tests {
         // The container-side folder must agree with the shims' built-in default.
         assert_eq!(
             layout.env["VGPU_DRIVER_DIR"],
-            vgpu_common::config::DEFAULT_DRIVER_DIR
+            vgpu_contract::config::DEFAULT_DRIVER_DIR
         );
-        assert_eq!(DRIVER_DIR_ENV, vgpu_common::config::DRIVER_DIR_ENV);
+        assert_eq!(DRIVER_DIR_ENV, vgpu_contract::config::DRIVER_DIR_ENV);
     }
 
     #[test]

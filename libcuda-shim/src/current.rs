@@ -45,6 +45,11 @@ thread_local! {
     static STALE: Cell<bool> = const { Cell::new(false) };
 }
 
+/// The bit that marks a stream key as a thread's per-thread default stream
+/// (`PER_THREAD_KEY_BIT | thread_tag()`), never a stream handle: handles are user-space
+/// addresses, far below it. The limiter's stream table and the capture table key by it.
+pub const PER_THREAD_KEY_BIT: u64 = 1 << 62;
+
 /// A small nonzero number naming the calling thread (its per-thread default stream).
 pub fn thread_tag() -> u64 {
     THREAD_TAG.with(|tag| {
@@ -56,28 +61,18 @@ pub fn thread_tag() -> u64 {
 }
 
 /// Bumped whenever a context may have gone away anywhere in the process.
-static EPOCH: AtomicU64 = AtomicU64::new(1);
+static CONTEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 
 /// Contexts and their devices, as creation and retain saw them.
 const KNOWN: usize = 64;
 static KNOWN_CONTEXTS: [AtomicU64; KNOWN] = [const { AtomicU64::new(0) }; KNOWN];
 static KNOWN_DEVICES: [AtomicI32; KNOWN] = [const { AtomicI32::new(0) }; KNOWN];
 
-/// Makes sure a forked child starts with nothing cached.
-fn watch_forks() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: registering a plain extern "C" handler that only stores to atomics; the
-        // shim is linked with -z nodelete, so it stays mapped.
-        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    });
-}
-
 /// The calling thread's current context and its device; `None` when no context is
 /// current (or the driver cannot say).
 pub fn current() -> Option<(usize, CUdevice)> {
-    watch_forks();
-    let epoch = EPOCH.load(Ordering::Acquire);
+    crate::fork_epoch::register();
+    let epoch = CONTEXT_EPOCH.load(Ordering::Acquire);
     let entry = ENTRY.with(Cell::get);
     if entry.epoch == epoch {
         return (entry.context != 0).then_some((entry.context, entry.device));
@@ -97,9 +92,9 @@ pub fn for_launch() -> Option<(usize, CUdevice)> {
 /// Asks the driver now and caches the answer; whether the cache held something else
 /// (for the limiter's trace) comes with it through [`refresh_was_stale`].
 pub fn refresh() -> Option<(usize, CUdevice)> {
-    watch_forks();
+    crate::fork_epoch::register();
     let before = ENTRY.with(Cell::get);
-    let fresh = ask_driver(EPOCH.load(Ordering::Acquire));
+    let fresh = ask_driver(CONTEXT_EPOCH.load(Ordering::Acquire));
     ENTRY.with(|cell| cell.set(fresh));
     STALE.with(|stale| {
         stale.set(before.epoch != 0 && fresh.epoch != 0 && before.context != fresh.context)
@@ -144,7 +139,7 @@ fn ask_driver(epoch: u64) -> Entry {
 
 /// After `cuCtxSetCurrent(context)` or `cuCtxPushCurrent(context)` succeeded.
 pub fn became_current(context: CUcontext) {
-    let epoch = EPOCH.load(Ordering::Acquire);
+    let epoch = CONTEXT_EPOCH.load(Ordering::Acquire);
     let entry = if context.is_null() {
         Entry { epoch, ..EMPTY }
     } else {
@@ -177,12 +172,12 @@ pub fn changed() {
 
 /// After a context was destroyed, reset or released anywhere: every thread asks again.
 pub fn contexts_gone() {
-    EPOCH.fetch_add(1, Ordering::AcqRel);
+    CONTEXT_EPOCH.fetch_add(1, Ordering::AcqRel);
 }
 
 /// Remembers which device `context` is on (creation, retain).
 pub fn remember(context: usize, device: CUdevice) {
-    watch_forks();
+    crate::fork_epoch::register();
     if context == 0 || known_device(context) == Some(device) {
         return;
     }
@@ -221,10 +216,11 @@ fn known_device(context: usize) -> Option<CUdevice> {
         .map(|index| KNOWN_DEVICES[index].load(Ordering::Acquire))
 }
 
-/// In a forked child (async-signal-safe: stores only): no context survives a fork.
-extern "C" fn after_fork_in_child() {
+/// In a forked child (async-signal-safe: stores only; called by [`crate::fork_epoch`]):
+/// no context survives a fork.
+pub(crate) fn forget_in_child() {
     for known in &KNOWN_CONTEXTS {
         known.store(0, Ordering::Relaxed);
     }
-    EPOCH.fetch_add(1, Ordering::AcqRel);
+    CONTEXT_EPOCH.fetch_add(1, Ordering::AcqRel);
 }

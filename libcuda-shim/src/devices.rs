@@ -6,7 +6,7 @@
 //! card by UUID or by `index:` (which counts in PCI order, as nvidia-smi and NVML do);
 //! one not on the host stays hidden, with one stderr line.
 
-use vgpu_common::{CoreMode, DeviceQuota, DeviceSelector};
+use vgpu_contract::{CoreMode, DeviceQuota, DeviceSelector};
 use vgpu_shimgen::runtime;
 
 use crate::cuda::*;
@@ -16,8 +16,8 @@ use crate::{debug, real};
 /// A device the container may use.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Visible {
-    /// The real driver's handle.
-    pub real: CUdevice,
+    /// The real driver's handle of the card.
+    pub handle: CUdevice,
     /// `GPU-...` as NVML and nvidia-smi print it.
     pub uuid: String,
     /// Index of this device in the config and in the usage region.
@@ -33,7 +33,7 @@ pub struct Visible {
 }
 
 /// Which device an allocation lands on.
-pub enum Target {
+pub enum LandsOn {
     /// The calling thread's current context.
     Current,
     /// A device named by the call (a VMM location, a pool's device).
@@ -76,7 +76,9 @@ impl Enforcer {
 
     /// The visible device behind a real handle.
     pub fn visible(&self, handle: CUdevice) -> Option<&Visible> {
-        self.devices()?.iter().find(|device| device.real == handle)
+        self.devices()?
+            .iter()
+            .find(|device| device.handle == handle)
     }
 
     /// The visible device of the calling thread's current context.
@@ -91,13 +93,13 @@ impl Enforcer {
         self.visible(handle).ok_or(CUDA_ERROR_INVALID_DEVICE)
     }
 
-    /// The visible device `target` names: CUDA_ERROR_INVALID_DEVICE for a hidden one,
+    /// The visible device `lands_on` names: CUDA_ERROR_INVALID_DEVICE for a hidden one,
     /// the driver's own error when there is no current context, CUDA_ERROR_NOT_INITIALIZED
     /// for a named device before cuInit.
-    pub fn device_for(&self, target: &Target) -> Result<&Visible, CUresult> {
-        match target {
-            Target::Current => self.current(),
-            Target::Device(handle) => {
+    pub fn device_for(&self, lands_on: &LandsOn) -> Result<&Visible, CUresult> {
+        match lands_on {
+            LandsOn::Current => self.current(),
+            LandsOn::Device(handle) => {
                 if self.devices().is_none() {
                     return Err(CUDA_ERROR_NOT_INITIALIZED);
                 }
@@ -153,11 +155,11 @@ fn select(cards: &[Card], quotas: &[DeviceQuota]) -> (Vec<Visible>, Vec<DeviceSe
             continue;
         };
         let card = &cards[position];
-        if visible.iter().any(|v| v.real == card.handle) {
+        if visible.iter().any(|v| v.handle == card.handle) {
             continue;
         }
         visible.push(Visible {
-            real: card.handle,
+            handle: card.handle,
             uuid: card.uuid.clone(),
             region_index,
             memory_limit: quota
@@ -237,7 +239,7 @@ pub fn total_memory(handle: CUdevice) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_common::ByteSize;
+    use vgpu_contract::ByteSize;
 
     const GIB: u64 = 1 << 30;
 
@@ -270,7 +272,7 @@ mod tests {
         second.core_limit = Some(30);
         let (visible, absent) = select(&cards, &[by_uuid(" gpu-C "), second]);
         assert!(absent.is_empty());
-        let handles: Vec<_> = visible.iter().map(|v| (v.real, v.region_index)).collect();
+        let handles: Vec<_> = visible.iter().map(|v| (v.handle, v.region_index)).collect();
         assert_eq!(handles, [(12, 0), (11, 1)], "index:0 is the lowest PCI bus");
         assert_eq!(
             visible[0].memory_limit,

@@ -11,6 +11,9 @@
 //! - `devices`: the visible devices and the device a call lands on.
 //! - `process`: this process's state (slot, ledger tables), rebuilt after fork, and
 //!   given back at exit.
+//! - `fork_epoch`: the shim's one `pthread_atfork` handler and the fork generation that
+//!   every per-process cache (process state, limiter, current context, captures) is
+//!   checked against.
 //! - `ledger`: what this process holds on the card, counted in the usage region: single
 //!   allocations, context overhead, VMM handles, memory pools.
 //! - `meter`: the real NVML's figures for this process (context overhead, and the
@@ -33,6 +36,7 @@ mod exports {
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
 mod ffi;
+mod fork_epoch;
 mod hooks;
 mod ledger;
 mod limiter;

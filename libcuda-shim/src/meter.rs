@@ -20,8 +20,8 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use vgpu_abi::nvml::ProcessInfoV1;
-use vgpu_common::clock::monotonic_ns;
-use vgpu_common::region::{self, ProcessUsage, SlotId};
+use vgpu_contract::clock::monotonic_ns;
+use vgpu_contract::region::{self, ProcessUsage, SlotId};
 use vgpu_shimgen::runtime;
 
 use crate::debug;

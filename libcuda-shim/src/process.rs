@@ -2,8 +2,8 @@
 //! region and its ledger tables (allocations, context charges, VMM handles, pools), and
 //! the figures its reconciliation with NVML keeps.
 //!
-//! The state is rebuilt in a forked child: the fork handler only bumps a counter
-//! (async-signal-safe), and the first hook call in the child builds fresh state
+//! The state is rebuilt in a forked child: the fork handler only bumps the fork epoch
+//! (`crate::fork_epoch`, async-signal-safe), and the first hook call in the child builds fresh state
 //! (attaching a slot of its own) instead of touching locks that a parent thread may
 //! have held at the fork. At exit the slot is given back.
 
@@ -11,11 +11,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use vgpu_common::config::MAX_DEVICES;
-use vgpu_common::process;
-use vgpu_common::region::SlotId;
+use vgpu_contract::config::MAX_DEVICES;
+use vgpu_contract::process;
+use vgpu_contract::region::SlotId;
 use vgpu_shimgen::runtime;
 
+use crate::fork_epoch;
 use crate::ledger::allocations::{AllocKey, Allocation};
 use crate::ledger::contexts::ContextCharge;
 use crate::ledger::pools::PoolTable;
@@ -74,31 +75,24 @@ impl ProcessState {
     }
 }
 
-static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 static PROCESS: AtomicPtr<ProcessState> = AtomicPtr::new(std::ptr::null_mut());
 /// One more than the fork generation whose process state a thread is building (0:
 /// none). A value left by a parent's thread at fork names an older generation, so the
 /// child never waits on it.
 static BUILDING: AtomicU64 = AtomicU64::new(0);
 
-/// Registers the fork and exit handlers (once, when the shim loads).
+/// Registers the fork epoch's handler and the exit handler (once, when the shim loads).
 pub fn register_handlers() {
-    // SAFETY: registering a fork handler that only touches an atomic, and an exit
-    // handler; the shim is linked with -z nodelete, so both stay mapped.
-    unsafe {
-        libc::pthread_atfork(None, None, Some(after_fork_in_child));
-        libc::atexit(at_exit);
-    }
-}
-
-extern "C" fn after_fork_in_child() {
-    FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
+    fork_epoch::register();
+    // SAFETY: registering an exit handler; the shim is linked with -z nodelete, so it
+    // stays mapped.
+    unsafe { libc::atexit(at_exit) };
 }
 
 /// This process's state, built on first use in each process (after a fork as well).
 #[inline]
 pub fn process_state(enforcer: &Enforcer) -> &'static ProcessState {
-    match current(FORK_GENERATION.load(Ordering::Acquire)) {
+    match current(fork_epoch::generation()) {
         Some(state) => state,
         None => first_use(enforcer),
     }
@@ -109,7 +103,7 @@ pub fn process_state(enforcer: &Enforcer) -> &'static ProcessState {
 #[cold]
 fn first_use(enforcer: &Enforcer) -> &'static ProcessState {
     loop {
-        let generation = FORK_GENERATION.load(Ordering::Acquire);
+        let generation = fork_epoch::generation();
         if let Some(state) = current(generation) {
             return state;
         }
@@ -191,7 +185,7 @@ fn on_exit() {
     let Policy::Apply(enforcer) = &shim().policy else {
         return;
     };
-    if let Some(state) = current(FORK_GENERATION.load(Ordering::Acquire))
+    if let Some(state) = current(fork_epoch::generation())
         && let Some(slot) = state.slot
     {
         enforcer.region.detach(slot);

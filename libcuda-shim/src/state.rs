@@ -17,8 +17,8 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use vgpu_common::config::Config;
-use vgpu_common::region::{OpenOutcome, Region, RegionError};
+use vgpu_contract::config::Config;
+use vgpu_contract::region::{OpenOutcome, Region, RegionError};
 use vgpu_shimgen::runtime::{self, FailedClosed, RealLibrary, StartConfig};
 
 use crate::cuda::*;
@@ -34,8 +34,8 @@ pub type Policy = runtime::Policy<Enforcer>;
 
 /// What the shim learned at load.
 pub struct Shim {
-    /// The real driver, when it could be loaded.
-    pub real: Option<RealLibrary>,
+    /// The real driver library, when it could be loaded.
+    pub library: Option<RealLibrary>,
     /// What the hooks do.
     pub policy: Policy,
 }
@@ -111,7 +111,7 @@ fn load() -> Shim {
         unloaded_effect: "every CUDA call returns CUDA_ERROR_NOT_INITIALIZED",
         fail_closed_effect: "hiding every GPU (fail-closed)",
     };
-    let (real, config, driver_dir) = start.run(
+    let (library, config, driver_dir) = start.run(
         &exports::NAMES,
         &SLOTS,
         |index| exports::HOOKS[index].is_some(),
@@ -126,7 +126,7 @@ fn load() -> Shim {
         },
     };
     crate::process::register_handlers();
-    Shim { real, policy }
+    Shim { library, policy }
 }
 
 impl Enforcer {

@@ -13,7 +13,7 @@
 //! share of what the same workload does on the bare card (launches x kernel time /
 //! kernels that fit at once), and the card's busy fraction over its last second as the
 //! simulated NVML counts it (the union of every kernel's run). Where coordination is
-//! tested, the test process plays the host: it runs `vgpu_common::coordinator` over the
+//! tested, the test process plays the host: it runs `vgpu_coordination::coordinator` over the
 //! containers' regions and writes the card views they read.
 
 use std::ffi::{CString, c_char, c_uint, c_void};
@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use vgpu_common::CoreMode;
-use vgpu_common::coordinator::{ContainerSpec, Coordinator, Entitlement};
+use vgpu_contract::CoreMode;
+use vgpu_coordination::coordinator::{ContainerSpec, Coordinator, Entitlement};
 
 const WINDOW_NS: u64 = 100_000_000;
 /// The simulated card's UUID (GPU 0 of the sim's defaults).
@@ -49,7 +49,7 @@ fn built(name: &str) -> PathBuf {
 }
 
 fn monotonic_ns() -> u64 {
-    vgpu_common::clock::monotonic_ns()
+    vgpu_contract::clock::monotonic_ns()
 }
 
 /// A temp folder removed on drop.
@@ -315,7 +315,7 @@ fn run_host(encoded: &str) {
         })
         .collect();
     let driver = PathBuf::from(std::env::var("VGPU_DRIVER_DIR").expect("driver dir"));
-    let meter = vgpu_common::cardmeter::NvmlMeter::open(&driver.join("libnvidia-ml.so.1"))
+    let meter = vgpu_coordination::cardmeter::NvmlMeter::open(&driver.join("libnvidia-ml.so.1"))
         .expect("the simulator's NVML");
     let cards = PathBuf::from(std::env::var("LIMITER_HOST_CARDS").expect("cards"));
     let stop = PathBuf::from(std::env::var("LIMITER_HOST_STOP").expect("stop file"));
@@ -463,7 +463,7 @@ fn run_traced(name: &str, quota: &str, role: Role) -> (Report, Trace) {
 /// container-wide counter (what the plugin exports as throttled seconds).
 fn throttled_ns_of(config: &Path) -> u64 {
     let region = config.with_file_name("usage.region");
-    vgpu_common::snapshot::RegionSnapshot::read(&region)
+    vgpu_contract::snapshot::RegionSnapshot::read(&region)
         .map(|copy| copy.counters(0).throttled_ns)
         .expect("the container's region")
 }
@@ -717,11 +717,11 @@ fn poll_rate(
     std::thread::spawn(move || {
         let mut seen = Vec::new();
         while running.load(Ordering::Relaxed) {
-            if let Ok(snapshot) = vgpu_common::snapshot::RegionSnapshot::read(&region) {
+            if let Ok(snapshot) = vgpu_contract::snapshot::RegionSnapshot::read(&region) {
                 let words = snapshot.container_limiter(0);
                 seen.push((
                     monotonic_ns(),
-                    words[vgpu_common::limiter_words::container::RATE_PPM],
+                    words[vgpu_contract::limiter_words::container::RATE_PPM],
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -1016,9 +1016,9 @@ fn pods_on_one_card_coordinate_through_the_hosts_views_only() {
     let soft_b = machine.pod("soft-b", 25, CoreMode::Soft, Some(60));
     let hostile = machine.pod("hostile", 10, CoreMode::Hard, None);
     // The hostile tenant's region, written as a tenant can (it is in its container).
-    let (region, _) = vgpu_common::region::Region::open(
+    let (region, _) = vgpu_contract::region::Region::open(
         &hostile.spec.region,
-        &[vgpu_common::region::RegionDevice {
+        &[vgpu_contract::region::RegionDevice {
             id: CARD.into(),
             memory_limit: 8 << 30,
             core_limit: 10,
@@ -1027,10 +1027,10 @@ fn pods_on_one_card_coordinate_through_the_hosts_views_only() {
     )
     .expect("hostile region");
     let slot = region
-        .attach(&vgpu_common::process::current())
+        .attach(&vgpu_contract::process::current())
         .expect("hostile slot");
     let claim = |active_ns: u64| {
-        region.slot_limiter(slot, 0)[vgpu_common::limiter_words::slot::ACTIVE_NS]
+        region.slot_limiter(slot, 0)[vgpu_contract::limiter_words::slot::ACTIVE_NS]
             .store(active_ns, Ordering::SeqCst);
     };
     claim(monotonic_ns() + 3600 * 1_000_000_000);
@@ -1815,7 +1815,7 @@ fn sim_card_util() -> u32 {
 /// The busy time recorded in the usage region beside the config, for this process.
 fn region_busy_ns(config: &str) -> u64 {
     let region_path = Path::new(config).with_file_name("usage.region");
-    let Ok(region) = vgpu_common::snapshot::RegionSnapshot::read(&region_path) else {
+    let Ok(region) = vgpu_contract::snapshot::RegionSnapshot::read(&region_path) else {
         return 0;
     };
     let me = std::process::id() as i32;

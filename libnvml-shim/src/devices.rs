@@ -5,7 +5,7 @@
 
 use std::ffi::{CString, c_char};
 
-use vgpu_common::{DeviceQuota, DeviceSelector};
+use vgpu_contract::{DeviceQuota, DeviceSelector};
 
 use crate::nvml::*;
 use crate::state::View;
@@ -110,7 +110,7 @@ fn select(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_common::ByteSize;
+    use vgpu_contract::ByteSize;
 
     fn by_uuid(uuid: &str) -> DeviceQuota {
         DeviceQuota {

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use vgpu_common::config::Config;
+use vgpu_contract::config::Config;
 use vgpu_shimgen::runtime::{self, FailedClosed, RealLibrary, StartConfig};
 
 use crate::devices::VisibleGpu;
@@ -24,8 +24,8 @@ pub type Policy = runtime::Policy<View>;
 
 /// What the shim learned at load.
 pub struct Shim {
-    /// The real NVML, when it could be loaded.
-    pub real: Option<RealLibrary>,
+    /// The real NVML library, when it could be loaded.
+    pub library: Option<RealLibrary>,
     /// What the hooks do.
     pub policy: Policy,
 }
@@ -72,7 +72,7 @@ fn load() -> Shim {
         unloaded_effect: "every NVML call returns NVML_ERROR_DRIVER_NOT_LOADED",
         fail_closed_effect: "no GPU is visible (fail-closed)",
     };
-    let (real, config, _) = start.run(
+    let (library, config, _) = start.run(
         &exports::NAMES,
         &SLOTS,
         |index| exports::HOOKS[index].is_some(),
@@ -90,5 +90,5 @@ fn load() -> Shim {
             }))
         }
     };
-    Shim { real, policy }
+    Shim { library, policy }
 }

@@ -7,10 +7,10 @@
 use std::path::Path;
 
 use vgpu_abi::nvml::ProcessInfoV1;
-use vgpu_common::UtilizationScale;
-use vgpu_common::process;
-use vgpu_common::region::{self, ProcessUsage};
-use vgpu_common::snapshot::RegionSnapshot;
+use vgpu_contract::UtilizationScale;
+use vgpu_contract::process;
+use vgpu_contract::region::{self, ProcessUsage};
+use vgpu_contract::snapshot::RegionSnapshot;
 
 use crate::devices::VisibleGpu;
 use crate::nvml::*;

@@ -46,7 +46,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use vgpu_common::ByteSize;
+use vgpu_contract::ByteSize;
 use vgpu_mps::{MpsSettings, Sharing, SharingConfig};
 
 use crate::cdi::SpecFormat;

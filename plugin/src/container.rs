@@ -13,8 +13,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use vgpu_common::region::Region;
-use vgpu_common::{Config, DeviceQuota};
+use vgpu_contract::region::Region;
+use vgpu_contract::{Config, DeviceQuota};
 
 use crate::allocator::PreStartPlan;
 use crate::cdi::{ContainerEdits, DeviceNode, Mount as CdiMount};
@@ -143,7 +143,7 @@ pub fn container_edits(
         .collect();
     let mut env: BTreeMap<String, String> = driver.env;
     env.insert(
-        vgpu_common::config::CONFIG_ENV.to_string(),
+        vgpu_contract::config::CONFIG_ENV.to_string(),
         layout::CONTAINER_CONFIG.to_string(),
     );
     // So the NVIDIA runtime hook does not mount the GPUs a second time.

@@ -1,28 +1,29 @@
-//! The node's compute coordination: the host-side [`Coordinator`] run over every
-//! container this node prepared, by the device plugin and by the DRA driver alike.
+//! The node's compute coordination as the daemons start it: the one loop of
+//! `vgpu_coordination::tick` over every container this node prepared, by the device
+//! plugin and by the DRA driver alike. What is the daemons' own is here: which folders,
+//! and how problems are logged.
 //!
 //! Each prepared container has its config (host-written, trusted) and its usage region
 //! (tenant-written, read only as a private copy by the coordinator) in its allocation
-//! folder. Every [`TICK_NS`] the loop ticks the coordinator, which writes one view per
-//! card into `<state_dir>/cards`; the containers see that folder read-only at
+//! folder. Every tick the loop ticks the coordinator, which writes one view per card
+//! into `<state_dir>/cards`; the containers see that folder read-only at
 //! [`crate::layout::CONTAINER_CARDS`]. The list of containers is read again every
-//! second (a few small files), and the file work runs on the blocking pool, so neither
-//! a slow disk nor a hostile tenant holds the daemon's other tasks.
+//! second (a few small files), and the loop runs on the blocking pool, so neither a
+//! slow disk nor a hostile tenant holds the daemon's other tasks.
 //!
 //! The coordinator checks what each container measured against the card's own
 //! per-process utilization, from the node's NVML (the card view's charge factor: on a
 //! card without MPS a container's events also time its neighbours' time slices). Without
 //! NVML every container is charged what it measured.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use vgpu_common::Config;
-use vgpu_common::cardmeter::NvmlMeter;
-use vgpu_common::coordinator::{ContainerSpec, Coordinator, TICK_NS};
+use vgpu_coordination::coordinator::TickReport;
+use vgpu_coordination::tick;
 
 use crate::container::{CONFIG_FILE, REGION_FILE};
 
@@ -90,80 +91,61 @@ pub fn cards_dir(state_dir: &Path) -> PathBuf {
 /// every container prepared now.
 pub type Folders = Arc<dyn Fn() -> Vec<PathBuf> + Send + Sync>;
 
-/// The specs of the compute-limited containers in `folders`, one per `container_id`
-/// (the device plugin's alias folders hold the same files).
-fn specs(folders: &[PathBuf]) -> Vec<ContainerSpec> {
-    let mut seen = BTreeSet::new();
-    folders
-        .iter()
-        .filter_map(|folder| {
-            let config = Config::load(&folder.join(CONFIG_FILE)).ok()?;
-            // Plugin configs name cards by UUID: no index to resolve.
-            let spec = ContainerSpec::from_config(&config, &folder.join(REGION_FILE), |_| None)?;
-            let coordinated = !spec.devices.is_empty() || !spec.memory.is_empty();
-            (coordinated && seen.insert(spec.id.clone())).then_some(spec)
-        })
-        .collect()
+/// What the daemons say about the loop: its problems through [`ProblemLog`], the rest
+/// once, through `tracing`.
+#[derive(Default)]
+struct Logged {
+    problems: ProblemLog,
 }
 
-/// Runs the coordinator over `folders` until `stop`, checking the containers' figures
-/// against the NVML at `nvml_library` (the daemon's own), whose PIDs are the host's
-/// (found through `host_proc`, the host's `/proc` as the daemon sees it). A folder that cannot be
-/// created leaves soft-mode containers at their limits (a missing view means
-/// "contended"); that is logged once, as is an NVML that cannot be loaded.
+impl tick::Watch for Logged {
+    fn cannot_start(&mut self, dir: &Path, error: &std::io::Error) {
+        tracing::error!(dir = %dir.display(), error = %error,
+            "cannot create the card views' folder: soft-mode containers keep to their limits");
+    }
+
+    fn without_meter(&mut self, _nvml: &Path, error: &str) {
+        tracing::warn!(error = %error,
+            "compute coordination without NVML: containers are charged what they measure");
+    }
+
+    fn ticked(&mut self, report: &TickReport) {
+        for line in self.problems.admit(report.problems.clone(), Instant::now()) {
+            tracing::warn!("compute coordination: {line}");
+        }
+    }
+}
+
+/// Runs the node's coordination loop ([`vgpu_coordination::tick`]) over `folders` until
+/// `stop`, checking the containers' figures against the NVML at `nvml_library` (the
+/// daemon's own), whose PIDs are the host's (found through `host_proc`, the host's
+/// `/proc` as the daemon sees it). The loop runs on the blocking pool, so neither a slow
+/// disk nor a hostile tenant holds the daemon's other tasks.
 pub async fn run(
     state_dir: PathBuf,
     nvml_library: PathBuf,
     host_proc: PathBuf,
     folders: Folders,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
-    let dir = cards_dir(&state_dir);
-    let mut coordinator = match Coordinator::new(&dir) {
-        Ok(coordinator) => coordinator,
-        Err(err) => {
-            tracing::error!(dir = %dir.display(), error = %err,
-                "cannot create the card views' folder: soft-mode containers keep to their limits");
-            return;
-        }
+    let settings = tick::Settings {
+        cards_dir: cards_dir(&state_dir),
+        nvml: Some(nvml_library),
+        host_proc,
+        refresh: REFRESH,
     };
-    match tokio::task::spawn_blocking(move || NvmlMeter::open(&nvml_library)).await {
-        Ok(Ok(meter)) => {
-            coordinator = coordinator.with_meter(Box::new(meter), &host_proc);
-        }
-        Ok(Err(err)) => tracing::warn!(error = %err,
-            "compute coordination without NVML: containers are charged what they measure"),
-        Err(_) => {}
-    }
-    let mut containers: Vec<ContainerSpec> = Vec::new();
-    let mut refreshed: Option<Instant> = None;
-    let mut logged = ProblemLog::default();
-    loop {
-        if refreshed.is_none_or(|at| at.elapsed() >= REFRESH) {
-            let list = folders();
-            containers = tokio::task::spawn_blocking(move || specs(&list))
-                .await
-                .unwrap_or_default();
-            refreshed = Some(Instant::now());
-        }
-        let specs = containers.clone();
-        let ticked = tokio::task::spawn_blocking(move || {
-            let report = coordinator.tick(&specs);
-            (coordinator, report)
-        })
-        .await;
-        let Ok((back, report)) = ticked else {
-            tracing::error!("the coordinator panicked: soft-mode containers keep to their limits");
-            return;
+    let ran = tokio::task::spawn_blocking(move || {
+        let mut containers = || tick::folder_specs(&folders(), CONFIG_FILE, REGION_FILE);
+        let inputs = tick::Loop {
+            elect: &mut || true,
+            containers: &mut containers,
+            stop: &|| *stop.borrow(),
         };
-        coordinator = back;
-        for line in logged.admit(report.problems, Instant::now()) {
-            tracing::warn!("compute coordination: {line}");
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_nanos(TICK_NS)) => {}
-            _ = stop.wait_for(|stopped| *stopped) => return,
-        }
+        tick::run(&settings, inputs, &mut Logged::default());
+    })
+    .await;
+    if ran.is_err() {
+        tracing::error!("the coordinator panicked: soft-mode containers keep to their limits");
     }
 }
 

@@ -9,7 +9,7 @@
 //!   `vgpu_container_memory_limit_bytes`, `vgpu_container_core_limit` (percent of the
 //!   card), `vgpu_container_memory_used_bytes`, `vgpu_container_processes`,
 //!   `vgpu_container_over_quota_bytes` (what the card says its processes hold beyond its
-//!   quota, from the backstop's record `vgpu_common::backstop`), and the
+//!   quota, from the backstop's record `vgpu_coordination::backstop`), and the
 //!   counters `vgpu_container_kernel_launches_total` and
 //!   `vgpu_container_gpu_busy_seconds_total`, running totals that never drop when a
 //!   process exits ([`crate::usage`]); and what the quota did, from the region's
@@ -35,8 +35,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use vgpu_common::Config;
-use vgpu_common::backstop::Record;
+use vgpu_contract::Config;
+use vgpu_coordination::backstop::Record;
 
 use crate::container;
 use crate::health::ServingStatus;
@@ -100,7 +100,7 @@ impl QuotaFamilies {
     }
 
     /// Sets the series of `labels` to the running totals `totals`.
-    pub fn record(&self, labels: &Labels, totals: &vgpu_common::region::QuotaCounters) {
+    pub fn record(&self, labels: &Labels, totals: &vgpu_contract::region::QuotaCounters) {
         self.refusals.get_or_create(labels).inc_by(totals.refusals);
         self.refused_bytes
             .get_or_create(labels)

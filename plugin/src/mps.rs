@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vgpu_common::DeviceQuota;
+use vgpu_contract::DeviceQuota;
 use vgpu_mps::daemon::{CardStates, DaemonOptions};
 use vgpu_mps::{CardDaemon, CardDirs, ClientShare, Sharing, SharingConfig, Supervisor};
 
@@ -187,7 +187,7 @@ pub fn leave_compute_to_mps(config: &PluginConfig, cards: &[CardInfo], quotas: &
         if card.is_some_and(|card| is_mps(&sharing, card)) {
             quota.core_limit = None;
             quota.core_ceiling = None;
-            quota.core_mode = vgpu_common::CoreMode::Hard;
+            quota.core_mode = vgpu_contract::CoreMode::Hard;
         }
     }
 }

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OnceCell, watch};
-use vgpu_common::Config;
-use vgpu_common::region::QuotaCounters;
-use vgpu_common::snapshot::RegionSnapshot;
+use vgpu_contract::Config;
+use vgpu_contract::region::QuotaCounters;
+use vgpu_contract::snapshot::RegionSnapshot;
 use vgpu_kube::events::{self, PodEvent, PodRef};
 
 use crate::config::PluginConfig;

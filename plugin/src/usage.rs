@@ -24,8 +24,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use vgpu_common::region::ProcessUsage;
-use vgpu_common::snapshot::RegionSnapshot;
+use vgpu_contract::region::ProcessUsage;
+use vgpu_contract::snapshot::RegionSnapshot;
 
 use crate::persist::write_atomically;
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::{CORE, MEMORY, Plugin, TestKubelet, config_of};
 use serde_json::json;
-use vgpu_common::CoreMode;
+use vgpu_contract::CoreMode;
 use vgpu_kube::standin::StandInApiServer;
 use vgpu_plugin::devices::FakeSource;
 

@@ -36,7 +36,7 @@ fn the_configmap_is_a_valid_plugin_config_and_the_daemonset_matches_it() {
         .expect("valid plugin config");
     assert_eq!(config.core_resource, "tencent.com/vcuda-core");
     assert_eq!(config.memory_resource, "tencent.com/vcuda-memory");
-    assert_eq!(config.memory_unit, vgpu_common::ByteSize::mib(256));
+    assert_eq!(config.memory_unit, vgpu_contract::ByteSize::mib(256));
 
     let daemonset = of_kind(&docs, "DaemonSet");
     let pod = &daemonset["spec"]["template"]["spec"];

@@ -13,7 +13,7 @@ use common::{
     preferred, prestart, scrape,
 };
 use tonic::Code;
-use vgpu_common::{ByteSize, Config, CoreMode};
+use vgpu_contract::{ByteSize, Config, CoreMode};
 use vgpu_plugin::devices::FakeSource;
 use vgpu_plugin::proto::deviceplugin::{ContainerAllocateResponse, Empty};
 
@@ -232,7 +232,7 @@ async fn fractional_request_lands_on_one_card_with_its_quota() {
     assert_eq!(device.memory_limit, Some(ByteSize::mib(2560)));
     assert_eq!(device.core_mode, CoreMode::Hard);
     let region =
-        vgpu_common::region::Region::open_existing(std::path::Path::new(&region_mount.host_path))
+        vgpu_contract::region::Region::open_existing(std::path::Path::new(&region_mount.host_path))
             .expect("region");
     assert_eq!(region.devices()[0].memory_limit, 2560 << 20);
     assert_eq!(region.devices()[0].core_limit, 30);

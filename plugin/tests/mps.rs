@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Admitted, Plugin, TestKubelet, allocate, config_of, device_list};
-use vgpu_common::ByteSize;
+use vgpu_contract::ByteSize;
 use vgpu_mps::Sharing;
 use vgpu_plugin::PluginConfig;
 use vgpu_plugin::config::DeviceListStrategy;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{Admitted, CORE, MEMORY, Plugin, TestKubelet, card_of, config_of, host_path_of};
 use tonic::Code;
-use vgpu_common::{ByteSize, Config, CoreMode};
+use vgpu_contract::{ByteSize, Config, CoreMode};
 use vgpu_plugin::devices::FakeSource;
 
 const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB
@@ -233,7 +233,7 @@ async fn a_tenant_truncating_its_region_in_a_loop_neither_crashes_nor_stalls_the
                 .write(true)
                 .open(&region)
                 .expect("the tenant's own file");
-            let full = vgpu_common::region::REGION_LEN as u64;
+            let full = vgpu_contract::region::REGION_LEN as u64;
             let mut rounds = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let _ = file.set_len(0);
@@ -304,6 +304,6 @@ async fn a_tenant_truncating_its_region_in_a_loop_neither_crashes_nor_stalls_the
     // inode it mounts); with the FIFO gone, the next start gets a valid region again.
     std::fs::remove_file(&region).expect("rm fifo");
     node.start_container(&tenant).await.expect("restart");
-    assert!(vgpu_common::snapshot::RegionSnapshot::read(&region).is_ok());
+    assert!(vgpu_contract::snapshot::RegionSnapshot::read(&region).is_ok());
     node.stop().await;
 }

@@ -17,8 +17,8 @@ use common::{
     CORE, MEMORY, Plugin, TestKubelet, config_of, host_path_of, http_get, metric_value as value,
 };
 use serde_json::{Value, json};
-use vgpu_common::process::Identity;
-use vgpu_common::region::Region;
+use vgpu_contract::process::Identity;
+use vgpu_contract::region::Region;
 use vgpu_kube::standin::StandInApiServer;
 use vgpu_plugin::devices::FakeSource;
 

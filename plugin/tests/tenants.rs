@@ -18,9 +18,9 @@ use common::{
     TestKubelet, allocate, host_path_of, http_get, list_ids, plugin_client, sim_nvml,
     started_container, tenant, value,
 };
-use vgpu_common::limiter_words::slot as words;
-use vgpu_common::process::Identity;
-use vgpu_common::region::{MAX_SLOTS, Region};
+use vgpu_contract::limiter_words::slot as words;
+use vgpu_contract::process::Identity;
+use vgpu_contract::region::{MAX_SLOTS, Region};
 use vgpu_plugin::CardInfo;
 use vgpu_plugin::devices::FakeSource;
 
@@ -340,7 +340,7 @@ async fn a_two_card_containers_figures_are_filed_under_their_own_card() {
         .await
         .expect("PreStart");
     let config =
-        vgpu_common::Config::load(Path::new(host_path_of(&response, "/etc/vgpu/vgpu.yaml")))
+        vgpu_contract::Config::load(Path::new(host_path_of(&response, "/etc/vgpu/vgpu.yaml")))
             .expect("config");
     // The shim writes device `d` of the region for the config's device `d`.
     let on_a = config
@@ -445,7 +445,7 @@ async fn measure_a_plugin_binary() {
         uuid = uuid.or_else(find_view);
         if let Some(view) = uuid
             .as_deref()
-            .and_then(|uuid| vgpu_common::cardview::CardView::read(&cards, uuid).ok())
+            .and_then(|uuid| vgpu_contract::cardview::CardView::read(&cards, uuid).ok())
             && stamps.last() != Some(&view.written_ns)
         {
             stamps.push(view.written_ns);

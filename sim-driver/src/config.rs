@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use vgpu_common::ByteSize;
+use vgpu_contract::ByteSize;
 
 /// Env var naming a YAML sim config.
 pub const CONFIG_ENV: &str = "VGPU_SIM_CONFIG";

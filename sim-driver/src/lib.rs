@@ -34,9 +34,9 @@ static SIM: OnceLock<Result<Sim, String>> = OnceLock::new();
 /// This process's slot in the state file, plus one; 0 while none is held.
 static SLOT: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether `VGPU_LOG` names a level other than `off` (`vgpu_common::log`).
+/// Whether `VGPU_LOG` names a level other than `off` (`vgpu_contract::log`).
 pub fn log_enabled() -> bool {
-    use vgpu_common::log::Level;
+    use vgpu_contract::log::Level;
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| Level::from_env(Level::Off) != Level::Off)
 }
@@ -84,7 +84,7 @@ pub fn my_slot(sim: &Sim) -> Option<SlotIndex> {
     if held != 0 {
         return Some(SlotIndex(held - 1));
     }
-    let me = vgpu_common::process::current();
+    let me = vgpu_contract::process::current();
     let claimed = sim.state.claim(me.pid, me.start_time, me.pid_ns)?;
     match SLOT.compare_exchange(0, claimed.0 + 1, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => Some(claimed),

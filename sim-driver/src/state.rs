@@ -21,7 +21,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vgpu_common::process;
+use vgpu_contract::process;
 
 use crate::config::MAX_GPUS;
 

@@ -219,7 +219,7 @@ pub fn host_pid_of(ancestor: u32, ns_pid: i32) -> Option<i32> {
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
         .find(|&pid| {
-            vgpu_common::process::ns_pids_in(proc_root, pid)
+            vgpu_contract::process::ns_pids_in(proc_root, pid)
                 .and_then(|levels| levels.last().copied())
                 == Some(ns_pid)
                 && descends(pid)

@@ -1,7 +1,7 @@
 //! Docs work as written: every YAML example in `README.md`, `deploy/README.md` and
 //! `docs/*.md` is taken exactly as written and parsed by the parser it is for. A fenced
 //! block says what it is after its language: ```` ```yaml vgpu-config ```` (the quota
-//! config: `vgpu_common::Config`), `plugin-config` (the device plugin's), `dra-config`
+//! config: `vgpu_contract::Config`), `plugin-config` (the device plugin's), `dra-config`
 //! (the DRA driver's), `kubernetes` (manifests: YAML documents with `apiVersion` and
 //! `kind`), `prometheus-rules` (rule groups naming only metrics), or `not-config`. A
 //! YAML block that says nothing, or says something else, fails the test, so no example
@@ -82,7 +82,7 @@ fn kind(block: &Block) -> Option<&str> {
 fn check(block: &Block, kind: &str) -> Result<(), String> {
     let origin = Path::new("example");
     match kind {
-        "vgpu-config" => vgpu_common::Config::from_yaml(&block.text, origin)
+        "vgpu-config" => vgpu_contract::Config::from_yaml(&block.text, origin)
             .map(drop)
             .map_err(|err| err.to_string()),
         "plugin-config" => vgpu_plugin::config::PluginConfig::from_yaml(&block.text, origin)

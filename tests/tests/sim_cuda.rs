@@ -3,7 +3,7 @@
 
 use std::process::{Command, Stdio};
 
-use vgpu_common::region::Region;
+use vgpu_contract::region::Region;
 use vgpu_test_support::{Need, require};
 use vgpu_tests::{GIB, MIB, SimHost, artifact, client, result_json, shim_notices};
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
-use vgpu_common::snapshot::RegionSnapshot;
+use vgpu_contract::snapshot::RegionSnapshot;
 use vgpu_test_support::{Need, require};
 use vgpu_tests::{SimHost, client, mib, result_json, shim_notices, steps};
 

@@ -6,12 +6,12 @@
 
 use std::path::Path;
 
-use vgpu_common::snapshot::RegionSnapshot;
+use vgpu_contract::snapshot::RegionSnapshot;
 use vgpu_tests::{SimHost, shim_notices};
 
 const MIB: u64 = 1 << 20;
 
-fn counters(state: &Path) -> vgpu_common::region::QuotaCounters {
+fn counters(state: &Path) -> vgpu_contract::region::QuotaCounters {
     RegionSnapshot::read(&state.join("usage.region"))
         .expect("the container's region")
         .counters(0)

@@ -14,6 +14,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::cuda::*;
+use crate::current::PER_THREAD_KEY_BIT;
 use crate::hook;
 use crate::state::real;
 
@@ -34,19 +35,14 @@ pub fn possible() -> bool {
 fn key(stream: CUstream, per_thread: bool) -> u64 {
     let value = stream as usize;
     if (per_thread && value == 0) || value == CU_STREAM_PER_THREAD {
-        (1 << 62) | crate::current::thread_tag()
+        PER_THREAD_KEY_BIT | crate::current::thread_tag()
     } else {
         value as u64
     }
 }
 
 fn began(stream: CUstream, per_thread: bool, result: CUresult) -> CUresult {
-    static WATCH_FORKS: std::sync::Once = std::sync::Once::new();
-    WATCH_FORKS.call_once(|| {
-        // SAFETY: registering a plain extern "C" handler that only stores to atomics; the
-        // shim is linked with -z nodelete, so it stays mapped.
-        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    });
+    crate::fork_epoch::register();
     if result != CUDA_SUCCESS {
         return result;
     }
@@ -100,7 +96,7 @@ fn still_capturing(stream: CUstream, per_thread: bool) -> bool {
 pub fn forget_finished() {
     for slot in &CAPTURING {
         let key = slot.load(Ordering::Acquire);
-        if key == 0 || key & (1 << 62) != 0 {
+        if key == 0 || key & PER_THREAD_KEY_BIT != 0 {
             continue;
         }
         if !still_capturing(key as usize as CUstream, false)
@@ -113,8 +109,9 @@ pub fn forget_finished() {
     }
 }
 
-/// In a forked child: no capture survives a fork (stores only).
-extern "C" fn after_fork_in_child() {
+/// In a forked child: no capture survives a fork (stores only; called by
+/// [`crate::fork_epoch`]).
+pub(crate) fn forget_in_child() {
     for slot in &CAPTURING {
         slot.store(0, Ordering::Relaxed);
     }

@@ -41,9 +41,11 @@ fn create_context(
             && let Some(created) = created
         {
             let created = created as usize;
-            if !enforcer.context_charged(created) {
-                enforcer
-                    .charge_context(&visible, created, primary, |tracked| meter.finish(tracked));
+            if !enforcer.context_charged(created)
+                && let Some(counted) = enforcer.counted_on(&visible)
+            {
+                let bytes = meter.finish(counted);
+                enforcer.charge_context(&visible, created, primary, bytes);
             }
         }
         result

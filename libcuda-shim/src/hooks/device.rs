@@ -49,7 +49,7 @@ hook! {
             let devices = enforcer.devices().unwrap_or(&[]);
             match usize::try_from(ordinal).ok().and_then(|i| devices.get(i)) {
                 Some(visible) => {
-                    write_out(device, visible.real);
+                    write_out(device, visible.handle);
                     CUDA_SUCCESS
                 }
                 None => CUDA_ERROR_INVALID_DEVICE,

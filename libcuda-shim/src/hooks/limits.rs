@@ -55,7 +55,7 @@ pub(crate) fn back_local_memory(local_bytes: Option<u64>) -> CUresult {
         if local <= stack {
             return CUDA_SUCCESS;
         }
-        let threads = resident_threads(device.real);
+        let threads = resident_threads(device.handle);
         enforcer.limit_counted(
             device,
             current_context(),
@@ -75,7 +75,7 @@ hook! {
                 // No context (or a limit the driver does not know): its own answer.
                 return forward();
             };
-            let threads = resident_threads(device.real);
+            let threads = resident_threads(device.handle);
             enforcer.limit_counted(
                 device,
                 current_context(),

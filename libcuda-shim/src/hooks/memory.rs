@@ -7,10 +7,10 @@
 use std::ffi::c_void;
 
 use crate::cuda::*;
-use crate::devices::Target;
+use crate::devices::LandsOn;
 use crate::ffi::{read_descriptor, read_out, write_out};
 use crate::ledger::Ticket;
-use crate::ledger::allocations::{AllocKey, charged_size};
+use crate::ledger::allocations::{AllocKey, Reservation, charged_size};
 use crate::state::{Enforcer, after_success, enforce, enforcing};
 use crate::{hook, real};
 
@@ -27,26 +27,37 @@ pub(crate) fn current_context() -> usize {
 /// under the key that `key` reads back from the call's out-parameter.
 fn counted(
     bytes: u64,
-    target: Target,
+    lands_on: LandsOn,
     allocate: impl FnOnce() -> CUresult + Copy,
     key: impl FnOnce() -> AllocKey,
 ) -> CUresult {
-    charged(charged_size(bytes), target, allocate, |enforcer, ticket| {
-        enforcer.record(key(), ticket, current_context())
-    })
+    charged(
+        charged_size(bytes),
+        lands_on,
+        allocate,
+        |enforcer, ticket| enforcer.record(key(), ticket, current_context()),
+    )
 }
 
-/// Under the quota, reserve `charge` bytes, run `allocate`, and on success hand the
-/// reservation to `commit` (which remembers what will credit it back); otherwise just
-/// `allocate` (or fail closed).
+/// Under the quota, reserve `charge` bytes (the ledger's [`Enforcer::begin`]), run
+/// `allocate`, and on success hand the ticket the ledger returns to `commit` (which
+/// remembers what will credit it back); otherwise just `allocate` (or fail closed).
 pub(crate) fn charged(
     charge: u64,
-    target: Target,
+    lands_on: LandsOn,
     allocate: impl FnOnce() -> CUresult + Copy,
     commit: impl FnOnce(&Enforcer, Ticket),
 ) -> CUresult {
     enforce(allocate, |enforcer| {
-        enforcer.allocate(target, charge, allocate, commit)
+        let reservation = match enforcer.begin(&lands_on, charge) {
+            Reservation::Refused(error) => return error,
+            reservation => reservation,
+        };
+        let result = allocate();
+        if let Some(ticket) = enforcer.finish(reservation, &lands_on, result) {
+            commit(enforcer, ticket);
+        }
+        result
     })
 }
 
@@ -68,20 +79,20 @@ fn allocated(pointer: *const CUdeviceptr) -> u64 {
 
 hook! {
     fn cuMemAlloc_v2(pointer: *mut CUdeviceptr, bytes: usize) -> CUresult |forward| {
-        counted(bytes as u64, Target::Current, forward, || AllocKey::Pointer(allocated(pointer)))
+        counted(bytes as u64, LandsOn::Current, forward, || AllocKey::Pointer(allocated(pointer)))
     }
 }
 
 hook! {
     /// The pre-3.2 ABI (32-bit pointers and sizes).
     fn cuMemAlloc(pointer: *mut u32, bytes: u32) -> CUresult |forward| {
-        counted(bytes as u64, Target::Current, forward, || AllocKey::Pointer(read_out(pointer).unwrap_or(0) as u64))
+        counted(bytes as u64, LandsOn::Current, forward, || AllocKey::Pointer(read_out(pointer).unwrap_or(0) as u64))
     }
 }
 
 hook! {
     fn cuMemAllocManaged(pointer: *mut CUdeviceptr, bytes: usize, flags: u32) -> CUresult |forward| {
-        counted(bytes as u64, Target::Current, forward, || AllocKey::Pointer(allocated(pointer)))
+        counted(bytes as u64, LandsOn::Current, forward, || AllocKey::Pointer(allocated(pointer)))
     }
 }
 
@@ -96,7 +107,7 @@ fn pitched(
 ) -> CUresult {
     let result = counted(
         width.saturating_mul(height),
-        Target::Current,
+        LandsOn::Current,
         allocate,
         || AllocKey::Pointer(result_of().0),
     );
@@ -118,7 +129,7 @@ fn pitched(
     {
         Ok(ticket) => {
             enforcer.record(
-                AllocKey::Pointer(pointer ^ (1 << 63)),
+                AllocKey::pitch_surcharge(pointer),
                 ticket,
                 current_context(),
             );
@@ -167,7 +178,7 @@ hook! {
 pub(crate) fn pointer_freed(pointer: u64, result: CUresult) -> CUresult {
     after_success(result, |enforcer| {
         enforcer.forget(AllocKey::Pointer(pointer));
-        enforcer.forget(AllocKey::Pointer(pointer ^ (1 << 63)));
+        enforcer.forget(AllocKey::pitch_surcharge(pointer));
     })
 }
 
@@ -211,7 +222,7 @@ fn array_counted(
     allocate: impl FnOnce() -> CUresult + Copy,
     handle: *const usize,
 ) -> CUresult {
-    charged(charge, Target::Current, allocate, |enforcer, ticket| {
+    charged(charge, LandsOn::Current, allocate, |enforcer, ticket| {
         enforcer.record(
             AllocKey::Array(read_out(handle).unwrap_or(0)),
             ticket,
@@ -275,19 +286,19 @@ hook! {
 // --- what the container is told ----------------------------------------------------
 
 /// free = quota − used (never more than the card really has free), total = quota;
-/// `real_info` is the real call's (free, total).
+/// `driver_info` is the real call's (free, total).
 fn memory_info(
-    real_info: impl FnOnce() -> Result<(u64, u64), CUresult>,
+    driver_info: impl FnOnce() -> Result<(u64, u64), CUresult>,
 ) -> Result<(u64, u64), CUresult> {
-    let (real_free, real_total) = real_info()?;
+    let (card_free, card_total) = driver_info()?;
     enforce(
-        || Ok((real_free, real_total)),
+        || Ok((card_free, card_total)),
         |enforcer| {
             let device = enforcer.current()?;
             let free = device
                 .memory_limit
                 .saturating_sub(enforcer.used(device))
-                .min(real_free);
+                .min(card_free);
             Ok((free, device.memory_limit))
         },
     )
@@ -299,10 +310,10 @@ hook! {
             return forward();
         }
         let answer = memory_info(|| {
-            let (mut real_free, mut real_total) = (0usize, 0usize);
+            let (mut card_free, mut card_total) = (0usize, 0usize);
             // SAFETY: our own out-pointers, to the real cuMemGetInfo_v2.
-            match unsafe { real(&mut real_free, &mut real_total) } {
-                CUDA_SUCCESS => Ok((real_free as u64, real_total as u64)),
+            match unsafe { real(&mut card_free, &mut card_total) } {
+                CUDA_SUCCESS => Ok((card_free as u64, card_total as u64)),
                 error => Err(error),
             }
         });
@@ -323,10 +334,10 @@ hook! {
             return forward();
         }
         let answer = memory_info(|| {
-            let (mut real_free, mut real_total) = (0u32, 0u32);
+            let (mut card_free, mut card_total) = (0u32, 0u32);
             // SAFETY: our own out-pointers, to the real cuMemGetInfo.
-            match unsafe { real(&mut real_free, &mut real_total) } {
-                CUDA_SUCCESS => Ok((real_free as u64, real_total as u64)),
+            match unsafe { real(&mut card_free, &mut card_total) } {
+                CUDA_SUCCESS => Ok((card_free as u64, card_total as u64)),
                 error => Err(error),
             }
         });

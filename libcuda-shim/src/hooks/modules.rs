@@ -185,7 +185,7 @@ fn first_use_of_function(
     let Ok(device) = enforcer.current() else {
         return result;
     };
-    crate::hooks::limits::back_local_memory(local_bytes(device.real))
+    crate::hooks::limits::back_local_memory(local_bytes(device.handle))
 }
 
 /// A function's local memory per thread.

@@ -9,7 +9,7 @@
 use std::ffi::c_void;
 
 use crate::cuda::*;
-use crate::devices::{Target, Visible};
+use crate::devices::{LandsOn, Visible};
 use crate::ffi::{read_descriptor, read_out};
 use crate::hooks::memory::{current_context, pointer_freed, synchronized};
 use crate::state::{after_success, enforce};
@@ -20,7 +20,7 @@ fn current_pool(device: &Visible) -> Option<usize> {
     let get = real!(cuDeviceGetMemPool as fn(*mut CUmemoryPool, CUdevice) -> CUresult);
     let mut pool: CUmemoryPool = std::ptr::null_mut();
     // SAFETY: our own out-pointer and a real device handle, to the real cuDeviceGetMemPool.
-    (unsafe { get(&mut pool, device.real) } == CUDA_SUCCESS && !pool.is_null())
+    (unsafe { get(&mut pool, device.handle) } == CUDA_SUCCESS && !pool.is_null())
         .then_some(pool as usize)
 }
 
@@ -35,7 +35,7 @@ fn pooled(
     enforce(allocate, |enforcer| {
         let device = match pool.and_then(|pool| enforcer.pool_device(pool as usize)) {
             Some(device) => device,
-            None => match enforcer.device_for(&Target::Current) {
+            None => match enforcer.device_for(&LandsOn::Current) {
                 Ok(device) => device,
                 Err(CUDA_ERROR_INVALID_DEVICE) => return CUDA_ERROR_INVALID_DEVICE,
                 // No context: the driver gives its own error.

@@ -18,11 +18,11 @@ fn swap_in_hook(symbol: *const c_char, function: *mut *mut c_void) {
     if matches!(shim.policy, Policy::Passthrough) {
         return;
     }
-    let Some(real) = &shim.real else { return };
+    let Some(library) = &shim.library else { return };
     let Some(pointer) = read_out(function).filter(|pointer| !pointer.is_null()) else {
         return;
     };
-    match real.index_of(pointer) {
+    match library.index_of(pointer) {
         Some(index) => {
             if let Some(hook) = HOOKS[index] {
                 write_out(function, hook as *mut c_void);

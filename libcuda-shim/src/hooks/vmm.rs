@@ -8,7 +8,7 @@
 use std::ffi::c_void;
 
 use crate::cuda::*;
-use crate::devices::Target;
+use crate::devices::LandsOn;
 use crate::ffi::{read_descriptor, read_out};
 use crate::hook;
 use crate::hooks::memory::charged;
@@ -17,14 +17,14 @@ use crate::state::after_success;
 
 hook! {
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult |forward| {
-        let target = match read_descriptor(prop) {
-            Some(p) if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE => Target::Device(p.location_id),
+        let lands_on = match read_descriptor(prop) {
+            Some(p) if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE => LandsOn::Device(p.location_id),
             // Host-located (or unknown) allocations do not take device memory.
             _ => return forward(),
         };
         charged(
             charged_size(bytes as u64),
-            target,
+            lands_on,
             forward,
             |enforcer, ticket| enforcer.vmm_created(read_out(handle).unwrap_or(0), ticket),
         )

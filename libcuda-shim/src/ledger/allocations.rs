@@ -1,8 +1,10 @@
 //! Single allocations (`cuMemAlloc*`, pitched, managed, arrays, and what VMM and pools
-//! reserve through the same door): the order is always reserve in the region (refusing
-//! with CUDA_ERROR_OUT_OF_MEMORY, allocating nothing, when the quota would be passed),
-//! call the real allocator, then record the allocation, or give the reservation back if
-//! the driver failed. A free credits back exactly what was recorded.
+//! reserve through the same door): the order is always reserve in the region
+//! ([`Enforcer::begin`], refusing with CUDA_ERROR_OUT_OF_MEMORY, allocating nothing,
+//! when the quota would be passed), the hook calls the real allocator, then
+//! [`Enforcer::finish`] hands back the ticket to record, or gives the reservation back
+//! if the driver failed. The ledger never calls back into the hook. A free credits
+//! back exactly what was recorded.
 //!
 //! Sizes are charged as the driver spends memory (`charged_size`), not as asked.
 
@@ -11,15 +13,15 @@ use vgpu_shimgen::runtime;
 use super::Ticket;
 use crate::cuda::*;
 use crate::debug;
-use crate::devices::{Target, Visible};
+use crate::devices::{LandsOn, Visible};
 use crate::process::{ProcessState, process_state};
 use crate::state::Enforcer;
 
 /// What an allocation is keyed by: a device pointer or an array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AllocKey {
-    /// A device pointer (a pitched allocation's surcharge is keyed by the pointer with
-    /// its top bit flipped).
+    /// A device pointer (a pitched allocation's surcharge is keyed by
+    /// [`AllocKey::pitch_surcharge`]).
     Pointer(u64),
     /// A `CUarray` or `CUmipmappedArray` handle.
     Array(usize),
@@ -36,12 +38,37 @@ pub enum AllocKey {
     },
 }
 
+/// The bit flipped in a pointer to key what a pitched allocation's pitch added
+/// (device pointers never have it set, so the key never meets a real pointer's).
+const PITCH_SURCHARGE_BIT: u64 = 1 << 63;
+
+impl AllocKey {
+    /// The key of the surcharge that the pitch of the pitched allocation at `pointer`
+    /// added beyond its width (recorded and freed beside the pointer's own key).
+    pub fn pitch_surcharge(pointer: u64) -> AllocKey {
+        AllocKey::Pointer(pointer ^ PITCH_SURCHARGE_BIT)
+    }
+}
+
 /// One recorded allocation.
 pub struct Allocation {
     pub(super) ticket: Ticket,
     pub(super) context: usize,
     /// The pool it came from (its memory is counted as the pool's reservation).
     pub(super) pool: Option<usize>,
+}
+
+/// What [`Enforcer::begin`] decided before an allocation's real call.
+#[must_use = "a reservation is finished (recorded or given back) after the real call"]
+pub enum Reservation {
+    /// Reserved in the region: run the real call, then [`Enforcer::finish`].
+    Reserved(Ticket),
+    /// The device is not known before the call (no current context, or before
+    /// `cuInit`): the driver answers with its own error; should it succeed anyway,
+    /// [`Enforcer::finish`] counts these bytes after the fact.
+    Unplaced(u64),
+    /// Refused: the real call must not run; the hook answers this error.
+    Refused(CUresult),
 }
 
 /// Rounds an allocation the way the driver's allocator spends memory: large blocks in
@@ -65,7 +92,7 @@ fn mib(bytes: u64) -> String {
 fn warning_due() -> bool {
     use std::sync::atomic::{AtomicU64, Ordering};
     static LAST_NS: AtomicU64 = AtomicU64::new(0);
-    let now = vgpu_common::clock::monotonic_ns().max(1);
+    let now = vgpu_contract::clock::monotonic_ns().max(1);
     let last = LAST_NS.load(Ordering::Relaxed);
     (last == 0 || now.saturating_sub(last) >= 1_000_000_000)
         && LAST_NS
@@ -74,44 +101,46 @@ fn warning_due() -> bool {
 }
 
 impl Enforcer {
-    /// Reserves `charge` bytes on the device `target` names, runs `allocate` (the real
-    /// call), and on success hands the reservation to `commit` (which remembers what will
-    /// credit it back); gives it back when the driver failed. A hidden device is
-    /// CUDA_ERROR_INVALID_DEVICE; no current context (or no cuInit) is the driver's own
-    /// error, and should the driver succeed anyway, what it handed out is counted.
-    pub fn allocate(
-        &self,
-        target: Target,
-        charge: u64,
-        allocate: impl FnOnce() -> CUresult,
-        commit: impl FnOnce(&Enforcer, Ticket),
-    ) -> CUresult {
-        let device = match self.device_for(&target) {
-            Ok(device) => device,
-            Err(CUDA_ERROR_INVALID_DEVICE) => return CUDA_ERROR_INVALID_DEVICE,
-            Err(_) => {
-                let result = allocate();
-                if result == CUDA_SUCCESS
-                    && let Ok(device) = self.device_for(&target)
-                    && let Some(slot) = self.slot()
-                {
-                    self.region.add_used(slot, device.region_index, charge);
-                    commit(self, self.ticket(slot, device, charge));
-                }
-                return result;
-            }
-        };
-        let ticket = match self.reserve(device, charge) {
-            Ok(ticket) => ticket,
-            Err(error) => return error,
-        };
-        let result = allocate();
-        if result == CUDA_SUCCESS {
-            commit(self, ticket);
-        } else {
-            self.unreserve(ticket);
+    /// The first half of an allocation, before the real call: reserves `charge` bytes
+    /// on the device `lands_on` names. A hidden device is CUDA_ERROR_INVALID_DEVICE, and
+    /// a quota that cannot take it CUDA_ERROR_OUT_OF_MEMORY ([`Reservation::Refused`]:
+    /// the real call must not run); no current context (or no cuInit) leaves the error
+    /// to the driver ([`Reservation::Unplaced`]). The caller runs the real call, then
+    /// hands its result to [`Enforcer::finish`]; nothing here calls back into a hook.
+    pub fn begin(&self, lands_on: &LandsOn, charge: u64) -> Reservation {
+        match self.device_for(lands_on) {
+            Ok(device) => match self.reserve(device, charge) {
+                Ok(ticket) => Reservation::Reserved(ticket),
+                Err(error) => Reservation::Refused(error),
+            },
+            Err(CUDA_ERROR_INVALID_DEVICE) => Reservation::Refused(CUDA_ERROR_INVALID_DEVICE),
+            Err(_) => Reservation::Unplaced(charge),
         }
-        result
+    }
+
+    /// The second half, after the real call returned `result`: on success the ticket to
+    /// record (what will credit it back), for an unplaced allocation what the driver
+    /// handed out counted now; on failure the reservation is given back and `None`.
+    pub fn finish(
+        &self,
+        reservation: Reservation,
+        lands_on: &LandsOn,
+        result: CUresult,
+    ) -> Option<Ticket> {
+        match reservation {
+            Reservation::Reserved(ticket) if result == CUDA_SUCCESS => Some(ticket),
+            Reservation::Reserved(ticket) => {
+                self.unreserve(ticket);
+                None
+            }
+            Reservation::Unplaced(charge) if result == CUDA_SUCCESS => {
+                let device = self.device_for(lands_on).ok()?;
+                let slot = self.slot()?;
+                self.region.add_used(slot, device.region_index, charge);
+                Some(self.ticket(slot, device, charge))
+            }
+            Reservation::Unplaced(_) | Reservation::Refused(_) => None,
+        }
     }
 
     /// Reserves `bytes` on `device` for this process, or says why not. Before saying no,

@@ -28,19 +28,19 @@ fn total_on(charges: &[ContextCharge], index: usize) -> u64 {
 }
 
 impl Enforcer {
-    /// Records the overhead of a new context (once per context); `measure` gets the
-    /// bytes this process's counted usage held before.
-    pub fn charge_context(
-        &self,
-        device: &Visible,
-        context: usize,
-        primary: bool,
-        measure: impl FnOnce(u64) -> u64,
-    ) {
+    /// The bytes this process's counted usage holds on `device` now (what the context
+    /// meter measures a new context against); `None` when the process has no slot, and
+    /// so nothing to charge a context to.
+    pub fn counted_on(&self, device: &Visible) -> Option<u64> {
+        let slot = process_state(self).slot?;
+        Some(self.region.slot_used(slot, device.region_index))
+    }
+
+    /// Records `bytes` as the overhead of a new context (once per context), as the
+    /// context meter measured it against [`Enforcer::counted_on`].
+    pub fn charge_context(&self, device: &Visible, context: usize, primary: bool, bytes: u64) {
         let process = process_state(self);
         let Some(slot) = process.slot else { return };
-        let tracked = self.region.slot_used(slot, device.region_index);
-        let bytes = measure(tracked);
         let mut charges = runtime::lock(&process.contexts);
         if charges.iter().any(|charge| charge.context == context) {
             return;

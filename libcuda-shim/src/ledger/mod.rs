@@ -23,7 +23,7 @@ pub mod reserved;
 pub mod vmm;
 pub mod vmm_counting;
 
-use vgpu_common::region::SlotId;
+use vgpu_contract::region::SlotId;
 
 use crate::devices::Visible;
 use crate::state::Enforcer;

@@ -7,7 +7,7 @@
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use vgpu_common::region::SlotId;
+use vgpu_contract::region::SlotId;
 
 use super::Ticket;
 use super::allocations::{AllocKey, Allocation};

@@ -11,7 +11,7 @@
 //! limits). When that settled figure passes the quota the call is undone (the module
 //! unloaded, the limit set back) and answers CUDA_ERROR_OUT_OF_MEMORY.
 
-use vgpu_common::region::SlotId;
+use vgpu_contract::region::SlotId;
 
 use super::allocations::{AllocKey, charged_size};
 use crate::cuda::*;

@@ -41,13 +41,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use vgpu_common::CoreMode;
-use vgpu_common::cardview::{self, CardView};
-use vgpu_common::clock::monotonic_ns;
-use vgpu_common::limiter_words::slot as slot_words;
-use vgpu_common::region::{Region, SLOT_LIMITER_WORDS, SlotId};
+use vgpu_contract::CoreMode;
+use vgpu_contract::cardview::{self, CardView};
+use vgpu_contract::clock::monotonic_ns;
+use vgpu_contract::limiter_words::slot as slot_words;
+use vgpu_contract::region::{Region, SLOT_LIMITER_WORDS, SlotId};
 
 use crate::cuda::*;
+use crate::current::PER_THREAD_KEY_BIT;
 use crate::debug;
 use crate::hooks::capture;
 use crate::state::{Enforcer, Visible, enforcer, real};
@@ -98,7 +99,6 @@ const LEGACY_KEY: u64 = 1;
 /// Bits of busy ns in `DeviceLimiter::unpublished` (4.9 hours; it is emptied every
 /// publish tick).
 const BUSY_BITS: u32 = 44;
-const PER_THREAD_KEY_BIT: u64 = 1 << 62;
 
 /// What one launch is, for costing: a kernel (its function handle) or a graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,7 +175,6 @@ const LIMITS_SOME: u8 = 2;
 /// load of this and a branch.
 static LIMITS: AtomicU8 = AtomicU8::new(LIMITS_UNKNOWN);
 static EXITING: AtomicBool = AtomicBool::new(false);
-static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 static LIMITER: AtomicPtr<Limiter> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Runs `launch` (the real launch) for `work` on `target`, throttled and measured when
@@ -250,7 +249,7 @@ fn current_limited() -> Option<&'static DeviceLimiter> {
     limiter
         .devices
         .iter()
-        .find(|limited| limited.visible.real == device)
+        .find(|limited| limited.visible.handle == device)
 }
 
 /// Whether `target`'s stream is capturing (or capture forbids asking): then the launch
@@ -325,7 +324,7 @@ unsafe impl Send for Slow {}
 /// The limiter, built on first use (and again in a forked child); `None` when no
 /// visible device has a compute limit.
 fn limiter(enforcer: &'static Enforcer) -> Option<&'static Limiter> {
-    let generation = FORK_GENERATION.load(Ordering::Acquire);
+    let generation = crate::fork_epoch::generation();
     let current = LIMITER.load(Ordering::Acquire);
     // SAFETY: LIMITER only holds leaked, never-freed Limiter boxes.
     if let Some(limiter) = unsafe { current.as_ref() }
@@ -419,17 +418,11 @@ fn register_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         trace::init();
-        // SAFETY: registering plain extern "C" handlers that only touch atomics; the
-        // shim is linked with -z nodelete.
-        unsafe {
-            libc::pthread_atfork(None, None, Some(after_fork_in_child));
-            libc::atexit(at_exit);
-        }
+        // SAFETY: registering a plain extern "C" exit handler (an atomic store, then the
+        // trace under a panic guard); the shim is linked with -z nodelete.
+        unsafe { libc::atexit(at_exit) };
+        crate::fork_epoch::register();
     });
-}
-
-extern "C" fn after_fork_in_child() {
-    FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
 }
 
 extern "C" fn at_exit() {

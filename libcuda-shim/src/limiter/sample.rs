@@ -5,7 +5,7 @@
 //! process (`RelaxedCapture`). What a settled sample does to the bucket is the
 //! runtime's (`super::DeviceLimiter::settle_one`); this file only measures.
 
-use vgpu_common::clock::monotonic_ns;
+use vgpu_contract::clock::monotonic_ns;
 
 use crate::cuda::*;
 use crate::hooks::capture;

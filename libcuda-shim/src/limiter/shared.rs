@@ -1,6 +1,6 @@
 //! The container's compute budget on one device, shared by all its processes: the token
 //! bucket, the union horizon and the rate in force, in the container-wide limiter words
-//! of its usage region (`vgpu_common::limiter_words::container`). Every update is one
+//! of its usage region (`vgpu_contract::limiter_words::container`). Every update is one
 //! atomic (a compare-and-swap loop or a fetch-max), so threads and processes spend one
 //! budget without a lock, and a process that dies mid-update leaves a valid number.
 //!
@@ -12,8 +12,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vgpu_common::limiter_words::container::{HELD_UNTIL_NS, HORIZON_NS, PAID_UNTIL_NS, RATE_PPM};
-use vgpu_common::region::CONTAINER_LIMITER_WORDS;
+use vgpu_contract::limiter_words::container::{HELD_UNTIL_NS, HORIZON_NS, PAID_UNTIL_NS, RATE_PPM};
+use vgpu_contract::region::CONTAINER_LIMITER_WORDS;
 
 use super::duty::{self, FULL_PPM, MAX_DEBT_NS};
 

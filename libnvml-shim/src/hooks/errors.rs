@@ -30,9 +30,9 @@ pub unsafe extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
     vgpu_shimgen::runtime::guard(own_string(NVML_ERROR_UNKNOWN).as_ptr(), || {
         let shim = shim();
         let real_has_it = shim
-            .real
+            .library
             .as_ref()
-            .is_some_and(|real| !real.missing.contains(&c"nvmlErrorString"));
+            .is_some_and(|library| !library.missing.contains(&c"nvmlErrorString"));
         if !real_has_it {
             return own_string(result).as_ptr();
         }

@@ -5,7 +5,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use vgpu_common::UtilizationScale;
+use vgpu_contract::UtilizationScale;
 
 use crate::ffi::{read_out, write_out, write_records};
 use crate::nvml::*;

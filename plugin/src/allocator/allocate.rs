@@ -185,8 +185,8 @@ impl Allocator {
                     if count as u64 > largest as u64 {
                         return Err(Status::invalid_argument(format!(
                             "{count} memory units ({}) exceed the largest card's {largest} units ({}): lower {memory_resource} to at most {largest}; IDs: {}",
-                            vgpu_common::ByteSize(unit.bytes() * count as u64),
-                            vgpu_common::ByteSize(unit.bytes() * largest as u64),
+                            vgpu_contract::ByteSize(unit.bytes() * count as u64),
+                            vgpu_contract::ByteSize(unit.bytes() * largest as u64),
                             list(ids)
                         )));
                     }

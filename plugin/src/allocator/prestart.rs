@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use tonic::Status;
-use vgpu_common::{CoreMode, DeviceQuota};
+use vgpu_contract::{CoreMode, DeviceQuota};
 use vgpu_kube::pods::apply_ceiling;
 
 use super::holders::Listed;
@@ -347,7 +347,7 @@ impl Allocator {
         let mut partial = DeviceQuota {
             uuid: core_cards.first().cloned(),
             index: None,
-            memory_limit: Some(vgpu_common::ByteSize(
+            memory_limit: Some(vgpu_contract::ByteSize(
                 self.config.memory_unit.bytes() * memory_ids.len() as u64,
             )),
             core_limit: Some(core_ids.len() as u32),

@@ -3,7 +3,7 @@
 use super::*;
 use crate::config::Policy;
 use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
-use vgpu_common::CoreMode;
+use vgpu_contract::CoreMode;
 
 fn cards(count: u32) -> Vec<CardInfo> {
     (0..count)
@@ -138,7 +138,7 @@ fn every_call_gets_its_own_record_and_prestart_folds_a_container_from_podresourc
     assert_eq!(plan.devices[0].core_limit, Some(30));
     assert_eq!(
         plan.devices[0].memory_limit,
-        Some(vgpu_common::ByteSize::gib(1))
+        Some(vgpu_contract::ByteSize::gib(1))
     );
     assert_eq!(
         plan.alias_ids.len(),
@@ -294,7 +294,7 @@ fn an_unlisted_init_container_is_paired_with_its_neighbouring_call() {
         .expect("init");
     assert_eq!(
         plans[0].devices[0].memory_limit,
-        Some(vgpu_common::ByteSize::gib(1))
+        Some(vgpu_contract::ByteSize::gib(1))
     );
     let cores_only = {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -529,9 +529,9 @@ pub fn card_of(id: &str) -> String {
 }
 
 /// The final container config behind a container's merged response.
-pub fn config_of(admitted: &Admitted) -> vgpu_common::Config {
+pub fn config_of(admitted: &Admitted) -> vgpu_contract::Config {
     let merged = admitted.merged();
-    vgpu_common::Config::load(Path::new(host_path_of(&merged, "/etc/vgpu/vgpu.yaml")))
+    vgpu_contract::Config::load(Path::new(host_path_of(&merged, "/etc/vgpu/vgpu.yaml")))
         .expect("container config")
 }
 
@@ -584,8 +584,8 @@ pub fn value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
 }
 
 /// A process of a container, as the shim records it (a PID namespace of its own).
-pub fn tenant(pid: i32) -> vgpu_common::process::Identity {
-    vgpu_common::process::Identity {
+pub fn tenant(pid: i32) -> vgpu_contract::process::Identity {
+    vgpu_contract::process::Identity {
         pid,
         start_time: 7000 + pid as u64,
         pid_ns: 4026532999,

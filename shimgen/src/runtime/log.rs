@@ -1,10 +1,10 @@
 //! The shims' logging: off unless `VGPU_LOG` names a level (parsed once, by
-//! `vgpu_common::log`, the parser every component shares), one stderr line a message;
+//! `vgpu_contract::log`, the parser every component shares), one stderr line a message;
 //! and the few notices the user must hear whatever the level.
 
 use std::sync::OnceLock;
 
-pub use vgpu_common::log::Level;
+pub use vgpu_contract::log::Level;
 
 /// The level `VGPU_LOG` set (off when it names none), read once.
 pub fn log_level() -> Level {

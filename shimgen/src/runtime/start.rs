@@ -82,7 +82,7 @@ pub enum StartConfig {
     /// Unusable; the notice has been printed.
     Broken,
     /// The config and the file it came from.
-    Found(vgpu_common::Config, std::path::PathBuf),
+    Found(vgpu_contract::Config, std::path::PathBuf),
 }
 
 /// What every shim does when it loads: read the config (`VGPU_CONFIG`; one stderr line
@@ -110,7 +110,7 @@ impl Start {
         hooked: impl Fn(usize) -> bool,
         missing_stub: *mut c_void,
     ) -> (Option<RealLibrary>, StartConfig, std::path::PathBuf) {
-        use vgpu_common::config::{Config, Loaded};
+        use vgpu_contract::config::{Config, Loaded};
         let config = match Config::load_from_env() {
             Ok(Loaded::Found(config, path)) => StartConfig::Found(config, path),
             Ok(Loaded::Absent) => StartConfig::Absent,

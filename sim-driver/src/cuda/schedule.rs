@@ -230,7 +230,7 @@ mod tests {
     fn processes_take_turns_and_their_streams_overlap_within_a_turn() {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = SharedState::open(&dir.path().join("state")).expect("state");
-        let me = vgpu_common::process::current();
+        let me = vgpu_contract::process::current();
         let slots = [0u64, 1].map(|n| {
             state
                 .claim(me.pid, me.start_time, me.pid_ns + n)

@@ -143,7 +143,7 @@ impl RegionSnapshot {
     /// host's `/proc`, as `region::find_host_pids` finds it). Returns
     /// how many were written; a file that changed meanwhile only makes a write fail.
     pub fn fill_host_pids(&self, proc_root: &Path) -> usize {
-        crate::region::find_host_pids(&RegionBytes::wanting_host_pids(self), proc_root)
+        crate::region::find_host_pids(&crate::region::wanting_host_pids(self), proc_root)
             .into_iter()
             .filter(|&(slot, host_pid)| write_host_pid(&self.path, slot, host_pid).is_ok())
             .count()

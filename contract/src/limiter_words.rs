@@ -1,6 +1,6 @@
 //! What the compute limiter's words in a usage region mean.
 //!
-//! The region (layout: `region.rs`) reserves per device a container-wide block of
+//! The region (layout: `region/layout.rs`) reserves per device a container-wide block of
 //! `CONTAINER_LIMITER_WORDS` atomics and, in every process slot, a block of
 //! `SLOT_LIMITER_WORDS`. The processes of one container share the first (their token
 //! bucket and their union horizon live there, so the container's limit is one budget

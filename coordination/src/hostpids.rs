@@ -14,8 +14,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::process;
-use crate::region::ProcessUsage;
+use vgpu_contract::process;
+use vgpu_contract::region::ProcessUsage;
 
 /// The least time between two scans of `/proc` for processes not found yet.
 pub const RESCAN_NS: u64 = 1_000_000_000;
@@ -88,7 +88,7 @@ impl HostPids {
         for &(_, pid, pid_ns, start_time) in &wanted {
             self.scanned_for.insert((pid_ns, pid, start_time), ());
         }
-        for (index, host_pid) in crate::region::find_host_pids(&wanted, &self.proc_root) {
+        for (index, host_pid) in vgpu_contract::region::find_host_pids(&wanted, &self.proc_root) {
             let process = &processes[index];
             if let Ok(pid) = u32::try_from(host_pid) {
                 self.known

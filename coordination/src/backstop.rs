@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::OverQuota as Policy;
+use vgpu_contract::config::OverQuota as Policy;
 
 /// The record of the containers over their quota, in the coordinator's folder.
 pub const RECORD_FILE: &str = "over-quota.yaml";
@@ -166,7 +166,8 @@ pub fn kill(proc_root: &Path, process: &ProcessFigure) -> bool {
     let Ok(pid) = i32::try_from(process.host_pid) else {
         return false;
     };
-    if pid <= 1 || crate::process::start_time_in(proc_root, pid) != Some(process.start_time) {
+    if pid <= 1 || vgpu_contract::process::start_time_in(proc_root, pid) != Some(process.start_time)
+    {
         return false;
     }
     // SAFETY: kill(2) with a PID just checked to be the process the card listed; no
@@ -205,7 +206,7 @@ mod tests {
 
     #[test]
     fn a_reused_pid_is_not_killed() {
-        let me = crate::process::current();
+        let me = vgpu_contract::process::current();
         let stranger = ProcessFigure {
             host_pid: me.pid as u32,
             start_time: me.start_time + 1,

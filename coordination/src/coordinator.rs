@@ -26,16 +26,16 @@ use std::path::{Path, PathBuf};
 
 use crate::backstop::{self, Action, OverQuota as Over, Record};
 use crate::cardmeter::{CardMeter, CardReading, Freshness};
-use crate::cardview::{
+use crate::hostpids::HostPids;
+use vgpu_contract::cardview::{
     CHARGE_MAX_PERMILLE, CHARGE_MIN_PERMILLE, CHARGE_UNIT, CardView, ViewEntry, valid_uuid,
 };
-use crate::clock::monotonic_ns;
-use crate::config::{Config, CoreMode, DeviceSelector, OverQuota, validate_container_id};
-use crate::hostpids::HostPids;
-use crate::limiter_words::slot;
-use crate::process;
-use crate::region::ProcessUsage;
-use crate::snapshot::RegionSnapshot;
+use vgpu_contract::clock::monotonic_ns;
+use vgpu_contract::config::{Config, CoreMode, DeviceSelector, OverQuota, validate_container_id};
+use vgpu_contract::limiter_words::slot;
+use vgpu_contract::process;
+use vgpu_contract::region::ProcessUsage;
+use vgpu_contract::snapshot::RegionSnapshot;
 
 /// How often the callers are expected to tick (views go stale after `cardview::STALE_NS`).
 pub const TICK_NS: u64 = 50_000_000;
@@ -95,7 +95,7 @@ impl ContainerSpec {
         uuid_of: impl Fn(u32) -> Option<String>,
     ) -> Option<ContainerSpec> {
         let id = config.container_id.clone()?;
-        let uuid_for = |device: &crate::config::DeviceQuota| match device.selector() {
+        let uuid_for = |device: &vgpu_contract::config::DeviceQuota| match device.selector() {
             DeviceSelector::Uuid(uuid) => Some(uuid.trim().to_string()),
             DeviceSelector::Index(index) => uuid_of(index),
         };
@@ -547,7 +547,7 @@ impl Coordinator {
                     None => {
                         // Newly over: the host's own counter word in the container's
                         // region (the plugin's metric and its Event on the pod read it).
-                        if let Err(error) = crate::snapshot::count_over_quota_by_io(
+                        if let Err(error) = vgpu_contract::snapshot::count_over_quota_by_io(
                             &spec.region,
                             quota.region_index,
                         ) {
@@ -875,16 +875,16 @@ fn allowed_now(entry: &ViewEntry, others_active: bool) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter_words::slot as words;
-    use crate::region::{Region, RegionDevice};
     use std::sync::atomic::Ordering;
+    use vgpu_contract::limiter_words::slot as words;
+    use vgpu_contract::region::{Region, RegionDevice};
 
     const CARD: &str = "GPU-51d00000-0000-4000-8000-000000000001";
 
     struct Tenant {
         region: Region,
         spec: ContainerSpec,
-        slot: crate::region::SlotId,
+        slot: vgpu_contract::region::SlotId,
     }
 
     fn tenant(dir: &Path, id: &str, limit: u32, mode: CoreMode, ceiling: Option<u32>) -> Tenant {
@@ -1036,7 +1036,7 @@ mod tests {
         let hostile = tenant(dir.path(), "hostile", 10, CoreMode::Hard, None);
         // Every slot taken by a process of another PID namespace (believed alive), and
         // every activity stamp at u64::MAX.
-        for pid in 1..crate::region::MAX_SLOTS as i32 {
+        for pid in 1..vgpu_contract::region::MAX_SLOTS as i32 {
             let identity = process::Identity {
                 pid,
                 start_time: 1000 + pid as u64,
@@ -1235,7 +1235,7 @@ mod tests {
         let on_disk = CardView::read(&dir.path().join("cards"), CARD).expect("view");
         let now = start + 79 * TICK_NS;
         assert_eq!(
-            crate::cardview::charge_permille(Some(&on_disk), Some("alone"), now),
+            vgpu_contract::cardview::charge_permille(Some(&on_disk), Some("alone"), now),
             entry.charge_permille as u64
         );
         // A card that cannot say any more: back to what it measured, at once.
@@ -1284,8 +1284,8 @@ mod tests {
 #[cfg(test)]
 mod backstop_tests {
     use super::*;
-    use crate::region::{Region, RegionDevice};
     use std::sync::{Arc, Mutex};
+    use vgpu_contract::region::{Region, RegionDevice};
 
     const CARD: &str = "GPU-51d00000-0000-4000-8000-000000000001";
     const MIB: u64 = 1 << 20;
@@ -1367,7 +1367,7 @@ mod backstop_tests {
         assert_eq!(record.over_quota, report.over_quota);
         // The host counted the episode in the container's region, once.
         let over_count = || {
-            crate::snapshot::RegionSnapshot::read(&spec.region)
+            vgpu_contract::snapshot::RegionSnapshot::read(&spec.region)
                 .expect("region")
                 .counters(0)
                 .over_quota
