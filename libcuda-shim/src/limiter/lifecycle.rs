@@ -29,7 +29,9 @@ pub(super) static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 pub(super) static LIMITER: AtomicPtr<Limiter> = AtomicPtr::new(std::ptr::null_mut());
 
 /// The limiter, built on first use (and again in a forked child); `None` when no
-/// visible device has a compute limit.
+/// visible device has a compute limit. Inlined: every limited launch asks, and once
+/// built it is two loads and a compare.
+#[inline]
 pub(super) fn limiter(enforcer: &'static Enforcer) -> Option<&'static Limiter> {
     let generation = FORK_GENERATION.load(Ordering::Acquire);
     let current = LIMITER.load(Ordering::Acquire);
@@ -39,6 +41,17 @@ pub(super) fn limiter(enforcer: &'static Enforcer) -> Option<&'static Limiter> {
     {
         return (!limiter.devices.is_empty()).then_some(limiter);
     }
+    build(enforcer, generation, current)
+}
+
+/// Builds the limiter of this generation and installs it, unless another thread did.
+#[cold]
+#[inline(never)]
+fn build(
+    enforcer: &'static Enforcer,
+    generation: u64,
+    current: *mut Limiter,
+) -> Option<&'static Limiter> {
     // Before cuInit the devices are unknown: decide nothing yet.
     let visible = enforcer.devices()?;
     let devices = build_devices(enforcer, visible);
