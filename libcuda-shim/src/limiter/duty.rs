@@ -180,9 +180,51 @@ impl Estimate {
     }
 }
 
+/// `ns` scaled by `permille` / 1000: a multiply and a division by a constant in 64
+/// bits, which the compiler turns into a multiply and shifts (a 128-bit division is a
+/// call to `__divti3`, on every launch beside a neighbour); 128 bits only where the
+/// product overflows (a charge of weeks).
+pub fn scale_permille(ns: i64, permille: u64) -> i64 {
+    match i64::try_from(permille)
+        .ok()
+        .and_then(|factor| ns.checked_mul(factor))
+    {
+        Some(product) => product / 1000,
+        None => {
+            (ns as i128 * permille as i128 / 1000).clamp(i64::MIN as i128, i64::MAX as i128) as i64
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scaling_a_charge_matches_128_bit_arithmetic_everywhere() {
+        for ns in [
+            0,
+            1,
+            999,
+            1_000_001,
+            -7_777,
+            1 << 40,
+            -(1 << 40),
+            i64::MAX,
+            i64::MIN + 1,
+        ] {
+            for permille in [500u64, 731, 1000, 1999, 2000] {
+                let exact = (ns as i128 * permille as i128 / 1000)
+                    .clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+                assert_eq!(scale_permille(ns, permille), exact, "{ns} x {permille}");
+            }
+        }
+        assert_eq!(
+            scale_permille(i64::MAX, 2000),
+            i64::MAX,
+            "saturates, never wraps"
+        );
+    }
 
     const MS: u64 = 1_000_000;
     const WINDOW: u64 = 10 * MS;

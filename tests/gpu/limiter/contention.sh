@@ -16,8 +16,10 @@
 #   decode  the batch-1 decode loop (decode.py, PyTorch) beside a busy full-card
 #           neighbour: both bare (the card time-slicing), at 50 / 50 and at 70 / 30
 #           (decode / neighbour); max step never above twice the bare pair's;
-#   launch  launch cost bare and under --cores 99, five interleaved pairs, driver API
-#           (streams.c), and one traced run (what the limiter did per launch);
+#   launch  launch cost bare, under a memory quota only (the shim forwarding inside
+#           `vgpu run`, its coordinator running) and under --cores 99, five interleaved
+#           triples, driver API (streams.c): the limiter's own cost is --cores 99 against
+#           the quota-only run; and one traced run (what the limiter did per launch);
 #   cudart  the same through the runtime API (bench.cu, when nvcc is there).
 # Parts run in the order pairs, launch, decode, two. About 100 s for the default parts on
 # an H200, 60 s more for launch. SIMULATE=1 runs it
@@ -112,6 +114,7 @@ if has launch; then
     echo "== launch cost" >&2
     for i in 1 2 3 4 5; do
         as "launch-bare-$i" 60 bare "$STREAMS" launch 200000
+        as "launch-quota-$i" 60 unlimited "$STREAMS" launch 200000
         as "launch-99-$i" 60 99 "$STREAMS" launch 200000
     done
     VGPU_LIMITER_TRACE="$LOGS/launch-99-trace.trace.%p" as launch-99-trace 60 99 "$STREAMS" launch 200000
@@ -123,6 +126,7 @@ if [ -n "${NVCC:-}" ]; then
         echo "== launch cost, runtime API" >&2
         for i in 1 2 3 4 5; do
             as "cudart-bare-$i" 60 bare "$OUT/bench" launch 200000
+            as "cudart-quota-$i" 60 unlimited "$OUT/bench" launch 200000
             as "cudart-99-$i" 60 99 "$OUT/bench" launch 200000
         done
         VGPU_LIMITER_TRACE="$LOGS/cudart-99-trace.trace.%p" as cudart-99-trace 60 99 "$OUT/bench" launch 200000

@@ -1,0 +1,194 @@
+//! The fast path: what every launch under a compute limit does when it is not sampled
+//! and the bucket is not in debt. It takes no lock and makes no syscall or driver call:
+//! one load of `LIMITS` and a branch for an unlimited process; under a limit, the
+//! current device (`crate::current`), a capture check (`hooks::capture::possible`), one
+//! clock read (the vDSO), the kernel's estimate (one fetch-add in `tables::Estimates`),
+//! the bucket's hold check (two loads), then after the real launch the stream's
+//! projection (one compare-and-swap in `tables::Streams`), the container's union (one
+//! fetch-max on the region's horizon when the launch extends it), the bucket (one
+//! compare-and-swap on the region) and this process's unpublished busy time (one
+//! fetch-add). Anything else (a sample due, a hold, the publish tick, an unknown kernel)
+//! goes to `super::slow`.
+//!
+//! What it costs, measured (`tests/bench/launch_cost.sh` over the simulated driver, not a
+//! GPU figure): about 520 instructions in the shim per limited launch (callgrind; the
+//! hook's forwarding is 75 of them), five read-modify-writes and one clock read; about
+//! 0.1-0.15 us of wall time on the 2-core CI machine, within its noise. Sampling adds two
+//! `cuEventRecord`s, a query and an elapsed time to one launch in about 220 at full speed
+//! (run 9 on the H200: 0.4 % of the driver-API loop).
+use std::sync::atomic::Ordering;
+
+use vgpu_contract::cardview;
+use vgpu_contract::clock::monotonic_ns;
+use vgpu_contract::limiter_words::slot as slot_words;
+
+use super::lifecycle::{LIMITS, LIMITS_NONE};
+use super::trace::{self, Counter};
+use super::{
+    ACTIVE_STAMP_NS, BUSY_BITS, DeviceLimiter, LEGACY_KEY, REFILL_NS, Target, Work,
+    current_limited, duty,
+};
+use crate::cuda::*;
+use crate::hooks::capture;
+use crate::state::real;
+
+/// Runs `launch` (the real launch) for `work` on `target`, throttled and measured when
+/// the current device has a compute limit; returns what the real launch returned.
+#[inline]
+pub fn launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult) -> CUresult {
+    if LIMITS.load(Ordering::Relaxed) == LIMITS_NONE {
+        return launch();
+    }
+    limited_launch(work, target, launch)
+}
+
+/// Throttles only (no measurement): for launches that span devices or streams in a way
+/// events cannot bracket (cuLaunchCooperativeKernelMultiDevice).
+pub fn throttle_only(launch: impl FnOnce() -> CUresult) -> CUresult {
+    if LIMITS.load(Ordering::Relaxed) == LIMITS_NONE {
+        return launch();
+    }
+    if let Some(device) = current_limited() {
+        device.wait_turn(false, None);
+    }
+    launch()
+}
+
+#[inline(never)]
+pub(super) fn limited_launch(
+    work: Work,
+    target: Target,
+    launch: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Some(device) = current_limited() else {
+        trace::count(Counter::NoDevice);
+        return launch();
+    };
+    if capture::possible() && is_capturing(target) {
+        trace::count(Counter::Captured);
+        return launch();
+    }
+    trace::count(Counter::Launches);
+    let now = monotonic_ns();
+    let rate = device.rate();
+    let sample_open = now >= device.next_sample_ns.load(Ordering::Relaxed);
+    let estimate = device
+        .estimates
+        .count_launch(work.key(), sample_open, duty::sample_every(now));
+    if let Some((known, false)) = estimate
+        && (device.shared.hold(now, rate, REFILL_NS) == 0
+            || device.rides_along(target, known.cost_ns, now))
+        && now < device.next_publish_ns.load(Ordering::Relaxed)
+    {
+        let result = launch();
+        if result == CUDA_SUCCESS {
+            trace::count(Counter::FastPath);
+            device.charge(target, known.cost_ns, now, rate);
+        }
+        return result;
+    }
+    device.slow_launch(work, target, estimate, launch)
+}
+
+/// Whether `target`'s stream is capturing (or capture forbids asking): then the launch
+/// is recorded into a graph, not run, and must be neither delayed nor bracketed.
+pub(super) fn is_capturing(target: Target) -> bool {
+    let is_capturing = real!(cuStreamIsCapturing as fn(CUstream, *mut u32) -> CUresult);
+    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: valid out-pointer; the stream is the caller's.
+    match unsafe { is_capturing(target.stream(), &mut status) } {
+        CUDA_SUCCESS => status != CU_STREAM_CAPTURE_STATUS_NONE,
+        // A capture error: a capture is going on around this call.
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED..=CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => true,
+        _ => false,
+    }
+}
+
+impl DeviceLimiter {
+    /// Projects a launch of `cost_ns` on `target` at `now_ns` and charges what it adds
+    /// to the container's union; returns its projected start and the horizon before it.
+    pub(super) fn charge(
+        &self,
+        target: Target,
+        cost_ns: u64,
+        now_ns: u64,
+        rate: u64,
+    ) -> (u64, u64) {
+        let placed = self.streams.place(
+            target.key(),
+            now_ns,
+            cost_ns,
+            self.floor(target, now_ns),
+            self.shared.horizon(now_ns),
+            || target.is_blocking(),
+        );
+        let (added, before) = self.shared.extend(placed.start, placed.end, now_ns);
+        let scaled = self.scaled(added as i64);
+        self.shared.charge(scaled, now_ns, rate);
+        trace::add(Counter::ChargedNs, added);
+        trace::add(Counter::ChargedScaledNs, scaled as u64);
+        self.unpublished.fetch_add(
+            added.min((1 << BUSY_BITS) - 1) + (1 << BUSY_BITS),
+            Ordering::Relaxed,
+        );
+        self.stamp_active(now_ns);
+        (placed.start, before)
+    }
+
+    /// `ns` of measured busy time as the bucket is charged it: scaled by the host's
+    /// correction factor (`duty::scale_permille`: no 128-bit division).
+    pub(super) fn scaled(&self, ns: i64) -> i64 {
+        let permille = self.charge_permille.load(Ordering::Relaxed);
+        if permille == cardview::CHARGE_UNIT || ns == 0 {
+            return ns;
+        }
+        duty::scale_permille(ns, permille)
+    }
+
+    /// What a stream of `target`'s kind waits for before its work starts at `now_ns`:
+    /// the legacy stream for all of its context's blocking streams (the container's
+    /// horizon stands in; other processes' work does not overlap a context's on a card
+    /// without MPS anyway); a blocking stream for the legacy one.
+    pub(super) fn floor(&self, target: Target, now_ns: u64) -> impl Fn(bool) -> u64 + '_ {
+        let legacy = target.is_legacy();
+        move |blocking: bool| {
+            if legacy {
+                self.shared.horizon(now_ns)
+            } else if blocking {
+                self.streams.busy_until(LEGACY_KEY)
+            } else {
+                0
+            }
+        }
+    }
+
+    /// Whether a launch of `cost_ns` on `target` would run almost entirely within work
+    /// the container has queued already (its union increment at most a quarter of its
+    /// cost): such a launch goes even while launches are held, since it takes next to
+    /// nothing more of the card. Without it a hold could fall between the streams of one
+    /// round of concurrent kernels and leave them unbalanced, each lagging stream then
+    /// paying in full for what would have overlapped.
+    pub(super) fn rides_along(&self, target: Target, cost_ns: u64, now_ns: u64) -> bool {
+        if cost_ns == 0 {
+            return false;
+        }
+        let start = self
+            .streams
+            .would_start(target.key(), now_ns, self.floor(target, now_ns));
+        let added = duty::union_increment(
+            start,
+            start.saturating_add(cost_ns),
+            self.shared.horizon(now_ns),
+        );
+        added.saturating_mul(4) <= cost_ns
+    }
+
+    pub(super) fn stamp_active(&self, now_ns: u64) {
+        if let Some(words) = self.mine {
+            let word = &words[slot_words::ACTIVE_NS];
+            if now_ns >= word.load(Ordering::Relaxed).saturating_add(ACTIVE_STAMP_NS) {
+                word.store(now_ns, Ordering::Relaxed);
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Lifecycle: building the per-device limiters on first use (after `cuInit`, from the
+//! enforcer's visible devices), rebuilding them in a forked child (`crate::fork_epoch`'s
+//! generation moves on; no lock is held across fork), and standing down at exit
+//! (`atexit`: nothing is throttled any more, and `VGPU_LIMITER_TRACE` is written). The
+//! process-wide switches the fast path reads (`LIMITS`, `EXITING`) live here.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+use vgpu_contract::CoreMode;
+use vgpu_contract::cardview;
+use vgpu_contract::clock::monotonic_ns;
+
+use super::shared::Shared;
+use super::tables::{Estimates, Streams};
+use super::{DeviceLimiter, ESTIMATE_SLOTS, Limiter, STREAM_SLOTS, Slow, WINDOW_NS, duty, trace};
+use crate::debug;
+use crate::state::{Enforcer, Visible};
+
+pub(super) const LIMITS_UNKNOWN: u8 = 0;
+pub(super) const LIMITS_NONE: u8 = 1;
+pub(super) const LIMITS_SOME: u8 = 2;
+/// Whether any visible device has a compute limit: the launch hooks' fast path is one
+/// load of this and a branch.
+pub(super) static LIMITS: AtomicU8 = AtomicU8::new(LIMITS_UNKNOWN);
+pub(super) static EXITING: AtomicBool = AtomicBool::new(false);
+pub(super) static LIMITER: AtomicPtr<Limiter> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The limiter, built on first use (and again in a forked child); `None` when no
+/// visible device has a compute limit. Inlined: every limited launch asks, and once
+/// built it is two loads and a compare.
+#[inline]
+pub(super) fn limiter(enforcer: &'static Enforcer) -> Option<&'static Limiter> {
+    let generation = crate::fork_epoch::generation();
+    let current = LIMITER.load(Ordering::Acquire);
+    // SAFETY: LIMITER only holds leaked, never-freed Limiter boxes.
+    if let Some(limiter) = unsafe { current.as_ref() }
+        && limiter.generation == generation
+    {
+        return (!limiter.devices.is_empty()).then_some(limiter);
+    }
+    build(enforcer, generation, current)
+}
+
+/// Builds the limiter of this generation and installs it, unless another thread did.
+#[cold]
+#[inline(never)]
+fn build(
+    enforcer: &'static Enforcer,
+    generation: u64,
+    current: *mut Limiter,
+) -> Option<&'static Limiter> {
+    // Before cuInit the devices are unknown: decide nothing yet.
+    let visible = enforcer.devices()?;
+    let devices = build_devices(enforcer, visible);
+    let fresh = Box::into_raw(Box::new(Limiter {
+        generation,
+        only_device: visible.len() == 1 && devices.len() == 1,
+        devices,
+    }));
+    register_handlers();
+    let winner = match LIMITER.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire)
+    {
+        Ok(_) => fresh,
+        Err(other) => {
+            // SAFETY: `fresh` is ours alone and was never shared.
+            drop(unsafe { Box::from_raw(fresh) });
+            other
+        }
+    };
+    // SAFETY: as above, `winner` is a leaked, never-freed Limiter.
+    let limiter = unsafe { &*winner };
+    LIMITS.store(
+        if limiter.devices.is_empty() {
+            LIMITS_NONE
+        } else {
+            LIMITS_SOME
+        },
+        Ordering::Relaxed,
+    );
+    (!limiter.devices.is_empty()).then_some(limiter)
+}
+
+pub(super) fn build_devices(
+    enforcer: &'static Enforcer,
+    devices: &[Visible],
+) -> Vec<DeviceLimiter> {
+    let now = monotonic_ns();
+    let slot = enforcer.slot();
+    devices
+        .iter()
+        .filter_map(|visible| {
+            let limit = visible.core_limit?;
+            let soft = visible.core_mode == CoreMode::Soft;
+            debug!(
+                "compute limit {limit}% ({:?}) on {}",
+                visible.core_mode, visible.uuid
+            );
+            let device = DeviceLimiter {
+                visible: visible.clone(),
+                limit_ppm: duty::percent_ppm(limit),
+                ceiling: if soft {
+                    visible.core_ceiling.unwrap_or(100).max(limit)
+                } else {
+                    limit
+                },
+                soft,
+                region: &enforcer.region,
+                shared: Shared::new(
+                    enforcer.region.container_limiter(visible.region_index),
+                    WINDOW_NS,
+                ),
+                slot,
+                mine: slot.map(|slot| enforcer.region.slot_limiter(slot, visible.region_index)),
+                estimates: Estimates::new(ESTIMATE_SLOTS),
+                streams: Streams::new(STREAM_SLOTS),
+                next_publish_ns: AtomicU64::new(0),
+                next_sample_ns: AtomicU64::new(0),
+                unpublished: AtomicU64::new(0),
+                given_back: AtomicU64::new(0),
+                charge_permille: AtomicU64::new(cardview::CHARGE_UNIT),
+                unknown_in_flight: AtomicUsize::new(0),
+                card_dir: enforcer.config.card_state_dir.clone(),
+                container_id: enforcer.config.container_id.clone(),
+                slow: Mutex::new(Slow {
+                    pending: VecDeque::new(),
+                    pools: HashMap::new(),
+                    clocks: HashMap::new(),
+                    last_settle_ns: 0,
+                }),
+            };
+            device.publish(now);
+            Some(device)
+        })
+        .collect()
+}
+
+fn register_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        trace::init();
+        // SAFETY: registering a plain extern "C" exit handler (an atomic store, then the
+        // trace under a panic guard); the shim is linked with -z nodelete.
+        unsafe { libc::atexit(at_exit) };
+        crate::fork_epoch::register();
+    });
+}
+
+extern "C" fn at_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+    // The trace formats and writes a file: a panic there must not unwind into libc.
+    vgpu_shimgen::runtime::guard((), write_trace);
+}
+
+/// Writes `VGPU_LIMITER_TRACE` at exit, when it is on.
+fn write_trace() {
+    if !trace::on() {
+        return;
+    }
+    // SAFETY: LIMITER only holds leaked, never-freed Limiter boxes.
+    let lines: Vec<String> = unsafe { LIMITER.load(Ordering::Acquire).as_ref() }
+        .map(|limiter| {
+            limiter
+                .devices
+                .iter()
+                .map(DeviceLimiter::describe)
+                .collect()
+        })
+        .unwrap_or_default();
+    trace::write(&lines);
+}
+
+impl DeviceLimiter {
+    /// One line for the trace: the device, its limit and rate, the host's factor, and
+    /// what its tables and queue hold (without waiting for the lock).
+    pub(super) fn describe(&self) -> String {
+        let pending = self
+            .slow
+            .try_lock()
+            .map(|slow| slow.pending.len().to_string())
+            .unwrap_or_else(|_| "busy".into());
+        format!(
+            "device {} limit_ppm {} rate_ppm {} charge_permille {} soft {} pending {pending} unknown_in_flight {}",
+            self.visible.uuid,
+            self.limit_ppm,
+            self.rate(),
+            self.charge_permille.load(Ordering::Relaxed),
+            self.soft as u8,
+            self.unknown_in_flight.load(Ordering::Relaxed),
+        )
+    }
+}

@@ -1,0 +1,98 @@
+//! Publishing: every `PUBLISH_NS` one thread of the process stamps its heartbeat, adds
+//! its measured busy time and launches to the usage region for the host's coordinator,
+//! and reads the host's card view: the charge factor for this container, and in soft
+//! mode the rate the card's contention allows.
+
+use std::sync::atomic::Ordering;
+
+use vgpu_contract::cardview::{self, CardView};
+use vgpu_contract::limiter_words::slot as slot_words;
+
+use super::{BUSY_BITS, DeviceLimiter, PUBLISH_NS, duty};
+use crate::debug;
+
+impl DeviceLimiter {
+    /// The publish tick (one thread at a time) and reading finished samples.
+    pub(super) fn maintain(&self, now_ns: u64) {
+        let due = self.next_publish_ns.load(Ordering::Acquire);
+        if now_ns >= due
+            && self
+                .next_publish_ns
+                .compare_exchange(
+                    due,
+                    now_ns + PUBLISH_NS,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+        {
+            self.publish(now_ns);
+        }
+        if let Ok(mut slow) = self.slow.try_lock() {
+            self.settle(&mut slow, now_ns, false);
+        }
+    }
+
+    /// Stamps this process's heartbeat, adds its busy time (as measured, net of what
+    /// settled samples gave back) and launches to the region, and reads the card's view:
+    /// the host's correction factor for this container's charges (1 without a fresh view
+    /// that names it), and in soft mode the rate it grants (the limit without one).
+    pub(super) fn publish(&self, now_ns: u64) {
+        if let Some(words) = self.mine {
+            words[slot_words::HEARTBEAT_NS].store(now_ns, Ordering::Relaxed);
+        }
+        let unpublished = self.unpublished.swap(0, Ordering::AcqRel);
+        let busy = unpublished & ((1 << BUSY_BITS) - 1);
+        let back = self.given_back.swap(0, Ordering::AcqRel);
+        let net = busy.saturating_sub(back);
+        if back > busy {
+            // More given back than measured since: the rest comes off the next publish.
+            self.given_back.fetch_add(back - busy, Ordering::AcqRel);
+        }
+        if (net != 0 || unpublished >> BUSY_BITS != 0)
+            && let Some(slot) = self.slot
+        {
+            self.region.add_busy(
+                slot,
+                self.visible.region_index,
+                net,
+                unpublished >> BUSY_BITS,
+            );
+        }
+        let Some(dir) = self.card_dir.as_deref() else {
+            return;
+        };
+        let view = CardView::read(dir, &self.visible.uuid)
+            .map_err(|error| debug!("{error}; assuming the card is contended"))
+            .ok();
+        let id = self.container_id.as_deref();
+        let factor = cardview::charge_permille(view.as_ref(), id, now_ns);
+        let before = self.charge_permille.swap(factor, Ordering::Relaxed);
+        if factor != before {
+            debug!(
+                "charge factor on {}: {before} -> {factor} per mille",
+                self.visible.uuid
+            );
+        }
+        if !self.soft {
+            return;
+        }
+        let allowed = cardview::allowed_percent(
+            view.as_ref(),
+            id,
+            now_ns,
+            (self.limit_ppm / 10_000) as u32,
+            self.ceiling,
+        );
+        let wanted = duty::percent_ppm(allowed);
+        let before = self.rate();
+        if wanted != before {
+            debug!(
+                "soft limit on {}: {}% -> {allowed}%",
+                self.visible.uuid,
+                before / 10_000
+            );
+            self.shared.set_rate(wanted, now_ns, self.limit_ppm);
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Settling samples: reading the end events of sampled launches once they have fired,
+//! teaching each kernel's cost to `tables::Estimates`, and correcting the bucket and the
+//! projections by where the kernel really ran on the card (placed on the host's clock by
+//! `super::clock`). Runs under the `Slow` lock, from the slow path and the publish tick.
+
+use std::sync::atomic::Ordering;
+
+use super::clock::{CLOCK_REFRESH_NS, GpuClock};
+use super::sample::{RelaxedCapture, Sample, destroy_events};
+use super::trace::{self, Counter};
+use super::{BUSY_BITS, DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
+use crate::cuda::*;
+use crate::state::real;
+
+impl DeviceLimiter {
+    /// Reads finished samples: learns their cost and corrects the bucket by what their
+    /// measured run adds to the union beyond what was charged. Rate-limited unless
+    /// `force`. Events of one stream complete in order, so only the oldest pending
+    /// sample of each stream is asked about: with the GPU far behind the host, one query
+    /// per stream, not one per pending sample.
+    pub(super) fn settle(&self, slow: &mut Slow, now_ns: u64, force: bool) {
+        if slow.pending.is_empty()
+            || (!force && now_ns.saturating_sub(slow.last_settle_ns) < SETTLE_EVERY_NS)
+        {
+            return;
+        }
+        slow.last_settle_ns = now_ns;
+        let query = real!(cuEventQuery as fn(CUevent) -> CUresult);
+        let _relaxed = RelaxedCapture::enter_if_needed();
+        let rate = self.rate();
+        // Streams whose oldest pending sample is still running.
+        let mut running: Vec<u64> = Vec::new();
+        let mut index = 0;
+        while index < slow.pending.len() {
+            let stream_key = slow.pending[index].stream_key;
+            if running.contains(&stream_key) {
+                index += 1;
+                continue;
+            }
+            // SAFETY: an event we created and recorded.
+            let state = unsafe { query(slow.pending[index].end) };
+            if state == CUDA_ERROR_NOT_READY {
+                running.push(stream_key);
+                index += 1;
+                continue;
+            }
+            let Some(sample) = slow.pending.remove(index) else {
+                break;
+            };
+            if !sample.known {
+                self.unknown_in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
+            self.settle_one(slow, sample, state == CUDA_SUCCESS, now_ns, rate);
+        }
+    }
+
+    /// Learns from one finished sample (`completed`: its end event fired; else it failed)
+    /// and corrects the bucket and the projections by where it really ran.
+    pub(super) fn settle_one(
+        &self,
+        slow: &mut Slow,
+        sample: Sample,
+        completed: bool,
+        now_ns: u64,
+        rate: u64,
+    ) {
+        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer; both events recorded on one stream.
+        let measured = completed
+            && unsafe { elapsed(&mut ms, sample.start, sample.end) } == CUDA_SUCCESS
+            && ms.is_finite();
+        if !measured {
+            // A destroyed context or a failed launch: the events are no good.
+            trace::count(Counter::Dropped);
+            slow.pools.remove(&sample.context);
+            slow.clocks.remove(&sample.context);
+            destroy_events(&[sample.start, sample.end]);
+            return;
+        }
+        trace::count(Counter::Settled);
+        let elapsed_ns = (ms.max(0.0) as f64 * 1e6) as u64;
+        // When its events fired on the host's clock: by the context's reference event
+        // when there is one (and it says something sane).
+        let clock = match slow.clocks.entry(sample.context) {
+            std::collections::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
+            // Its stream must be made in the sample's own context.
+            std::collections::hash_map::Entry::Vacant(entry)
+                if crate::current::current()
+                    .is_some_and(|(context, _)| context == sample.context) =>
+            {
+                GpuClock::new().map(|c| entry.insert(c))
+            }
+            std::collections::hash_map::Entry::Vacant(_) => None,
+        };
+        let pool = slow.pools.entry(sample.context).or_default();
+        let reference = clock.and_then(|clock| clock.reference(pool, now_ns));
+        let sane = |at: &u64| *at <= now_ns && at.saturating_add(CLOCK_REFRESH_NS * 4) >= now_ns;
+        let fired = |event| {
+            reference
+                .and_then(|reference| GpuClock::host_time(reference, event))
+                .filter(sane)
+        };
+        let (start_fired, end_fired) = (fired(sample.start), fired(sample.end));
+        let gap = sample.idle_gap_ns(start_fired);
+        trace::count(if gap > 0 {
+            Counter::SettledIdle
+        } else {
+            Counter::SettledBacklogged
+        });
+        let ns = Sample::kernel_ns(elapsed_ns, gap);
+        self.estimates.record(sample.key, ns);
+        // Where it really ended, else where its projection put it.
+        let end = end_fired.unwrap_or(sample.projected_start.saturating_add(ns));
+        let start = end.saturating_sub(ns);
+        // A kernel measured for the first time was charged nothing: it pays what its run
+        // adds to the union as it stood when it went out. A known one pays only for
+        // running past everything queued since (counted once however many samples find
+        // the same overrun).
+        let (beyond_now, _) = self.shared.extend(start, end, now_ns);
+        let mut correction = if sample.known {
+            beyond_now as i64
+        } else {
+            duty::union_increment(start, end, sample.horizon_before) as i64
+        };
+        // A known kernel that ended before its projection, with nothing of the
+        // container queued after it: the overshoot was charged for nothing (kernels that
+        // wait for SMs behind the container's own are projected with the wait, and the
+        // last ones of a round do not wait). Given back, and the horizon moves back, for
+        // the settling of any other to extend again if it ran later.
+        let projected_end = sample.projected_start.saturating_add(sample.projected_ns);
+        if sample.known && self.shared.pull_back(projected_end, end) {
+            correction -= (projected_end - end) as i64;
+            self.streams
+                .pull_back(sample.stream_key, projected_end, end);
+        }
+        self.shared.charge(self.scaled(correction), now_ns, rate);
+        self.streams.extend(sample.stream_key, end);
+        if correction > 0 {
+            trace::add(Counter::CorrectedUpNs, correction as u64);
+            self.unpublished.fetch_add(
+                (correction as u64).min((1 << BUSY_BITS) - 1),
+                Ordering::Relaxed,
+            );
+        } else if correction < 0 {
+            trace::add(Counter::CorrectedDownNs, correction.unsigned_abs());
+            self.given_back
+                .fetch_add(correction.unsigned_abs(), Ordering::Relaxed);
+        }
+        slow.pools
+            .entry(sample.context)
+            .or_default()
+            .extend([sample.start, sample.end]);
+    }
+}

@@ -1,0 +1,222 @@
+//! The slow path: a launch that must wait its turn (the bucket is in debt), that is
+//! sampled (bracketed by two events on its stream), or whose kernel is not known yet.
+//! It may take the `Slow` lock (never across a sleep or the launch) and call the driver
+//! for events; waits sleep in slices so that rate changes and exit are seen.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use vgpu_contract::clock::monotonic_ns;
+use vgpu_contract::limiter_words::slot as slot_words;
+
+use super::lifecycle::EXITING;
+use super::sample::{RelaxedCapture, Sample, destroy_events};
+use super::trace::{self, Counter};
+use super::{
+    DeviceLimiter, FIRST_MEASURE_PATIENCE_NS, MAX_PENDING, MAX_PENDING_KNOWN, MIN_SAMPLE_GAP_NS,
+    MIN_SLEEP_NS, POOL_TARGET, REFILL_NS, SLEEP_SLICE_NS, Slow, Target, Work, duty,
+};
+use crate::cuda::*;
+use crate::state::real;
+
+impl DeviceLimiter {
+    /// The slow path: waits its turn, measures the launch if it should be, charges it.
+    pub(super) fn slow_launch(
+        &self,
+        work: Work,
+        target: Target,
+        estimate: Option<(duty::Estimate, bool)>,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let key = work.key();
+        let mut unknown = estimate.is_none();
+        if unknown {
+            trace::count(Counter::Unknown);
+        }
+        self.wait_turn(unknown, estimate.map(|(known, _)| (target, known.cost_ns)));
+        // Another thread's sample may have taught the cost meanwhile.
+        let known = match estimate {
+            Some((known, _)) => Some(known),
+            None => self.estimates.get(key),
+        };
+        unknown &= known.is_none();
+        let due = unknown || estimate.is_some_and(|(_, due)| due);
+        let now = monotonic_ns();
+        if due && !unknown && known.is_some_and(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS) {
+            self.next_sample_ns
+                .store(now + MIN_SAMPLE_GAP_NS, Ordering::Relaxed);
+        }
+        let rate = self.rate();
+        let cost = known.map(|k| k.cost_ns).unwrap_or(0);
+        let bracket = if due {
+            self.begin_sample(target, !unknown)
+        } else {
+            None
+        };
+        if unknown && bracket.is_none() {
+            trace::count(Counter::UnknownUnmeasured);
+        }
+        let result = launch();
+        let returned = monotonic_ns();
+        if result != CUDA_SUCCESS {
+            if let Some((context, start, end, _)) = bracket {
+                self.give_back(context, &[start, end]);
+            }
+            return result;
+        }
+        let (projected_start, horizon_before) = self.charge(target, cost, now, rate);
+        let Some((context, start, end, recorded_ns)) = bracket else {
+            return result;
+        };
+        let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
+        // SAFETY: an event of the current context, recorded on the caller's stream.
+        if unsafe { record(end, target.stream()) } != CUDA_SUCCESS {
+            self.give_back(context, &[start, end]);
+            return result;
+        }
+        trace::count(Counter::Sampled);
+        let sample = Sample {
+            key,
+            stream_key: target.key(),
+            context,
+            start,
+            end,
+            known: !unknown,
+            projected_start,
+            projected_ns: cost,
+            horizon_before,
+            recorded_ns,
+            returned_ns: returned,
+            // The projection's guess, used only where the GPU's own timestamps cannot
+            // say (no reference event in this context).
+            projected_idle: projected_start == now,
+        };
+        if unknown {
+            self.unknown_in_flight.fetch_add(1, Ordering::AcqRel);
+        }
+        let mut slow = self.lock();
+        slow.pending.push_back(sample);
+        self.settle(&mut slow, returned, false);
+        result
+    }
+
+    /// Waits until the container may launch again: not at all while the bucket is not in
+    /// debt; once it is, until it has refilled `REFILL_NS`. An unknown kernel also waits
+    /// (at most `FIRST_MEASURE_PATIENCE_NS`) for the measurement under way of another
+    /// unknown one, so a queue of long kernels cannot slip past before anything is known.
+    pub(super) fn wait_turn(&self, unknown: bool, ride: Option<(Target, u64)>) {
+        let started = monotonic_ns();
+        loop {
+            let now = monotonic_ns();
+            self.maintain(now);
+            let mut delay = self.shared.hold(now, self.rate(), REFILL_NS);
+            if delay > 0
+                && let Some((target, cost)) = ride
+                && self.rides_along(target, cost, now)
+            {
+                delay = 0;
+            }
+            let sleep = if delay > 0 {
+                delay.clamp(MIN_SLEEP_NS, SLEEP_SLICE_NS)
+            } else if unknown
+                && self.unknown_in_flight.load(Ordering::Acquire) > 0
+                && now.saturating_sub(started) < FIRST_MEASURE_PATIENCE_NS
+            {
+                100_000
+            } else {
+                0
+            };
+            if sleep == 0 || EXITING.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Some(words) = self.mine {
+                words[slot_words::WAITED_NS].fetch_add(sleep, Ordering::Relaxed);
+            }
+            // The container's own total (the region's counter block), which outlives
+            // this process: one relaxed add, beside a sleep of at least MIN_SLEEP_NS.
+            self.region.add_throttled(self.visible.region_index, sleep);
+            trace::count(Counter::Waits);
+            trace::add(Counter::WaitedNs, sleep);
+            self.stamp_active(now);
+            std::thread::sleep(Duration::from_nanos(sleep));
+        }
+    }
+
+    /// Records the start event of a sampled launch (of a `known` kernel, or the first
+    /// measurement of an unknown one): (context, start, end, when). The context is asked
+    /// of the driver (one call, on sampled launches only): events must be the context's
+    /// that is really current, whatever made it current.
+    pub(super) fn begin_sample(
+        &self,
+        target: Target,
+        known: bool,
+    ) -> Option<(usize, CUevent, CUevent, u64)> {
+        let Some((context, _)) = crate::current::refresh() else {
+            trace::count(Counter::SkippedNoEvents);
+            return None;
+        };
+        if crate::current::refresh_was_stale() {
+            trace::count(Counter::StaleContext);
+        }
+        let (start, end) = {
+            let mut slow = self.lock();
+            let room = if known {
+                MAX_PENDING_KNOWN
+            } else {
+                MAX_PENDING
+            };
+            if slow.pending.len() >= room {
+                trace::count(Counter::SkippedPending);
+                return None;
+            }
+            let events = take_event(&mut slow, context).and_then(|start| {
+                match take_event(&mut slow, context) {
+                    Some(end) => Some((start, end)),
+                    None => {
+                        slow.pools.entry(context).or_default().push(start);
+                        None
+                    }
+                }
+            });
+            let Some(events) = events else {
+                trace::count(Counter::SkippedNoEvents);
+                return None;
+            };
+            events
+        };
+        let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
+        // SAFETY: events of the current context, recorded on the caller's stream.
+        if unsafe { record(start, target.stream()) } != CUDA_SUCCESS {
+            trace::count(Counter::SkippedNoEvents);
+            destroy_events(&[start, end]);
+            return None;
+        }
+        Some((context, start, end, monotonic_ns()))
+    }
+
+    pub(super) fn give_back(&self, context: usize, events: &[CUevent]) {
+        self.lock()
+            .pools
+            .entry(context)
+            .or_default()
+            .extend_from_slice(events);
+    }
+}
+
+pub(super) fn take_event(slow: &mut Slow, context: usize) -> Option<CUevent> {
+    let pool = slow.pools.entry(context).or_default();
+    if let Some(event) = pool.pop() {
+        return Some(event);
+    }
+    let create = real!(cuEventCreate as fn(*mut CUevent, u32) -> CUresult);
+    let _relaxed = RelaxedCapture::enter_if_needed();
+    while pool.len() < POOL_TARGET / 2 {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; default flags (timing on).
+        if unsafe { create(&mut event, 0) } != CUDA_SUCCESS || event.is_null() {
+            break;
+        }
+        pool.push(event);
+    }
+    pool.pop()
+}
