@@ -20,11 +20,14 @@
 //! * [`service`]: the DevicePlugin gRPC service of one resource;
 //! * [`daemon`]: sockets, registration, re-registration, GC, shutdown;
 //! * [`serve`]: a gRPC server on a unix socket that a supervisor keeps served (shared with the DRA driver);
+//! * [`authority`]: mends the HTTP/2 `:authority` kubelet's plugin watcher sends (a socket
+//!   path, which h2 refuses) on every connection [`serve`] takes;
 //! * [`tasks`]: a daemon's background tasks and health thread, stopped together (shared with the DRA driver);
 //! * [`coexist`]: refusing to start beside another plugin serving our resource names;
 //! * [`usage`]: running totals of each container's counters, monotonic across exits;
 //! * [`health`]: what `/healthz` answers;
 //! * [`reload`]: noticing a changed config file (the plugin then exits to be restarted);
+//! * [`process`]: what both daemons' `main` does: logging, signals, the exit status;
 //! * [`coordination`]: the host-side compute coordinator over the node's containers;
 //! * [`metrics`]: Prometheus metrics and `/healthz`;
 //! * [`http`]: the plain-HTTP server they are served by (timeouts, a connection cap;
@@ -35,6 +38,7 @@
 
 pub mod allocator;
 pub mod annotations;
+pub mod authority;
 pub mod cdi;
 pub mod coexist;
 pub mod config;
@@ -50,6 +54,7 @@ pub mod layout;
 pub mod metrics;
 pub mod mps;
 pub mod persist;
+pub mod process;
 pub mod proto;
 pub mod quota_watch;
 pub mod reload;

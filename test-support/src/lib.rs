@@ -1,6 +1,8 @@
 //! Test plumbing shared by every crate's tests: where a Cargo build left the workspace's
 //! libraries and programs (`built`), Debian's driver packages the export checks read
-//! (`debian`), a client's `RESULT` line (`client_output`), and the one policy for what a test needs from the
+//! (`debian`), a client's `RESULT` line (`client_output`), kubelet's own gRPC client
+//! (`kubelet_dial`), a series of a metrics text (`exposition`), and the one policy for
+//! what a test needs from the
 //! machine (`prerequisites`, the `require!` macro).
 //!
 //! The policy, in short: a test that needs something this workspace does not build
@@ -14,9 +16,13 @@
 pub mod built;
 pub mod client_output;
 pub mod debian;
+pub mod exposition;
+pub mod kubelet_dial;
 pub mod prerequisites;
 
 pub use built::{built, in_profile_dir, profile_dir};
 pub use client_output::result_line;
 pub use debian::unpack_debian_driver;
+pub use exposition::metric_value;
+pub use kubelet_dial::kubelet_dial;
 pub use prerequisites::{Need, in_ci, present};
