@@ -33,6 +33,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admitting;
 pub mod allocator;
 pub mod annotations;
 pub mod cdi;

@@ -49,6 +49,21 @@ impl Allocator {
         })
     }
 
+    /// Records holding any of `offered`, the IDs kubelet offers as free in a
+    /// GetPreferredAllocation call: kubelet offers an ID only when no active pod holds
+    /// it, so such a record is a deleted pod's (or the same pod's own, being admitted,
+    /// which [`Allocator::release_colliding`] keeps). Its caller releases them at once,
+    /// before the pick, so a deleted pod's share is free for the next pod.
+    pub fn holding_any(&self, offered: &[String]) -> Vec<String> {
+        let offered = set_of(offered);
+        self.state
+            .allocations
+            .values()
+            .filter(|record| record.device_ids().any(|id| offered.contains(id)))
+            .map(|record| record.id.clone())
+            .collect()
+    }
+
     /// Drops the records kubelet has released, at the PreStartContainer of a container
     /// PodResources lists with exactly `ids` of `kind`: kubelet handed that container
     /// these IDs, so a record of them that no container started is not the same pod's
