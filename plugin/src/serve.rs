@@ -2,7 +2,9 @@
 //! sockets of its plugins when it restarts, so a supervisor asks [`ServedSocket::is_serving`]
 //! each pass (the socket file is still the one bound, and the server still runs) and
 //! serves again when not. The device plugin serves its two resources this way, the DRA
-//! driver its DRA and registration sockets.
+//! driver its DRA and registration sockets. Every connection goes through
+//! [`crate::authority::mend`], so kubelet's plugin watcher, which sends the socket's path
+//! as the HTTP/2 `:authority`, is served too.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -11,6 +13,7 @@ use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 
 /// How long a stopping server may take to finish its calls.
@@ -44,8 +47,10 @@ impl ServedSocket {
         let router = router(stopped.clone());
         let shown = path.display().to_string();
         let task = tokio::spawn(async move {
+            let connections = UnixListenerStream::new(listener)
+                .map(|connection| connection.map(crate::authority::mend));
             let result = router
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                .serve_with_incoming_shutdown(connections, async move {
                     let _ = stopped.wait_for(|stopped| *stopped).await;
                 })
                 .await;
