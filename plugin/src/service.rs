@@ -160,9 +160,11 @@ impl ResourceService {
         let shared = &self.shared;
         let listed = shared.holders().await;
         // A shape that cannot work is refused before the container is admitted.
-        if let Ok(listed) = &listed
-            && let Some(container) = shared.admitting(Some(listed)).await
-        {
+        let admitting = match &listed {
+            Ok(listed) => shared.admitting(Some(listed)).await,
+            Err(_) => None,
+        };
+        if let Some(container) = &admitting {
             let name = format!(
                 "{}/{}/{}",
                 container.owner.namespace, container.owner.pod, container.owner.container
@@ -194,7 +196,13 @@ impl ResourceService {
         let now = now_unix();
         let (decision, cards) = {
             let mut allocator = shared.allocator();
-            let decision = allocator.allocate(self.kind, ids, holders.as_ref(), now)?;
+            let decision = allocator.allocate_for(
+                self.kind,
+                ids,
+                holders.as_ref(),
+                admitting.as_ref().map(|container| &container.owner),
+                now,
+            )?;
             let cards: Vec<_> = allocator
                 .cards()
                 .iter()

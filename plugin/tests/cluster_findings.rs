@@ -6,7 +6,9 @@
 //!   collection: the next pod's pick must find them free;
 //! * a container asking for memory alone was admitted, then refused at
 //!   PreStartContainer forever: it is refused at Allocate, saying why;
-//! * an Allocate refusal is copied into the pod's status: it names a few IDs, not 562.
+//! * an Allocate refusal is copied into the pod's status: it names a few IDs, not 562;
+//! * a pod refused at its second Allocate left its first half booked in the plugin for
+//!   the pairing window while kubelet freed it: the card looked full.
 //!
 //! tests/k8s/test.sh runs the same steps on the real cluster.
 
@@ -247,5 +249,43 @@ async fn a_refusal_of_hundreds_of_ids_stays_short() {
         message.len()
     );
     drop(kubelet);
+    plugin.handle.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_pods_first_half_does_not_crowd_its_card_within_the_pairing_window() {
+    // tests/k8s: a pod refused at its memory's Allocate left its cores booked in the
+    // plugin (not prepared, within the pairing window) while kubelet freed them, so the
+    // card looked fuller than it was and binpack split two pods that fit on one card.
+    let (server, kubelet, mut plugin) = common::plugin_with_api(2, CARD_MEMORY).await;
+    let status = run(
+        &server,
+        &kubelet,
+        &mut plugin,
+        "too-wide",
+        &[(CORE, 20), (MEMORY, CARD_UNITS + 1)],
+    )
+    .await
+    .expect_err("more memory than a card has");
+    assert!(status.message().contains("exceed"), "{}", status.message());
+    let q30 = run(
+        &server,
+        &kubelet,
+        &mut plugin,
+        "q30",
+        &[(CORE, 30), (MEMORY, 4)],
+    )
+    .await
+    .expect("q30 runs");
+    let p60 = run(
+        &server,
+        &kubelet,
+        &mut plugin,
+        "p60",
+        &[(CORE, 60), (MEMORY, 4)],
+    )
+    .await
+    .expect("p60 runs");
+    assert_eq!(one_card(&q30), one_card(&p60), "30 + 60 cores fit one card");
     plugin.handle.stop().await;
 }

@@ -87,6 +87,14 @@ impl HolderIndex {
             .map(|listed| (&listed.core_ids, &listed.memory_ids))
     }
 
+    /// Whether PodResources lists the pod `namespace/pod` (kubelet lists a pod from the
+    /// moment it starts admitting it until it is gone; a rejected pod is not listed).
+    pub fn lists_pod(&self, namespace: &str, pod: &str) -> bool {
+        self.containers
+            .iter()
+            .any(|listed| listed.owner.namespace == namespace && listed.owner.pod == pod)
+    }
+
     /// The container holding `id`.
     pub fn holder(&self, id: &str) -> Option<&Owner> {
         self.holders
