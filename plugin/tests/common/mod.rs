@@ -408,6 +408,15 @@ pub async fn plugin_with_api(
     cards: u32,
     card_memory: u64,
 ) -> (vgpu_kube::standin::StandInApiServer, TestKubelet, Plugin) {
+    plugin_with_api_and(cards, card_memory, |_| {}).await
+}
+
+/// [`plugin_with_api`] with the plugin's config edited by `edit` first.
+pub async fn plugin_with_api_and(
+    cards: u32,
+    card_memory: u64,
+    edit: impl FnOnce(&mut PluginConfig),
+) -> (vgpu_kube::standin::StandInApiServer, TestKubelet, Plugin) {
     let server = vgpu_kube::standin::StandInApiServer::start()
         .await
         .expect("stand-in API server");
@@ -415,6 +424,7 @@ pub async fn plugin_with_api(
     let mut config = kubelet.plugin_config();
     config.api_server_url = Some(server.url());
     config.node_name = Some(NODE.into());
+    edit(&mut config);
     let plugin = Plugin::start(
         &kubelet,
         config,
