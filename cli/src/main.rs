@@ -45,7 +45,7 @@ enum Command {
     Top(top::TopArgs),
 }
 
-/// `vgpu smi` under the name `nvidia-smi` (argv[0]): a node whose driver's own tool
+/// `vgpu smi` under the name `nvidia-smi` (`argv[0]`): a node whose driver's own tool
 /// cannot run (the simulated driver serves the public NVML API, not the private export
 /// table Debian's nvidia-smi asks for first) installs vgpu as its nvidia-smi.
 #[derive(Parser)]
