@@ -48,13 +48,9 @@ impl NvmlDetails {
     /// Initialises NVML from `library` (a name the loader resolves, or a path); fails
     /// with the library and NVML's error where it cannot.
     pub fn open(library: &Path) -> anyhow::Result<NvmlDetails> {
-        let nvml = Nvml::builder()
-            .lib_path(library.as_os_str())
-            .init()
-            .map_err(|err| {
-                anyhow::anyhow!("cannot initialise NVML from {}: {err}", library.display())
-            })?;
-        Ok(NvmlDetails { nvml })
+        Ok(NvmlDetails {
+            nvml: vgpu_plugin::devices::open_nvml(library)?,
+        })
     }
 }
 

@@ -39,6 +39,16 @@ pub struct PreparedRequest {
     pub core_ceiling: Option<u32>,
 }
 
+/// A pod a prepared claim is reserved for (its `status.reservedFor`, in the claim's
+/// namespace): whose Events a refusal in the claim's containers becomes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimPod {
+    /// The pod's name.
+    pub name: String,
+    /// The pod's UID.
+    pub uid: String,
+}
+
 /// One prepared claim.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedClaim {
@@ -46,6 +56,10 @@ pub struct PreparedClaim {
     pub namespace: String,
     /// The claim's name.
     pub name: String,
+    /// The pods the claim was reserved for when it was prepared. Absent in files of
+    /// drivers before this field (read as empty; the daemon fills it in from the claim).
+    #[serde(default)]
+    pub pods: Vec<ClaimPod>,
     /// The answer kubelet got, returned unchanged if it asks again.
     pub devices: Vec<PreparedDevice>,
     /// What was written per request, so unprepare removes exactly that.
@@ -98,6 +112,10 @@ mod tests {
             PreparedClaim {
                 namespace: "ns".into(),
                 name: "c".into(),
+                pods: vec![ClaimPod {
+                    name: "p".into(),
+                    uid: "pod-uid".into(),
+                }],
                 devices: vec![PreparedDevice {
                     request_names: vec!["gpu".into()],
                     pool_name: "node".into(),
@@ -114,6 +132,20 @@ mod tests {
         );
         checkpoint.save(&path).expect("save");
         assert_eq!(Checkpoint::load(&path).expect("load"), checkpoint);
+        // A file of a driver before `pods`: read, with no pods.
+        let mut old: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+        old["claims"]["uid-1"]
+            .as_object_mut()
+            .expect("claim")
+            .remove("pods");
+        std::fs::write(&path, old.to_string()).expect("write");
+        let read = Checkpoint::load(&path).expect("an older file");
+        assert_eq!(read.claims["uid-1"].pods, Vec::new());
+        assert_eq!(
+            read.claims["uid-1"].requests,
+            checkpoint.claims["uid-1"].requests
+        );
         std::fs::write(&path, b"{").expect("write");
         assert!(
             Checkpoint::load(&path)

@@ -25,6 +25,8 @@
 //! host_proc: /proc                            # the host's /proc (the DaemonSet runs with hostPID)
 //! dev_root: /dev
 //! metrics_address: 127.0.0.1:9402              # /metrics and /healthz; null turns them off
+//! quota_events: true                           # an Event on the claim's pod at its first refusal (and over quota)
+//! quota_event_interval_secs: 300               # then at most one Event per request and card this often
 //! sharing: time-slicing                        # or mps (docs/mps.md); per card: card_sharing
 //! card_sharing: {}                             # {GPU-<uuid> or "<index>": mps | time-slicing}
 //! mps: {}                                      # the MPS daemons' settings (vgpu_mps::sharing)
@@ -117,6 +119,14 @@ pub struct DraConfig {
     /// turns the server off. Default `127.0.0.1:9402`; the manifests serve the pod's
     /// address on port 9402.
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// `quota_events`: write a Kubernetes Event (`events.k8s.io/v1`) on the pod a
+    /// prepared claim is reserved for, at the first allocation its containers were
+    /// refused at the memory quota and when they are found over it (the device plugin's
+    /// watch, [`vgpu_plugin::quota_watch`]).
+    pub quota_events: bool,
+    /// `quota_event_interval_secs`: after the first, at most one Event per request, card
+    /// and reason this often (the Event says how many refusals it covers).
+    pub quota_event_interval_secs: u64,
     /// `sharing`: how this node's cards are shared (time-slicing, or mps: docs/mps.md).
     pub sharing: Sharing,
     /// `card_sharing`: per card (UUID or host index), over `sharing`.
@@ -154,6 +164,8 @@ impl Default for DraConfig {
             host_proc: plugin.host_proc,
             dev_root: PathBuf::from("/dev"),
             metrics_address: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9402))),
+            quota_events: plugin.quota_events,
+            quota_event_interval_secs: plugin.quota_event_interval_secs,
             sharing: plugin.sharing,
             card_sharing: plugin.card_sharing,
             mps: plugin.mps,
@@ -238,6 +250,7 @@ impl DraConfig {
                 self.registration_watch_interval_ms,
             ),
             ("slice_resync_secs", self.slice_resync_secs),
+            ("quota_event_interval_secs", self.quota_event_interval_secs),
         ] {
             if value == 0 {
                 return Err(format!("{key}: must be more than 0"));

@@ -3,8 +3,9 @@
 //! socket, keep both served (a removed socket is served again, so kubelet's plugin
 //! watcher finds it again), watch card health, keep the node's ResourceSlices current,
 //! serve `/metrics` and `/healthz` (the device plugin's HTTP server), run the node's
-//! compute coordination (the device plugin's loop), and on stop remove the sockets
-//! (kubelet then deregisters the driver).
+//! compute coordination and the quota watch (the device plugin's loops: running totals
+//! of each request's quota counters, and Events on the pod its claim is reserved for),
+//! and on stop remove the sockets (kubelet then deregisters the driver).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use vgpu_kube::slices::{GpuDevice, SlicePublisher};
 use vgpu_plugin::coordination;
 use vgpu_plugin::devices::watch_health;
 use vgpu_plugin::health::ServingStatus;
+use vgpu_plugin::quota_watch::{self, QuotaTotals, Watched};
 use vgpu_plugin::serve::ServedSocket;
 use vgpu_plugin::tasks::Background;
 use vgpu_plugin::{CardInfo, DeviceSource};
@@ -180,6 +182,73 @@ fn prepared_folders(preparer: Arc<Preparer>) -> coordination::Folders {
     })
 }
 
+/// The last sentence of a refusal's Event in DRA mode.
+pub const DRA_REMEDY: &str =
+    "Ask for more memory in the ResourceClaim's request (capacity.requests.memory) or use less.";
+
+/// The prepared requests the quota watch follows, each on the first pod its claim is
+/// reserved for (a claim shared by several pods is one quota and one region; its Events
+/// go to the first pod). A claim with no recorded pod yet is followed all the same (so
+/// what it counted before this driver started stays untold) but gets no Event.
+fn watched_requests(preparer: Arc<Preparer>) -> Arc<dyn Fn() -> Vec<Watched> + Send + Sync> {
+    Arc::new(move || {
+        let mut watched = Vec::new();
+        for claim in preparer.prepared().values() {
+            let pod = claim.pods.first();
+            for request in &claim.requests {
+                watched.push(Watched {
+                    id: request.container_id.clone(),
+                    dir: preparer.allocation_dir(&request.container_id),
+                    namespace: claim.namespace.clone(),
+                    pod: pod.map(|pod| pod.name.clone()).unwrap_or_default(),
+                    pod_uid: pod.map(|pod| pod.uid.clone()),
+                    container: format!("claim {}, request {}", claim.name, request.request),
+                    cards: request.cards.iter().map(|card| card.0.clone()).collect(),
+                });
+            }
+        }
+        watched
+    })
+}
+
+/// Fills in the pods of claims that a driver before pod recording prepared (read from
+/// each claim's `status.reservedFor`), once a minute until none is left or `stop`.
+async fn record_missing_pods(
+    preparer: Arc<Preparer>,
+    client: vgpu_kube::kube::Client,
+    driver: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let missing: Vec<(String, String, String)> = preparer
+            .prepared()
+            .into_iter()
+            .filter(|(_, claim)| claim.pods.is_empty())
+            .map(|(uid, claim)| (uid, claim.namespace, claim.name))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        for (uid, namespace, name) in missing {
+            let read =
+                vgpu_kube::claims::read_claim(client.clone(), &driver, &namespace, &name, &uid)
+                    .await;
+            let recorded = read
+                .map_err(|err| anyhow::anyhow!("{err}"))
+                .and_then(|allocation| {
+                    preparer.record_pods(&uid, crate::prepare::claim_pods(&allocation))
+                });
+            if let Err(err) = recorded {
+                tracing::warn!(%namespace, claim = %name, error = %format!("{err:#}"), "cannot learn the claim's pods: its quota Events wait");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}
+
 /// Every second, fills in the host PIDs of container processes in each prepared
 /// request's usage region (from a private copy, written back with pwrite, as the
 /// device plugin does), so NVML inside the container can list its processes.
@@ -326,6 +395,7 @@ pub async fn start(
     let registration = Arc::new(RegistrationBook::default());
     let (stop, stop_receiver) = watch::channel(false);
     let mut background = Background::new(stop);
+    let quota = Arc::new(QuotaTotals::default());
     let status = Arc::new(ServingStatus::new(
         &["DRA socket".to_string(), "registration socket".to_string()],
         Duration::from_millis(config.registration_watch_interval_ms),
@@ -336,7 +406,7 @@ pub async fn start(
                 preparer: preparer.clone(),
                 cards: devices.clone(),
                 status: status.clone(),
-                quota: Arc::default(),
+                quota: quota.clone(),
             };
             let (bound, task) = vgpu_plugin::http::bind_and_serve(
                 address,
@@ -363,8 +433,12 @@ pub async fn start(
         stop_receiver.clone(),
     )));
     {
-        let publisher =
-            SlicePublisher::new(client, &config.driver_name, config.node(), config.unhealthy);
+        let publisher = SlicePublisher::new(
+            client.clone(),
+            &config.driver_name,
+            config.node(),
+            config.unhealthy,
+        );
         let devices = devices.clone();
         let resync = Duration::from_secs(config.slice_resync_secs);
         let stop = stop_receiver.clone();
@@ -372,6 +446,24 @@ pub async fn start(
             publisher.run(devices, resync, stop).await
         }));
     }
+    background.push(tokio::spawn(record_missing_pods(
+        preparer.clone(),
+        client.clone(),
+        config.driver_name.clone(),
+        stop_receiver.clone(),
+    )));
+    background.push(tokio::spawn(quota_watch::run(
+        watched_requests(preparer.clone()),
+        quota,
+        quota_watch::Settings {
+            events: config.quota_events,
+            interval: Duration::from_secs(config.quota_event_interval_secs),
+            source: config.api_server(),
+            node: config.node().to_string(),
+            remedy: DRA_REMEDY,
+        },
+        stop_receiver.clone(),
+    )));
     background.push(tokio::spawn(host_pid_loop(
         preparer.clone(),
         config.host_proc.clone(),

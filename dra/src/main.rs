@@ -10,6 +10,7 @@ use clap::Parser;
 use vgpu_dra::DraConfig;
 use vgpu_dra::cards::NvmlDetails;
 use vgpu_plugin::devices::NvmlSource;
+use vgpu_plugin::process;
 
 #[derive(Parser)]
 #[command(
@@ -37,30 +38,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let source = Arc::new(NvmlSource::open(&config.nvml_library)?);
     let details = Arc::new(NvmlDetails::open(&config.nvml_library)?);
     let plugin = vgpu_dra::start(config, source, details).await?;
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-    }
+    let signalled = process::signalled().await;
     plugin.stop().await;
-    Ok(())
+    signalled
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    // `VGPU_LOG` is read by the one parser every component shares; unset, or naming no
-    // level, it is `info`.
-    let level = vgpu_common::log::Level::from_env(vgpu_common::log::Level::Info);
-    let filter = tracing_subscriber::EnvFilter::new(level.directive());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Args::parse()).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!("{err:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    process::init_logging();
+    process::exit_code(run(Args::parse()).await)
 }

@@ -1,7 +1,8 @@
 //! NodePrepareResources and NodeUnprepareResources for one claim.
 //!
 //! Preparing reads the claim (this driver's results and their consumed `cores` and
-//! `memory`; the pods it is reserved for, for `tencent.com/vcuda-core-limit`), and for
+//! `memory`; the pods it is reserved for, for `tencent.com/vcuda-core-limit`, kept in
+//! the checkpoint as whose Events the quota watch writes), and for
 //! each request of the claim writes what the device plugin writes for a container:
 //! `<state_dir>/allocations/<container_id>/vgpu.yaml` and `usage.region`, and a CDI
 //! spec with exactly the mounts, device nodes and env of the device plugin's Allocate
@@ -23,7 +24,7 @@ use vgpu_plugin::persist::{Versioned, write_atomically};
 use vgpu_plugin::state::AllocationRecord;
 use vgpu_plugin::{CardInfo, PluginConfig, container};
 
-use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice, PreparedRequest};
+use crate::checkpoint::{Checkpoint, ClaimPod, PreparedClaim, PreparedDevice, PreparedRequest};
 use crate::config::DraConfig;
 
 /// What kubelet names in a request.
@@ -172,6 +173,18 @@ pub(crate) async fn claim_ceiling(
     asked.into_iter().min().or(default)
 }
 
+/// The pods of `status.reservedFor`, as the checkpoint keeps them.
+pub(crate) fn claim_pods(allocation: &ClaimAllocation) -> Vec<ClaimPod> {
+    allocation
+        .pods
+        .iter()
+        .map(|pod| ClaimPod {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+        })
+        .collect()
+}
+
 /// The device plugin's record of a prepared request, for its folder and edits writers.
 fn allocation_record(container_id: &str, cards: &[CardInfo]) -> AllocationRecord {
     AllocationRecord {
@@ -306,6 +319,7 @@ impl Preparer {
             PreparedClaim {
                 namespace: claim.namespace.clone(),
                 name: claim.name.clone(),
+                pods: claim_pods(&allocation),
                 devices: devices.clone(),
                 requests,
             },
@@ -323,6 +337,18 @@ impl Preparer {
             requests = plans.len(), ceiling = ?ceiling, "claim prepared"
         );
         Ok(devices)
+    }
+
+    /// Records the pods of a claim prepared by a driver that kept none (its checkpoint
+    /// predates them); `false` when the claim is not prepared (any more).
+    pub(crate) fn record_pods(&self, uid: &str, pods: Vec<ClaimPod>) -> anyhow::Result<bool> {
+        let mut book = self.book();
+        let Some(claim) = book.claims.get_mut(uid) else {
+            return Ok(false);
+        };
+        claim.pods = pods;
+        book.save(&self.config.state_file())?;
+        Ok(true)
     }
 
     fn write_request(&self, plan: &RequestPlan) -> anyhow::Result<String> {

@@ -188,6 +188,7 @@ fn the_dra_manifests_are_valid_and_agree() {
         ),
         ("resource.k8s.io", "resourceclaims", vec!["get"]),
         ("", "pods", vec!["get"]),
+        ("events.k8s.io", "events", vec!["create"]),
     ];
     assert_eq!(rules.len(), expected.len(), "{rules:?}");
     for (group, resource, verbs) in expected {

@@ -6,7 +6,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,21 +43,6 @@ impl Captured {
     }
 }
 
-/// `GET path`: the status code and body, or `None` when no answer came in time.
-fn get(address: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_and_healthz_are_served_and_hold_up_against_hostile_tenants() {
     let Some(sim) = sim_library() else { return };
@@ -86,15 +71,12 @@ async fn metrics_and_healthz_are_served_and_hold_up_against_hostile_tenants() {
         .place(&slices, Some(60), Some(4 * GIB))
         .expect("fits");
     let uid = "33333333-cccc-4ccc-8ccc-000000000060";
-    server.put_claim(allocated_claim(
-        "team",
-        "train",
-        uid,
-        "gpu",
+    put_reserved_claim(
+        &server,
+        ("team", "train", uid),
         &placement,
         ("trainer", "pod-a"),
-    ));
-    server.put_pod(pod("team", "trainer", "pod-a", None));
+    );
     let mut v1 = kubelet.v1(&info.endpoint).await;
     prepare(&mut v1, claim("team", "train", uid))
         .await
@@ -108,9 +90,9 @@ async fn metrics_and_healthz_are_served_and_hold_up_against_hostile_tenants() {
         .clone()
         .expect("uuid");
 
-    let (code, body) = get(address, "/healthz").expect("healthz");
+    let (code, body) = http_get(address, "/healthz").expect("healthz");
     assert_eq!(code, 200, "{body}");
-    let (code, metrics) = get(address, "/metrics").expect("metrics");
+    let (code, metrics) = http_get(address, "/metrics").expect("metrics");
     assert_eq!(code, 200);
     let labels = format!(r#"namespace="team",claim="train",request="gpu",UUID="{uuid}""#);
     assert!(
@@ -133,7 +115,7 @@ async fn metrics_and_healthz_are_served_and_hold_up_against_hostile_tenants() {
         region.count_refusal(0, GIB, 3 * GIB);
         region.add_throttled(0, 1_500_000_000);
     }
-    let (_, metrics) = get(address, "/metrics").expect("metrics");
+    let (_, metrics) = http_get(address, "/metrics").expect("metrics");
     for (name, value) in [
         ("vgpu_container_memory_refusals_total", "2"),
         ("vgpu_container_memory_refused_bytes_total", "2147483648"),
@@ -173,7 +155,10 @@ async fn metrics_and_healthz_are_served_and_hold_up_against_hostile_tenants() {
         still_open += usize::from(open);
     }
     assert_eq!(still_open, 0, "idle connections are closed by the server");
-    assert_eq!(get(address, "/healthz").map(|(code, _)| code), Some(200));
+    assert_eq!(
+        http_get(address, "/healthz").map(|(code, _)| code),
+        Some(200)
+    );
     let log = captured.text();
     let future = log
         .lines()

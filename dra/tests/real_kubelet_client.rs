@@ -70,15 +70,12 @@ async fn kubelets_own_grpc_client_registers_prepares_and_unprepares() {
         memory: 2 * GIB,
     };
     let uid = "44444444-dddd-4ddd-8ddd-000000000040";
-    server.put_claim(allocated_claim(
-        "team",
-        "train-40",
-        uid,
-        "gpu",
+    put_reserved_claim(
+        &server,
+        ("team", "train-40", uid),
         &placement,
         ("trainer", "pod-uid-40"),
-    ));
-    server.put_pod(pod("team", "trainer", "pod-uid-40", None));
+    );
     let prepared = dial(&client, &["prepare", &endpoint, "team", "train-40", uid])
         .await
         .unwrap_or_else(|err| panic!("NodePrepareResources: {err}"));

@@ -142,6 +142,18 @@ impl StandInApiServer {
         self.inner.store().k8s_events.values().cloned().collect()
     }
 
+    /// The Events once there are `count` of them, or those there are after `within`.
+    pub async fn k8s_events_within(&self, count: usize, within: std::time::Duration) -> Vec<Value> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let events = self.k8s_events();
+            if events.len() >= count || std::time::Instant::now() > deadline {
+                return events;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Every request so far, as `METHOD path?query`.
     pub fn requests(&self) -> Vec<String> {
         self.inner.store().requests.clone()

@@ -161,18 +161,22 @@ pub struct NvmlSource {
     events: Mutex<Option<EventSet<'static>>>,
 }
 
+/// Initialises NVML from `library` (a file name searched by the loader, or a path);
+/// the error names the library and NVML's reason. Both daemons open NVML this way.
+pub fn open_nvml(library: &Path) -> anyhow::Result<Nvml> {
+    Nvml::builder()
+        .lib_path(library.as_os_str())
+        .init()
+        .map_err(|err| anyhow::anyhow!("cannot initialise NVML from {}: {err}", library.display()))
+}
+
 impl NvmlSource {
     /// Loads NVML from `library` (a file name searched by the loader, or a path).
     ///
     /// The handle lives as long as the process (it is leaked so the event set can
     /// borrow it), which is what a daemon wants anyway.
     pub fn open(library: &Path) -> anyhow::Result<NvmlSource> {
-        let nvml = Nvml::builder()
-            .lib_path(library.as_os_str())
-            .init()
-            .map_err(|err| {
-                anyhow::anyhow!("cannot initialise NVML from {}: {err}", library.display())
-            })?;
+        let nvml = open_nvml(library)?;
         let nvml: &'static Nvml = Box::leak(Box::new(nvml));
         let events = NvmlSource::register_critical_events(nvml);
         Ok(NvmlSource {

@@ -27,6 +27,7 @@
 //! * [`usage`]: running totals of each container's counters, monotonic across exits;
 //! * [`health`]: what `/healthz` answers;
 //! * [`reload`]: noticing a changed config file (the plugin then exits to be restarted);
+//! * [`process`]: what both daemons' `main` does: logging, signals, the exit status;
 //! * [`coordination`]: the host-side compute coordinator over the node's containers;
 //! * [`metrics`]: Prometheus metrics and `/healthz`;
 //! * [`http`]: the plain-HTTP server they are served by (timeouts, a connection cap;
@@ -54,6 +55,7 @@ pub mod layout;
 pub mod metrics;
 pub mod mps;
 pub mod persist;
+pub mod process;
 pub mod proto;
 pub mod quota_watch;
 pub mod reload;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use vgpu_plugin::devices::NvmlSource;
+use vgpu_plugin::process;
 use vgpu_plugin::reload::{Change, ConfigWatch};
 
 #[derive(Parser)]
@@ -60,10 +61,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let every = Duration::from_millis(config.config_watch_interval_ms);
     let source = Arc::new(NvmlSource::open(&config.nvml_library)?);
     let plugin = vgpu_plugin::start(config, source).await?;
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        signalled = process::signalled() => signalled?,
         _ = config_changed(watch, every) => tracing::info!(
             config = %args.config.display(),
             "the config file changed: stopping, so that kubelet restarts the plugin with the new config"
@@ -75,19 +74,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    // `VGPU_LOG` is read by the one parser every component shares; unset, or naming no
-    // level, it is `info`.
-    let level = vgpu_common::log::Level::from_env(vgpu_common::log::Level::Info);
-    let filter = tracing_subscriber::EnvFilter::new(level.directive());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Args::parse()).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!("{err:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    process::init_logging();
+    process::exit_code(run(Args::parse()).await)
 }

@@ -4,7 +4,9 @@
 //! totals that never step back ([`QuotaTotals`], read by the metrics), a line at info
 //! level each time a container's refusals grew, and a Kubernetes Event on the pod at
 //! its first refusal and first time over quota, then at most one per
-//! `quota_event_interval_secs` per container, card and reason ([`run`]).
+//! `quota_event_interval_secs` per container, card and reason ([`run`]). The DRA driver
+//! runs the same watch over its prepared requests, each on the pod its claim is
+//! reserved for.
 //!
 //! Every region is read as a private copy ([`RegionSnapshot::read`]); the quota an Event
 //! states comes from the container config the host wrote, never from the tenant's
@@ -77,9 +79,14 @@ pub struct Watched {
     pub dir: PathBuf,
     /// Its pod's namespace.
     pub namespace: String,
-    /// Its pod.
+    /// Its pod; empty while not known (the DRA driver learning an old claim's pods):
+    /// then counted and logged, and told in an Event only once it is known, of what
+    /// came after.
     pub pod: String,
-    /// Its container name.
+    /// Its pod's UID, when known (else the Event's writer reads the pod for it).
+    pub pod_uid: Option<String>,
+    /// Its container name (for the DRA driver, which knows no container: its claim and
+    /// request).
     pub container: String,
     /// Its cards' UUIDs, in device order.
     pub cards: Vec<String>,
@@ -114,17 +121,21 @@ fn gib(bytes: u64) -> String {
     }
 }
 
-/// The Event note of refusals (pure: tested apart).
+/// The device plugin's advice in a refusal's note.
+pub const PLUGIN_REMEDY: &str = "Ask for more tencent.com/vcuda-memory or use less.";
+
+/// The Event note of refusals (pure: tested apart); `remedy` ends it.
 pub fn refusal_note(
     who: &str,
     uuid: &str,
     quota: Option<u64>,
     totals: &QuotaCounters,
     since_last: u64,
+    remedy: &str,
 ) -> String {
     let quota = quota.map_or_else(|| "the whole card".to_string(), gib);
     format!(
-        "{who}: an allocation of {asked} on {uuid} was refused (CUDA_ERROR_OUT_OF_MEMORY) by the container's GPU memory quota of {quota}; the container held {held}. {total} refusal(s) so far, {since_last} since the last Event. The card may have free memory: the quota does not. Ask for more tencent.com/vcuda-memory or use less.",
+        "{who}: an allocation of {asked} on {uuid} was refused (CUDA_ERROR_OUT_OF_MEMORY) by the container's GPU memory quota of {quota}; the container held {held}. {total} refusal(s) so far, {since_last} since the last Event. The card may have free memory: the quota does not. {remedy}",
         asked = gib(totals.last_asked),
         held = gib(totals.last_held),
         total = totals.refusals,
@@ -193,6 +204,8 @@ pub struct Settings {
     pub source: vgpu_kube::ClientSource,
     /// This node.
     pub node: String,
+    /// The last sentence of a refusal's note: what to ask for more of.
+    pub remedy: &'static str,
 }
 
 impl Settings {
@@ -210,6 +223,7 @@ impl Settings {
                 .clone()
                 .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
                 .unwrap_or_else(|| "unknown-node".into()),
+            remedy: PLUGIN_REMEDY,
         }
     }
 }
@@ -222,6 +236,7 @@ fn pass(
     told: &mut BTreeMap<Key, Told>,
     first: bool,
     interval: Duration,
+    remedy: &str,
 ) -> Vec<PodEvent> {
     let now = Instant::now();
     let mut due = Vec::new();
@@ -269,10 +284,13 @@ fn pass(
                 tracing::info!(container = %who, card = %uuid, over_quota_total = now_totals.over_quota, "container found over its memory quota");
                 entry.logged_over_quota = now_totals.over_quota;
             }
+            if watched.pod.is_empty() {
+                continue;
+            }
             let held = snapshot.device_used(position);
             for finding in findings(entry, &now_totals, now, interval, |reason, since| {
                 if reason == events::REASON_REFUSED {
-                    refusal_note(&who, uuid, quota, &now_totals, since)
+                    refusal_note(&who, uuid, quota, &now_totals, since, remedy)
                 } else {
                     over_quota_note(&who, uuid, quota, held, &now_totals)
                 }
@@ -281,7 +299,7 @@ fn pass(
                     pod: PodRef {
                         namespace: watched.namespace.clone(),
                         name: watched.pod.clone(),
-                        uid: None,
+                        uid: watched.pod_uid.clone(),
                     },
                     reason: finding.reason,
                     action: if finding.reason == events::REASON_REFUSED {
@@ -315,6 +333,7 @@ pub fn plugin_containers(shared: &Shared) -> Vec<Watched> {
                 dir: container::allocation_dir(&shared.config, &record.id),
                 namespace: owner.namespace.clone(),
                 pod: owner.pod.clone(),
+                pod_uid: None,
                 container: owner.container.clone(),
                 cards: record.cards.clone(),
             })
@@ -334,12 +353,17 @@ pub async fn run(
     let mut first = true;
     loop {
         let list = containers();
-        let (totals_now, told_now, interval) = (totals.clone(), told.clone(), settings.interval);
+        let (totals_now, told_now, interval, remedy) = (
+            totals.clone(),
+            told.clone(),
+            settings.interval,
+            settings.remedy,
+        );
         let due = tokio::task::spawn_blocking(move || {
             let mut told = told_now
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            pass(&list, &totals_now, &mut told, first, interval)
+            pass(&list, &totals_now, &mut told, first, interval, remedy)
         })
         .await
         .unwrap_or_default();
@@ -421,11 +445,13 @@ mod tests {
             Some(4 << 30),
             &reading(3, 0),
             1,
+            PLUGIN_REMEDY,
         );
         assert!(note.contains("an allocation of 2.00 GiB"), "{note}");
         assert!(note.contains("quota of 4.00 GiB"), "{note}");
         assert!(note.contains("held 3.00 GiB"), "{note}");
         assert!(note.contains("3 refusal(s) so far, 1 since"), "{note}");
+        assert!(note.ends_with("vcuda-memory or use less."), "{note}");
         assert!(note.len() < events::MAX_NOTE_BYTES);
         let over = over_quota_note("a/b/c", "GPU-1", None, 300 << 20, &reading(0, 2));
         assert!(over.contains("holds 300.0 MiB"), "{over}");

@@ -10,24 +10,12 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{CORE, MEMORY, config_of, host_path_of, http_get, metric_value as value};
-use serde_json::{Value, json};
+use serde_json::json;
 use vgpu_common::process::Identity;
 use vgpu_common::region::Region;
-use vgpu_kube::standin::StandInApiServer;
-
-async fn events_within(server: &StandInApiServer, count: usize, within: Duration) -> Vec<Value> {
-    let deadline = Instant::now() + within;
-    loop {
-        let events = server.k8s_events();
-        if events.len() >= count || Instant::now() > deadline {
-            return events;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_is_counted_exported_and_told_on_the_pod_once_an_interval() {
@@ -82,7 +70,7 @@ async fn a_refusal_is_counted_exported_and_told_on_the_pod_once_an_interval() {
     region.count_refusal(0, 1 << 30, 1536 << 20);
     region.add_throttled(0, 2_500_000_000);
 
-    let events = events_within(&server, 1, Duration::from_secs(10)).await;
+    let events = server.k8s_events_within(1, Duration::from_secs(10)).await;
     assert_eq!(events.len(), 1, "{events:?}");
     let event = &events[0];
     assert_eq!(event["reason"], "GPUMemoryQuotaRefused");
@@ -141,7 +129,7 @@ async fn a_refusal_is_counted_exported_and_told_on_the_pod_once_an_interval() {
     region.detach(slot);
     // Over quota is its own reason: told at once.
     region.count_over_quota(0);
-    let events = events_within(&server, 2, Duration::from_secs(10)).await;
+    let events = server.k8s_events_within(2, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let events_later = server.k8s_events();
     assert_eq!(events.len(), 2, "{events:?}");

@@ -1,6 +1,7 @@
 //! Test plumbing shared by every crate's tests: where a Cargo build left the workspace's
 //! libraries and programs (`built`), Debian's driver packages the export checks read
-//! (`debian`), kubelet's own gRPC client (`kubelet_dial`), and the one policy for what a test needs from the
+//! (`debian`), kubelet's own gRPC client (`kubelet_dial`), a series of a metrics
+//! text (`exposition`), and the one policy for what a test needs from the
 //! machine (`prerequisites`, the `require!` macro).
 //!
 //! The policy, in short: a test that needs something this workspace does not build
@@ -13,10 +14,12 @@
 
 pub mod built;
 pub mod debian;
+pub mod exposition;
 pub mod kubelet_dial;
 pub mod prerequisites;
 
 pub use built::{built, in_profile_dir, profile_dir};
 pub use debian::unpack_debian_driver;
+pub use exposition::metric_value;
 pub use kubelet_dial::kubelet_dial;
 pub use prerequisites::{Need, in_ci, present};

@@ -658,6 +658,16 @@ print("c50 sees 2560 MiB; past it: CUDA_ERROR_OUT_OF_MEMORY")
 PY
 }
 
+# Issue 27 in DRA mode: c50's refusal above becomes a GPUMemoryQuotaRefused Event on
+# the pod its claim is reserved for, seen by `kubectl describe pod`.
+dra_quota_refusal_event() {
+    wait_until 120 sh -c "kubectl get events --field-selector involvedObject.name=c50,reason=GPUMemoryQuotaRefused -o name | grep -q ." || {
+        kubectl get events --field-selector involvedObject.name=c50
+        fail "no GPUMemoryQuotaRefused Event on c50"
+    }
+    kubectl describe pod c50 | grep GPUMemoryQuotaRefused || fail "kubectl describe pod does not show the Event"
+}
+
 # Deleting the pod unprepares its claim: the claim goes, its CDI spec goes.
 dra_unprepare() {
     local claim uid
@@ -687,6 +697,9 @@ dra_rbac() {
     can_i $sa get nodes no || bad=1
     can_i $sa patch nodes no || bad=1
     can_i $sa get secrets no || bad=1
+    can_i $sa create events.events.k8s.io yes || bad=1
+    for verb in get list update delete; do can_i $sa "$verb" events.events.k8s.io no || bad=1; done
+    can_i $sa create events no || bad=1
     [ $bad = 0 ] || return 1
     # The admission policy: a request as the plugin's account without a node in its token
     # may not write any slice.
@@ -705,7 +718,7 @@ EOF
     )
     echo "$out"
     echo "$out" | grep -q "names no node\|may not change" || fail "the admission policy let it through"
-    echo "vgpu-dra-plugin: slices, claims (get), pods (get), nothing more; the policy holds"
+    echo "vgpu-dra-plugin: slices, claims (get), pods (get), events.k8s.io events (create), nothing more; the policy holds"
 }
 
 dra_run() {
@@ -715,6 +728,7 @@ dra_run() {
     check "dra the scheduler puts claims of 60 and 50 cores on two cards" dra_two_claims
     check "dra the kubelet registers the driver and the pods run" dra_pods_run
     check "dra NodePrepareResources + CDI: the container sees its quota" dra_quota_in_container
+    check "dra a quota refusal is a GPUMemoryQuotaRefused Event on the pod" dra_quota_refusal_event
     check "dra deleting the pod unprepares the claim" dra_unprepare
     dra_cleanup
     check "dra RBAC: what the driver does and nothing more" dra_rbac

@@ -5,6 +5,8 @@
 //! the sim driver with four GPUs.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::time::Duration;
@@ -336,6 +338,20 @@ pub fn allocated_claim(
     })
 }
 
+/// Puts into the stand-in a claim `namespace/name` (request `gpu`) allocated at
+/// `placement` and reserved for the pod `pod` (name, UID), and that pod.
+pub fn put_reserved_claim(
+    server: &vgpu_kube::standin::StandInApiServer,
+    (namespace, name, uid): (&str, &str, &str),
+    placement: &Placement,
+    pod_ref: (&str, &str),
+) {
+    server.put_claim(allocated_claim(
+        namespace, name, uid, "gpu", placement, pod_ref,
+    ));
+    server.put_pod(pod(namespace, pod_ref.0, pod_ref.1, None));
+}
+
 /// A pod bound to the test node, with the ceiling annotation when given.
 pub fn pod(namespace: &str, name: &str, uid: &str, ceiling: Option<&str>) -> Value {
     let mut pod = json!({
@@ -362,4 +378,19 @@ pub async fn wait_slices(
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("the slices never got there: {:?}", server.slices());
+}
+
+/// `GET path`: the status code and body, or `None` when no answer came in time.
+pub fn http_get(address: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
 }

@@ -628,13 +628,8 @@ pub fn config_of(admitted: &Admitted) -> vgpu_common::Config {
 }
 
 /// A metric's value in a scrape, by name and the label text inside its braces.
-pub fn metric_value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
-}
+#[allow(unused_imports)] // not every includer of this module reads metrics
+pub use vgpu_test_support::metric_value;
 
 /// `GET path` on the plugin's metrics server: (status code, body).
 pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {

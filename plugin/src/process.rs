@@ -1,0 +1,39 @@
+//! What both daemons' `main` does around its work (`vgpu-plugin` and
+//! `vgpu-dra-plugin`): logging set up from `VGPU_LOG` on stderr, the wait for SIGTERM or
+//! SIGINT, and the exit status with the error logged.
+
+use std::process::ExitCode;
+
+/// Logs to stderr at the level `VGPU_LOG` names (the one parser every component
+/// shares); unset, or naming no level, `info`.
+pub fn init_logging() {
+    let level = vgpu_common::log::Level::from_env(vgpu_common::log::Level::Info);
+    let filter = tracing_subscriber::EnvFilter::new(level.directive());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Returns at SIGTERM or SIGINT, having logged which; fails if the handler cannot be set.
+pub async fn signalled() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
+    Ok(())
+}
+
+/// The exit status of a daemon that ended with `result`; an error is logged with its
+/// causes.
+pub fn exit_code(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
