@@ -45,9 +45,31 @@ enum Command {
     Top(top::TopArgs),
 }
 
+/// `vgpu smi` under the name `nvidia-smi` (`argv[0]`): a node whose driver's own tool
+/// cannot run (the simulated driver serves the public NVML API, not the private export
+/// table Debian's nvidia-smi asks for first) installs vgpu as its nvidia-smi.
+#[derive(Parser)]
+#[command(name = "nvidia-smi", version = vgpu_build_info::VERSION_LINE)]
+struct NvidiaSmi {
+    #[command(flatten)]
+    args: smi::SmiArgs,
+}
+
+fn invoked_as_nvidia_smi() -> bool {
+    std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|path| path.file_name().map(|name| name == "nvidia-smi"))
+        .unwrap_or(false)
+}
+
 fn main() {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let command = if invoked_as_nvidia_smi() {
+        Command::Smi(NvidiaSmi::parse().args)
+    } else {
+        Cli::parse().command
+    };
+    let result = match command {
         Command::Run(args) => run::run(&args).map(Some),
         Command::Mps(args) => mps::run(&args).map(|()| None),
         Command::Install(args) => install::run(&args).map(|()| None),

@@ -181,6 +181,29 @@ fn list_gpus_prints_names_and_uuids() {
 }
 
 #[test]
+fn installed_as_nvidia_smi_it_is_vgpu_smi() {
+    // tests/k8s/cluster.sh installs vgpu as the simulated node's nvidia-smi.
+    let machine = SimMachine::new(2, "4GiB", "Tesla Sim");
+    let folder = tempfile::tempdir().expect("temp dir");
+    let nvidia_smi = folder.path().join("nvidia-smi");
+    std::fs::copy(env!("CARGO_BIN_EXE_vgpu"), &nvidia_smi).expect("copy vgpu");
+    let command = machine.command(&["-L"]);
+    let mut as_smi = Command::new(&nvidia_smi);
+    as_smi.arg("-L");
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => as_smi.env(key, value),
+            None => as_smi.env_remove(key),
+        };
+    }
+    let listing = stdout_of(&run_with_deadline(as_smi));
+    assert_eq!(
+        listing,
+        format!("GPU 0: Tesla Sim (UUID: {SIM_UUID_0})\nGPU 1: Tesla Sim (UUID: {SIM_UUID_1})\n")
+    );
+}
+
+#[test]
 fn query_gpu_csv_reports_memory_total() {
     let machine = SimMachine::new(3, "80GiB", "NVIDIA H200 (simulated)");
     let csv = stdout_of(&machine.smi(&[

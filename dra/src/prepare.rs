@@ -198,6 +198,7 @@ fn allocation_record(container_id: &str, cards: &[CardInfo]) -> AllocationRecord
         prepared_unix: None,
         reuses: None,
         aliases: Vec::new(),
+        admitted_for: None,
     }
 }
 

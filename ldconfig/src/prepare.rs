@@ -15,7 +15,7 @@
 //! Before anything is written, each shim is checked against the real library it
 //! replaces: a shim that lacks an export of the host driver is refused (an application
 //! resolving that name would fail with "function not found"), unless the caller allows
-//! it. The step is idempotent (unchanged files are not rewritten; a copy whose size and
+//! it. Each shim is judged on its own API's names ([`ShimSpec::judged`]). The step is idempotent (unchanged files are not rewritten; a copy whose size and
 //! modification time match the manifest's record is trusted without rehashing unless
 //! `verify`). Another driver version gets a folder of its own and `current` is switched
 //! once that folder is complete, so a host driver upgrade replaces the prepared driver
@@ -23,6 +23,7 @@
 //! version is kept, older ones are removed. Files are written to a temporary name and
 //! renamed into place, so a container never sees a half-copied library.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -51,6 +52,21 @@ pub struct ShimSpec {
     pub real_soname: &'static str,
     /// The shim's file name as built and as deployed under `DEST/shim`.
     pub file_name: &'static str,
+    /// The prefix of the other library's API. A real libcuda exports `cu*` names only
+    /// and a real libnvidia-ml `nvml*` only (symbols/); a library in both places (the
+    /// simulated driver) exports both, and the other API's names are not this shim's
+    /// to cover ([`ShimSpec::judged`]).
+    pub other_api_prefix: &'static str,
+}
+
+impl ShimSpec {
+    /// The real library's exports this shim must cover: all but the other API's.
+    pub fn judged(&self, real_exports: BTreeSet<String>) -> BTreeSet<String> {
+        real_exports
+            .into_iter()
+            .filter(|name| !name.starts_with(self.other_api_prefix))
+            .collect()
+    }
 }
 
 /// The shims `prepare` deploys. In the shim folder each is looked up by its built name
@@ -59,10 +75,12 @@ pub const SHIMS: &[ShimSpec] = &[
     ShimSpec {
         real_soname: "libcuda.so.1",
         file_name: "libcuda_shim.so",
+        other_api_prefix: "nvml",
     },
     ShimSpec {
         real_soname: "libnvidia-ml.so.1",
         file_name: "libnvml_shim.so",
+        other_api_prefix: "cu",
     },
 ];
 
@@ -292,7 +310,7 @@ pub fn prepare(options: &PrepareOptions) -> Result<PrepareOutcome, PrepareError>
         };
         let report = CheckReport::compare(
             real.real_path.display().to_string(),
-            &defined_functions(&real.real_path)?,
+            &spec.judged(defined_functions(&real.real_path)?),
             shim_path.display().to_string(),
             &defined_functions(shim_path)?,
         );
@@ -526,4 +544,36 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PrepareError> {
     let temporary = temporary_sibling(path);
     std::fs::write(&temporary, bytes).map_err(|error| io("cannot write", &temporary, error))?;
     std::fs::rename(&temporary, path).map_err(|error| io("cannot rename into", path, error))
+}
+
+#[cfg(test)]
+mod judged_tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|name| name.to_string()).collect()
+    }
+
+    #[test]
+    fn a_library_of_both_apis_is_judged_on_each_shims_own_names() {
+        // The simulated driver: one library in both places, exporting both APIs.
+        let both = names(&["cuInit", "cuMemAlloc_v2", "nvmlInit_v2", "nvmlShutdown"]);
+        let cuda = &SHIMS[0];
+        let nvml = &SHIMS[1];
+        assert_eq!(
+            cuda.judged(both.clone()),
+            names(&["cuInit", "cuMemAlloc_v2"])
+        );
+        assert_eq!(nvml.judged(both), names(&["nvmlInit_v2", "nvmlShutdown"]));
+        // A real library's own names are all judged, even those of no known prefix.
+        let odd = names(&["cuInit", "somethingNew"]);
+        assert_eq!(cuda.judged(odd.clone()), odd);
+        let check = CheckReport::compare(
+            "real",
+            &nvml.judged(names(&["nvmlInit_v2", "nvmlNew"])),
+            "shim",
+            &names(&["nvmlInit_v2"]),
+        );
+        assert_eq!(check.missing, ["nvmlNew"]);
+    }
 }

@@ -8,6 +8,9 @@
 //! reached (or no client at all: not in a cluster, `pod_annotations: false`) keep what
 //! the plan already has, which is `default_core_ceiling` or a hard limit. The container
 //! always starts; the reason is logged.
+//!
+//! The same reader lists the pods of this node for [`crate::admitting`] (RBAC: `list`
+//! pods, with a `spec.nodeName` field selector).
 
 use tokio::sync::OnceCell;
 use vgpu_kube::pods::{CeilingLookup, PodReader, apply_ceiling};
@@ -61,6 +64,20 @@ impl PodCeilings {
             })
             .await
             .as_ref()
+    }
+
+    /// The pods bound to this node (for [`crate::admitting`]); `None` when there is no
+    /// API server, no node name, or the list fails (logged).
+    pub async fn pods_on_node(&self) -> Option<Vec<vgpu_kube::k8s_openapi::api::core::v1::Pod>> {
+        self.node.as_ref()?;
+        let reader = self.reader().await?;
+        match reader.list_on_node().await {
+            Ok(pods) => Some(pods),
+            Err(err) => {
+                tracing::warn!(error = %format!("{err:#}"), "cannot list this node's pods: a container's two resources are placed from the calls alone");
+                None
+            }
+        }
     }
 
     /// Applies each plan's pod's annotation to its partial cards.

@@ -36,6 +36,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admitting;
 pub mod allocator;
 pub mod annotations;
 pub mod authority;

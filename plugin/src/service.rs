@@ -11,6 +11,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::admitting::Admitting;
 use crate::allocator::{Allocator, HolderIndex};
 use crate::config::PluginConfig;
 use crate::container;
@@ -86,6 +87,35 @@ impl Shared {
         }
     }
 
+    /// The container kubelet is admitting (`crate::admitting`), when it can be told.
+    async fn admitting(&self, holders: Option<&HolderIndex>) -> Option<Admitting> {
+        let holders = holders?;
+        let pods = self.ceilings.pods_on_node().await?;
+        crate::admitting::admitting(
+            &pods,
+            holders,
+            &self.config.core_resource,
+            &self.config.memory_resource,
+        )
+    }
+
+    /// Releases the records among `records` that no container PodResources lists can
+    /// be using and that are not being admitted (a pod that is gone); removes their
+    /// folders.
+    fn release_gone(&self, records: &[String], holders: &HolderIndex) -> Result<(), Status> {
+        let released = {
+            let mut allocator = self.allocator();
+            allocator
+                .release_colliding(records, holders, now_unix())
+                .map_err(|err| Status::internal(err.to_string()))?
+        };
+        for record in &released {
+            tracing::info!(allocation = %record.id, "released the allocation of a pod that is gone: kubelet offers its devices again");
+            container::remove_allocation(&self.config, record);
+        }
+        Ok(())
+    }
+
     async fn holders(&self) -> Result<HolderIndex, Status> {
         let pods = kubelet::list_pod_resources(&self.config.pod_resources_socket)
             .await
@@ -128,21 +158,33 @@ impl ResourceService {
         Status,
     > {
         let shared = &self.shared;
+        let listed = shared.holders().await;
+        // A shape that cannot work is refused before the container is admitted.
+        let admitting = match &listed {
+            Ok(listed) => shared.admitting(Some(listed)).await,
+            Err(_) => None,
+        };
+        if let Some(container) = &admitting {
+            let name = format!(
+                "{}/{}/{}",
+                container.owner.namespace, container.owner.pod, container.owner.container
+            );
+            if let Some(refusal) =
+                shared
+                    .allocator()
+                    .unsupported_shape(&name, container.cores, container.memory)
+            {
+                return Err(Status::invalid_argument(refusal));
+            }
+        }
         let blockers = shared.allocator().blockers(self.kind, ids, now_unix());
         let mut holders = None;
         if !blockers.is_empty() {
             // Kubelet hands out only IDs it holds free: release our records of them that
             // PodResources no longer lists (a pod that is gone).
-            match shared.holders().await {
+            match listed {
                 Ok(listed) => {
-                    let released = shared
-                        .allocator()
-                        .release_colliding(&blockers, &listed, now_unix())
-                        .map_err(|err| Status::internal(err.to_string()))?;
-                    for record in &released {
-                        tracing::info!(allocation = %record.id, "released a stale allocation whose devices kubelet handed out again");
-                        container::remove_allocation(&shared.config, record);
-                    }
+                    shared.release_gone(&blockers, &listed)?;
                     holders = Some(listed);
                 }
                 Err(status) => tracing::warn!(
@@ -154,7 +196,13 @@ impl ResourceService {
         let now = now_unix();
         let (decision, cards) = {
             let mut allocator = shared.allocator();
-            let decision = allocator.allocate(self.kind, ids, holders.as_ref(), now)?;
+            let decision = allocator.allocate_for(
+                self.kind,
+                ids,
+                holders.as_ref(),
+                admitting.as_ref().map(|container| &container.owner),
+                now,
+            )?;
             let cards: Vec<_> = allocator
                 .cards()
                 .iter()
@@ -241,22 +289,34 @@ impl DevicePlugin for ResourceService {
         &self,
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let request = request.into_inner();
         // Which call's card the second half should follow: PodResources tells (a
-        // failure only makes the guess coarser).
+        // failure only makes the guess coarser), with this node's pods the container.
         let holders = self.shared.holders().await.ok();
+        let admitting = self.shared.admitting(holders.as_ref()).await;
+        if let Some(holders) = &holders {
+            // A deleted pod's share is free at once: kubelet offers its IDs again.
+            let offered: Vec<String> = request
+                .container_requests
+                .iter()
+                .flat_map(|wanted| wanted.available_device_i_ds.iter().cloned())
+                .collect();
+            let records = self.shared.allocator().holding_any(&offered);
+            self.shared.release_gone(&records, holders)?;
+        }
         let now = now_unix();
         let allocator = self.shared.allocator();
         let container_responses = request
-            .into_inner()
             .container_requests
             .iter()
             .map(|wanted| ContainerPreferredAllocationResponse {
-                device_i_ds: allocator.preferred(
+                device_i_ds: allocator.preferred_for(
                     self.kind,
                     &wanted.available_device_i_ds,
                     &wanted.must_include_device_i_ds,
                     usize::try_from(wanted.allocation_size).unwrap_or(0),
                     holders.as_ref(),
+                    admitting.as_ref(),
                     now,
                 ),
             })

@@ -64,6 +64,11 @@ pub struct AllocationRecord {
     /// Folders of the records folded into this one; they hold the same files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
+    /// The container kubelet was admitting at this Allocate call, when
+    /// `crate::admitting` could tell: once PodResources no longer lists its pod, kubelet
+    /// rejected or forgot it, and the record is released even within the pairing window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_for: Option<Owner>,
 }
 
 impl AllocationRecord {
@@ -167,6 +172,7 @@ mod tests {
                 prepared_unix: Some(6),
                 reuses: None,
                 aliases: vec!["a2".into()],
+                admitted_for: None,
             },
         );
         state.save(&path).expect("save");

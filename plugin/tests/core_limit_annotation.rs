@@ -6,13 +6,9 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{CORE, MEMORY, Plugin, TestKubelet, config_of};
+use common::{CORE, MEMORY, config_of};
 use serde_json::json;
 use vgpu_contract::CoreMode;
-use vgpu_kube::standin::StandInApiServer;
-use vgpu_plugin::devices::FakeSource;
 
 fn pod(name: &str, node: &str, ceiling: Option<&str>) -> serde_json::Value {
     let mut pod = json!({
@@ -28,17 +24,11 @@ fn pod(name: &str, node: &str, ceiling: Option<&str>) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pods_ceiling_annotation_makes_the_limit_soft() {
-    let server = StandInApiServer::start().await.expect("stand-in");
-    server.put_pod(pod("annotated", "node-a", Some("50")));
-    server.put_pod(pod("plain", "node-a", None));
+    let (server, kubelet, mut plugin) = common::plugin_with_api(4, 4 << 30).await;
+    server.put_pod(pod("annotated", common::NODE, Some("50")));
+    server.put_pod(pod("plain", common::NODE, None));
     server.put_pod(pod("elsewhere", "node-b", Some("90")));
-    server.put_pod(pod("later", "node-a", Some("70")));
-    let kubelet = TestKubelet::start().await;
-    let mut config = kubelet.plugin_config();
-    config.api_server_url = Some(server.url());
-    config.node_name = Some("node-a".into());
-    let mut plugin =
-        Plugin::start(&kubelet, config, Arc::new(FakeSource::uniform(4, 4 << 30))).await;
+    server.put_pod(pod("later", common::NODE, Some("70")));
 
     let mut start = async |name: &str| {
         let admitted = kubelet

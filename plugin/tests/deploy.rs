@@ -239,7 +239,7 @@ fn the_daemonset_grants_only_what_the_plugin_uses() {
     assert_eq!(
         rules,
         [
-            (vec![""], vec!["pods"], vec!["get"]),
+            (vec![""], vec!["pods"], vec!["get", "list"]),
             (vec!["events.k8s.io"], vec!["events"], vec!["create"]),
         ]
     );

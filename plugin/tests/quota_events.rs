@@ -10,33 +10,24 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{
-    CORE, MEMORY, Plugin, TestKubelet, config_of, host_path_of, http_get, metric_value as value,
-};
+use common::{CORE, MEMORY, config_of, host_path_of, http_get, metric_value as value};
 use serde_json::json;
 use vgpu_contract::process::Identity;
 use vgpu_contract::region::Region;
-use vgpu_kube::standin::StandInApiServer;
-use vgpu_plugin::devices::FakeSource;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_is_counted_exported_and_told_on_the_pod_once_an_interval() {
-    let server = StandInApiServer::start().await.expect("stand-in");
+    let (server, kubelet, mut plugin) = common::plugin_with_api_and(2, 8 << 30, |config| {
+        config.warn_on_refusal_namespaces = vec!["team-a".into()];
+    })
+    .await;
     server.put_pod(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "trainer", "namespace": "team-a", "uid": "uid-trainer"},
-        "spec": {"nodeName": "node-a", "containers": [{"name": "main"}]}
+        "spec": {"nodeName": common::NODE, "containers": [{"name": "main"}]}
     }));
-    let kubelet = TestKubelet::start().await;
-    let mut config = kubelet.plugin_config();
-    config.api_server_url = Some(server.url());
-    config.node_name = Some("node-a".into());
-    config.warn_on_refusal_namespaces = vec!["team-a".into()];
-    let mut plugin =
-        Plugin::start(&kubelet, config, Arc::new(FakeSource::uniform(2, 8 << 30))).await;
     // 30 cores and 8 x 256 MiB = 2 GiB of the card.
     let admitted = kubelet
         .admit(

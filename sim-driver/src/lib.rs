@@ -15,6 +15,7 @@ pub(crate) mod ffi;
 pub(crate) mod nvml;
 pub(crate) mod state;
 pub(crate) mod sync;
+pub(crate) mod version;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};

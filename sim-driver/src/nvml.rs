@@ -12,9 +12,10 @@ use std::ffi::c_char;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::clock::{now_ns, wall_us};
-use crate::config::{DRIVER_VERSION, GpuSpec, MAX_GPUS, canonical_pci_bus_id};
+use crate::config::{GpuSpec, MAX_GPUS, canonical_pci_bus_id};
 use crate::ffi::{self, c_str, copy_c_string, write_at, write_out};
 use crate::state::ProcessRecord;
+use crate::version::driver_version;
 use crate::{Sim, sim};
 
 pub type NvmlReturn = i32;
@@ -348,12 +349,12 @@ nvml! {
 
     fn nvmlSystemGetDriverVersion(version: *mut c_char, length: u32) {
         initialized()?;
-        string_out(version, length, DRIVER_VERSION)
+        string_out(version, length, driver_version())
     }
 
     fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: u32) {
         let sim = initialized()?;
-        string_out(version, length, &format!("{}.{DRIVER_VERSION}", sim.config.cuda_version / 1000))
+        string_out(version, length, &format!("{}.{}", sim.config.cuda_version / 1000, driver_version()))
     }
 
     fn nvmlSystemGetCudaDriverVersion(version: *mut i32) {

@@ -271,9 +271,10 @@ debian_debs() {
 
 # A driver root as the GPU Operator's driver container lays one out at /run/nvidia/driver:
 # Debian's 535 libcuda1, libnvidia-ml1 and nvidia-smi, with the simulated driver in the
-# real libraries' place (there is no GPU here) and a loader cache that names them.
+# real libraries' place (there is no GPU here), vgpu in nvidia-smi's, and a loader cache
+# that names them.
 make_driver_root() {
-    local sim=$1 debs deb
+    local sim=$1 vgpu=$2 debs deb
     local root=$STATE/driver-root
     debs=$(debian_debs)
     rm -rf "$root"
@@ -285,6 +286,16 @@ make_driver_root() {
     [ -e "$lib/libcuda.so.$DRIVER_VERSION" ] || die "no libcuda.so.$DRIVER_VERSION in $debs"
     install -m 0755 "$sim" "$lib/libcuda.so.$DRIVER_VERSION"
     install -m 0755 "$sim" "$lib/libnvidia-ml.so.$DRIVER_VERSION"
+    # Debian's nvidia-smi asks NVML for its private export table before anything else,
+    # which the sim (the public NVML API only) cannot serve ("Mismatch in versions
+    # between nvidia-smi and NVML"): the node's nvidia-smi is vgpu's, which runs as
+    # `vgpu smi` under that name. The sim reports the driver version of its file name.
+    local smi
+    for smi in "$root"/usr/lib/nvidia/current/nvidia-smi "$root"/usr/bin/nvidia-smi; do
+        if [ -f "$smi" ] && [ ! -L "$smi" ]; then
+            install -m 0755 "$vgpu" "$smi"
+        fi
+    done
     mkdir -p "$root/etc"
     echo /usr/lib/x86_64-linux-gnu/nvidia/current > "$root/etc/ld.so.conf"
     ldconfig -r "$root"
@@ -485,8 +496,7 @@ install_mode() {
         helm)
             [ -e "$ROOT/deploy/namespace.yaml" ] && kubectl apply -f "$ROOT/deploy/namespace.yaml" >&2
             helm --kubeconfig "$STATE/admin.kubeconfig" upgrade --install vgpu-shim "$ROOT/deploy/helm/vgpu-shim" \
-                --namespace vgpu-system --create-namespace --set mode="$mode" \
-                --set 'prepareDriver.extraArgs={--allow-missing-exports}' >&2
+                --namespace vgpu-system --create-namespace --set mode="$mode" >&2
             ;;
         kubectl)
             local files=()
@@ -506,22 +516,14 @@ install_mode() {
 }
 
 # What a node with the simulated driver needs beyond a GPU node, applied to the installed
-# DaemonSet (vgpu-plugin or vgpu-dra-plugin):
-# * `vgpu-ldconfig prepare --allow-missing-exports`: the sim is one library exporting
-#   both the CUDA and the NVML names, in both real libraries' place, so each shim
-#   "lacks" the other API's names and the export check refuses it (as it should refuse
-#   a real driver the shims do not cover: plugin/tests/image.rs proves that check on
-#   Debian's real 535 libraries);
-# * VGPU_SIM_STATE in the daemon: the sim keeps the cards' shared state in a file (a real
-#   driver keeps it in the kernel); /var/lib/vgpu is already the daemon's host folder.
+# DaemonSet (vgpu-plugin or vgpu-dra-plugin): VGPU_SIM_STATE in the daemon. The sim keeps
+# the cards' shared state in a file (a real driver keeps it in the kernel);
+# /var/lib/vgpu is already the daemon's host folder. (The init container needs no
+# --allow-missing-exports: vgpu-ldconfig judges each shim on its own API's names, and the
+# sim, one library in both real libraries' place, exports both.)
 SIM_STATE=/var/lib/vgpu/sim/state
 sim_patch() { # DAEMONSET
-    local daemonset=$1 command
-    command=$(kubectl -n vgpu-system get daemonset "$daemonset" -o jsonpath='{.spec.template.spec.initContainers[0].command}')
-    if [[ $command != *--allow-missing-exports* ]]; then
-        kubectl -n vgpu-system patch daemonset "$daemonset" --type json \
-            -p '[{"op": "add", "path": "/spec/template/spec/initContainers/0/command/-", "value": "--allow-missing-exports"}]' >&2
-    fi
+    local daemonset=$1
     kubectl -n vgpu-system set env "daemonset/$daemonset" -c "$daemonset" "VGPU_SIM_STATE=$SIM_STATE" >&2
 }
 
@@ -558,15 +560,13 @@ up() {
     local ref
     ref=$(image_ref) || die "no image (deploy/build-image.sh failed)"
     log "image: $ref"
-    local sim=$ROOT/target/image/context/usr/local/vgpu/sim/lib64/libvgpu_sim.so
-    if [ ! -f "$sim" ]; then
-        sim=$STATE/libvgpu_sim.so
-        local container
-        container=$(CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} podman create "$ref" true)
-        CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} podman cp "$container:/usr/local/vgpu/sim/lib64/libvgpu_sim.so" "$sim"
-        CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} podman rm "$container" >/dev/null
-    fi
-    make_driver_root "$sim"
+    # The simulated driver and vgpu (the node's nvidia-smi, below) from the image.
+    local sim=$STATE/libvgpu_sim.so vgpu=$STATE/vgpu container
+    container=$(CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} podman create "$ref" true)
+    CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} podman cp "$container:/usr/local/vgpu/sim/lib64/libvgpu_sim.so" "$sim"
+    CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} podman cp "$container:/usr/local/vgpu/bin/vgpu" "$vgpu"
+    CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/tests/podman-containers.conf} podman rm "$container" >/dev/null
+    make_driver_root "$sim" "$vgpu"
     make_pki
     make_network
     make_pause_image

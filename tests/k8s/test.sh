@@ -128,26 +128,6 @@ spec:
 EOF
 }
 
-# A pod of cores alone: dp_core_pod NAME CORES
-dp_core_pod() {
-    kubectl apply -f - <<EOF
-apiVersion: v1
-kind: Pod
-metadata:
-  name: $1
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: cuda
-      image: $IMAGE
-      command: [sleep, infinity]
-      resources:
-        limits:
-          tencent.com/vcuda-core: $2
-EOF
-}
-
 # --- the cluster ---------------------------------------------------------------------
 
 cluster_up() {
@@ -170,7 +150,7 @@ dp_install() { # helm|kubectl
         helm)
             [ -e "$ROOT/deploy/namespace.yaml" ] && { kubectl apply -f "$ROOT/deploy/namespace.yaml" || return 1; }
             helm install vgpu-shim "$ROOT/deploy/helm/vgpu-shim" --namespace "$NS" --create-namespace \
-                --set mode=device-plugin --set 'prepareDriver.extraArgs={--allow-missing-exports}' || return 1
+                --set mode=device-plugin || return 1
             ;;
         kubectl)
             local files=()
@@ -178,13 +158,33 @@ dp_install() { # helm|kubectl
             kubectl apply "${files[@]}" -f "$ROOT/deploy/vgpu-plugin.yaml" || return 1
             ;;
     esac
-    # The simulated driver's two needs (cluster.sh says why).
+    # The simulated driver's need (cluster.sh says why).
     bash "$HERE/cluster.sh" sim-patch vgpu-plugin || return 1
     kubectl -n "$NS" rollout status daemonset/vgpu-plugin --timeout 300s || {
         kubectl -n "$NS" describe pods -l app=vgpu-plugin | tail -30
         kubectl -n "$NS" logs -l app=vgpu-plugin --all-containers --tail 30
         return 1
     }
+}
+
+# `helm upgrade` with a changed plugin config (policy: spread): the DaemonSet rolls
+# (its pods carry the config's checksum), the new config is the plugin's, and the
+# release's history has the new revision.
+dp_helm_upgrade() {
+    local before after
+    before=$(kubectl -n "$NS" get pods -l app=vgpu-plugin -o jsonpath='{.items[0].metadata.name}')
+    helm upgrade vgpu-shim "$ROOT/deploy/helm/vgpu-shim" --namespace "$NS" --reuse-values \
+        --set devicePlugin.config.policy=spread || return 1
+    bash "$HERE/cluster.sh" sim-patch vgpu-plugin || return 1
+    kubectl -n "$NS" rollout status daemonset/vgpu-plugin --timeout 300s || return 1
+    after=$(kubectl -n "$NS" get pods -l app=vgpu-plugin -o jsonpath='{.items[0].metadata.name}')
+    [ "$before" != "$after" ] || fail "the plugin's pod did not roll ($before)"
+    kubectl -n "$NS" get configmap -o yaml | grep -q 'policy: spread' || fail "the config map does not say policy: spread"
+    helm history vgpu-shim --namespace "$NS" | tail -2
+    [ "$(helm status vgpu-shim --namespace "$NS" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')" -ge 2 ] \
+        || fail "no second revision"
+    wait_until 120 allocatable_is vcuda-core $((CARDS * 100)) || fail "vcuda-core allocatable: $(allocatable vcuda-core)"
+    echo "upgraded: $before -> $after, policy spread"
 }
 
 dp_uninstall() { # helm|kubectl
@@ -288,6 +288,72 @@ dp_impossible_pods() {
     kubectl delete pod toobig toowide --wait --timeout 60s >/dev/null
 }
 
+# A container of memory alone is refused when the kubelet admits it, saying why (the pod
+# fails with UnexpectedAdmissionError); it never runs into CreateContainerError.
+dp_memory_alone_refused() {
+    kubectl apply -f - >/dev/null <<EOF || return 1
+apiVersion: v1
+kind: Pod
+metadata:
+  name: memonly
+spec:
+  restartPolicy: Never
+  containers:
+    - name: cuda
+      image: $IMAGE
+      command: [sleep, infinity]
+      resources:
+        limits: { tencent.com/vcuda-memory: 4 }
+EOF
+    wait_until 120 phase_is memonly Failed || {
+        describe_pod memonly
+        kubectl delete pod memonly --wait=false >/dev/null 2>&1
+        fail "memonly is $(phase memonly), not refused at admission"
+    }
+    local reason message
+    reason=$(kubectl get pod memonly -o jsonpath='{.status.reason}')
+    message=$(kubectl get pod memonly -o jsonpath='{.status.message}')
+    kubectl delete pod memonly --wait --timeout 60s >/dev/null
+    echo "$reason: $message"
+    [ "$reason" = UnexpectedAdmissionError ] || fail "reason $reason"
+    echo "$message" | grep -q 'memory alone is not supported' || fail "the message does not say why"
+}
+
+# The refusal of a pod that asks for more memory than one card has names a few device
+# IDs, not all 562 (the kubelet copies it into the pod's status).
+dp_refusal_is_short() {
+    dp_pod wide 10 $((CARD_UNITS + 1)) sleep 1 >/dev/null || return 1
+    wait_until 120 phase_is wide Failed || {
+        describe_pod wide
+        kubectl delete pod wide --wait=false >/dev/null 2>&1
+        fail "wide is $(phase wide)"
+    }
+    local message
+    message=$(kubectl get pod wide -o jsonpath='{.status.message}')
+    kubectl delete pod wide --wait --timeout 60s >/dev/null
+    echo "${#message} characters: $message"
+    [ ${#message} -lt 700 ] || fail "the message is ${#message} characters long"
+    echo "$message" | grep -q 'more' || fail "the message lists every ID"
+}
+
+# Issue 27: a container refused memory past its quota gets a GPUMemoryQuotaRefused Event
+# (events.k8s.io/v1, from the plugin), seen by `kubectl get events` and
+# `kubectl describe pod`.
+dp_quota_refusal_event() {
+    dp_pod refused 30 10 sh -c 'vgpu probe --json --alloc 2GiB --alloc 1GiB; sleep infinity' >/dev/null || return 1
+    wait_until 180 phase_is refused Running || { describe_pod refused; fail "refused: $(phase refused)"; }
+    wait_until 120 sh -c "kubectl get events --field-selector involvedObject.name=refused,reason=GPUMemoryQuotaRefused -o name | grep -q ." || {
+        kubectl logs refused | tail -3
+        kubectl get events --field-selector involvedObject.name=refused
+        kubectl delete pod refused --wait=false >/dev/null 2>&1
+        fail "no GPUMemoryQuotaRefused Event"
+    }
+    local described
+    described=$(kubectl describe pod refused)
+    kubectl delete pod refused --wait --timeout 60s >/dev/null
+    echo "$described" | grep GPUMemoryQuotaRefused || fail "kubectl describe pod does not show the Event"
+}
+
 # holder_pod NAME CORES [MEMORY]: one container per card, each with CORES cores and
 # MEMORY units (none when not given).
 holder_pod() {
@@ -312,10 +378,10 @@ spec:
 EOF
 }
 
-# Every card's cores taken (one whole card's cores per container, no memory: the plugin
-# refuses memory without cores at PreStartContainer, and a container with both trips the
-# split-card bug below), a pod that needs any stays Pending; delete the holder and it
-# runs (the scheduler's count and the plugin's own both freed).
+# Every card's cores taken (one whole card's cores per container, no memory), a pod that
+# needs any stays Pending; delete the holder and it runs at once: the scheduler's count
+# and the plugin's own are both freed (the plugin releases a deleted pod's devices when
+# kubelet offers them again, not at its garbage collection).
 dp_delete_frees() {
     holder_pod holder 100 >/dev/null || return 1
     wait_until 180 phase_is holder Running || {
@@ -324,7 +390,8 @@ dp_delete_frees() {
         fail "holder is $(phase holder)"
     }
     dp_pod next 10 4 sleep infinity >/dev/null || return 1
-    sleep 10
+    # The scheduler says why it waits.
+    wait_until 120 sh -c "kubectl get events --field-selector involvedObject.name=next -o jsonpath='{.items[*].message}' | grep -q 'Insufficient tencent.com/vcuda-core'" || true
     [ "$(phase next)" = Pending ] || {
         describe_pod next
         kubectl delete pod holder next --wait=false >/dev/null 2>&1
@@ -364,17 +431,15 @@ dp_two_pods_one_card() {
 }
 
 # After a restart (of the kubelet or of the plugin), nothing is lost: the capacity is
-# back, q30 and p60 still run, and a new pod of 20 cores is not put on their card. The
-# new pod asks for cores alone: a pod asking for both resources beside q30 and p60 trips
-# the plugin's split-card refusal whenever the kubelet happens to allocate its memory
-# first (it walks the container's limits, a Go map, in random order; see the report of
-# issue 23), which would make this check a coin toss.
+# back, q30 and p60 still run, and a new pod of 20 cores is not put on their card (10
+# cores are left there). The kubelet walks the new pod's limits, a Go map, in random
+# order: whichever resource comes first, both land on one card.
 nothing_lost() { # NAME
     local name=$1
     wait_until 120 allocatable_is vcuda-core $((CARDS * 100)) || fail "vcuda-core allocatable: $(allocatable vcuda-core)"
     phase_is q30 Running || fail "q30: $(phase q30)"
     phase_is p60 Running || fail "p60: $(phase p60)"
-    dp_core_pod "$name" 20 >/dev/null || return 1
+    dp_pod "$name" 20 4 sleep infinity >/dev/null || return 1
     wait_until 120 phase_is "$name" Running || { describe_pod "$name"; fail "$name: $(phase "$name")"; }
     local shared card
     shared=$(cat "$WORK/shared-card" 2>/dev/null || cat /tmp/shared-card)
@@ -408,11 +473,13 @@ can_i() {
 }
 
 # What the plugin does: get a pod (the ceiling annotation, the quota Event's pod UID),
-# create an events.k8s.io Event (a quota refusal), nothing else.
+# list this node's pods (which container the kubelet is admitting), create an
+# events.k8s.io Event (a quota refusal), nothing else.
 dp_rbac() {
     local bad=0 verb
     can_i vgpu-plugin get pods yes || bad=1
-    for verb in list watch create update patch delete; do can_i vgpu-plugin "$verb" pods no || bad=1; done
+    can_i vgpu-plugin list pods yes || bad=1
+    for verb in watch create update patch delete; do can_i vgpu-plugin "$verb" pods no || bad=1; done
     can_i vgpu-plugin create events.events.k8s.io yes || bad=1
     for verb in get list patch update delete; do can_i vgpu-plugin "$verb" events.events.k8s.io no || bad=1; done
     can_i vgpu-plugin create events no || bad=1
@@ -421,39 +488,44 @@ dp_rbac() {
     can_i vgpu-plugin get secrets no || bad=1
     can_i vgpu-plugin list configmaps no || bad=1
     can_i vgpu-plugin create resourceslices.resource.k8s.io no || bad=1
-    [ $bad = 0 ] && echo "vgpu-plugin: get pods, create events.k8s.io events, nothing more"
+    [ $bad = 0 ] && echo "vgpu-plugin: get and list pods, create events.k8s.io events, nothing more"
 }
 
 dp_cleanup() {
-    kubectl delete pod q30 p60 vcuda-example quota toobig toowide holder next cardfuls after-kubelet after-plugin \
+    kubectl delete pod q30 p60 vcuda-example quota toobig toowide memonly wide refused holder next cardfuls after-kubelet after-plugin \
         --ignore-not-found --wait --timeout 60s >/dev/null
 }
 
+# The whole set with `kubectl apply`; with Helm the install, the seed's pod, an upgrade,
+# RBAC and the uninstall (the rest is the same DaemonSet).
 device_plugin_run() { # helm|kubectl
     local how=$1
     say "device-plugin mode, installed with $how"
     check "dp[$how] label node nvidia-device-enable=enable" dp_label
     check "dp[$how] install" dp_install "$how"
     check "dp[$how] describe node shows vcuda-core 100 per card, vcuda-memory in 256MiB units" dp_describe_node
-    known "dp[$how] the seed's example pod: nvidia-smi shows 2560MiB" \
-        "Debian's nvidia-smi 535.261.03 refuses the simulated NVML, which reports driver 580.159.04 (\"Mismatch in versions\"); the next check sees the quota with vgpu probe" \
-        dp_example_pod
+    check "dp[$how] the seed's example pod: nvidia-smi shows 2560MiB" dp_example_pod
     kubectl delete pod vcuda-example --ignore-not-found --wait --timeout 60s >/dev/null
     check "dp[$how] the example quota: 2560MiB through the shims, OOM past it" dp_example_quota
+    if [ "$how" = helm ]; then
+        check "dp[helm] upgrade" dp_helm_upgrade
+        check "dp[helm] RBAC: what the plugin does and nothing more" dp_rbac
+        dp_cleanup
+        check "dp[helm] uninstall" dp_uninstall helm
+        return
+    fi
     check "dp[$how] a pod no card holds is Pending or refused with a reason" dp_impossible_pods
+    check "dp[$how] memory alone is refused at admission, saying why" dp_memory_alone_refused
+    check "dp[$how] a refusal names a few device IDs, not all" dp_refusal_is_short
+    check "dp[$how] a quota refusal is a GPUMemoryQuotaRefused Event on the pod" dp_quota_refusal_event
     check "dp[$how] two pods share one card" dp_two_pods_one_card
     check "dp[$how] a kubelet restart loses nothing" dp_kubelet_restart
     check "dp[$how] a plugin restart loses nothing" dp_plugin_restart
     check "dp[$how] RBAC: what the plugin does and nothing more" dp_rbac
     dp_cleanup
-    # Last: a deleted pod's devices stay taken in the plugin until its garbage
-    # collection, so the checks that delete pods go after those that need free cards.
-    known "dp[$how] deleting a pod frees its share" \
-        "the plugin frees a deleted pod's devices only at its garbage collection (gc_interval_secs 60, gc_grace_secs 300) while the kubelet hands them out at once: the next pod is admitted, GetPreferredAllocation has nothing to offer, the kubelet picks core IDs across all cards and Allocate refuses them (UnexpectedAdmissionError: core IDs span cards)" \
-        dp_delete_frees
+    check "dp[$how] deleting a pod frees its share at once" dp_delete_frees
     kubectl delete pod holder next --ignore-not-found --wait --timeout 60s >/dev/null
-    known "dp[$how] four containers of 10 cores and a card's memory each run" \
-        "the plugin binpacks a container's cores and its memory apart: the second container's cores go to the first one's card, its memory cannot follow, and PreStartContainer refuses it forever (FailedPrecondition: cores are on card A but memory is on card B)" \
+    check "dp[$how] four containers of 10 cores and a card's memory each run" \
         dp_containers_with_cores_and_a_cards_memory
     kubectl delete pod cardfuls --ignore-not-found --wait --timeout 60s >/dev/null
     check "dp[$how] uninstall" dp_uninstall "$how"
@@ -586,6 +658,16 @@ print("c50 sees 2560 MiB; past it: CUDA_ERROR_OUT_OF_MEMORY")
 PY
 }
 
+# Issue 27 in DRA mode: c50's refusal above becomes a GPUMemoryQuotaRefused Event on
+# the pod its claim is reserved for, seen by `kubectl describe pod`.
+dra_quota_refusal_event() {
+    wait_until 120 sh -c "kubectl get events --field-selector involvedObject.name=c50,reason=GPUMemoryQuotaRefused -o name | grep -q ." || {
+        kubectl get events --field-selector involvedObject.name=c50
+        fail "no GPUMemoryQuotaRefused Event on c50"
+    }
+    kubectl describe pod c50 | grep GPUMemoryQuotaRefused || fail "kubectl describe pod does not show the Event"
+}
+
 # Deleting the pod unprepares its claim: the claim goes, its CDI spec goes.
 dra_unprepare() {
     local claim uid
@@ -615,6 +697,9 @@ dra_rbac() {
     can_i $sa get nodes no || bad=1
     can_i $sa patch nodes no || bad=1
     can_i $sa get secrets no || bad=1
+    can_i $sa create events.events.k8s.io yes || bad=1
+    for verb in get list update delete; do can_i $sa "$verb" events.events.k8s.io no || bad=1; done
+    can_i $sa create events no || bad=1
     [ $bad = 0 ] || return 1
     # The admission policy: a request as the plugin's account without a node in its token
     # may not write any slice.
@@ -633,7 +718,7 @@ EOF
     )
     echo "$out"
     echo "$out" | grep -q "names no node\|may not change" || fail "the admission policy let it through"
-    echo "vgpu-dra-plugin: slices, claims (get), pods (get), nothing more; the policy holds"
+    echo "vgpu-dra-plugin: slices, claims (get), pods (get), events.k8s.io events (create), nothing more; the policy holds"
 }
 
 dra_run() {
@@ -641,10 +726,10 @@ dra_run() {
     check "dra install (no device plugin on the node)" dra_install
     check "dra the API server accepts our ResourceSlices" dra_slices
     check "dra the scheduler puts claims of 60 and 50 cores on two cards" dra_two_claims
-    local why="the kubelet's plugin watcher cannot register the driver: its GetInfo call sends the socket path as :authority and h2 (under tonic) resets the stream (PROTOCOL_ERROR)"
-    known "dra the kubelet registers the driver and the pods run" "$why" dra_pods_run
-    known "dra NodePrepareResources + CDI: the container sees its quota" "$why" dra_quota_in_container
-    known "dra deleting the pod unprepares the claim" "$why" dra_unprepare
+    check "dra the kubelet registers the driver and the pods run" dra_pods_run
+    check "dra NodePrepareResources + CDI: the container sees its quota" dra_quota_in_container
+    check "dra a quota refusal is a GPUMemoryQuotaRefused Event on the pod" dra_quota_refusal_event
+    check "dra deleting the pod unprepares the claim" dra_unprepare
     dra_cleanup
     check "dra RBAC: what the driver does and nothing more" dra_rbac
 }

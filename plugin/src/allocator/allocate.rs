@@ -8,7 +8,7 @@ use tonic::Status;
 
 use super::{Allocator, HolderIndex, list, set_of};
 use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
-use crate::state::AllocationRecord;
+use crate::state::{AllocationRecord, Owner};
 
 /// What Allocate decided: the new record.
 #[derive(Clone, Debug)]
@@ -113,6 +113,19 @@ impl Allocator {
         kind: Kind,
         ids: &[String],
         holders: Option<&HolderIndex>,
+        now: u64,
+    ) -> Result<AllocateDecision, Status> {
+        self.allocate_for(kind, ids, holders, None, now)
+    }
+
+    /// [`Allocator::allocate`] for the container `admitted_for`, when
+    /// `crate::admitting` could tell which container kubelet is admitting.
+    pub fn allocate_for(
+        &mut self,
+        kind: Kind,
+        ids: &[String],
+        holders: Option<&HolderIndex>,
+        admitted_for: Option<&Owner>,
         now: u64,
     ) -> Result<AllocateDecision, Status> {
         let devices = self.validate(kind, ids)?;
@@ -242,6 +255,7 @@ impl Allocator {
             prepared_unix: None,
             reuses,
             aliases: Vec::new(),
+            admitted_for: admitted_for.cloned(),
         };
         self.state
             .allocations

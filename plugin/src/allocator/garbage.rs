@@ -33,7 +33,9 @@ impl Allocator {
     /// kubelet made and that no container can be using: kubelet hands out only device
     /// IDs it holds free, so a record PodResources does not list is stale, unless it may
     /// be the same pod's own a moment ago (not prepared, within the pairing window:
-    /// kubelet reusing an init container's devices). Returns them.
+    /// kubelet reusing an init container's devices; when the record names the container
+    /// it was made for, only while PodResources still lists that pod: kubelet rejected
+    /// it otherwise). Returns them.
     pub fn release_colliding(
         &mut self,
         ids: &[String],
@@ -43,10 +45,29 @@ impl Allocator {
         let window = self.config.pairing_window_secs;
         self.release_where(ids, |_, record| {
             let listed = record.device_ids().any(|id| holders.holder(id).is_some());
-            let admitting =
-                record.prepared_unix.is_none() && now.saturating_sub(record.created_unix) <= window;
+            let admitting = record.prepared_unix.is_none()
+                && now.saturating_sub(record.created_unix) <= window
+                && record
+                    .admitted_for
+                    .as_ref()
+                    .is_none_or(|owner| holders.lists_pod(&owner.namespace, &owner.pod));
             !listed && !admitting
         })
+    }
+
+    /// Records holding any of `offered`, the IDs kubelet offers as free in a
+    /// GetPreferredAllocation call: kubelet offers an ID only when no active pod holds
+    /// it, so such a record is a deleted pod's (or the same pod's own, being admitted,
+    /// which [`Allocator::release_colliding`] keeps). Its caller releases them at once,
+    /// before the pick, so a deleted pod's share is free for the next pod.
+    pub fn holding_any(&self, offered: &[String]) -> Vec<String> {
+        let offered = set_of(offered);
+        self.state
+            .allocations
+            .values()
+            .filter(|record| record.device_ids().any(|id| offered.contains(id)))
+            .map(|record| record.id.clone())
+            .collect()
     }
 
     /// Drops the records kubelet has released, at the PreStartContainer of a container

@@ -62,9 +62,9 @@ impl HolderIndex {
                     };
                     target.extend(devices.device_ids.iter().cloned());
                 }
-                if listed.core_ids.is_empty() && listed.memory_ids.is_empty() {
-                    continue;
-                }
+                // Containers holding none of ours are kept too: kubelet lists a pod as
+                // soon as it starts admitting it, before its first Allocate, so they
+                // tell how far its admission got (`crate::admitting`).
                 let position = index.containers.len();
                 for id in listed.core_ids.iter().chain(listed.memory_ids.iter()) {
                     index.holders.insert(id.clone(), position);
@@ -73,6 +73,26 @@ impl HolderIndex {
             }
         }
         index
+    }
+
+    /// (core IDs, memory IDs) of every container PodResources lists, including those
+    /// that hold none; `None` when it lists no such container.
+    pub fn listed_container(
+        &self,
+        owner: &Owner,
+    ) -> Option<(&BTreeSet<String>, &BTreeSet<String>)> {
+        self.containers
+            .iter()
+            .find(|listed| listed.owner == *owner)
+            .map(|listed| (&listed.core_ids, &listed.memory_ids))
+    }
+
+    /// Whether PodResources lists the pod `namespace/pod` (kubelet lists a pod from the
+    /// moment it starts admitting it until it is gone; a rejected pod is not listed).
+    pub fn lists_pod(&self, namespace: &str, pod: &str) -> bool {
+        self.containers
+            .iter()
+            .any(|listed| listed.owner.namespace == namespace && listed.owner.pod == pod)
     }
 
     /// The container holding `id`.

@@ -4,12 +4,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Allocator, HolderIndex, half_kind};
+use crate::admitting::Admitting;
 use crate::config::Policy;
 use crate::devices::CardInfo;
 use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
 
 impl Allocator {
-    /// GetPreferredAllocation for one container request.
+    /// GetPreferredAllocation for one container request, from the calls alone.
     pub fn preferred(
         &self,
         kind: Kind,
@@ -17,6 +18,24 @@ impl Allocator {
         must_include: &[String],
         size: usize,
         holders: Option<&HolderIndex>,
+        now: u64,
+    ) -> Vec<String> {
+        self.preferred_for(kind, available, must_include, size, holders, None, now)
+    }
+
+    /// GetPreferredAllocation for one container request; `admitting` is that container
+    /// when [`crate::admitting`] could tell it. Then its first half goes to a card where
+    /// its second half fits too, and its second half to the card of its first, whichever
+    /// resource kubelet happens to walk first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn preferred_for(
+        &self,
+        kind: Kind,
+        available: &[String],
+        must_include: &[String],
+        size: usize,
+        holders: Option<&HolderIndex>,
+        admitting: Option<&Admitting>,
         now: u64,
     ) -> Vec<String> {
         let booked = self.booked();
@@ -61,14 +80,54 @@ impl Allocator {
         // previous pod's: a guess; PreStart checks). Memory is never steered onto a card
         // held whole: a whole-card container needs none, and the next pod's memory
         // there would part it from its cores.
-        let last = self.open_half(now, holders);
-        let steer: Option<&str> = last.and_then(|record| match (kind, half_kind(record)) {
-            (Kind::Core, Some(Kind::Memory)) => record.cards.first().map(String::as_str),
-            (Kind::Memory, Some(Kind::Core)) if !record.is_whole_card() => {
-                record.cards.first().map(String::as_str)
+        let other = kind.other();
+        let given: Option<String> = admitting
+            .and_then(|container| container.listed(other).first())
+            .and_then(|id| DeviceId::parse(id))
+            .map(|id| id.uuid);
+        let steer: Option<&str> = match (admitting, &given) {
+            // Its other half is on a card: follow it (memory never onto whole cards).
+            (Some(container), Some(card)) => (kind == Kind::Core
+                || !container
+                    .listed(other)
+                    .len()
+                    .is_multiple_of(CORES_PER_CARD as usize))
+            .then_some(card.as_str()),
+            (Some(_), None) => None,
+            (None, _) => {
+                self.open_half(now, holders)
+                    .and_then(|record| match (kind, half_kind(record)) {
+                        (Kind::Core, Some(Kind::Memory)) => {
+                            record.cards.first().map(String::as_str)
+                        }
+                        (Kind::Memory, Some(Kind::Core)) if !record.is_whole_card() => {
+                            record.cards.first().map(String::as_str)
+                        }
+                        _ => None,
+                    })
             }
-            _ => None,
-        });
+        };
+        // Its other half still to come: the cards where that fits too go first.
+        let other_need = admitting
+            .filter(|container| container.listed(other).is_empty())
+            .map(|container| container.wants(other))
+            .filter(|&need| {
+                need > 0
+                    && !(other == Kind::Core && need.is_multiple_of(CORES_PER_CARD as usize))
+                    && !(kind == Kind::Core && size.is_multiple_of(CORES_PER_CARD as usize))
+            });
+        let room_for_other = |card: &CardInfo| match other_need {
+            None => true,
+            Some(need) => {
+                let (cores, memory) = self.booked_units(&card.uuid);
+                let booked = match other {
+                    Kind::Core => cores,
+                    Kind::Memory => memory,
+                };
+                let free = u64::from(self.units_of(card, other)).saturating_sub(booked);
+                free >= need as u64 && !self.whole_holders().contains_key(card.uuid.as_str())
+            }
+        };
         let held_whole = self.whole_holders();
         let must_cards: BTreeSet<String> = must_include
             .iter()
@@ -91,6 +150,7 @@ impl Allocator {
             (
                 steer != Some(card.uuid.as_str()),
                 !must_cards.contains(&card.uuid),
+                !room_for_other(card),
             )
         });
         let whole = kind == Kind::Core && size.is_multiple_of(CORES_PER_CARD as usize) && size > 0;

@@ -277,6 +277,29 @@ impl Allocator {
         }
     }
 
+    /// Why a container asking for `cores` and `memory` units cannot be served, if it
+    /// cannot: memory without cores (no compute is booked for it, so it would take what
+    /// other containers' cores pay for), or part of a card's cores without its memory
+    /// (no memory is booked, so its neighbours' quotas could not hold). The plugin says
+    /// so at Allocate when it can tell the container's request (`crate::admitting`),
+    /// else at PreStartContainer.
+    pub fn unsupported_shape(&self, name: &str, cores: usize, memory: usize) -> Option<String> {
+        let core_resource = &self.config.core_resource;
+        let memory_resource = &self.config.memory_resource;
+        if cores == 0 && memory > 0 {
+            return Some(format!(
+                "{name} requests {memory_resource}: {memory} without {core_resource}: memory alone is not supported; add {core_resource}: N (1-99 for part of a card, 100 per whole card) to this container's limits"
+            ));
+        }
+        if cores > 0 && !cores.is_multiple_of(CORES_PER_CARD as usize) && memory == 0 {
+            return Some(format!(
+                "{name} requests {core_resource}: {cores} without {memory_resource}: a part of a card needs its memory too; add {memory_resource}: M (M x {} of that card) to this container's limits, or ask for {core_resource}: 100 for the whole card",
+                self.config.memory_unit
+            ));
+        }
+        None
+    }
+
     /// The quota of a container's devices, or the refusal of a shape that cannot work.
     fn quota(
         &self,
@@ -284,13 +307,8 @@ impl Allocator {
         memory_ids: &[String],
         name: &str,
     ) -> Result<Vec<DeviceQuota>, Status> {
-        let core_resource = &self.config.core_resource;
-        let memory_resource = &self.config.memory_resource;
-        if core_ids.is_empty() {
-            return Err(Status::failed_precondition(format!(
-                "{name} requests {memory_resource}: {} without {core_resource}: memory alone is not supported; add {core_resource}: N (1-99 for part of a card, 100 per whole card) to this container's limits",
-                memory_ids.len()
-            )));
+        if let Some(refusal) = self.unsupported_shape(name, core_ids.len(), memory_ids.len()) {
+            return Err(Status::failed_precondition(refusal));
         }
         let core_cards = cards_of(core_ids);
         let memory_cards = cards_of(memory_ids);
@@ -329,13 +347,6 @@ impl Allocator {
                 });
             }
             return Ok(devices);
-        }
-        if memory_ids.is_empty() {
-            return Err(Status::failed_precondition(format!(
-                "{name} requests {core_resource}: {} without {memory_resource}: a part of a card needs its memory too; add {memory_resource}: M (M x {} of that card) to this container's limits, or ask for {core_resource}: 100 for the whole card",
-                core_ids.len(),
-                self.config.memory_unit
-            )));
         }
         if core_cards != memory_cards {
             return Err(Status::failed_precondition(format!(

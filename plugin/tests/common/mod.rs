@@ -239,6 +239,15 @@ impl TestKubelet {
         }
     }
 
+    /// Whether PodResources lists `container` of `namespace/pod`.
+    pub fn lists(&self, namespace: &str, pod: &str, container: &str) -> bool {
+        self.pods.0.lock().expect("lock").iter().any(|p| {
+            p.namespace == namespace
+                && p.name == pod
+                && p.containers.iter().any(|c| c.name == container)
+        })
+    }
+
     /// Removes a pod from PodResources (kubelet forgets a pod that is gone).
     pub fn remove_pod(&self, namespace: &str, pod: &str) {
         self.pods
@@ -390,6 +399,84 @@ pub async fn prestart(client: &mut Client, ids: &[String]) -> Result<(), Status>
         .map(|_| ())
 }
 
+/// The node name the stand-in API server binds pods to.
+pub const NODE: &str = "node-a";
+
+/// A stand-in API server, a stand-in kubelet and a plugin on `cards` cards of
+/// `card_memory` bytes that reads this node's pods from that server.
+pub async fn plugin_with_api(
+    cards: u32,
+    card_memory: u64,
+) -> (vgpu_kube::standin::StandInApiServer, TestKubelet, Plugin) {
+    plugin_with_api_and(cards, card_memory, |_| {}).await
+}
+
+/// [`plugin_with_api`] with the plugin's config edited by `edit` first.
+pub async fn plugin_with_api_and(
+    cards: u32,
+    card_memory: u64,
+    edit: impl FnOnce(&mut PluginConfig),
+) -> (vgpu_kube::standin::StandInApiServer, TestKubelet, Plugin) {
+    let server = vgpu_kube::standin::StandInApiServer::start()
+        .await
+        .expect("stand-in API server");
+    let kubelet = TestKubelet::start().await;
+    let mut config = kubelet.plugin_config();
+    config.api_server_url = Some(server.url());
+    config.node_name = Some(NODE.into());
+    edit(&mut config);
+    let plugin = Plugin::start(
+        &kubelet,
+        config,
+        Arc::new(vgpu_plugin::devices::FakeSource::uniform(
+            cards,
+            card_memory,
+        )),
+    )
+    .await;
+    (server, kubelet, plugin)
+}
+
+/// Puts a pending pod bound to [`NODE`] in the stand-in API server: one container per
+/// `(name, cores, memory units)`, limits only where not 0.
+pub fn put_pod(
+    server: &vgpu_kube::standin::StandInApiServer,
+    namespace: &str,
+    name: &str,
+    containers: &[(&str, usize, usize)],
+) {
+    put_pod_in_phase(server, namespace, name, containers, "Pending");
+}
+
+/// [`put_pod`] in `phase` (kubelet fails a pod it rejects at admission).
+pub fn put_pod_in_phase(
+    server: &vgpu_kube::standin::StandInApiServer,
+    namespace: &str,
+    name: &str,
+    containers: &[(&str, usize, usize)],
+    phase: &str,
+) {
+    let containers: Vec<serde_json::Value> = containers
+        .iter()
+        .map(|(container, cores, memory)| {
+            let mut limits = serde_json::Map::new();
+            if *cores > 0 {
+                limits.insert(CORE.into(), cores.to_string().into());
+            }
+            if *memory > 0 {
+                limits.insert(MEMORY.into(), memory.to_string().into());
+            }
+            serde_json::json!({"name": container, "image": "x", "resources": {"limits": limits}})
+        })
+        .collect();
+    server.put_pod(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
+        "spec": {"nodeName": NODE, "containers": containers},
+        "status": {"phase": phase}
+    }));
+}
+
 /// One container as kubelet admitted it.
 #[derive(Clone, Debug, Default)]
 pub struct Admitted {
@@ -461,6 +548,11 @@ impl TestKubelet {
         requests: &[(&str, usize)],
     ) -> Result<Admitted, (Admitted, Status)> {
         let mut admitted = Admitted::default();
+        // Kubelet adds the pod to its pod manager before it admits it: PodResources
+        // lists the container, holding nothing yet, before its first Allocate.
+        if !self.lists(namespace, pod, container) {
+            self.set_container(namespace, pod, container, &[], &[]);
+        }
         for &(resource, count) in requests {
             let client = plugin.client(resource);
             let held = self.held_ids();
