@@ -130,7 +130,10 @@ impl Drop for Running {
 /// `/usr/local/vgpu` of the image, copied out.
 fn copy_out(image: &str, into: &Path) -> PathBuf {
     std::fs::create_dir_all(into).expect("mkdir");
-    let name = format!("vgpu-image-copy-{}", std::process::id());
+    // The tests of this file run at once in one process: the name must differ per call.
+    static COPIES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let copy = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("vgpu-image-copy-{}-{copy}", std::process::id());
     let created = podman(&["create", "--name", &name, image, "true"]);
     assert!(created.status.success(), "{}", text(&created.stderr));
     let _cleanup = Running(name.clone());
