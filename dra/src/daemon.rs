@@ -461,6 +461,7 @@ pub async fn start(
             source: config.api_server(),
             node: config.node().to_string(),
             remedy: DRA_REMEDY,
+            reporter: config.driver_name.clone(),
         },
         stop_receiver.clone(),
     )));

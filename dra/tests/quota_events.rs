@@ -74,10 +74,9 @@ async fn a_refusal_in_a_claims_container_is_told_on_its_pod_and_survives_a_resta
     assert_eq!(event["regarding"]["namespace"], "team");
     assert_eq!(event["regarding"]["name"], "trainer");
     assert_eq!(event["regarding"]["uid"], "pod-uid-trainer");
-    assert_eq!(
-        event["reportingInstance"],
-        format!("tencent.com/vgpu-plugin-{NODE}")
-    );
+    // Reported by the DRA driver, under its driver name (not the device plugin's).
+    assert_eq!(event["reportingController"], DRIVER);
+    assert_eq!(event["reportingInstance"], format!("{DRIVER}-{NODE}"));
     let note = event["note"].as_str().expect("note");
     for part in [
         "team/trainer/claim train, request gpu",

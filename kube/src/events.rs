@@ -12,8 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 
-/// The `reportingController` of our Events.
-pub const REPORTING_CONTROLLER: &str = "tencent.com/vgpu-plugin";
+/// The `reportingController` of the device plugin's Events (the DRA driver reports as
+/// its driver name).
+pub const PLUGIN_REPORTER: &str = "tencent.com/vgpu-plugin";
 /// The reason of an Event for an allocation refused at the memory quota.
 pub const REASON_REFUSED: &str = "GPUMemoryQuotaRefused";
 /// The reason of an Event for a container found over its memory quota.
@@ -43,8 +44,11 @@ pub struct PodEvent {
     pub action: &'static str,
     /// The sentence a person reads; cut to [`MAX_NOTE_BYTES`].
     pub note: String,
-    /// The node (the `reportingInstance`).
+    /// The node (the `reportingInstance` is `<reporter>-<node>`).
     pub node: String,
+    /// Who reports it (the `reportingController`): [`PLUGIN_REPORTER`] or the DRA
+    /// driver's name.
+    pub reporter: String,
 }
 
 impl PodEvent {
@@ -73,8 +77,8 @@ impl PodEvent {
             reason: Some(self.reason.into()),
             note: Some(note),
             type_: Some("Warning".into()),
-            reporting_controller: Some(REPORTING_CONTROLLER.into()),
-            reporting_instance: Some(format!("{REPORTING_CONTROLLER}-{}", self.node)),
+            reporting_controller: Some(self.reporter.clone()),
+            reporting_instance: Some(format!("{}-{}", self.reporter, self.node)),
             regarding: Some(ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Pod".into()),
@@ -128,6 +132,7 @@ mod tests {
             action: "Allocate",
             note: note.into(),
             node: "gpu-node-1".into(),
+            reporter: PLUGIN_REPORTER.into(),
         }
     }
 

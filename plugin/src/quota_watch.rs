@@ -206,6 +206,9 @@ pub struct Settings {
     pub node: String,
     /// The last sentence of a refusal's note: what to ask for more of.
     pub remedy: &'static str,
+    /// The Events' `reportingController`: [`events::PLUGIN_REPORTER`], or the DRA
+    /// driver's name.
+    pub reporter: String,
 }
 
 impl Settings {
@@ -224,6 +227,7 @@ impl Settings {
                 .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
                 .unwrap_or_else(|| "unknown-node".into()),
             remedy: PLUGIN_REMEDY,
+            reporter: events::PLUGIN_REPORTER.into(),
         }
     }
 }
@@ -309,6 +313,7 @@ fn pass(
                     },
                     note: finding.note,
                     node: String::new(),
+                    reporter: String::new(),
                 });
             }
         }
@@ -383,6 +388,7 @@ pub async fn run(
             if let Some(client) = client {
                 for mut event in due {
                     event.node = settings.node.clone();
+                    event.reporter = settings.reporter.clone();
                     if let Err(err) = events::post(client, &event).await {
                         tracing::warn!(namespace = %event.pod.namespace, pod = %event.pod.name, reason = event.reason, error = %format!("{err:#}"), "cannot write the quota Event");
                     }
