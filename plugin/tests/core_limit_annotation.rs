@@ -32,20 +32,14 @@ async fn the_pods_ceiling_annotation_makes_the_limit_soft() {
 
     let mut start = async |name: &str| {
         let admitted = kubelet
-            .admit(
+            .admit_and_start(
                 &mut plugin,
                 "default",
                 name,
                 "main",
                 &[(CORE, 20), (MEMORY, 2)],
             )
-            .await
-            .map_err(|(_, status)| status)
-            .expect("admitted");
-        kubelet
-            .start_container(&mut plugin, &admitted)
-            .await
-            .expect("PreStart");
+            .await;
         config_of(&admitted).devices[0].clone()
     };
     let annotated = start("annotated").await;

@@ -190,21 +190,15 @@ async fn scrape_exported() -> BTreeSet<String> {
         Arc::new(FakeSource::uniform(1, 8 << 30)),
     )
     .await;
-    let admitted = kubelet
-        .admit(
+    kubelet
+        .admit_and_start(
             &mut plugin,
             "team",
             "job",
             "main",
             &[(CORE, 20), (MEMORY, 4)],
         )
-        .await
-        .map_err(|(_, status)| status)
-        .expect("admitted");
-    kubelet
-        .start_container(&mut plugin, &admitted)
-        .await
-        .expect("PreStart");
+        .await;
     let address = plugin.handle.metrics_address().expect("metrics");
     let (code, metrics) = http_get(address, "/metrics").await;
     assert_eq!(code, 200);

@@ -12,10 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{
-    TestKubelet, allocate, host_path_of, http_get, list_ids, plugin_client, sim_nvml,
-    started_container, tenant, value,
-};
+use common::{TestKubelet, allocate, http_get, list_ids, plugin_client, sim_nvml, tenant, value};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
@@ -30,17 +27,7 @@ use vgpu_plugin::proto::deviceplugin::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_never_drop_when_processes_exit_and_the_region_is_read_by_copy() {
-    let kubelet = TestKubelet::start().await;
-    let plugin = vgpu_plugin::start(
-        kubelet.plugin_config(),
-        Arc::new(FakeSource::uniform(1, 4 << 30)),
-    )
-    .await
-    .expect("plugin");
-    kubelet.wait_registrations(2).await;
-    let response = started_container(&kubelet, plugin.sockets(), 30, 4).await;
-    let region_path = PathBuf::from(host_path_of(&response, "/etc/vgpu/usage.region"));
-    let address = plugin.metrics_address().expect("metrics");
+    let (kubelet, plugin, region_path, address) = common::one_container_on_a_4gib_card().await;
     let labels = r#"namespace="team",pod="trainer",container="cuda",UUID="GPU-fake-0""#;
     let scrape = || async {
         let (code, body) = http_get(address, "/metrics").await;

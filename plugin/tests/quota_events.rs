@@ -30,20 +30,14 @@ async fn a_refusal_is_counted_exported_and_told_on_the_pod_once_an_interval() {
     }));
     // 30 cores and 8 x 256 MiB = 2 GiB of the card.
     let admitted = kubelet
-        .admit(
+        .admit_and_start(
             &mut plugin,
             "team-a",
             "trainer",
             "main",
             &[(CORE, 30), (MEMORY, 8)],
         )
-        .await
-        .map_err(|(_, status)| status)
-        .expect("admitted");
-    kubelet
-        .start_container(&mut plugin, &admitted)
-        .await
-        .expect("PreStart");
+        .await;
     assert!(
         config_of(&admitted).warn_on_refusal,
         "team-a is listed: its shims print the warning line"

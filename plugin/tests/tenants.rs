@@ -282,17 +282,7 @@ async fn activity_stamps_at_u64_max_in_every_slot_neither_flood_the_log_nor_repe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_scrapes_never_inflate_the_running_totals() {
-    let kubelet = TestKubelet::start().await;
-    let plugin = vgpu_plugin::start(
-        kubelet.plugin_config(),
-        Arc::new(FakeSource::uniform(1, 4 << 30)),
-    )
-    .await
-    .expect("plugin");
-    kubelet.wait_registrations(2).await;
-    let response = started_container(&kubelet, plugin.sockets(), 30, 4).await;
-    let region_path = PathBuf::from(host_path_of(&response, "/etc/vgpu/usage.region"));
-    let address = plugin.metrics_address().expect("metrics");
+    let (_kubelet, plugin, region_path, address) = common::one_container_on_a_4gib_card().await;
 
     // One process launching kernels without pause, five scrapers without pause.
     let region = Arc::new(Region::open_existing(&region_path).expect("region"));

@@ -589,6 +589,27 @@ impl TestKubelet {
         Ok(admitted)
     }
 
+    /// [`TestKubelet::admit`] then [`TestKubelet::start_container`], each expected to
+    /// succeed: a container that is running.
+    pub async fn admit_and_start(
+        &self,
+        plugin: &mut Plugin,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        requests: &[(&str, usize)],
+    ) -> Admitted {
+        let admitted = self
+            .admit(plugin, namespace, pod, container, requests)
+            .await
+            .map_err(|(_, status)| status)
+            .expect("admitted");
+        self.start_container(plugin, &admitted)
+            .await
+            .expect("PreStart");
+        admitted
+    }
+
     /// Kubelet starting a container: PreStartContainer for each resource it holds.
     pub async fn start_container(
         &self,
@@ -603,6 +624,29 @@ impl TestKubelet {
         }
         Ok(())
     }
+}
+
+/// A plugin on one 4 GiB card with container `team/trainer/cuda` at 30 cores and 4
+/// memory units allocated and started (through [`started_container`]): the kubelet,
+/// the plugin, the container's usage region on the host, and the metrics address.
+pub async fn one_container_on_a_4gib_card() -> (
+    TestKubelet,
+    vgpu_plugin::PluginHandle,
+    PathBuf,
+    std::net::SocketAddr,
+) {
+    let kubelet = TestKubelet::start().await;
+    let plugin = vgpu_plugin::start(
+        kubelet.plugin_config(),
+        Arc::new(vgpu_plugin::devices::FakeSource::uniform(1, 4 << 30)),
+    )
+    .await
+    .expect("plugin");
+    kubelet.wait_registrations(2).await;
+    let response = started_container(&kubelet, plugin.sockets(), 30, 4).await;
+    let region = PathBuf::from(host_path_of(&response, "/etc/vgpu/usage.region"));
+    let address = plugin.metrics_address().expect("metrics");
+    (kubelet, plugin, region, address)
 }
 
 /// The host path mounted at `container_path`.
