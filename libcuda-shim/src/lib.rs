@@ -14,8 +14,12 @@
 //! - `fork_epoch`: the shim's one `pthread_atfork` handler and the fork generation that
 //!   every per-process cache (process state, limiter, current context, captures) is
 //!   checked against.
-//! - `ledger`: what this process holds on the card, counted in the usage region: single
-//!   allocations, context overhead, VMM handles, memory pools.
+//! - `ledger`: the `Ledger`, this process's memory account (owned by its process
+//!   state): what it holds on the card, counted in the usage region (single
+//!   allocations, context overhead, VMM handles, memory pools, what the driver reserves
+//!   on its own); pure, tested apart from the driver.
+//! - `allocating`: the allocation paths, begin -> the hook's real call -> finish, which
+//!   place each call on a device, ask the ledger, and report refusals.
 //! - `meter`: the real NVML's figures for this process (context overhead, and the
 //!   reconciliation that counts what the driver loads later).
 //! - `ffi`: every read and write through a caller's pointer.
@@ -29,6 +33,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+mod allocating;
 mod cuda;
 mod current;
 mod devices;
