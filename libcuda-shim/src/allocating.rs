@@ -49,14 +49,23 @@ pub enum Reservation {
 
 /// What a load or limit's `*_begin` decided before its real call.
 #[must_use = "a priced call is finished after the real call"]
-pub enum Priced<R> {
+pub enum Priced<P> {
     /// Refused: the real call must not run; the hook answers this error.
     Refused(CUresult),
     /// Nothing is counted (this process has no slot, and the call takes no more): run
     /// the real call and answer its result.
     Uncounted,
     /// Reserved: run the real call, then finish.
-    Reserved(R),
+    Reserved(Reserved<P>),
+}
+
+/// A load or limit between its reservation and its result.
+pub struct Reserved<P> {
+    ticket: Option<Ticket>,
+    /// What the container held before the call.
+    before: u64,
+    /// What the call's finish needs beside (nothing for a load).
+    plan: P,
 }
 
 /// What a load or limit's `*_finish` found.
@@ -69,27 +78,9 @@ pub enum Settled<U> {
     Over(U),
 }
 
-/// A module or library load between its reservation and its result.
-pub struct LoadReserved {
-    ticket: Option<Ticket>,
-    /// What the container held before the call.
-    before: u64,
-}
-
-/// A `cuCtxSetLimit` between its reservation and its result.
-pub struct LimitReserved {
-    key: AllocKey,
-    context: usize,
-    place: Place,
-    ticket: Option<Ticket>,
-    before: u64,
-    /// Bytes recorded for the (context, limit) before the call, and after it.
-    counted: u64,
-    total: u64,
-}
-
-/// A limit to set back (see [`Settled::Over`]).
-pub struct LimitOver {
+/// A `cuCtxSetLimit`'s record: where, and its bytes before the call and after it; what
+/// setting the limit back returns it to.
+pub struct LimitPlan {
     key: AllocKey,
     context: usize,
     place: Place,
@@ -287,7 +278,7 @@ impl Enforcer {
     /// Before a load whose image declares `static_bytes` of static data, on `device`:
     /// reserves them (as charged); refused when the quota cannot take them (or this
     /// process's allocations are refused).
-    pub fn load_begin(&'static self, device: &Visible, static_bytes: u64) -> Priced<LoadReserved> {
+    pub fn load_begin(&'static self, device: &Visible, static_bytes: u64) -> Priced<()> {
         let ledger = self.ledger();
         let charge = charged_size(static_bytes);
         if ledger.slot().is_none() {
@@ -309,9 +300,10 @@ impl Enforcer {
         } else {
             None
         };
-        Priced::Reserved(LoadReserved {
+        Priced::Reserved(Reserved {
             ticket,
             before: ledger.used(device.region_index),
+            plan: (),
         })
     }
 
@@ -321,23 +313,16 @@ impl Enforcer {
     /// quota: the hook unloads the handle, then [`Enforcer::load_undone`].
     pub fn load_finish(
         &'static self,
-        priced: Priced<LoadReserved>,
+        priced: Priced<()>,
         device: &Visible,
         context: usize,
         (result, key): (CUresult, Option<AllocKey>),
     ) -> Settled<Option<AllocKey>> {
-        let reserved = match priced {
-            Priced::Reserved(reserved) => reserved,
-            Priced::Refused(error) => return Settled::Kept(error),
-            Priced::Uncounted => return Settled::Kept(result),
+        let reserved = match self.succeeded(priced, result) {
+            Ok(reserved) => reserved,
+            Err(answer) => return Settled::Kept(answer),
         };
         let ledger = self.ledger();
-        if result != CUDA_SUCCESS {
-            if let Some(ticket) = reserved.ticket {
-                ledger.unreserve(ticket);
-            }
-            return Settled::Kept(result);
-        }
         match (key, reserved.ticket) {
             (Some(key), Some(ticket)) => ledger.record(key, ticket, context),
             (None, Some(ticket)) => ledger.unreserve(ticket),
@@ -372,7 +357,7 @@ impl Enforcer {
         limit: CUlimit,
         (old, new): (u64, u64),
         resident_threads: u64,
-    ) -> Priced<LimitReserved> {
+    ) -> Priced<LimitPlan> {
         let ledger = self.ledger();
         let (old_bytes, new_bytes) = (
             limit_bytes(limit, old, resident_threads),
@@ -403,14 +388,16 @@ impl Enforcer {
         } else {
             None
         };
-        Priced::Reserved(LimitReserved {
-            key,
-            context,
-            place: self.place(device),
+        Priced::Reserved(Reserved {
             ticket,
             before: ledger.used(device.region_index),
-            counted,
-            total,
+            plan: LimitPlan {
+                key,
+                context,
+                place: self.place(device),
+                counted,
+                total,
+            },
         })
     }
 
@@ -420,41 +407,24 @@ impl Enforcer {
     /// [`Enforcer::limit_undone`].
     pub fn limit_finish(
         &'static self,
-        priced: Priced<LimitReserved>,
+        priced: Priced<LimitPlan>,
         device: &Visible,
         result: CUresult,
-    ) -> Settled<LimitOver> {
-        let reserved = match priced {
-            Priced::Reserved(reserved) => reserved,
-            Priced::Refused(error) => return Settled::Kept(error),
-            Priced::Uncounted => return Settled::Kept(result),
+    ) -> Settled<LimitPlan> {
+        let Reserved { before, plan, .. } = match self.succeeded(priced, result) {
+            Ok(reserved) => reserved,
+            Err(answer) => return Settled::Kept(answer),
         };
-        let ledger = self.ledger();
-        if result != CUDA_SUCCESS {
-            if let Some(ticket) = reserved.ticket {
-                ledger.unreserve(ticket);
-            }
-            return Settled::Kept(result);
-        }
-        let LimitReserved {
-            key,
-            context,
-            place,
-            before,
-            counted,
-            total,
-            ..
-        } = reserved;
         // The region holds the old count, and the growth reserved at the start.
-        ledger.resize(key, context, place, counted.max(total), total);
+        self.ledger().resize(
+            plan.key,
+            plan.context,
+            plan.place,
+            plan.counted.max(plan.total),
+            plan.total,
+        );
         if self.over_after_settling(device, before) {
-            return Settled::Over(LimitOver {
-                key,
-                context,
-                place,
-                counted,
-                total,
-            });
+            return Settled::Over(plan);
         }
         Settled::Kept(result)
     }
@@ -462,8 +432,8 @@ impl Enforcer {
     /// The limit [`Settled::Over`] named was set back: its record returns to what it
     /// was, the count is settled again; the hook answers the CUDA_ERROR_OUT_OF_MEMORY
     /// this returns.
-    pub fn limit_undone(&'static self, over: LimitOver, device: &Visible) -> CUresult {
-        let LimitOver {
+    pub fn limit_undone(&'static self, over: LimitPlan, device: &Visible) -> CUresult {
+        let LimitPlan {
             key,
             context,
             place,
@@ -474,6 +444,26 @@ impl Enforcer {
         self.settle_with_driver(device);
         debug!("set {key:?} back: its new value passed the quota");
         CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// After a priced call returned `result`: its reservation when the call succeeded;
+    /// otherwise what the hook answers (the reservation given back).
+    fn succeeded<P>(
+        &'static self,
+        priced: Priced<P>,
+        result: CUresult,
+    ) -> Result<Reserved<P>, CUresult> {
+        match priced {
+            Priced::Refused(error) => Err(error),
+            Priced::Uncounted => Err(result),
+            Priced::Reserved(reserved) if result == CUDA_SUCCESS => Ok(reserved),
+            Priced::Reserved(reserved) => {
+                if let Some(ticket) = reserved.ticket {
+                    self.ledger().unreserve(ticket);
+                }
+                Err(result)
+            }
+        }
     }
 
     /// Whether, settled with the driver's figure now, the container holds more than

@@ -164,7 +164,6 @@ fn ticket(slot: SlotId, index: usize, bytes: u64) -> Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::pools::tests::FakePools;
     use crate::ledger::tests::{DEVICE_0, MIB, fixture};
 
     #[test]
@@ -188,8 +187,7 @@ mod tests {
     #[test]
     fn a_free_releases_exactly_what_was_recorded_and_only_once() {
         let f = fixture();
-        let ledger = Ledger::new(&f.region, Some(f.slot));
-        let driver = FakePools::default();
+        let (ledger, driver) = f.ledger();
         let a = ledger.reserve(DEVICE_0, 300 * MIB, &driver).expect("fits");
         let b = ledger.reserve(DEVICE_0, 100 * MIB, &driver).expect("fits");
         ledger.record(AllocKey::Pointer(0xa000), a, 7);
@@ -214,8 +212,7 @@ mod tests {
     #[test]
     fn a_destroyed_context_credits_everything_recorded_in_it() {
         let f = fixture();
-        let ledger = Ledger::new(&f.region, Some(f.slot));
-        let driver = FakePools::default();
+        let (ledger, driver) = f.ledger();
         for (pointer, context) in [(1, 10), (2, 10), (3, 11)] {
             let ticket = ledger.reserve(DEVICE_0, 64 * MIB, &driver).expect("fits");
             ledger.record(AllocKey::Pointer(pointer), ticket, context);
@@ -228,12 +225,11 @@ mod tests {
     #[test]
     fn a_resized_record_follows_its_value_up_and_down() {
         let f = fixture();
-        let ledger = Ledger::new(&f.region, Some(f.slot));
+        let (ledger, driver) = f.ledger();
         let key = AllocKey::Limit {
             context: 5,
             limit: 0,
         };
-        let driver = FakePools::default();
         let grown = ledger.reserve(DEVICE_0, 256 * MIB, &driver).expect("fits");
         // The region holds the reserved growth; the record becomes it.
         ledger.resize(key, 5, DEVICE_0, grown.bytes, 256 * MIB);

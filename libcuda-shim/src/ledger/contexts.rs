@@ -117,11 +117,9 @@ mod tests {
     #[test]
     fn a_context_is_charged_once_and_credited_with_its_allocations() {
         use crate::ledger::allocations::AllocKey;
-        use crate::ledger::pools::tests::FakePools;
         use crate::ledger::tests::{DEVICE_0, MIB, fixture};
         let f = fixture();
-        let ledger = super::Ledger::new(&f.region, Some(f.slot));
-        let driver = FakePools::default();
+        let (ledger, driver) = f.ledger();
         assert!(ledger.charge_context(0, 0xc0, true, 500 * MIB));
         assert!(
             !ledger.charge_context(0, 0xc0, true, 500 * MIB),

@@ -269,6 +269,16 @@ pub(crate) mod tests {
         }
     }
 
+    impl Fixture {
+        /// A ledger in this fixture's slot, and a pool driver that knows no pool yet.
+        pub fn ledger(&self) -> (Ledger<'_>, FakePools) {
+            (
+                Ledger::new(&self.region, Some(self.slot)),
+                FakePools::default(),
+            )
+        }
+    }
+
     pub const DEVICE_0: Place = Place {
         region_index: 0,
         limit: 1024 * MIB,
@@ -277,8 +287,7 @@ pub(crate) mod tests {
     #[test]
     fn a_reservation_over_the_quota_is_refused_leaving_nothing_counted() {
         let f = fixture();
-        let ledger = Ledger::new(&f.region, Some(f.slot));
-        let driver = FakePools::default();
+        let (ledger, driver) = f.ledger();
         let first = ledger.reserve(DEVICE_0, 900 * MIB, &driver).expect("fits");
         assert_eq!(first.bytes, 900 * MIB);
         assert_eq!(
@@ -318,8 +327,7 @@ pub(crate) mod tests {
     #[test]
     fn the_drivers_figure_settles_the_count_up_and_down_once() {
         let f = fixture();
-        let ledger = Ledger::new(&f.region, Some(f.slot));
-        let driver = FakePools::default();
+        let (ledger, driver) = f.ledger();
         let ticket = ledger.reserve(DEVICE_0, 600 * MIB, &driver).expect("fits");
         ledger.record(AllocKey::Pointer(0x1000), ticket, 1);
         // The driver holds 650 MiB for us: 50 MiB of module code beyond the records.
@@ -348,7 +356,7 @@ pub(crate) mod tests {
     #[test]
     fn what_the_driver_handed_out_unasked_is_counted_past_the_quota() {
         let f = fixture();
-        let ledger = Ledger::new(&f.region, Some(f.slot));
+        let (ledger, _) = f.ledger();
         let ticket = ledger.count_handed_out(1, 2000 * MIB).expect("a slot");
         assert_eq!(
             ledger.used(1),

@@ -257,7 +257,6 @@ pub fn pool_growth_bound(bytes: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::cuda::{CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CUDA_ERROR_OUT_OF_MEMORY};
-    use crate::ledger::pools::tests::FakePools;
     use crate::ledger::tests::{DEVICE_0, MIB, fixture};
 
     #[test]
@@ -277,8 +276,7 @@ mod tests {
     fn a_pool_is_counted_by_what_it_keeps_and_an_allocation_that_grows_it_past_the_quota_is_undone()
     {
         let f = fixture();
-        let ledger = Ledger::new(&f.region, Some(f.slot));
-        let driver = FakePools::default();
+        let (ledger, driver) = f.ledger();
         // A 100 MiB allocation: the pool grows by 100 MiB, keeps it after the free.
         let held = ledger
             .pool_begin(DEVICE_0, 9, 100 * MIB, &driver)
@@ -323,8 +321,7 @@ mod tests {
     #[test]
     fn a_pool_allocation_that_cannot_fit_is_refused_leaving_nothing_counted() {
         let f = fixture();
-        let ledger = Ledger::new(&f.region, Some(f.slot));
-        let driver = FakePools::default();
+        let (ledger, driver) = f.ledger();
         let other = ledger.reserve(DEVICE_0, 1000 * MIB, &driver).expect("fits");
         assert!(ledger.pool_begin(DEVICE_0, 4, 64 * MIB, &driver).is_none());
         assert_eq!(ledger.used(0), 1000 * MIB);

@@ -46,15 +46,12 @@ impl Ledger<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::ledger::Ledger;
-    use crate::ledger::pools::tests::FakePools;
     use crate::ledger::tests::{DEVICE_0, MIB, fixture};
 
     #[test]
     fn vmm_memory_is_released_at_its_last_unmap_or_release() {
         let f = fixture();
-        let ledger = Ledger::new(&f.region, Some(f.slot));
-        let driver = FakePools::default();
+        let (ledger, driver) = f.ledger();
         let ticket = ledger.reserve(DEVICE_0, 300 * MIB, &driver).expect("fits");
         ledger.vmm_created(1, ticket);
         ledger.vmm_mapped(0x1000_0000, 300 * MIB, 1);
