@@ -13,7 +13,8 @@
 //!   given back at exit.
 //! - `fork_epoch`: the shim's one `pthread_atfork` handler and the fork generation that
 //!   every per-process cache (process state, limiter, current context, captures) is
-//!   checked against.
+//!   checked against; `exit`: its one `atexit` handler (the limiter stands down, the
+//!   slot is given back).
 //! - `ledger`: the `Ledger`, this process's memory account (owned by its process
 //!   state): what it holds on the card, counted in the usage region (single
 //!   allocations, context overhead, VMM handles, memory pools, what the driver reserves
@@ -37,6 +38,7 @@ mod allocating;
 mod cuda;
 mod current;
 mod devices;
+mod exit;
 mod exports {
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }

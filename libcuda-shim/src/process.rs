@@ -5,7 +5,8 @@
 //! The state is rebuilt in a forked child: the fork handler only bumps the fork epoch
 //! (`crate::fork_epoch`, async-signal-safe), and the first hook call in the child builds fresh state
 //! (attaching a slot of its own) instead of touching locks that a parent thread may
-//! have held at the fork. At exit the slot is given back.
+//! have held at the fork. At exit the slot is given back ([`give_back`], called by the
+//! exit service, `crate::exit`).
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -17,7 +18,7 @@ use vgpu_shimgen::runtime;
 
 use crate::fork_epoch;
 use crate::ledger::Ledger;
-use crate::state::{Enforcer, Policy, shim};
+use crate::state::{Enforcer, Policy, loaded};
 
 /// State that belongs to one process (rebuilt after fork).
 pub struct ProcessState {
@@ -47,12 +48,10 @@ static PROCESS: AtomicPtr<ProcessState> = AtomicPtr::new(std::ptr::null_mut());
 /// child never waits on it.
 static BUILDING: AtomicU64 = AtomicU64::new(0);
 
-/// Registers the fork epoch's handler and the exit handler (once, when the shim loads).
+/// Registers the fork epoch's handler and the exit service (once, when the shim loads).
 pub fn register_handlers() {
     fork_epoch::register();
-    // SAFETY: registering an exit handler; the shim is linked with -z nodelete, so it
-    // stays mapped.
-    unsafe { libc::atexit(at_exit) };
+    crate::exit::register();
 }
 
 /// This process's state, built on first use in each process (after a fork as well).
@@ -136,13 +135,10 @@ fn build_process_state(enforcer: &'static Enforcer, generation: u64) -> ProcessS
     }
 }
 
-extern "C" fn at_exit() {
-    runtime::guard((), on_exit);
-}
-
-/// Gives this process's slot back at exit.
-fn on_exit() {
-    let Policy::Apply(enforcer) = &shim().policy else {
+/// Gives this process's slot back at exit (called by `crate::exit`). Nothing when the
+/// shim never loaded, or this process (generation) never built its state.
+pub fn give_back() {
+    let Some(Policy::Apply(enforcer)) = loaded().map(|shim| &shim.policy) else {
         return;
     };
     if let Some(state) = current(fork_epoch::generation())

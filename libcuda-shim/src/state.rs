@@ -63,6 +63,11 @@ pub fn shim() -> &'static Shim {
     SHIM.get_or_init(load)
 }
 
+/// The shim's state if it has been loaded (never loads it: for the exit service).
+pub fn loaded() -> Option<&'static Shim> {
+    SHIM.get()
+}
+
 /// The policy every hook acts on.
 #[inline]
 pub fn policy() -> &'static Policy {
