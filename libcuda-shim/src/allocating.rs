@@ -289,22 +289,11 @@ impl Enforcer {
                 Priced::Uncounted
             };
         }
-        let ticket = if charge > 0 {
-            match self.reserve(device, charge) {
-                Ok(ticket) => Some(ticket),
-                Err(error) => {
-                    debug!("refused a module of {static_bytes} bytes of static data");
-                    return Priced::Refused(error);
-                }
-            }
-        } else {
-            None
-        };
-        Priced::Reserved(Reserved {
-            ticket,
-            before: ledger.used(device.region_index),
-            plan: (),
-        })
+        let priced = self.priced(device, charge, ());
+        if let Priced::Refused(_) = priced {
+            debug!("refused a module of {static_bytes} bytes of static data");
+        }
+        priced
     }
 
     /// After the load returned `result` (and on success the handle `key`, in
@@ -374,31 +363,21 @@ impl Enforcer {
         let key = AllocKey::Limit { context, limit };
         let counted = ledger.charge_of(key);
         let total = charged_size(limit_charge(counted, old_bytes, new_bytes));
-        let ticket = if total > counted {
-            match self.reserve(device, total - counted) {
-                Ok(ticket) => Some(ticket),
-                Err(error) => {
-                    debug!(
-                        "refused limit {limit} = {new}: {} bytes more",
-                        total - counted
-                    );
-                    return Priced::Refused(error);
-                }
-            }
-        } else {
-            None
+        let plan = LimitPlan {
+            key,
+            context,
+            place: self.place(device),
+            counted,
+            total,
         };
-        Priced::Reserved(Reserved {
-            ticket,
-            before: ledger.used(device.region_index),
-            plan: LimitPlan {
-                key,
-                context,
-                place: self.place(device),
-                counted,
-                total,
-            },
-        })
+        let priced = self.priced(device, total.saturating_sub(counted), plan);
+        if let Priced::Refused(_) = priced {
+            debug!(
+                "refused limit {limit} = {new}: {} bytes more",
+                total.saturating_sub(counted)
+            );
+        }
+        priced
     }
 
     /// After the real call returned `result`: the (context, limit) record at its new
@@ -444,6 +423,24 @@ impl Enforcer {
         self.settle_with_driver(device);
         debug!("set {key:?} back: its new value passed the quota");
         CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// Reserves `bytes` on `device` (nothing when 0) for a priced call that will finish
+    /// with `plan`; refused: what the hook answers.
+    fn priced<P>(&'static self, device: &Visible, bytes: u64, plan: P) -> Priced<P> {
+        let ticket = if bytes > 0 {
+            match self.reserve(device, bytes) {
+                Ok(ticket) => Some(ticket),
+                Err(error) => return Priced::Refused(error),
+            }
+        } else {
+            None
+        };
+        Priced::Reserved(Reserved {
+            ticket,
+            before: self.ledger().used(device.region_index),
+            plan,
+        })
     }
 
     /// After a priced call returned `result`: its reservation when the call succeeded;
