@@ -9,8 +9,8 @@
 //! - `state`: load and policy: what the shim does when it is loaded, and the policy
 //!   every hook acts on (forward, fail closed, enforce through the `Enforcer`).
 //! - `devices`: the visible devices and the device a call lands on.
-//! - `process`: this process's state (slot, ledger tables), rebuilt after fork, and
-//!   given back at exit.
+//! - `process`: this process's state (its `Ledger`, with its slot), rebuilt after
+//!   fork; the slot is given back at exit.
 //! - `fork_epoch`: the shim's one `pthread_atfork` handler and the fork generation that
 //!   every per-process cache (process state, limiter, current context, captures) is
 //!   checked against; `exit`: its one `atexit` handler (the limiter stands down, the
