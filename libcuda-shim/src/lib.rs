@@ -9,13 +9,18 @@
 //! - `state`: load and policy: what the shim does when it is loaded, and the policy
 //!   every hook acts on (forward, fail closed, enforce through the `Enforcer`).
 //! - `devices`: the visible devices and the device a call lands on.
-//! - `process`: this process's state (slot, ledger tables), rebuilt after fork, and
-//!   given back at exit.
+//! - `process`: this process's state (its `Ledger`, with its slot), rebuilt after
+//!   fork; the slot is given back at exit.
 //! - `fork_epoch`: the shim's one `pthread_atfork` handler and the fork generation that
 //!   every per-process cache (process state, limiter, current context, captures) is
-//!   checked against.
-//! - `ledger`: what this process holds on the card, counted in the usage region: single
-//!   allocations, context overhead, VMM handles, memory pools.
+//!   checked against; `exit`: its one `atexit` handler (the limiter stands down, the
+//!   slot is given back).
+//! - `ledger`: the `Ledger`, this process's memory account (owned by its process
+//!   state): what it holds on the card, counted in the usage region (single
+//!   allocations, context overhead, VMM handles, memory pools, what the driver reserves
+//!   on its own); pure, tested apart from the driver.
+//! - `allocating`: the allocation paths, begin -> the hook's real call -> finish, which
+//!   place each call on a device, ask the ledger, and report refusals.
 //! - `meter`: the real NVML's figures for this process (context overhead, and the
 //!   reconciliation that counts what the driver loads later).
 //! - `ffi`: every read and write through a caller's pointer.
@@ -29,9 +34,11 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+mod allocating;
 mod cuda;
 mod current;
 mod devices;
+mod exit;
 mod exports {
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }

@@ -8,7 +8,9 @@
 //! data or a limit the shim could not price before the call. It runs at most every
 //! `SYNC_INTERVAL_NS` on the allocation path (`Enforcer::sync_with_driver`) and at once
 //! right after a call that makes the driver take memory of its own
-//! (`Enforcer::settle_with_driver`: module and library loads, first uses, limits).
+//! (`Enforcer::settle_with_driver`: module and library loads, first uses, limits). The
+//! meter reads the figure; the ledger settles its count with it
+//! (`Ledger::settle_with_figure`).
 //!
 //! NVML lists a process under its own PID (driver 580 answers in the caller's PID
 //! namespace) or under the host PID the host recorded in our slot (older drivers report
@@ -50,7 +52,7 @@ pub struct ContextMeter {
 
 impl ContextMeter {
     /// Starts measuring, just before a context on the card `uuid` is created.
-    pub fn start(enforcer: &Enforcer, uuid: &str) -> ContextMeter {
+    pub fn start(enforcer: &'static Enforcer, uuid: &str) -> ContextMeter {
         let nvml = open_nvml(&enforcer.real_nvml_path(), uuid);
         let before = nvml.as_ref().and_then(Nvml::card_used);
         let process = process_state(enforcer);
@@ -58,7 +60,7 @@ impl ContextMeter {
             nvml,
             before,
             uuid: uuid.to_string(),
-            me: enforcer.me(process, process.slot),
+            me: enforcer.me(process, process.ledger.slot()),
         }
     }
 
@@ -98,9 +100,14 @@ impl Enforcer {
     }
 
     /// At most every `SYNC_INTERVAL_NS`, counts what the driver holds for this process
-    /// on `device` beyond what it counted. Best effort: skipped when NVML lists us under
-    /// neither PID, when another thread is at it, or when NVML is unavailable.
-    pub(crate) fn sync_with_driver(&self, process: &ProcessState, slot: SlotId, device: &Visible) {
+    /// on `device` beyond what it counted. Best effort: skipped when the process has no
+    /// slot, when NVML lists us under neither PID, when another thread is at it, or
+    /// when NVML is unavailable.
+    pub(crate) fn sync_with_driver(&'static self, device: &Visible) {
+        let process = process_state(self);
+        let Some(slot) = process.ledger.slot() else {
+            return;
+        };
         let now = monotonic_ns();
         let last = process.last_sync_ns.load(Ordering::Relaxed);
         if now.saturating_sub(last) < SYNC_INTERVAL_NS
@@ -119,12 +126,11 @@ impl Enforcer {
     /// memory of its own: a module load, a limit). Returns whether NVML answered for us.
     /// Waits for another thread's reconciliation a little (never for a lock a forked
     /// parent may have held: it only retries `try_lock`).
-    pub(crate) fn settle_with_driver(
-        &self,
-        process: &ProcessState,
-        slot: SlotId,
-        device: &Visible,
-    ) -> bool {
+    pub(crate) fn settle_with_driver(&'static self, device: &Visible) -> bool {
+        let process = process_state(self);
+        let Some(slot) = process.ledger.slot() else {
+            return false;
+        };
         process
             .last_sync_ns
             .store(monotonic_ns(), Ordering::Relaxed);
@@ -132,8 +138,8 @@ impl Enforcer {
     }
 
     /// The reconciliation itself, trying the NVML handles' lock up to `tries` times; the
-    /// lock is held while the figures are applied, so two threads never apply one
-    /// reading twice.
+    /// lock is held while the ledger settles with the figure, so two threads never
+    /// apply one reading twice.
     fn reconcile(
         &self,
         process: &ProcessState,
@@ -173,20 +179,11 @@ impl Enforcer {
         else {
             return false;
         };
-        let index = device.region_index;
-        let extra = &process.driver_extra[index];
-        let before = extra.load(Ordering::Acquire);
-        let after = beyond_counted(own, self.region.slot_used(slot, index), before);
-        if after > before {
-            self.region.add_used(slot, index, after - before);
-        } else {
-            self.region.release(slot, index, before - after);
-        }
-        extra.store(after, Ordering::Release);
+        let settled = process.ledger.settle_with_figure(device.region_index, own);
         drop(cache);
-        let contexts = self.context_overhead(process, index);
-        self.region.set_context(slot, index, contexts + after);
-        if after != before {
+        if let Some((before, after)) = settled
+            && after != before
+        {
             debug!(
                 "driver holds {after} bytes beyond our counts on {} (was {before})",
                 device.uuid
@@ -194,12 +191,6 @@ impl Enforcer {
         }
         true
     }
-}
-
-/// What the driver holds beyond this process's counts: NVML's figure `own` less what
-/// the slot counts (`slot_used`) without the previous such figure (`before`).
-fn beyond_counted(own: u64, slot_used: u64, before: u64) -> u64 {
-    own.saturating_sub(slot_used.saturating_sub(before))
 }
 
 /// The real NVML's calls for one device.
@@ -289,23 +280,4 @@ fn open_nvml(path: &Path, uuid: &str) -> Option<Nvml> {
     };
     std::mem::forget(library);
     Some(nvml)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn what_nvml_sees_beyond_our_counts_is_counted_once() {
-        // We count 600 MiB (no extra yet); NVML says 650: 50 MiB of module code.
-        assert_eq!(beyond_counted(650 * MIB, 600 * MIB, 0), 50 * MIB);
-        // Next time the slot holds those 50 as well: still 50, not 100.
-        assert_eq!(beyond_counted(650 * MIB, 650 * MIB, 50 * MIB), 50 * MIB);
-        // The module was unloaded: NVML says 600 again.
-        assert_eq!(beyond_counted(600 * MIB, 650 * MIB, 50 * MIB), 0);
-        // NVML below our counts (a free it has not seen yet): nothing extra.
-        assert_eq!(beyond_counted(100 * MIB, 600 * MIB, 0), 0);
-    }
 }

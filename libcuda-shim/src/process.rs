@@ -1,77 +1,44 @@
-//! Per-process state and what fork and exit do to it: this process's slot in the usage
-//! region and its ledger tables (allocations, context charges, VMM handles, pools), and
-//! the figures its reconciliation with NVML keeps.
+//! Per-process state and what fork and exit do to it: this process's [`Ledger`] (its
+//! slot in the usage region and what is counted there), and what its reconciliation
+//! with NVML and its lazily loaded code keep.
 //!
 //! The state is rebuilt in a forked child: the fork handler only bumps the fork epoch
 //! (`crate::fork_epoch`, async-signal-safe), and the first hook call in the child builds fresh state
 //! (attaching a slot of its own) instead of touching locks that a parent thread may
-//! have held at the fork. At exit the slot is given back.
+//! have held at the fork. At exit the slot is given back ([`give_back`], called by the
+//! exit service, `crate::exit`).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use vgpu_contract::config::MAX_DEVICES;
 use vgpu_contract::process;
 use vgpu_contract::region::SlotId;
 use vgpu_shimgen::runtime;
 
 use crate::fork_epoch;
-use crate::ledger::allocations::{AllocKey, Allocation};
-use crate::ledger::contexts::ContextCharge;
-use crate::ledger::pools::PoolTable;
-use crate::ledger::vmm::VmmTable;
-use crate::state::{Enforcer, Policy, shim};
+use crate::ledger::Ledger;
+use crate::state::{Enforcer, Policy, loaded};
 
 /// State that belongs to one process (rebuilt after fork).
 pub struct ProcessState {
     generation: u64,
-    /// This process's slot in the usage region; `None` when allocations are refused.
-    pub slot: Option<SlotId>,
-    /// Single allocations, by pointer or array handle.
-    pub allocations: Mutex<HashMap<AllocKey, Allocation>>,
-    /// The overhead charged for each context.
-    pub contexts: Mutex<Vec<ContextCharge>>,
-    /// Physical allocations (`cuMemCreate`), their references and mappings.
-    pub vmm: Mutex<VmmTable>,
-    /// The memory pools this process uses and what each has reserved.
-    pub pools: Mutex<PoolTable>,
-    /// Whether some pool holds counted memory (the synchronisation hooks settle only
-    /// then, so they cost one load otherwise).
-    pub pools_hold_memory: AtomicBool,
+    /// This process's memory account (its slot; `None` when allocations are refused).
+    pub ledger: Ledger<'static>,
     /// This process's PID namespace (for matching NVML's process list).
     pub pid_ns: u64,
     /// Monotonic ns of the last reconciliation with NVML.
     pub last_sync_ns: AtomicU64,
-    /// Per device: device memory the driver holds for this process beyond its counted
-    /// allocations and context overhead (module code loaded later, and the like).
-    pub driver_extra: [AtomicU64; MAX_DEVICES],
     /// Functions, modules and globals already used once (lazy loading brings their code
     /// and data at the first use, which is settled with NVML; later uses are not).
     first_uses: Mutex<HashSet<usize>>,
 }
 
 impl ProcessState {
-    /// The pool table (waiting for it; a poisoned lock is recovered).
-    pub fn pools(&self) -> MutexGuard<'_, PoolTable> {
-        runtime::lock(&self.pools)
-    }
-
-    /// The pool table if no other thread holds it now.
-    pub fn try_pools(&self) -> Option<MutexGuard<'_, PoolTable>> {
-        runtime::try_lock(&self.pools)
-    }
-
     /// Whether this is the first use of `handle` (a function, module or global) this
     /// process has seen; false for 0.
     pub fn first_use(&self, handle: usize) -> bool {
         handle != 0 && runtime::lock(&self.first_uses).insert(handle)
-    }
-
-    /// Records whether some pool of `pools` still holds counted memory.
-    pub fn pools_changed(&self, pools: &PoolTable) {
-        self.pools_hold_memory
-            .store(pools.holds_memory(), Ordering::Relaxed);
     }
 }
 
@@ -81,17 +48,15 @@ static PROCESS: AtomicPtr<ProcessState> = AtomicPtr::new(std::ptr::null_mut());
 /// child never waits on it.
 static BUILDING: AtomicU64 = AtomicU64::new(0);
 
-/// Registers the fork epoch's handler and the exit handler (once, when the shim loads).
+/// Registers the fork epoch's handler and the exit service (once, when the shim loads).
 pub fn register_handlers() {
     fork_epoch::register();
-    // SAFETY: registering an exit handler; the shim is linked with -z nodelete, so it
-    // stays mapped.
-    unsafe { libc::atexit(at_exit) };
+    crate::exit::register();
 }
 
 /// This process's state, built on first use in each process (after a fork as well).
 #[inline]
-pub fn process_state(enforcer: &Enforcer) -> &'static ProcessState {
+pub fn process_state(enforcer: &'static Enforcer) -> &'static ProcessState {
     match current(fork_epoch::generation()) {
         Some(state) => state,
         None => first_use(enforcer),
@@ -101,7 +66,7 @@ pub fn process_state(enforcer: &Enforcer) -> &'static ProcessState {
 /// Builds this process's state (one thread per fork generation builds it; the others
 /// wait for it).
 #[cold]
-fn first_use(enforcer: &Enforcer) -> &'static ProcessState {
+fn first_use(enforcer: &'static Enforcer) -> &'static ProcessState {
     loop {
         let generation = fork_epoch::generation();
         if let Some(state) = current(generation) {
@@ -148,7 +113,7 @@ fn current(generation: u64) -> Option<&'static ProcessState> {
     (state.generation == generation).then_some(state)
 }
 
-fn build_process_state(enforcer: &Enforcer, generation: u64) -> ProcessState {
+fn build_process_state(enforcer: &'static Enforcer, generation: u64) -> ProcessState {
     let me = process::current();
     let slot = if enforcer.refused {
         None
@@ -163,30 +128,21 @@ fn build_process_state(enforcer: &Enforcer, generation: u64) -> ProcessState {
     };
     ProcessState {
         generation,
-        slot,
-        allocations: Mutex::new(HashMap::new()),
-        contexts: Mutex::new(Vec::new()),
-        vmm: Mutex::new(VmmTable::default()),
-        pools: Mutex::new(PoolTable::default()),
-        pools_hold_memory: AtomicBool::new(false),
+        ledger: Ledger::new(&enforcer.region, slot),
         pid_ns: me.pid_ns,
         last_sync_ns: AtomicU64::new(0),
-        driver_extra: [const { AtomicU64::new(0) }; MAX_DEVICES],
         first_uses: Mutex::new(HashSet::new()),
     }
 }
 
-extern "C" fn at_exit() {
-    runtime::guard((), on_exit);
-}
-
-/// Gives this process's slot back at exit.
-fn on_exit() {
-    let Policy::Apply(enforcer) = &shim().policy else {
+/// Gives this process's slot back at exit (called by `crate::exit`). Nothing when the
+/// shim never loaded, or this process (generation) never built its state.
+pub fn give_back() {
+    let Some(Policy::Apply(enforcer)) = loaded().map(|shim| &shim.policy) else {
         return;
     };
     if let Some(state) = current(fork_epoch::generation())
-        && let Some(slot) = state.slot
+        && let Some(slot) = state.ledger.slot()
     {
         enforcer.region.detach(slot);
     }
@@ -195,7 +151,7 @@ fn on_exit() {
 impl Enforcer {
     /// This process's slot, when it has one.
     #[inline]
-    pub fn slot(&self) -> Option<SlotId> {
-        process_state(self).slot
+    pub fn slot(&'static self) -> Option<SlotId> {
+        process_state(self).ledger.slot()
     }
 }

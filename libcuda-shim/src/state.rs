@@ -9,9 +9,11 @@
 //! succeeded, such as crediting a free).
 //!
 //! The rest of what the enforcer knows lives beside it, one job a module: the visible
-//! devices (`crate::devices`), this process's state and its fork and exit handling
-//! (`crate::process`), the ledger of what it holds (`crate::ledger`) and the NVML meter
-//! (`crate::meter`).
+//! devices (`crate::devices`), the allocation paths (`crate::allocating`: begin -> the
+//! hook's real call -> finish), this process's state (`crate::process`), which owns
+//! its `Ledger` of what it holds (`crate::ledger`), the NVML meter (`crate::meter`),
+//! and the one fork and one exit service (`crate::fork_epoch`, `crate::exit`). The
+//! enforcer itself counts nothing: every byte counted goes through the ledger.
 
 use std::ffi::c_void;
 use std::path::PathBuf;
@@ -61,6 +63,11 @@ static SHIM: OnceLock<Shim> = OnceLock::new();
 #[inline]
 pub fn shim() -> &'static Shim {
     SHIM.get_or_init(load)
+}
+
+/// The shim's state if it has been loaded (never loads it: for the exit service).
+pub fn loaded() -> Option<&'static Shim> {
+    SHIM.get()
 }
 
 /// The policy every hook acts on.

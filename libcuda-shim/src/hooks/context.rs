@@ -5,11 +5,12 @@
 
 use std::ffi::c_void;
 
+use crate::allocating::RealPools;
 use crate::cuda::*;
 use crate::ffi::read_out;
 use crate::meter::ContextMeter;
 use crate::state::{after_success, enforce};
-use crate::{hook, real};
+use crate::{debug, hook, real};
 
 /// Runs `create` for `device` with the visibility gate and the overhead meter.
 fn create_context(
@@ -41,11 +42,17 @@ fn create_context(
             && let Some(created) = created
         {
             let created = created as usize;
-            if !enforcer.context_charged(created)
-                && let Some(counted) = enforcer.counted_on(&visible)
+            let ledger = enforcer.ledger();
+            if !ledger.context_charged(created)
+                && let Some(counted) = ledger.counted_on(visible.region_index)
             {
                 let bytes = meter.finish(counted);
-                enforcer.charge_context(&visible, created, primary, bytes);
+                if ledger.charge_context(visible.region_index, created, primary, bytes) {
+                    debug!(
+                        "context {created:#x} on {} costs {bytes} bytes",
+                        visible.uuid
+                    );
+                }
             }
         }
         result
@@ -68,9 +75,9 @@ fn primary_maybe_gone(device: CUdevice, result: CUresult) -> CUresult {
     after_success(result, |enforcer| {
         if let Some(visible) = enforcer.visible(device)
             && !primary_is_active(device)
-            && let Some(context) = enforcer.primary_context(visible)
+            && let Some(context) = enforcer.ledger().primary_context(visible.region_index)
         {
-            enforcer.context_destroyed(context);
+            enforcer.ledger().context_destroyed(context, &RealPools);
         }
     })
 }
@@ -81,7 +88,9 @@ fn destroyed(context: CUcontext, result: CUresult) -> CUresult {
         crate::hooks::capture::forget_finished();
     }
     after_success(result, |enforcer| {
-        enforcer.context_destroyed(context as usize)
+        enforcer
+            .ledger()
+            .context_destroyed(context as usize, &RealPools)
     })
 }
 

@@ -1,13 +1,16 @@
 //! `cuCtxSetLimit` (and so `cudaDeviceSetLimit`): the stack size is backed for every
 //! thread the card can hold at once (SMs × max threads per SM), the malloc heap by its
 //! size; the printf FIFO and the device runtime's limits are settled from the driver's
-//! figure right after the call (`ledger::reserved::limit_bytes` says what was measured). A value whose memory passes the quota is refused (or set back) with
+//! figure right after the call (`ledger::reserved::limit_bytes` says what was
+//! measured). A value whose memory passes the quota is refused (or set back) with
 //! CUDA_ERROR_OUT_OF_MEMORY, as the driver answers when the card itself is short
-//! (`ledger::reserved`).
+//! (`crate::allocating`'s `limit_begin` -> the call -> `limit_finish`).
 
+use crate::allocating::{Priced, Settled};
 use crate::cuda::*;
+use crate::devices::Visible;
 use crate::hooks::memory::current_context;
-use crate::state::enforce;
+use crate::state::{Enforcer, enforce};
 use crate::{hook, real};
 
 /// The current context's value of `limit`, from the real driver.
@@ -35,6 +38,35 @@ pub(crate) fn resident_threads(device: CUdevice) -> u64 {
         .saturating_mul(read(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR))
 }
 
+/// `cuCtxSetLimit(limit, new)` on `device` through `set` (the real function), the
+/// limit being `old`, counted: `Enforcer::limit_begin`, the call, `Enforcer::limit_finish`;
+/// set back to `old` (`Enforcer::limit_undone`) if the driver's figure then passes the
+/// quota.
+fn set_counted(
+    enforcer: &'static Enforcer,
+    device: &Visible,
+    limit: CUlimit,
+    (old, new): (u64, u64),
+    set: unsafe extern "C" fn(CUlimit, usize) -> CUresult,
+) -> CUresult {
+    // SAFETY: the real cuCtxSetLimit with the caller's limit and a value (the caller's,
+    // or the one it replaced when setting it back).
+    let set = |value: u64| unsafe { set(limit, value as usize) };
+    let threads = resident_threads(device.handle);
+    let priced = match enforcer.limit_begin(device, current_context(), limit, (old, new), threads) {
+        Priced::Refused(error) => return error,
+        priced => priced,
+    };
+    let result = set(new);
+    match enforcer.limit_finish(priced, device, result) {
+        Settled::Kept(result) => result,
+        Settled::Over(over) => {
+            let _ = set(old);
+            enforcer.limit_undone(over, device)
+        }
+    }
+}
+
 /// Before the first launch of `function`: a kernel whose local memory per thread
 /// (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`) passes the stack limit makes the driver grow
 /// the local memory it backs for every resident thread at that launch, where nothing
@@ -55,16 +87,7 @@ pub(crate) fn back_local_memory(local_bytes: Option<u64>) -> CUresult {
         if local <= stack {
             return CUDA_SUCCESS;
         }
-        let threads = resident_threads(device.handle);
-        enforcer.limit_counted(
-            device,
-            current_context(),
-            CU_LIMIT_STACK_SIZE,
-            (stack, local),
-            threads,
-            // SAFETY: the real cuCtxSetLimit with the stack limit and a value.
-            |value| unsafe { set(CU_LIMIT_STACK_SIZE, value as usize) },
-        )
+        set_counted(enforcer, device, CU_LIMIT_STACK_SIZE, (stack, local), set)
     })
 }
 
@@ -75,17 +98,7 @@ hook! {
                 // No context (or a limit the driver does not know): its own answer.
                 return forward();
             };
-            let threads = resident_threads(device.handle);
-            enforcer.limit_counted(
-                device,
-                current_context(),
-                limit,
-                (old, value as u64),
-                threads,
-                // SAFETY: the real cuCtxSetLimit with the caller's limit and a value
-                // (the caller's, or the one it replaced when setting it back).
-                |value| unsafe { real(limit, value as usize) },
-            )
+            set_counted(enforcer, device, limit, (old, value as u64), real)
         })
     }
 }

@@ -1,16 +1,17 @@
 //! The single-allocation hooks (`cuMemAlloc*`, pitched, managed, arrays) and what
-//! `cuMemGetInfo` tells the container. Each allocation goes to the ledger once
-//! (`Enforcer::allocate`: reserve, the real call, record or give back), each free
-//! credits back exactly what was recorded. VMM handles are in `vmm`, pools and
+//! `cuMemGetInfo` tells the container. Each allocation goes `Enforcer::begin` (the
+//! reservation), the real call, `Enforcer::finish` (recorded in the ledger, or given
+//! back); each free credits back exactly what was recorded. VMM handles are in `vmm`, pools and
 //! stream-ordered allocation in `pool`.
 
 use std::ffi::c_void;
 
+use crate::allocating::{RealPools, Reservation};
 use crate::cuda::*;
 use crate::devices::LandsOn;
 use crate::ffi::{read_descriptor, read_out, write_out};
 use crate::ledger::Ticket;
-use crate::ledger::allocations::{AllocKey, Reservation, charged_size};
+use crate::ledger::allocations::{AllocKey, charged_size};
 use crate::state::{Enforcer, after_success, enforce, enforcing};
 use crate::{hook, real};
 
@@ -35,7 +36,7 @@ fn counted(
         charged_size(bytes),
         lands_on,
         allocate,
-        |enforcer, ticket| enforcer.record(key(), ticket, current_context()),
+        |enforcer, ticket| enforcer.ledger().record(key(), ticket, current_context()),
     )
 }
 
@@ -46,7 +47,7 @@ pub(crate) fn charged(
     charge: u64,
     lands_on: LandsOn,
     allocate: impl FnOnce() -> CUresult + Copy,
-    commit: impl FnOnce(&Enforcer, Ticket),
+    commit: impl FnOnce(&'static Enforcer, Ticket),
 ) -> CUresult {
     enforce(allocate, |enforcer| {
         let reservation = match enforcer.begin(&lands_on, charge) {
@@ -63,13 +64,15 @@ pub(crate) fn charged(
 
 /// Credits the allocation under `key` once the real free succeeded.
 fn freed(key: AllocKey, result: CUresult) -> CUresult {
-    after_success(result, |enforcer| enforcer.forget(key))
+    after_success(result, |enforcer| enforcer.ledger().forget(key))
 }
 
 /// After a call that synchronises (a synchronous free, a stream, event or context
 /// synchronisation), the driver may have released pool memory: settle the pools.
 pub(crate) fn synchronized(result: CUresult) -> CUresult {
-    after_success(result, Enforcer::synchronized)
+    after_success(result, |enforcer| {
+        enforcer.ledger().settle_pools(None, &RealPools)
+    })
 }
 
 /// The device pointer a successful allocation wrote (0 for a null out-pointer).
@@ -128,7 +131,7 @@ fn pitched(
         .and_then(|device| enforcer.reserve(device, extra))
     {
         Ok(ticket) => {
-            enforcer.record(
+            enforcer.ledger().record(
                 AllocKey::pitch_surcharge(pointer),
                 ticket,
                 current_context(),
@@ -137,7 +140,7 @@ fn pitched(
         }
         Err(error) => {
             free(pointer);
-            enforcer.forget(AllocKey::Pointer(pointer));
+            enforcer.ledger().forget(AllocKey::Pointer(pointer));
             error
         }
     }
@@ -177,8 +180,9 @@ hook! {
 /// from a pool credits nothing: the pool keeps the memory reserved.)
 pub(crate) fn pointer_freed(pointer: u64, result: CUresult) -> CUresult {
     after_success(result, |enforcer| {
-        enforcer.forget(AllocKey::Pointer(pointer));
-        enforcer.forget(AllocKey::pitch_surcharge(pointer));
+        let ledger = enforcer.ledger();
+        ledger.forget(AllocKey::Pointer(pointer));
+        ledger.forget(AllocKey::pitch_surcharge(pointer));
     })
 }
 
@@ -223,7 +227,7 @@ fn array_counted(
     handle: *const usize,
 ) -> CUresult {
     charged(charge, LandsOn::Current, allocate, |enforcer, ticket| {
-        enforcer.record(
+        enforcer.ledger().record(
             AllocKey::Array(read_out(handle).unwrap_or(0)),
             ticket,
             current_context(),

@@ -2,7 +2,8 @@
 //! variables) and loads its code without any allocation call. A load is priced from
 //! its image (`vgpu_abi::image`: PTX `.global` declarations, a cubin's global sections,
 //! a fatbin's entries), refused when that does not fit, and settled with the driver's
-//! own figure right after (`ledger::reserved`); an unload credits it back.
+//! own figure right after (`crate::allocating`'s `load_begin` -> the load ->
+//! `load_finish`, priced as `ledger::reserved` says); an unload credits it back.
 //!
 //! With lazy loading (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA 12.2) code and
 //! data arrive at first use: the image's static data is counted at the load all the
@@ -17,12 +18,13 @@ use std::ffi::{c_char, c_void};
 
 use vgpu_abi::image::{self, ImageKind};
 
+use crate::allocating::{Priced, Settled};
 use crate::cuda::*;
 use crate::ffi::{read_out, with_caller_bytes, with_caller_c_bytes};
 use crate::hooks::memory::current_context;
 use crate::ledger::allocations::AllocKey;
 use crate::process::process_state;
-use crate::state::{after_success, enforce, enforcing};
+use crate::state::{Enforcer, after_success, enforce, enforcing};
 use crate::{hook, real};
 
 /// `CUlibrary`, `CUkernel`: opaque handles.
@@ -92,8 +94,9 @@ fn file_static_bytes(path: *const c_char) -> u64 {
 }
 
 /// Loads through `load` with the static data `static_bytes` counted on the current
-/// device; the handle is read back from `handle_out` and unloaded with `unload` if the
-/// driver's figure then passes the quota.
+/// device (`Enforcer::load_begin`, the load, `Enforcer::load_finish`); the handle is
+/// read back from `handle_out` and unloaded with `unload` if the driver's figure then
+/// passes the quota (`Enforcer::load_undone`).
 fn load_module(
     static_bytes: impl FnOnce() -> u64,
     handle_out: *const usize,
@@ -108,18 +111,25 @@ fn load_module(
             return load();
         };
         let context = if in_context { current_context() } else { 0 };
-        enforcer.load_counted(
-            device,
-            context,
-            static_bytes(),
-            load,
-            || read_out(handle_out).filter(|h| *h != 0).map(key),
-            |loaded| {
-                if let AllocKey::Module(h) | AllocKey::Library(h) = loaded {
-                    unload(h)
+        let priced = match enforcer.load_begin(device, static_bytes()) {
+            Priced::Refused(error) => return error,
+            priced => priced,
+        };
+        let result = load();
+        let loaded = if result == CUDA_SUCCESS {
+            read_out(handle_out).filter(|h| *h != 0).map(key)
+        } else {
+            None
+        };
+        match enforcer.load_finish(priced, device, context, (result, loaded)) {
+            Settled::Kept(result) => result,
+            Settled::Over(loaded) => {
+                if let Some(AllocKey::Module(handle) | AllocKey::Library(handle)) = loaded {
+                    unload(handle);
                 }
-            },
-        )
+                enforcer.load_undone(device, loaded)
+            }
+        }
     })
 }
 
@@ -138,16 +148,17 @@ fn unload_library(handle: usize) {
 /// After an unload: credit its static data and settle with the driver's figure.
 fn unloaded(key: AllocKey, result: CUresult) -> CUresult {
     after_success(result, |enforcer| {
-        enforcer.forget(key);
+        enforcer.ledger().forget(key);
         settle_current(enforcer);
     })
 }
 
 /// Settles the current device's count with the driver's figure now.
-fn settle_current(enforcer: &crate::state::Enforcer) {
-    let process = process_state(enforcer);
-    if let (Some(slot), Ok(device)) = (process.slot, enforcer.current()) {
-        enforcer.settle_with_driver(process, slot, device);
+fn settle_current(enforcer: &'static Enforcer) {
+    if enforcer.ledger().slot().is_some()
+        && let Ok(device) = enforcer.current()
+    {
+        enforcer.settle_with_driver(device);
     }
 }
 

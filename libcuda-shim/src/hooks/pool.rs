@@ -2,16 +2,19 @@
 //! its release threshold, and past it until a synchronisation), so the quota counts what
 //! each pool this process uses has *reserved*, as the driver reports it, not what callers
 //! hold: an allocation reserves the most its pool can grow by first, then the pool is
-//! settled at the driver's figure (`crate::ledger::pool_counting`); frees credit nothing;
+//! settled at the driver's figure (`crate::allocating`'s `pool_begin` -> the real call
+//! -> `pool_finish`, over `crate::ledger::pool_counting`); frees credit nothing;
 //! synchronisation points, trims, attribute changes and pool destruction settle again.
 //! Before refusing any allocation the shim trims this process's pools if that makes room.
 
 use std::ffi::c_void;
 
+use crate::allocating::RealPools;
 use crate::cuda::*;
 use crate::devices::{LandsOn, Visible};
 use crate::ffi::{read_descriptor, read_out};
 use crate::hooks::memory::{current_context, pointer_freed, synchronized};
+use crate::ledger::pool_counting::PoolFinish;
 use crate::state::{after_success, enforce};
 use crate::{hook, real};
 
@@ -24,13 +27,15 @@ fn current_pool(device: &Visible) -> Option<usize> {
         .then_some(pool as usize)
 }
 
-/// An allocation from `pool` (`None`: the current device's current pool) of `bytes`.
+/// An allocation from `pool` (`None`: the current device's current pool) of `bytes`:
+/// `Enforcer::pool_begin`, `allocate`, `Enforcer::pool_finish`; should the pool have
+/// grown past the quota, `free` undoes the allocation before `Enforcer::pool_undone`.
 fn pooled(
     pool: Option<CUmemoryPool>,
     bytes: usize,
     pointer: *mut CUdeviceptr,
     allocate: impl FnOnce() -> CUresult + Copy,
-    undo: impl FnOnce(u64),
+    free: impl FnOnce(u64),
 ) -> CUresult {
     enforce(allocate, |enforcer| {
         let device = match pool.and_then(|pool| enforcer.pool_device(pool as usize)) {
@@ -45,15 +50,25 @@ fn pooled(
         let Some(pool) = pool.map(|p| p as usize).or_else(|| current_pool(device)) else {
             return allocate();
         };
-        enforcer.pool_allocate(
-            device,
-            pool,
-            bytes as u64,
-            current_context(),
-            allocate,
-            || read_out(pointer).unwrap_or(0),
-            undo,
-        )
+        let bytes = bytes as u64;
+        let held = match enforcer.pool_begin(device, pool, bytes) {
+            Ok(held) => held,
+            Err(error) => return error,
+        };
+        let context = current_context();
+        let result = allocate();
+        let allocated = if result == CUDA_SUCCESS {
+            read_out(pointer).unwrap_or(0)
+        } else {
+            0
+        };
+        match enforcer.pool_finish(held, device, bytes, (result, allocated, context)) {
+            PoolFinish::Done(result) => result,
+            PoolFinish::Over(over) => {
+                free(over.pointer);
+                enforcer.pool_undone(over)
+            }
+        }
     })
 }
 
@@ -130,7 +145,10 @@ hook! {
 fn looked_up(result: CUresult, pool: *mut CUmemoryPool, device: CUdevice) -> CUresult {
     after_success(result, |enforcer| {
         if let Some(visible) = enforcer.visible(device) {
-            enforcer.pool_known(read_out(pool.cast::<usize>()).unwrap_or(0), visible);
+            enforcer.ledger().pool_known(
+                read_out(pool.cast::<usize>()).unwrap_or(0),
+                visible.region_index,
+            );
         }
     })
 }
@@ -160,19 +178,19 @@ hook! {
 
 hook! {
     fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult |forward| {
-        after_success(forward(), |enforcer| enforcer.pool_destroyed(pool as usize))
+        after_success(forward(), |enforcer| enforcer.ledger().pool_destroyed(pool as usize))
     }
 }
 
 hook! {
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult |forward| {
-        after_success(forward(), |enforcer| enforcer.pool_settle(pool as usize))
+        after_success(forward(), |enforcer| enforcer.ledger().pool_settle(pool as usize, &RealPools))
     }
 }
 
 hook! {
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: i32, value: *mut c_void) -> CUresult |forward| {
-        after_success(forward(), |enforcer| enforcer.pool_settle(pool as usize))
+        after_success(forward(), |enforcer| enforcer.ledger().pool_settle(pool as usize, &RealPools))
     }
 }
 

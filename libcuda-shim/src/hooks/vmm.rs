@@ -26,31 +26,31 @@ hook! {
             charged_size(bytes as u64),
             lands_on,
             forward,
-            |enforcer, ticket| enforcer.vmm_created(read_out(handle).unwrap_or(0), ticket),
+            |enforcer, ticket| enforcer.ledger().vmm_created(read_out(handle).unwrap_or(0), ticket),
         )
     }
 }
 
 hook! {
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult |forward| {
-        after_success(forward(), |enforcer| enforcer.vmm_released(handle))
+        after_success(forward(), |enforcer| enforcer.ledger().vmm_released(handle))
     }
 }
 
 hook! {
     fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, address: *mut c_void) -> CUresult |forward| {
-        after_success(forward(), |enforcer| enforcer.vmm_retained(read_out(handle).unwrap_or(0)))
+        after_success(forward(), |enforcer| enforcer.ledger().vmm_retained(read_out(handle).unwrap_or(0)))
     }
 }
 
 hook! {
     fn cuMemMap(address: CUdeviceptr, bytes: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult |forward| {
-        after_success(forward(), |enforcer| enforcer.vmm_mapped(address, bytes as u64, handle))
+        after_success(forward(), |enforcer| enforcer.ledger().vmm_mapped(address, bytes as u64, handle))
     }
 }
 
 hook! {
     fn cuMemUnmap(address: CUdeviceptr, bytes: usize) -> CUresult |forward| {
-        after_success(forward(), |enforcer| enforcer.vmm_unmapped(address, bytes as u64))
+        after_success(forward(), |enforcer| enforcer.ledger().vmm_unmapped(address, bytes as u64))
     }
 }

@@ -5,10 +5,8 @@
 
 use vgpu_shimgen::runtime;
 
-use crate::debug;
-use crate::devices::Visible;
-use crate::process::{ProcessState, process_state};
-use crate::state::Enforcer;
+use super::Ledger;
+use super::pools::PoolDriver;
 
 /// The overhead charged for one context of this process.
 pub struct ContextCharge {
@@ -27,60 +25,49 @@ fn total_on(charges: &[ContextCharge], index: usize) -> u64 {
         .sum()
 }
 
-impl Enforcer {
-    /// The bytes this process's counted usage holds on `device` now (what the context
-    /// meter measures a new context against); `None` when the process has no slot, and
-    /// so nothing to charge a context to.
-    pub fn counted_on(&self, device: &Visible) -> Option<u64> {
-        let slot = process_state(self).slot?;
-        Some(self.region.slot_used(slot, device.region_index))
-    }
-
-    /// Records `bytes` as the overhead of a new context (once per context), as the
-    /// context meter measured it against [`Enforcer::counted_on`].
-    pub fn charge_context(&self, device: &Visible, context: usize, primary: bool, bytes: u64) {
-        let process = process_state(self);
-        let Some(slot) = process.slot else { return };
-        let mut charges = runtime::lock(&process.contexts);
+impl Ledger<'_> {
+    /// Counts `bytes` as the overhead of a new context on the device of region index
+    /// `index` (once per context), as the context meter measured it against
+    /// [`Ledger::counted_on`]. True when it was counted now.
+    pub fn charge_context(&self, index: usize, context: usize, primary: bool, bytes: u64) -> bool {
+        let Some(slot) = self.slot else { return false };
+        let mut charges = runtime::lock(&self.contexts);
         if charges.iter().any(|charge| charge.context == context) {
-            return;
+            return false;
         }
         charges.push(ContextCharge {
             context,
-            region_index: device.region_index,
+            region_index: index,
             bytes,
             primary,
         });
-        self.region.add_used(slot, device.region_index, bytes);
-        let total = total_on(&charges, device.region_index);
-        self.region.set_context(slot, device.region_index, total);
-        debug!(
-            "context {context:#x} on {} costs {bytes} bytes",
-            device.uuid
-        );
+        self.region.add_used(slot, index, bytes);
+        let total = total_on(&charges, index);
+        self.region.set_context(slot, index, total);
+        true
     }
 
     /// Whether this process already charged `context`.
     pub fn context_charged(&self, context: usize) -> bool {
-        runtime::lock(&process_state(self).contexts)
+        runtime::lock(&self.contexts)
             .iter()
             .any(|c| c.context == context)
     }
 
-    /// The primary context charged on a device, if any.
-    pub fn primary_context(&self, device: &Visible) -> Option<usize> {
-        runtime::lock(&process_state(self).contexts)
+    /// The primary context charged on the device of region index `index`, if any.
+    pub fn primary_context(&self, index: usize) -> Option<usize> {
+        runtime::lock(&self.contexts)
             .iter()
-            .find(|c| c.primary && c.region_index == device.region_index)
+            .find(|c| c.primary && c.region_index == index)
             .map(|c| c.context)
     }
 
-    /// Credits back a destroyed context: its allocations and its overhead.
-    pub fn context_destroyed(&self, context: usize) {
-        self.forget_context(context);
-        let process = process_state(self);
-        let Some(slot) = process.slot else { return };
-        let mut charges = runtime::lock(&process.contexts);
+    /// Credits back a destroyed context: its allocations (settling the pools through
+    /// `driver`) and its overhead.
+    pub fn context_destroyed(&self, context: usize, driver: &dyn PoolDriver) {
+        self.forget_context(context, driver);
+        let Some(slot) = self.slot else { return };
+        let mut charges = runtime::lock(&self.contexts);
         let Some(position) = charges.iter().position(|c| c.context == context) else {
             return;
         };
@@ -91,8 +78,8 @@ impl Enforcer {
     }
 
     /// This process's context overhead on the device of region index `index`.
-    pub(crate) fn context_overhead(&self, process: &ProcessState, index: usize) -> u64 {
-        total_on(&runtime::lock(&process.contexts), index)
+    pub(super) fn context_overhead(&self, index: usize) -> u64 {
+        total_on(&runtime::lock(&self.contexts), index)
     }
 }
 
@@ -125,5 +112,27 @@ mod tests {
         assert_eq!(total_on(&charges, 0), 520);
         assert_eq!(total_on(&charges, 1), 300);
         assert_eq!(total_on(&charges, 2), 0);
+    }
+
+    #[test]
+    fn a_context_is_charged_once_and_credited_with_its_allocations() {
+        use crate::ledger::allocations::AllocKey;
+        use crate::ledger::tests::{DEVICE_0, MIB, fixture};
+        let f = fixture();
+        let (ledger, driver) = f.ledger();
+        assert!(ledger.charge_context(0, 0xc0, true, 500 * MIB));
+        assert!(
+            !ledger.charge_context(0, 0xc0, true, 500 * MIB),
+            "once per context"
+        );
+        assert!(ledger.context_charged(0xc0));
+        assert_eq!(ledger.primary_context(0), Some(0xc0));
+        assert_eq!(ledger.primary_context(1), None);
+        let ticket = ledger.reserve(DEVICE_0, 100 * MIB, &driver).expect("fits");
+        ledger.record(AllocKey::Pointer(0x10), ticket, 0xc0);
+        assert_eq!(ledger.used(0), 600 * MIB);
+        ledger.context_destroyed(0xc0, &driver);
+        assert_eq!(ledger.used(0), 0);
+        assert!(!ledger.context_charged(0xc0));
     }
 }

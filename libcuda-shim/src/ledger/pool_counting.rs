@@ -1,76 +1,103 @@
-//! Memory pools, counted by what they have reserved (the table is `super::pools`): an
-//! allocation reserves the most its pool can grow by first, then the pool is settled at
-//! the driver's figure (`Enforcer::pool_allocate`); frees credit nothing;
-//! synchronisation points, trims, attribute changes and pool destruction settle again.
-//! Before refusing any allocation, this process's pools are trimmed if that makes room.
+//! Memory pools, counted by what they keep reserved (the table is `super::pools`). An
+//! allocation from a pool goes: [`Ledger::pool_begin`] reserves the most the pool can
+//! grow by (making room first, or refusing unless the pool has the room unused) and
+//! holds the pool table; the allocation path makes the real call; [`Ledger::pool_finish`]
+//! settles the pool at the driver's figure and gives the reservation back. Should the
+//! pool have grown past the quota anyway, it says so ([`PoolFinish::Over`]): the path
+//! frees the allocation and [`Ledger::pool_undone`] trims and settles the pool. Frees
+//! credit nothing; synchronisation points, trims, attribute changes and pool
+//! destruction settle again. Before refusing any reservation, this process's pools are
+//! trimmed if that makes room.
 
-use std::ffi::c_void;
+use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
 use vgpu_contract::region::SlotId;
+use vgpu_shimgen::runtime;
 
-use super::Ticket;
 use super::allocations::{AllocKey, Allocation};
 use super::pools::{PoolDriver, PoolTable};
-use crate::cuda::*;
-use crate::devices::Visible;
-use crate::process::{ProcessState, process_state};
-use crate::state::Enforcer;
-use crate::{debug, real};
+use super::{Ledger, Place, Ticket};
+use crate::cuda::{CUDA_SUCCESS, CUresult};
+use crate::debug;
 
-impl Enforcer {
-    /// A pool of `device` became known (created, or looked up as a device's pool).
-    pub fn pool_known(&self, pool: usize, device: &Visible) {
-        process_state(self).pools().know(pool, device.region_index);
+/// An allocation from a pool between its reservation and its real call's result: the
+/// pool table stays held (so the pool's growth is this allocation's alone) until
+/// [`Ledger::pool_finish`].
+#[must_use = "a pool reservation is finished after the real call"]
+pub struct PoolHeld<'l> {
+    pools: MutexGuard<'l, PoolTable>,
+    slot: SlotId,
+    place: Place,
+    pool: usize,
+    /// Bytes reserved in the region for the call (0 when the pool had the room unused).
+    held: u64,
+}
+
+/// What [`Ledger::pool_finish`] found.
+#[must_use = "an allocation that passed the quota is freed, then `pool_undone`"]
+pub enum PoolFinish<'l> {
+    /// Settled: answer this result.
+    Done(CUresult),
+    /// The pool grew past the quota: free the allocation at `pointer`, then
+    /// [`Ledger::pool_undone`] (the table stays held until then).
+    Over(PoolOver<'l>),
+}
+
+/// A pool allocation to undo (see [`PoolFinish::Over`]).
+#[must_use = "an allocation that passed the quota is freed, then `pool_undone`"]
+pub struct PoolOver<'l> {
+    pools: MutexGuard<'l, PoolTable>,
+    slot: SlotId,
+    pool: usize,
+    /// The allocation to free.
+    pub pointer: u64,
+    /// How much the pool grew for it.
+    pub grew: i128,
+}
+
+impl Ledger<'_> {
+    /// A pool of the device of region index `index` became known (created, or looked
+    /// up as a device's pool).
+    pub fn pool_known(&self, pool: usize, index: usize) {
+        self.pools().know(pool, index);
     }
 
-    /// The visible device a known pool belongs to.
-    pub fn pool_device(&self, pool: usize) -> Option<&Visible> {
-        let index = process_state(self).pools().device_of(pool)?;
-        self.devices()?.iter().find(|d| d.region_index == index)
+    /// The region index of a known pool's device.
+    pub fn pool_device(&self, pool: usize) -> Option<usize> {
+        self.pools().device_of(pool)
     }
 
     /// Re-reads what `pool` has reserved (after a trim or an attribute change).
-    pub fn pool_settle(&self, pool: usize) {
-        let process = process_state(self);
-        let Some(slot) = process.slot else { return };
-        let mut pools = process.pools();
-        self.apply(slot, pools.settle(pool, &RealPools));
-        process.pools_changed(&pools);
+    pub fn pool_settle(&self, pool: usize, driver: &dyn PoolDriver) {
+        let Some(slot) = self.slot else { return };
+        let mut pools = self.pools();
+        self.apply(slot, pools.settle(pool, driver));
+        self.pools_changed(&pools);
     }
 
     /// `cuMemPoolDestroy` succeeded.
     pub fn pool_destroyed(&self, pool: usize) {
-        let process = process_state(self);
-        let Some(slot) = process.slot else { return };
-        let mut pools = process.pools();
+        let Some(slot) = self.slot else { return };
+        let mut pools = self.pools();
         self.apply(slot, pools.destroyed(pool));
-        process.pools_changed(&pools);
-    }
-
-    /// A synchronisation point passed (the driver may have released pool memory
-    /// beyond the release thresholds): settle the pools. One load when no pool holds
-    /// counted memory; never waits for a thread that is allocating.
-    #[inline]
-    pub fn synchronized(&self) {
-        let process = process_state(self);
-        if let Some(slot) = process.slot {
-            self.settle_pools(process, slot, None);
-        }
+        self.pools_changed(&pools);
     }
 
     /// Settles every pool (of the device of region index `index`, or all), unless none
-    /// holds counted memory or another thread holds the table.
+    /// holds counted memory or another thread holds the table: one load when no pool
+    /// holds counted memory; never waits for a thread that is allocating.
     #[inline]
-    pub(super) fn settle_pools(&self, process: &ProcessState, slot: SlotId, index: Option<usize>) {
-        if !process.pools_hold_memory.load(Ordering::Relaxed) {
+    pub fn settle_pools(&self, index: Option<usize>, driver: &dyn PoolDriver) {
+        if !self.pools_hold_memory.load(Ordering::Relaxed) {
             return;
         }
-        let Some(mut pools) = process.try_pools() else {
+        let Some(slot) = self.slot else { return };
+        let Some(mut pools) = runtime::try_lock(&self.pools) else {
             return;
         };
-        self.apply(slot, pools.settle_all(index, &RealPools));
-        process.pools_changed(&pools);
+        self.apply(slot, pools.settle_all(index, driver));
+        self.pools_changed(&pools);
     }
 
     /// The slow path of a reservation that did not fit: reclaim dead processes' slots,
@@ -79,13 +106,17 @@ impl Enforcer {
     pub(super) fn reserve_making_room(
         &self,
         slot: SlotId,
-        device: &Visible,
+        place: Place,
         bytes: u64,
         pools: &mut PoolTable,
+        driver: &dyn PoolDriver,
     ) -> bool {
-        let (index, limit) = (device.region_index, self.limit(device));
+        let Place {
+            region_index: index,
+            limit,
+        } = place;
         self.region.reclaim_dead();
-        self.apply(slot, pools.settle_all(Some(index), &RealPools));
+        self.apply(slot, pools.settle_all(Some(index), driver));
         if self.region.try_reserve(slot, index, bytes, limit) {
             return true;
         }
@@ -94,81 +125,96 @@ impl Enforcer {
             .device_used(index)
             .saturating_add(bytes)
             .saturating_sub(limit);
-        if shortfall > 0 && pools.trimmable(index, &RealPools) >= shortfall {
-            debug!(
-                "trimming this process's pools on {} for {bytes} bytes",
-                device.uuid
-            );
-            self.apply(slot, pools.trim_all(index, &RealPools));
+        if shortfall > 0 && pools.trimmable(index, driver) >= shortfall {
+            debug!("trimming this process's pools on device {index} for {bytes} bytes");
+            self.apply(slot, pools.trim_all(index, driver));
             return self.region.try_reserve(slot, index, bytes, limit);
         }
         false
     }
 
-    /// Allocates `bytes` from `pool` on `device` with the pool counted by what it has
-    /// reserved: reserves the most the pool can grow by for it first (refusing, after
-    /// making room, when even that does not fit, unless the pool has the room unused),
-    /// runs `allocate`, then settles the pool at the driver's figure. Should the pool
-    /// have grown past the quota anyway, `undo` frees the allocation (freed and
-    /// synchronised) and the pool is trimmed: CUDA_ERROR_OUT_OF_MEMORY.
-    #[allow(clippy::too_many_arguments)]
-    pub fn pool_allocate(
+    /// Before `bytes` are allocated from `pool` at `place`: reserves the most the pool
+    /// can grow by for it (after making room if need be), or nothing when the pool has
+    /// the room unused; `None`, having counted nothing, when neither (the real call
+    /// must not run). The pool table stays held until [`Ledger::pool_finish`].
+    pub fn pool_begin(
         &self,
-        device: &Visible,
+        place: Place,
         pool: usize,
         bytes: u64,
-        context: usize,
-        allocate: impl FnOnce() -> CUresult,
-        pointer: impl FnOnce() -> u64,
-        undo: impl FnOnce(u64),
-    ) -> CUresult {
-        let process = process_state(self);
-        let Some(slot) = process.slot else {
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        };
-        self.sync_with_driver(process, slot, device);
-        let mut pools = process.pools();
-        let (index, limit) = (device.region_index, self.limit(device));
+        driver: &dyn PoolDriver,
+    ) -> Option<PoolHeld<'_>> {
+        let slot = self.slot?;
+        let mut pools = self.pools();
+        let Place {
+            region_index: index,
+            limit,
+        } = place;
         if pools.know(pool, index) {
             // A pool seen for the first time may hold memory already.
-            self.apply(slot, pools.settle(pool, &RealPools));
+            self.apply(slot, pools.settle(pool, driver));
         }
         let bound = pool_growth_bound(bytes);
         let held = if self.region.try_reserve(slot, index, bound, limit)
-            || self.reserve_making_room(slot, device, bound, &mut pools)
+            || self.reserve_making_room(slot, place, bound, &mut pools, driver)
         {
             bound
-        } else if pool_has_room(pool, bytes) {
+        } else if pools.has_room(pool, bytes, driver) {
             0
         } else {
-            debug!("refusing {bytes} bytes from pool {pool:#x}");
-            self.refused(device, bytes, limit);
-            return CUDA_ERROR_OUT_OF_MEMORY;
+            return None;
         };
-        let result = allocate();
-        let change = pools.settle(pool, &RealPools);
+        Some(PoolHeld {
+            pools,
+            slot,
+            place,
+            pool,
+            held,
+        })
+    }
+
+    /// After the real call returned `result` (and, on success, the allocation at
+    /// `pointer` in `context`): the pool settled at the driver's figure, the
+    /// reservation given back, the allocation recorded (its free credits nothing: the
+    /// pool keeps the memory). [`PoolFinish::Over`] when the pool grew past the quota.
+    pub fn pool_finish<'l>(
+        &'l self,
+        held: PoolHeld<'l>,
+        result: CUresult,
+        pointer: u64,
+        context: usize,
+        driver: &dyn PoolDriver,
+    ) -> PoolFinish<'l> {
+        let PoolHeld {
+            mut pools,
+            slot,
+            place,
+            pool,
+            held,
+        } = held;
+        let index = place.region_index;
+        let change = pools.settle(pool, driver);
         let grew = change.map_or(0, |c| c.delta);
         self.apply(slot, change);
         self.region.release(slot, index, held);
         if result != CUDA_SUCCESS {
-            process.pools_changed(&pools);
-            return result;
+            self.pools_changed(&pools);
+            return PoolFinish::Done(result);
         }
-        let ptr = pointer();
-        if grew > held as i128 && self.region.device_used(index) > limit {
-            debug!("pool {pool:#x} grew by {grew} bytes for {bytes}, past the quota: undone");
-            self.refused(device, bytes, limit);
-            undo(ptr);
-            RealPools.trim(pool);
-            self.apply(slot, pools.settle(pool, &RealPools));
-            process.pools_changed(&pools);
-            return CUDA_ERROR_OUT_OF_MEMORY;
+        if grew > held as i128 && self.region.device_used(index) > place.limit {
+            return PoolFinish::Over(PoolOver {
+                pools,
+                slot,
+                pool,
+                pointer,
+                grew,
+            });
         }
         pools.allocated(pool);
-        process.pools_changed(&pools);
+        self.pools_changed(&pools);
         drop(pools);
         self.remember(
-            AllocKey::Pointer(ptr),
+            AllocKey::Pointer(pointer),
             Allocation {
                 ticket: Ticket {
                     slot,
@@ -179,7 +225,21 @@ impl Enforcer {
                 pool: Some(pool),
             },
         );
-        CUDA_SUCCESS
+        PoolFinish::Done(CUDA_SUCCESS)
+    }
+
+    /// The allocation [`PoolFinish::Over`] named was freed: trims the pool and settles
+    /// it, so that what it grew by is given back.
+    pub fn pool_undone(&self, over: PoolOver<'_>, driver: &dyn PoolDriver) {
+        let PoolOver {
+            mut pools,
+            slot,
+            pool,
+            ..
+        } = over;
+        driver.trim(pool);
+        self.apply(slot, pools.settle(pool, driver));
+        self.pools_changed(&pools);
     }
 }
 
@@ -193,49 +253,11 @@ pub fn pool_growth_bound(bytes: u64) -> u64 {
     bytes.div_ceil(STEP).saturating_mul(STEP).max(CHUNK)
 }
 
-/// Whether `pool` has `bytes` (in 2 MiB steps) reserved and unused.
-fn pool_has_room(pool: usize, bytes: u64) -> bool {
-    let reserved = RealPools.attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
-    let used = RealPools.attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
-    match (reserved, used) {
-        (Some(reserved), Some(used)) => {
-            reserved.saturating_sub(used) >= bytes.div_ceil(2 << 20).saturating_mul(2 << 20)
-        }
-        _ => false,
-    }
-}
-
-/// The real driver's pool attributes, for the pool ledger.
-struct RealPools;
-
-impl PoolDriver for RealPools {
-    fn attribute(&self, pool: usize, attribute: i32) -> Option<u64> {
-        let get = real!(cuMemPoolGetAttribute as fn(CUmemoryPool, i32, *mut c_void) -> CUresult);
-        let mut value = 0u64;
-        // SAFETY: the reserved/used attributes are cuuint64_t, written to our own u64.
-        let result = unsafe {
-            get(
-                pool as CUmemoryPool,
-                attribute,
-                (&mut value as *mut u64).cast(),
-            )
-        };
-        (result == CUDA_SUCCESS).then_some(value)
-    }
-
-    fn trim(&self, pool: usize) {
-        let trim = real!(cuMemPoolTrimTo as fn(CUmemoryPool, usize) -> CUresult);
-        // SAFETY: trimming a pool handle this process allocated from; it releases only
-        // memory that no allocation uses.
-        unsafe { trim(pool as CUmemoryPool, 0) };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MIB: u64 = 1 << 20;
+    use crate::cuda::{CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CUDA_ERROR_OUT_OF_MEMORY};
+    use crate::ledger::tests::{DEVICE_0, MIB, fixture};
 
     #[test]
     fn a_pool_grows_by_its_chunk_at_least() {
@@ -248,5 +270,87 @@ mod tests {
         assert_eq!(pool_growth_bound(32 * MIB + 1), 34 * MIB);
         assert_eq!(pool_growth_bound(301 * MIB), 302 * MIB);
         assert_eq!(pool_growth_bound(u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn a_pool_is_counted_by_what_it_keeps_and_an_allocation_that_grows_it_past_the_quota_is_undone()
+    {
+        let f = fixture();
+        let (ledger, driver) = f.ledger();
+        // A 100 MiB allocation: the pool grows by 100 MiB, keeps it after the free.
+        let held = ledger
+            .pool_begin(DEVICE_0, 9, 100 * MIB, &driver)
+            .expect("fits");
+        assert_eq!(
+            ledger.used(0),
+            100 * MIB,
+            "the growth bound is held for the call"
+        );
+        driver.0.borrow_mut().insert(9, (100 * MIB, 100 * MIB));
+        assert!(matches!(
+            ledger.pool_finish(held, CUDA_SUCCESS, 0x9000, 1, &driver),
+            PoolFinish::Done(CUDA_SUCCESS)
+        ));
+        assert_eq!(ledger.used(0), 100 * MIB, "the pool's reservation");
+        ledger.forget(AllocKey::Pointer(0x9000));
+        driver.0.borrow_mut().insert(9, (100 * MIB, 0));
+        ledger.settle_pools(None, &driver);
+        assert_eq!(ledger.used(0), 100 * MIB, "freed, but the pool keeps it");
+        // Another 1000 MiB would pass the quota; trimming the kept 100 MiB makes room.
+        let held = ledger
+            .pool_begin(DEVICE_0, 9, 1000 * MIB, &driver)
+            .expect("trimmed");
+        assert_eq!(
+            driver.attribute(9, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            Some(0)
+        );
+        assert_eq!(ledger.used(0), 1000 * MIB);
+        // The driver grew the pool by 1040 MiB (more than the bound): past the quota.
+        driver.0.borrow_mut().insert(9, (1040 * MIB, 1000 * MIB));
+        let PoolFinish::Over(over) = ledger.pool_finish(held, CUDA_SUCCESS, 0x9100, 1, &driver)
+        else {
+            panic!("a pool past the quota is undone");
+        };
+        assert_eq!((over.pointer, over.grew), (0x9100, 1040 * MIB as i128));
+        driver.0.borrow_mut().insert(9, (1040 * MIB, 0));
+        ledger.pool_undone(over, &driver);
+        assert_eq!(ledger.used(0), 0, "freed and trimmed: nothing kept");
+        assert_eq!(ledger.charge_of(AllocKey::Pointer(0x9100)), 0);
+    }
+
+    #[test]
+    fn a_pool_allocation_that_cannot_fit_is_refused_leaving_nothing_counted() {
+        let f = fixture();
+        let (ledger, driver) = f.ledger();
+        let other = ledger.reserve(DEVICE_0, 1000 * MIB, &driver).expect("fits");
+        assert!(ledger.pool_begin(DEVICE_0, 4, 64 * MIB, &driver).is_none());
+        assert_eq!(ledger.used(0), 1000 * MIB);
+        ledger.unreserve(other);
+        // The pool keeps 4 MiB reserved and unused: counted, and a 2 MiB allocation
+        // takes it without growing the pool, though the quota is full.
+        driver.0.borrow_mut().insert(4, (4 * MIB, 0));
+        ledger.pool_settle(4, &driver);
+        assert_eq!(ledger.used(0), 4 * MIB);
+        let other = ledger.reserve(DEVICE_0, 1020 * MIB, &driver).expect("fits");
+        let held = ledger
+            .pool_begin(DEVICE_0, 4, 2 * MIB, &driver)
+            .expect("room kept");
+        driver.0.borrow_mut().insert(4, (4 * MIB, 2 * MIB));
+        assert!(matches!(
+            ledger.pool_finish(held, CUDA_SUCCESS, 0x4000, 1, &driver),
+            PoolFinish::Done(CUDA_SUCCESS)
+        ));
+        assert_eq!(ledger.used(0), 1024 * MIB);
+        ledger.unreserve(other);
+        // A failed call gives its reservation back and keeps what the pool holds.
+        let held = ledger
+            .pool_begin(DEVICE_0, 4, 32 * MIB, &driver)
+            .expect("fits");
+        assert_eq!(ledger.used(0), 36 * MIB);
+        assert!(matches!(
+            ledger.pool_finish(held, CUDA_ERROR_OUT_OF_MEMORY, 0, 1, &driver),
+            PoolFinish::Done(CUDA_ERROR_OUT_OF_MEMORY)
+        ));
+        assert_eq!(ledger.used(0), 4 * MIB);
     }
 }

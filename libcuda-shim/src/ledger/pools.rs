@@ -128,6 +128,18 @@ impl PoolTable {
             .sum()
     }
 
+    /// Whether `pool` has `bytes` (in 2 MiB steps) reserved and unused.
+    pub fn has_room(&self, pool: usize, bytes: u64, driver: &dyn PoolDriver) -> bool {
+        let reserved = driver.attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+        let used = driver.attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+        match (reserved, used) {
+            (Some(reserved), Some(used)) => {
+                reserved.saturating_sub(used) >= bytes.div_ceil(2 << 20).saturating_mul(2 << 20)
+            }
+            _ => false,
+        }
+    }
+
     /// Trims every live pool of `region_index` and settles them.
     pub fn trim_all(&mut self, region_index: usize, driver: &dyn PoolDriver) -> Vec<Change> {
         for entry in &self.entries {

@@ -5,12 +5,10 @@
 
 use vgpu_shimgen::runtime;
 
-use super::Ticket;
 use super::vmm::{Freed, VmmTable};
-use crate::process::process_state;
-use crate::state::Enforcer;
+use super::{Ledger, Ticket};
 
-impl Enforcer {
+impl Ledger<'_> {
     /// `cuMemCreate` succeeded with the bytes `ticket` reserved.
     pub fn vmm_created(&self, handle: u64, ticket: Ticket) {
         self.with_vmm(|vmm| vmm.created(handle, ticket.region_index, ticket.bytes));
@@ -41,10 +39,25 @@ impl Enforcer {
 
     /// Runs `change` on the table and credits what it freed.
     fn with_vmm<F: IntoIterator<Item = Freed>>(&self, change: impl FnOnce(&mut VmmTable) -> F) {
-        let process = process_state(self);
-        let freed: Vec<Freed> = change(&mut runtime::lock(&process.vmm))
-            .into_iter()
-            .collect();
-        self.credit(process.slot, freed);
+        let freed: Vec<Freed> = change(&mut runtime::lock(&self.vmm)).into_iter().collect();
+        self.credit(freed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ledger::tests::{DEVICE_0, MIB, fixture};
+
+    #[test]
+    fn vmm_memory_is_released_at_its_last_unmap_or_release() {
+        let f = fixture();
+        let (ledger, driver) = f.ledger();
+        let ticket = ledger.reserve(DEVICE_0, 300 * MIB, &driver).expect("fits");
+        ledger.vmm_created(1, ticket);
+        ledger.vmm_mapped(0x1000_0000, 300 * MIB, 1);
+        ledger.vmm_released(1);
+        assert_eq!(ledger.used(0), 300 * MIB, "released but mapped: still held");
+        ledger.vmm_unmapped(0x1000_0000, 300 * MIB);
+        assert_eq!(ledger.used(0), 0);
     }
 }

@@ -1,8 +1,9 @@
 //! Lifecycle: building the per-device limiters on first use (after `cuInit`, from the
 //! enforcer's visible devices), rebuilding them in a forked child (`crate::fork_epoch`'s
 //! generation moves on; no lock is held across fork), and standing down at exit
-//! (`atexit`: nothing is throttled any more, and `VGPU_LIMITER_TRACE` is written). The
-//! process-wide switches the fast path reads (`LIMITS`, `EXITING`) live here.
+//! (`stand_down`, from the exit service `crate::exit`: nothing is throttled any more,
+//! and `VGPU_LIMITER_TRACE` is written). The process-wide switches the fast path reads
+//! (`LIMITS`, `EXITING`) live here.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -140,17 +141,17 @@ fn register_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         trace::init();
-        // SAFETY: registering a plain extern "C" exit handler (an atomic store, then the
-        // trace under a panic guard); the shim is linked with -z nodelete.
-        unsafe { libc::atexit(at_exit) };
+        crate::exit::register();
         crate::fork_epoch::register();
     });
 }
 
-extern "C" fn at_exit() {
+/// At exit (called by the exit service, `crate::exit`, under its panic guard: the
+/// trace formats and writes a file): nothing is throttled any more, and
+/// `VGPU_LIMITER_TRACE` is written.
+pub(crate) fn stand_down() {
     EXITING.store(true, Ordering::SeqCst);
-    // The trace formats and writes a file: a panic there must not unwind into libc.
-    vgpu_shimgen::runtime::guard((), write_trace);
+    write_trace();
 }
 
 /// Writes `VGPU_LIMITER_TRACE` at exit, when it is on.

@@ -59,6 +59,7 @@ use crate::cuda::*;
 use crate::current::PER_THREAD_KEY_BIT;
 use crate::state::{Visible, enforcer, real};
 use clock::GpuClock;
+pub(crate) use lifecycle::stand_down;
 use lifecycle::{EXITING, LIMITS, LIMITS_NONE, limiter};
 use sample::Sample;
 use shared::Shared;
