@@ -880,10 +880,18 @@ fn soft_mode_falls_back_within_a_second_when_another_container_is_busy() {
         !alone.is_empty() && alone.iter().all(|ppm| *ppm == 1_000_000),
         "alone it should be allowed the idle card: {alone:?}"
     );
-    // From a second after the other container started until it stops: its limit.
+    // From a second after the other container started until it stops: its limit. Not
+    // where the other's launching thread had no CPU for half of a window in the 300 ms
+    // before (its activity is judged over 200 ms; a host that starves it makes it idle,
+    // and the idle card is the soft container's to use).
+    let other_starved = |at: u64| {
+        let window = (at.saturating_sub(other.t0) / WINDOW_NS) as usize;
+        (window.saturating_sub(3)..=window).any(|w| other.starved(w, w + 1) >= 0.5)
+    };
     let contended: Vec<u64> = rates
         .iter()
         .filter(|(at, _)| (other.t0 + 1_000_000_000..other_end).contains(at))
+        .filter(|(at, _)| !other_starved(*at))
         .map(|(_, ppm)| *ppm)
         .collect();
     assert!(
@@ -964,10 +972,15 @@ fn two_processes_of_one_container_share_its_limit() {
         "one container, two processes of 4 streams: {a:.1}% and {b:.1}% of their bare throughput, card busy {}%\n{:?}\n{:?}",
         second.card_util, first.windows, second.windows
     );
+    // The card's busy time over the run's last second, less what the host's scheduler
+    // took from the less starved of the two processes' launching threads then (either
+    // can spend the container's budget).
+    let starved = first.starved(10, 20).min(second.starved(10, 20));
+    let busy = second.card_util as f64;
     assert!(
-        (second.card_util as f64 - 30.0).abs() <= 5.0,
-        "the container kept the card {}% busy under a limit of 30",
-        second.card_util
+        busy <= 35.0 && busy >= 25.0 * (1.0 - starved),
+        "the container kept the card {busy}% busy under a limit of 30 ({:.0}% starved)",
+        starved * 100.0
     );
     // Neither process starves (each gets at least half of what the other gets; over the
     // time-slicing sim each lands near 5.5% of its bare throughput, so a fixed floor of 5
