@@ -15,6 +15,12 @@
 //! simulated NVML counts it (the union of every kernel's run). Where coordination is
 //! tested, the test process plays the host: it runs `vgpu_coordination::coordinator` over the
 //! containers' regions and writes the card views they read.
+//!
+//! Judgements separate the limiter from the host's scheduler (CI has 2 cores, the other
+//! one often busy): upper bounds are strict (a starved thread only lowers a share);
+//! lower bounds are discounted by each launching thread's run-queue time per window
+//! (`/proc/thread-self/schedstat`, `Starved`), or judged by the limiter's own account
+//! (`VGPU_LIMITER_TRACE`) against the simulated card's.
 
 use std::ffi::{CString, c_char, c_uint, c_void};
 use std::path::{Path, PathBuf};
