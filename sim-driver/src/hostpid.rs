@@ -34,27 +34,27 @@ pub struct HostPids {
 /// The process's cache (NVML is asked from any thread).
 static CACHE: Mutex<Option<HostPids>> = Mutex::new(None);
 
+/// Runs `ask` on the process's cache; where it is busy (another thread's call, or a
+/// lock a forked child inherited from a thread that no longer exists), on a fresh one:
+/// the same answer, found the slow way, and never a wait.
+fn with_cache<T>(ask: impl FnOnce(&mut HostPids) -> T) -> T {
+    match CACHE.try_lock() {
+        Ok(mut cache) => ask(cache.get_or_insert_with(HostPids::default)),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+            ask(poisoned.into_inner().get_or_insert_with(HostPids::default))
+        }
+        Err(std::sync::TryLockError::WouldBlock) => ask(&mut HostPids::default()),
+    }
+}
+
 /// This process's PID namespace (`/proc/self/ns/pid`), read once per process.
 pub fn my_pid_ns() -> u64 {
-    let mut cache = CACHE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    cache
-        .get_or_insert_with(HostPids::default)
-        .my_ns(Path::new("/proc"))
+    with_cache(|cache| cache.my_ns(Path::new("/proc")))
 }
 
 /// [`HostPids::visible_pid`] under `/proc`, with the process's cache.
 pub fn visible_pid(pid: u32, pid_ns: u64, start_time: u64) -> Option<u32> {
-    let mut cache = CACHE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    cache.get_or_insert_with(HostPids::default).visible_pid(
-        Path::new("/proc"),
-        pid,
-        pid_ns,
-        start_time,
-    )
+    with_cache(|cache| cache.visible_pid(Path::new("/proc"), pid, pid_ns, start_time))
 }
 
 impl HostPids {
