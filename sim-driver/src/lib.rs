@@ -12,6 +12,7 @@ pub(crate) mod clock;
 pub(crate) mod config;
 pub(crate) mod cuda;
 pub(crate) mod ffi;
+pub(crate) mod hostpid;
 pub(crate) mod nvml;
 pub(crate) mod state;
 pub(crate) mod sync;

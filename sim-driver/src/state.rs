@@ -375,7 +375,7 @@ impl SharedState {
     /// Zeroes the slots of processes that died (judged only for slots of our PID
     /// namespace, where PIDs mean what they say). Returns how many were reclaimed.
     pub fn reclaim_dead(&self) -> usize {
-        let my_ns = process::current().pid_ns;
+        let my_ns = crate::hostpid::my_pid_ns();
         let mut reclaimed = 0;
         for index in 0..self.high_water() {
             let slot = self.slot(index);
@@ -542,7 +542,6 @@ impl SharedState {
     /// caller's namespace under its own PID; from the initial namespace, a process of a
     /// child namespace under its host PID; a process the caller cannot see is left out.
     pub fn processes(&self, gpu: usize, now: u64) -> Vec<ProcessRecord> {
-        let my_ns = process::current().pid_ns;
         (0..self.high_water())
             .filter_map(|index| self.live(index))
             .filter_map(|(slot, pid)| {
@@ -551,11 +550,10 @@ impl SharedState {
                 if used == 0 && contexts == 0 {
                     return None;
                 }
-                let pid = visible_pid(
+                let pid = crate::hostpid::visible_pid(
                     pid,
                     slot.pid_ns.load(Ordering::Acquire),
                     slot.start_time.load(Ordering::Acquire),
-                    my_ns,
                 )?;
                 Some(ProcessRecord {
                     pid,
@@ -574,31 +572,6 @@ impl SharedState {
     pub fn slot_used(&self, slot: SlotIndex, gpu: usize) -> u64 {
         self.slot(slot.0).used[gpu].load(Ordering::Acquire)
     }
-}
-
-/// The PID a process (`pid` in namespace `pid_ns`, started at `start_time`) has in the
-/// caller's namespace `my_ns`: its own in the same namespace; from the initial
-/// namespace, the host PID whose innermost `NSpid` level, namespace and start time are
-/// its; `None` where the caller cannot see it.
-fn visible_pid(pid: u32, pid_ns: u64, start_time: u64, my_ns: u64) -> Option<u32> {
-    if pid_ns == my_ns || pid_ns == 0 || my_ns == 0 {
-        return Some(pid);
-    }
-    if my_ns != process::INIT_PID_NS {
-        return None;
-    }
-    let proc_root = Path::new("/proc");
-    std::fs::read_dir(proc_root)
-        .ok()?
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .find(|&host| {
-            process::pid_namespace_in(proc_root, &host.to_string()) == Some(pid_ns)
-                && process::ns_pids_in(proc_root, host).and_then(|l| l.last().copied())
-                    == Some(pid as i32)
-                && process::start_time_in(proc_root, host) == Some(start_time)
-        })
-        .map(|host| host as u32)
 }
 
 #[cfg(test)]
