@@ -1491,8 +1491,14 @@ isolated!(
             SUCCESS,
             "an unrecorded event is complete"
         );
-        // 100 launches of a 100 us kernel: 10 ms of simulated time.
+        // 100 launches of a 100 us kernel: 10 ms of simulated time. Queued behind
+        // 200 ms of 20 ms kernels, so the stream never runs dry while this thread
+        // launches (a descheduled test thread on a busy machine would otherwise leave
+        // gaps in the timeline and let the work finish before the queries below).
         let wall = Instant::now();
+        for _ in 0..10 {
+            assert_eq!(launch(&sim, k20ms, stream), SUCCESS);
+        }
         assert_eq!(
             call!(sim, "cuEventRecord", fn(u64, u64), start, stream),
             SUCCESS
@@ -1519,7 +1525,7 @@ isolated!(
         assert_eq!(call!(sim, "cuStreamQuery", fn(u64), stream), NOT_READY);
         assert_eq!(call!(sim, "cuEventSynchronize", fn(u64), end), SUCCESS);
         assert!(
-            wall.elapsed().as_secs_f64() >= 0.010,
+            wall.elapsed().as_secs_f64() >= 0.210,
             "synchronize waits for the simulated work"
         );
         assert_eq!(call!(sim, "cuEventQuery", fn(u64), end), SUCCESS);
@@ -2303,7 +2309,6 @@ isolated!(
             SUCCESS
         );
         assert_eq!(status(stream), 1);
-        let wall = Instant::now();
         let event = new_event(&sim);
         for _ in 0..2 {
             assert_eq!(launch(&sim, k20ms, stream), SUCCESS);
@@ -2323,8 +2328,11 @@ isolated!(
             ),
             SUCCESS
         );
-        assert!(
-            wall.elapsed().as_secs_f64() < 0.02,
+        // Had the two 20 ms kernels run, the stream would still be busy with them
+        // (judged by the sim's own timeline, not by how fast this thread got here).
+        assert_eq!(
+            call!(sim, "cuStreamQuery", fn(u64), stream),
+            SUCCESS,
             "captured kernels do not run"
         );
         assert_eq!(status(stream), 0);
