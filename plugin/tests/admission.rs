@@ -265,3 +265,27 @@ async fn an_allocate_call_that_fails_books_none_of_its_requests() {
     assert_eq!(folders, 0, "its folder is removed too");
     plugin.handle.stop().await;
 }
+
+#[test]
+fn a_plugin_dropped_without_stop_lets_its_runtime_end() {
+    // A test that fails mid-way drops the plugin without stopping it; its runtime's
+    // drop must still end (it waits for the coordinator's blocking thread), or the
+    // failure hangs the test run.
+    let (ended, ends) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let kubelet = TestKubelet::start().await;
+            let plugin = start_plugin(&kubelet, 1).await;
+            drop(plugin);
+        });
+        drop(runtime);
+        let _ = ended.send(());
+    });
+    ends.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the runtime ended within 60 s of the plugin's drop");
+}
