@@ -195,6 +195,11 @@ impl ResourceService {
                 return Err(Status::invalid_argument(refusal));
             }
         }
+        if let Ok(listed) = &listed {
+            shared
+                .allocator()
+                .check_second_half(self.kind, ids, listed, now_unix())?;
+        }
         let blockers = shared.allocator().blockers(self.kind, ids, now_unix());
         let mut holders = None;
         if !blockers.is_empty() {
