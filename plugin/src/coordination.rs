@@ -139,7 +139,9 @@ pub async fn run(
         let inputs = tick::Loop {
             elect: &mut || true,
             containers: &mut containers,
-            stop: &|| *stop.borrow(),
+            // Also once the sender is gone (a handle dropped without `stop`, as a
+            // failing test does): the runtime's drop waits for this thread.
+            stop: &|| *stop.borrow() || stop.has_changed().is_err(),
         };
         tick::run(&settings, inputs, &mut Logged::default());
     })

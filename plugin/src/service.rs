@@ -116,6 +116,21 @@ impl Shared {
         Ok(())
     }
 
+    /// Releases every record kubelet has released (a pod it rejected after an Allocate,
+    /// or deleted before it started: [`Allocator::release_released`]); removes their
+    /// folders. Called with each fresh PodResources list, before any pick or booking.
+    fn release_released(&self, holders: &HolderIndex) -> Result<(), Status> {
+        let released = self
+            .allocator()
+            .release_released(holders)
+            .map_err(|err| Status::internal(err.to_string()))?;
+        for record in &released {
+            tracing::info!(allocation = %record.id, pod = ?record.admitted_for, "released the allocation of a pod kubelet no longer lists (rejected or deleted before it started)");
+            container::remove_allocation(&self.config, record);
+        }
+        Ok(())
+    }
+
     async fn holders(&self) -> Result<HolderIndex, Status> {
         let pods = kubelet::list_pod_resources(&self.config.pod_resources_socket)
             .await
@@ -159,6 +174,9 @@ impl ResourceService {
     > {
         let shared = &self.shared;
         let listed = shared.holders().await;
+        if let Ok(listed) = &listed {
+            shared.release_released(listed)?;
+        }
         // A shape that cannot work is refused before the container is admitted.
         let admitting = match &listed {
             Ok(listed) => shared.admitting(Some(listed)).await,
@@ -176,6 +194,11 @@ impl ResourceService {
             {
                 return Err(Status::invalid_argument(refusal));
             }
+        }
+        if let Ok(listed) = &listed {
+            shared
+                .allocator()
+                .check_second_half(self.kind, ids, listed, now_unix())?;
         }
         let blockers = shared.allocator().blockers(self.kind, ids, now_unix());
         let mut holders = None;
@@ -295,6 +318,7 @@ impl DevicePlugin for ResourceService {
         let holders = self.shared.holders().await.ok();
         let admitting = self.shared.admitting(holders.as_ref()).await;
         if let Some(holders) = &holders {
+            self.shared.release_released(holders)?;
             // A deleted pod's share is free at once: kubelet offers its IDs again.
             let offered: Vec<String> = request
                 .container_requests

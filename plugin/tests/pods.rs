@@ -267,8 +267,13 @@ async fn a_tenant_truncating_its_region_in_a_loop_neither_crashes_nor_stalls_the
                 &[(CORE, 1), (MEMORY, 1)],
             )
             .await;
+        // An answer: admitted, or refused saying why (once card 0's memory is booked,
+        // a pod whose cores went there and whose memory kubelet puts on card 1).
         assert!(
-            other.is_ok(),
+            other.as_ref().map_or_else(
+                |(_, status)| status.code() == Code::InvalidArgument,
+                |_| true
+            ),
             "Allocate answers: {:?}",
             other.err().map(|e| e.1)
         );

@@ -430,6 +430,72 @@ dp_two_pods_one_card() {
     echo "$a" > "$WORK/shared-card"
 }
 
+# The device IDs kubelet's checkpoint records for pod UID $1 (one per line, sorted).
+checkpoint_ids() {
+    python3 - "$1" /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint <<'PY'
+import json, sys
+uid, path = sys.argv[1], sys.argv[2]
+entries = json.load(open(path))["Data"]["PodDeviceEntries"] or []
+ids = {i for e in entries if e["PodUID"] == uid for v in e["DeviceIDs"].values() for i in v}
+for i in sorted(ids):
+    print(i)
+PY
+}
+
+# Issue 29: kubelet v1.37 rejects a pod when one of its Allocate calls fails after the
+# calls before it succeeded; its checkpoint keeps those IDs until its next admission or
+# PodResources List (UpdateAllocatedDevices) frees them, without a word to the plugin,
+# and binpack hands them to the next pod. The plugin must release every record of the
+# rejected pod, of both resources, before it picks or books for the next pod: the next
+# pod, a whole card here, runs on that card unthrottled, and no record of the rejected
+# pod is left (the old plugin kept its memory half booked under the whole card).
+dp_rejected_pods_ids_are_the_next_pods() {
+    kubectl apply -f - >/dev/null <<EOF || return 1
+apiVersion: v1
+kind: Pod
+metadata:
+  name: rejected
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: first
+      image: $IMAGE
+      command: [sleep, infinity]
+      resources:
+        limits: { tencent.com/vcuda-core: 10, tencent.com/vcuda-memory: 4 }
+    - name: second
+      image: $IMAGE
+      command: [sleep, infinity]
+      resources:
+        limits: { tencent.com/vcuda-core: 10, tencent.com/vcuda-memory: $((CARD_UNITS + 1)) }
+EOF
+    wait_until 120 phase_is rejected Failed || { describe_pod rejected; fail "rejected is $(phase rejected)"; }
+    local uid held
+    uid=$(kubectl get pod rejected -o jsonpath='{.metadata.uid}')
+    checkpoint_ids "$uid" > "$WORK/rejected-ids"
+    held=$(wc -l < "$WORK/rejected-ids")
+    echo "rejected: $(kubectl get pod rejected -o jsonpath='{.status.reason}'); kubelet's checkpoint still holds $held of its IDs"
+    [ "$held" -ge 14 ] || fail "kubelet holds $held IDs of the rejected pod, not its first container's 10 cores and 4 memory units"
+    dp_pod after-rejected 100 0 sleep infinity >/dev/null || return 1
+    wait_until 120 phase_is after-rejected Running || { describe_pod after-rejected; fail "after-rejected is $(phase after-rejected)"; }
+    local config reused left
+    config=$(kubectl exec after-rejected -- cat /etc/vgpu/vgpu.yaml)
+    checkpoint_ids "$(kubectl get pod after-rejected -o jsonpath='{.metadata.uid}')" > "$WORK/after-ids"
+    reused=$(comm -12 "$WORK/rejected-ids" "$WORK/after-ids" | wc -l)
+    left=$(checkpoint_ids "$uid" | wc -l)
+    echo "after-rejected's config: $(echo "$config" | grep -E 'uuid|_limit' | tr -s ' \n' ' ')"
+    echo "after-rejected (a whole card) got $reused of the rejected pod's IDs; kubelet holds $left for the rejected pod now"
+    [ "$reused" -gt 0 ] || fail "after-rejected got none of the rejected pod's IDs: not the case under test"
+    echo "$config" | grep -q 'uuid: GPU-' || fail "after-rejected runs with its GPU hidden"
+    ! echo "$config" | grep -q '_limit:' || fail "after-rejected's whole card is limited"
+    ! grep -q '"pod": *"rejected"' /var/lib/vgpu/plugin-state.json || {
+        grep -o '"pod": *"rejected"[^}]*' /var/lib/vgpu/plugin-state.json | head -3
+        fail "the plugin still books the rejected pod"
+    }
+    kubectl delete pod rejected after-rejected --wait --timeout 60s >/dev/null
+}
+
 # After a restart (of the kubelet or of the plugin), nothing is lost: the capacity is
 # back, q30 and p60 still run, and a new pod of 20 cores is not put on their card (10
 # cores are left there). The kubelet walks the new pod's limits, a Go map, in random
@@ -492,7 +558,7 @@ dp_rbac() {
 }
 
 dp_cleanup() {
-    kubectl delete pod q30 p60 vcuda-example quota toobig toowide memonly wide refused holder next cardfuls after-kubelet after-plugin \
+    kubectl delete pod q30 p60 vcuda-example quota toobig toowide memonly wide refused holder next cardfuls after-kubelet after-plugin rejected after-rejected \
         --ignore-not-found --wait --timeout 60s >/dev/null
 }
 
@@ -528,6 +594,9 @@ device_plugin_run() { # helm|kubectl
     check "dp[$how] four containers of 10 cores and a card's memory each run" \
         dp_containers_with_cores_and_a_cards_memory
     kubectl delete pod cardfuls --ignore-not-found --wait --timeout 60s >/dev/null
+    check "dp[$how] a pod rejected after its first Allocate: its IDs are the next pod's, a whole card" \
+        dp_rejected_pods_ids_are_the_next_pods
+    kubectl delete pod rejected after-rejected --ignore-not-found --wait --timeout 60s >/dev/null
     check "dp[$how] uninstall" dp_uninstall "$how"
 }
 

@@ -106,6 +106,62 @@ impl Allocator {
         found.into_iter().collect()
     }
 
+    /// Refuses the second half of a container that kubelet put on another card than its
+    /// first: kubelet fills a short pick from any free IDs, so when no card had room for
+    /// both, the second half lands elsewhere, and the container could only be refused at
+    /// PreStartContainer, for ever. Told only when PodResources is certain: the last
+    /// Allocate call's IDs are listed for a container that holds none of `kind` yet
+    /// (kubelet admits one container at a time and lists each resource as soon as its
+    /// Allocate returns). Whole cards take no memory of their own and are not judged.
+    pub fn check_second_half(
+        &self,
+        kind: Kind,
+        ids: &[String],
+        holders: &HolderIndex,
+        now: u64,
+    ) -> Result<(), Status> {
+        let Some(first) = self.open_half(now, Some(holders)) else {
+            return Ok(());
+        };
+        let first_kind = kind.other();
+        let listed = first
+            .ids(first_kind)
+            .first()
+            .and_then(|id| holders.listed_holder(id));
+        let (Some(listed), Some(card)) = (listed, first.cards.first()) else {
+            return Ok(());
+        };
+        let whole = |count: usize| count.is_multiple_of(CORES_PER_CARD as usize);
+        let partial = match kind {
+            Kind::Core => !whole(ids.len()),
+            Kind::Memory => !first.is_whole_card(),
+        };
+        if first.cards.len() != 1 || !partial || !listed.ids(kind).is_empty() {
+            return Ok(());
+        }
+        // IDs spanning cards, or more than a card has, are refused by Allocate's own
+        // checks, which say so.
+        let cards: BTreeSet<String> = ids
+            .iter()
+            .filter_map(|id| DeviceId::parse(id))
+            .map(|device| device.uuid)
+            .collect();
+        if cards.len() != 1 || cards.contains(card) {
+            return Ok(());
+        }
+        let elsewhere = ids;
+        let owner = &listed.owner;
+        Err(Status::invalid_argument(format!(
+            "{}/{}/{}: its {} is on card {card}, but kubelet gave it {} IDs elsewhere ({}): no card has room for both its cores and its memory now; a container's cores and memory must come from one card",
+            owner.namespace,
+            owner.pod,
+            owner.container,
+            self.resource(first_kind),
+            self.resource(kind),
+            list(elsewhere)
+        )))
+    }
+
     /// Allocate for one container request of `kind`: a new record of its own. `holders`
     /// is PodResources when the service asked it (the request collided with records).
     pub fn allocate(

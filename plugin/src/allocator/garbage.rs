@@ -47,10 +47,7 @@ impl Allocator {
             let listed = record.device_ids().any(|id| holders.holder(id).is_some());
             let admitting = record.prepared_unix.is_none()
                 && now.saturating_sub(record.created_unix) <= window
-                && record
-                    .admitted_for
-                    .as_ref()
-                    .is_none_or(|owner| holders.lists_pod(&owner.namespace, &owner.pod));
+                && !released(record, holders);
             !listed && !admitting
         })
     }
@@ -105,6 +102,24 @@ impl Allocator {
         self.release_where(&leftovers, |_, _| true)
     }
 
+    /// Drops every record kubelet has released: one of a pod that PodResources no
+    /// longer lists (the pod named at PreStart once the container started, else the pod
+    /// being admitted at Allocate). Kubelet lists a pod from the moment it starts
+    /// admitting it until the pod is gone, so such a record is the half (or whole) of a
+    /// pod kubelet rejected after its Allocate, or of a pod deleted: kubelet has freed
+    /// its IDs, of both resources, and may hand them to the next pod, which must never
+    /// be paired with it, steered by it or kept off its card. Called only with a fresh
+    /// list while kubelet admits a pod (its pod manager holds every pod by then). A
+    /// record whose container could not be told (an init container PodResources does
+    /// not list) is left to the other checks. Returns them.
+    pub fn release_released(
+        &mut self,
+        holders: &HolderIndex,
+    ) -> anyhow::Result<Vec<AllocationRecord>> {
+        let ids: Vec<String> = self.state.allocations.keys().cloned().collect();
+        self.release_where(&ids, |_, record| released(record, holders))
+    }
+
     fn release_where(
         &mut self,
         ids: &[String],
@@ -139,4 +154,14 @@ impl Allocator {
         let ids: Vec<String> = self.state.allocations.keys().cloned().collect();
         self.release_stale(&ids, holders, now)
     }
+}
+
+/// Whether kubelet has released `record` ([`Allocator::release_released`]): the pod it
+/// was started for (once prepared) or admitted for (before) is no longer listed.
+pub(super) fn released(record: &AllocationRecord, holders: &HolderIndex) -> bool {
+    let pod = match record.prepared_unix {
+        Some(_) => record.owner.as_ref(),
+        None => record.admitted_for.as_ref(),
+    };
+    pod.is_some_and(|owner| !holders.lists_pod(&owner.namespace, &owner.pod))
 }

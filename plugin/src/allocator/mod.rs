@@ -23,8 +23,14 @@
 //! by a container that has started are refused.
 //!
 //! Kubelet also frees, without a word to the plugin, the IDs of a pod it rejects after
-//! one of its Allocate calls succeeded, and may hand them to the next pod. So sharing
-//! at Allocate decides nothing: at the PreStartContainer of a container PodResources
+//! one of its Allocate calls succeeded (v1.37: at its next admission or PodResources
+//! List, `UpdateAllocatedDevices`), and may hand them to the next pod. A record names
+//! the pod it was admitted for (`admitted_for`) and, once started, its owner; kubelet
+//! lists a pod from the moment it starts admitting it until it is gone, so a record
+//! whose pod PodResources no longer lists is released, never pending its other half:
+//! each GetPreferredAllocation and Allocate drops such records before it picks or books
+//! ([`Allocator::release_released`]). Where the pod could not be told, sharing at
+//! Allocate decides nothing: at the PreStartContainer of a container PodResources
 //! lists, records that hold some of its IDs and that no container started are such
 //! leftovers (an init container whose devices it reuses started before it) and are
 //! released, never paired ([`Allocator::release_leftovers`]).

@@ -270,7 +270,7 @@ impl Allocator {
         Ok(())
     }
 
-    fn resource(&self, kind: Kind) -> &str {
+    pub(super) fn resource(&self, kind: Kind) -> &str {
         match kind {
             Kind::Core => &self.config.core_resource,
             Kind::Memory => &self.config.memory_resource,

@@ -421,9 +421,7 @@ pub async fn plugin_with_api_and(
         .await
         .expect("stand-in API server");
     let kubelet = TestKubelet::start().await;
-    let mut config = kubelet.plugin_config();
-    config.api_server_url = Some(server.url());
-    config.node_name = Some(NODE.into());
+    let mut config = config_with_api(&kubelet, &server);
     edit(&mut config);
     let plugin = Plugin::start(
         &kubelet,
@@ -435,6 +433,17 @@ pub async fn plugin_with_api_and(
     )
     .await;
     (server, kubelet, plugin)
+}
+
+/// The config of a plugin against `kubelet` that reads this node's pods from `server`.
+pub fn config_with_api(
+    kubelet: &TestKubelet,
+    server: &vgpu_kube::standin::StandInApiServer,
+) -> PluginConfig {
+    let mut config = kubelet.plugin_config();
+    config.api_server_url = Some(server.url());
+    config.node_name = Some(NODE.into());
+    config
 }
 
 /// Puts a pending pod bound to [`NODE`] in the stand-in API server: one container per
@@ -537,8 +546,9 @@ impl TestKubelet {
 
     /// Kubelet's admission of one container: for each `(resource, count)` in order, the
     /// free devices (listed minus held), GetPreferredAllocation (its pick filled by
-    /// kubelet when short), Allocate, and the devices recorded in PodResources at once. An Allocate refusal is returned with
-    /// what was admitted before it.
+    /// kubelet when short), Allocate, and the devices recorded in PodResources at once.
+    /// An Allocate refusal is returned with what was admitted before it. A short pick is
+    /// filled in list order (see [`TestKubelet::admit_filling`]).
     pub async fn admit(
         &self,
         plugin: &mut Plugin,
@@ -546,6 +556,22 @@ impl TestKubelet {
         pod: &str,
         container: &str,
         requests: &[(&str, usize)],
+    ) -> Result<Admitted, (Admitted, Status)> {
+        self.admit_filling(plugin, namespace, pod, container, requests, |_| {})
+            .await
+    }
+
+    /// [`TestKubelet::admit`] with kubelet's fill order: `order` arranges the free IDs
+    /// a short pick is filled from (kubelet v1.37 `devicesToAllocate` walks a Go set:
+    /// a random order).
+    pub async fn admit_filling(
+        &self,
+        plugin: &mut Plugin,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        requests: &[(&str, usize)],
+        mut order: impl FnMut(&mut [String]),
     ) -> Result<Admitted, (Admitted, Status)> {
         let mut admitted = Admitted::default();
         // Kubelet adds the pod to its pod manager before it admits it: PodResources
@@ -556,17 +582,24 @@ impl TestKubelet {
         for &(resource, count) in requests {
             let client = plugin.client(resource);
             let held = self.held_ids();
-            let available: Vec<String> = list_ids(client)
+            let mut available: Vec<String> = list_ids(client)
                 .await
                 .into_iter()
                 .filter(|id| !held.contains(id))
                 .collect();
+            // Kubelet refuses before it asks the plugin when too few are free.
+            if available.len() < count {
+                let status = Status::resource_exhausted(format!(
+                    "requested number of devices unavailable for {resource}. Requested: {count}, Available: {}",
+                    available.len()
+                ));
+                return Err((admitted, status));
+            }
             // As kubelet (v1.37 `devicesToAllocate`): the plugin's pick counts only where
             // it names free IDs, and a short pick is filled from the other free IDs.
-            // Kubelet fills in Go map order, at random; here in list order, so a test
-            // whose outcome depends on the fill forces it (only the IDs it means are free).
             let mut ids = preferred(client, &available, count).await;
             ids.retain(|id| available.contains(id));
+            order(&mut available);
             for id in &available {
                 if ids.len() >= count {
                     break;
