@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{
-    TestKubelet, allocate, host_path_of, http_get, list_ids, plugin_client, sim_nvml,
-    started_container, tenant, value,
+    TestKubelet, allocate, host_path_of, http_get, http_get_from, list_ids, plugin_client,
+    sim_nvml, started_container, tenant, value,
 };
 use vgpu_contract::limiter_words::slot as words;
 use vgpu_contract::process::Identity;
@@ -142,7 +142,11 @@ impl Drop for Running {
     }
 }
 
-/// A process of `identity` in `region` launching kernels without pause while five
+/// What [`launch_while_scraping`]'s process waits for its compute limit per launch.
+const THROTTLED_NS: u64 = 1_000_000;
+
+/// A process of `identity` in `region` launching kernels without pause (each counted
+/// as throttled for [`THROTTLED_NS`] too) while five
 /// scrapers scrape `address` without pause, for `how_long`: the launches it counted.
 async fn launch_while_scraping(
     region: &Arc<Region>,
@@ -158,17 +162,19 @@ async fn launch_while_scraping(
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 region.add_busy(slot, 0, 1000, 1);
+                // And waits a millisecond for its compute limit each time.
+                region.add_throttled(0, THROTTLED_NS);
                 counted.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_micros(50));
             }
         })
     };
-    let scrapers: Vec<_> = (0..5)
-        .map(|_| {
+    let scrapers: Vec<_> = (0..5u8)
+        .map(|n| {
             let stop = stop.clone();
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
-                    http_get(address, "/metrics").await;
+                    http_get_from([127, 0, 0, 10 + n], address, "/metrics").await;
                 }
             })
         })
@@ -398,12 +404,20 @@ async fn parallel_scrapes_never_inflate_the_running_totals() {
     let labels = r#"namespace="team",pod="trainer",container="cuda",UUID="GPU-fake-0""#;
     let (_, metrics) = http_get(address, "/metrics").await;
     let total = value(&metrics, "vgpu_container_kernel_launches_total", labels).expect("total");
+    let throttled =
+        value(&metrics, "vgpu_container_throttled_seconds_total", labels).expect("throttled");
+    let throttled_counted = (counted * THROTTLED_NS) as f64 / 1e9;
     let counted = counted as f64;
     eprintln!(
-        "launches counted by the process {counted}, reported {total} (x{:.2})",
-        total / counted
+        "launches counted by the process {counted}, reported {total} (x{:.2}); throttled seconds counted {throttled_counted}, reported {throttled} (x{:.2})",
+        total / counted,
+        throttled / throttled_counted
     );
     assert_eq!(total, counted, "parallel scrapes inflated the total");
+    assert!(
+        (throttled - throttled_counted).abs() < 1e-6,
+        "parallel scrapes inflated the throttled seconds: {throttled} for {throttled_counted}"
+    );
     plugin.stop().await;
 }
 
