@@ -113,7 +113,9 @@ pub struct Watched {
     /// Its container name (for the DRA driver, which knows no container: its claim and
     /// request).
     pub container: String,
-    /// Its cards' UUIDs, in device order.
+    /// Its cards' UUIDs (the device plugin's record lists them by host index); which
+    /// card a device position is comes from its config, by UUID, and from this list
+    /// only while the config cannot be read.
     pub cards: Vec<String>,
 }
 
@@ -499,6 +501,57 @@ mod tests {
         let over = over_quota_note("a/b/c", "GPU-1", None, 300 << 20, &reading(0, 2));
         assert!(over.contains("holds 300.0 MiB"), "{over}");
         assert!(over.contains("the whole card"), "{over}");
+    }
+
+    #[test]
+    fn a_refusal_is_told_under_the_card_the_config_puts_at_its_position() {
+        use vgpu_contract::region::{Region, RegionDevice};
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The config (and so the region) lists card b first; the record, by host index,
+        // lists card a first.
+        std::fs::write(
+            dir.path().join(container::CONFIG_FILE),
+            "container_id: c1\ndevices:\n  - uuid: GPU-b\n    memory_limit: 1GiB\n  - uuid: GPU-a\n    memory_limit: 2GiB\n",
+        )
+        .expect("config");
+        let device = |id: &str, limit: u64| RegionDevice {
+            id: id.into(),
+            memory_limit: limit,
+            core_limit: 0,
+            core_mode: 0,
+        };
+        let (region, _) = Region::open(
+            &dir.path().join(container::REGION_FILE),
+            &[device("GPU-b", 1 << 30), device("GPU-a", 2 << 30)],
+        )
+        .expect("region");
+        let watched = Watched {
+            id: "c1".into(),
+            dir: dir.path().to_path_buf(),
+            namespace: "team".into(),
+            pod: "wide".into(),
+            pod_uid: None,
+            container: "cuda".into(),
+            cards: vec!["GPU-a".into(), "GPU-b".into()],
+        };
+        let totals = QuotaTotals::default();
+        let mut told = BTreeMap::new();
+        let first = pass(
+            std::slice::from_ref(&watched),
+            &totals,
+            &mut told,
+            true,
+            TICK,
+            PLUGIN_REMEDY,
+        );
+        assert!(first.is_empty());
+        // A refusal on card a: the region's device 1.
+        region.count_refusal(1, 3 << 30, 1 << 30);
+        let due = pass(&[watched], &totals, &mut told, false, TICK, PLUGIN_REMEDY);
+        assert_eq!(due.len(), 1, "{due:?}");
+        assert!(due[0].note.contains("GPU-a"), "{}", due[0].note);
+        assert!(due[0].note.contains("quota of 2.00 GiB"), "{}", due[0].note);
+        assert_eq!(totals.totals("c1", 1).map(|t| t.refusals), Some(1));
     }
 
     #[test]
