@@ -29,7 +29,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use vgpu_contract::Config;
-use vgpu_contract::snapshot::RegionSnapshot;
 use vgpu_kube::slices::GpuDevice;
 use vgpu_plugin::health::ServingStatus;
 use vgpu_plugin::metrics::{health_response, metrics_response, not_found};
@@ -121,8 +120,14 @@ pub(crate) fn render(sources: &Sources) -> String {
             let Ok(config) = Config::load(&dir.join("vgpu.yaml")) else {
                 continue;
             };
-            let snapshot = RegionSnapshot::read(&dir.join("usage.region")).ok();
-            let live = snapshot.as_ref().map(RegionSnapshot::processes);
+            // Copied and folded into the running totals under their one lock, so
+            // parallel scrapes and the quota watch fold copies in the order taken.
+            let observed = sources.quota.observe_region(
+                &request.container_id,
+                &dir.join("usage.region"),
+                config.devices.len(),
+            );
+            let live = observed.as_ref().map(|(snapshot, _)| snapshot.processes());
             for (position, quota) in config.devices.iter().enumerate() {
                 let Some(uuid) = quota.uuid.clone() else {
                     continue;
@@ -140,18 +145,14 @@ pub(crate) fn render(sources: &Sources) -> String {
                 core_limit
                     .get_or_create(&labels)
                     .set(i64::from(quota.core_limit.unwrap_or(100)));
-                let totals = match &snapshot {
-                    Some(snapshot) => Some(sources.quota.observe(
-                        &request.container_id,
-                        position,
-                        snapshot.counters(position),
-                    )),
+                let totals = match &observed {
+                    Some((_, totals)) => totals.get(position).copied(),
                     None => sources.quota.totals(&request.container_id, position),
                 };
                 if let Some(totals) = totals {
                     quota_families.record(&labels, &totals);
                 }
-                if let (Some(snapshot), Some(live)) = (&snapshot, &live) {
+                if let (Some((snapshot, _)), Some(live)) = (&observed, &live) {
                     memory_used
                         .get_or_create(&labels)
                         .set(clamp(snapshot.device_used(position)));

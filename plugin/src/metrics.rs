@@ -265,6 +265,13 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
             Some((_, _, totals)) => totals.clone(),
             None => usage.totals(&row.id),
         };
+        let positions = config
+            .as_ref()
+            .map_or(row.cards.len(), |config| config.devices.len());
+        let quota_observed = shared
+            .quota
+            .observe_region(&row.id, &dir.join("usage.region"), positions)
+            .map(|(_, totals)| totals);
         for uuid in &row.cards {
             let labels: Labels = vec![
                 ("namespace".into(), row.owner.namespace.clone()),
@@ -302,19 +309,14 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
                     .get_or_create(&labels)
                     .set(clamp(over.used_bytes.saturating_sub(over.limit_bytes)));
             }
-            let snapshot = observed.as_ref().map(|(snapshot, _, _)| snapshot);
             if let Some((snapshot, live, _)) = &observed {
                 let used = snapshot.device_used(position);
                 memory_used.get_or_create(&labels).set(clamp(used));
                 *used_per_card.entry(uuid.clone()).or_default() += used;
                 processes.get_or_create(&labels).set(live.len() as i64);
             }
-            let quota_totals = match snapshot {
-                Some(snapshot) => Some(shared.quota.observe(
-                    &row.id,
-                    position,
-                    snapshot.counters(position),
-                )),
+            let quota_totals = match &quota_observed {
+                Some(totals) => totals.get(position).copied(),
                 None => shared.quota.totals(&row.id, position),
             };
             if let Some(quota_totals) = quota_totals {

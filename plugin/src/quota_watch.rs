@@ -14,7 +14,7 @@
 //! the metrics but get no Event: the first pass takes them as already told.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,10 +47,35 @@ impl QuotaTotals {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Folds a reading of allocation `id`'s device `position` into its totals (see
-    /// [`QuotaCounters::fold`]) and returns them.
-    pub fn observe(&self, id: &str, position: usize, reading: QuotaCounters) -> QuotaCounters {
+    /// Copies the usage region of allocation `id` at `region` and folds the counters of
+    /// its first `devices` positions into its totals (see [`QuotaCounters::fold`]), the
+    /// copy taken under the totals' one lock: whoever asks (the 1 s watch, any number of
+    /// parallel scrapes), copies are folded in the order they were taken. A copy taken
+    /// outside the lock and folded after a newer one would read as counters going back,
+    /// and count them again. The copy and the totals per position; `None` when the
+    /// region cannot be read (the totals stay as they were: [`QuotaTotals::totals`]).
+    pub fn observe_region(
+        &self,
+        id: &str,
+        region: &Path,
+        devices: usize,
+    ) -> Option<(RegionSnapshot, Vec<QuotaCounters>)> {
         let mut book = self.lock();
+        let snapshot = RegionSnapshot::read(region).ok()?;
+        let totals = (0..devices)
+            .map(|position| Self::fold(&mut book, id, position, snapshot.counters(position)))
+            .collect();
+        Some((snapshot, totals))
+    }
+
+    /// Folds a reading of allocation `id`'s device `position`, taken after every reading
+    /// folded before, into its totals and returns them.
+    fn fold(
+        book: &mut BTreeMap<Key, (QuotaCounters, QuotaCounters)>,
+        id: &str,
+        position: usize,
+        reading: QuotaCounters,
+    ) -> QuotaCounters {
         let (last, total) = book.entry((id.to_string(), position)).or_default();
         *total = total.fold(*last, reading);
         *last = reading;
@@ -88,7 +113,9 @@ pub struct Watched {
     /// Its container name (for the DRA driver, which knows no container: its claim and
     /// request).
     pub container: String,
-    /// Its cards' UUIDs, in device order.
+    /// Its cards' UUIDs (the device plugin's record lists them by host index); which
+    /// card a device position is comes from its config, by UUID, and from this list
+    /// only while the config cannot be read.
     pub cards: Vec<String>,
 }
 
@@ -245,19 +272,31 @@ fn pass(
     let now = Instant::now();
     let mut due = Vec::new();
     for watched in containers {
-        let Ok(snapshot) = RegionSnapshot::read(&watched.dir.join(container::REGION_FILE)) else {
+        let config = Config::load(&watched.dir.join(container::CONFIG_FILE)).ok();
+        let Some((snapshot, observed)) = totals.observe_region(
+            &watched.id,
+            &watched.dir.join(container::REGION_FILE),
+            watched.cards.len(),
+        ) else {
             continue;
         };
-        let config = Config::load(&watched.dir.join(container::CONFIG_FILE)).ok();
         let who = format!(
             "{}/{}/{}",
             watched.namespace, watched.pod, watched.container
         );
-        for (position, uuid) in watched.cards.iter().enumerate() {
-            let now_totals = totals.observe(&watched.id, position, snapshot.counters(position));
-            let quota = config
+        for (position, now_totals) in observed.into_iter().enumerate() {
+            // Position `position` of the region is the config's device `position`: its
+            // card is the config's, by UUID (the record may list cards in another order).
+            let device = config
                 .as_ref()
-                .and_then(|config| config.devices.get(position))
+                .and_then(|config| config.devices.get(position));
+            let Some(uuid) = device
+                .and_then(|device| device.uuid.as_ref())
+                .or_else(|| watched.cards.get(position))
+            else {
+                continue;
+            };
+            let quota = device
                 .and_then(|device| device.memory_limit)
                 .map(|limit| limit.bytes());
             let key = (watched.id.clone(), position);
@@ -465,13 +504,67 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_is_told_under_the_card_the_config_puts_at_its_position() {
+        use vgpu_contract::region::{Region, RegionDevice};
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The config (and so the region) lists card b first; the record, by host index,
+        // lists card a first.
+        std::fs::write(
+            dir.path().join(container::CONFIG_FILE),
+            "container_id: c1\ndevices:\n  - uuid: GPU-b\n    memory_limit: 1GiB\n  - uuid: GPU-a\n    memory_limit: 2GiB\n",
+        )
+        .expect("config");
+        let device = |id: &str, limit: u64| RegionDevice {
+            id: id.into(),
+            memory_limit: limit,
+            core_limit: 0,
+            core_mode: 0,
+        };
+        let (region, _) = Region::open(
+            &dir.path().join(container::REGION_FILE),
+            &[device("GPU-b", 1 << 30), device("GPU-a", 2 << 30)],
+        )
+        .expect("region");
+        let watched = Watched {
+            id: "c1".into(),
+            dir: dir.path().to_path_buf(),
+            namespace: "team".into(),
+            pod: "wide".into(),
+            pod_uid: None,
+            container: "cuda".into(),
+            cards: vec!["GPU-a".into(), "GPU-b".into()],
+        };
+        let totals = QuotaTotals::default();
+        let mut told = BTreeMap::new();
+        let first = pass(
+            std::slice::from_ref(&watched),
+            &totals,
+            &mut told,
+            true,
+            TICK,
+            PLUGIN_REMEDY,
+        );
+        assert!(first.is_empty());
+        // A refusal on card a: the region's device 1.
+        region.count_refusal(1, 3 << 30, 1 << 30);
+        let due = pass(&[watched], &totals, &mut told, false, TICK, PLUGIN_REMEDY);
+        assert_eq!(due.len(), 1, "{due:?}");
+        assert!(due[0].note.contains("GPU-a"), "{}", due[0].note);
+        assert!(due[0].note.contains("quota of 2.00 GiB"), "{}", due[0].note);
+        assert_eq!(totals.totals("c1", 1).map(|t| t.refusals), Some(1));
+    }
+
+    #[test]
     fn totals_fold_per_container_and_card_and_forget_the_gone() {
         let totals = QuotaTotals::default();
-        assert_eq!(totals.observe("a", 0, reading(2, 0)).refusals, 2);
-        assert_eq!(totals.observe("a", 1, reading(5, 0)).refusals, 5);
+        let observe = |id: &str, position: usize, now: QuotaCounters| {
+            QuotaTotals::fold(&mut totals.lock(), id, position, now)
+        };
+        assert_eq!(observe("a", 0, reading(2, 0)).refusals, 2);
+        assert_eq!(observe("a", 1, reading(5, 0)).refusals, 5);
         // The tenant zeroes its counters: the total holds, and counts on from there.
-        assert_eq!(totals.observe("a", 0, reading(0, 0)).refusals, 2);
-        assert_eq!(totals.observe("a", 0, reading(1, 0)).refusals, 3);
+        assert_eq!(observe("a", 0, reading(0, 0)).refusals, 2);
+        assert_eq!(observe("a", 0, reading(1, 0)).refusals, 3);
         totals.retain(&["b".to_string()]);
         assert_eq!(totals.totals("a", 0), None);
     }

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{
-    TestKubelet, allocate, host_path_of, http_get, list_ids, plugin_client, sim_nvml,
-    started_container, tenant, value,
+    TestKubelet, allocate, host_path_of, http_get, http_get_from, list_ids, plugin_client,
+    sim_nvml, started_container, tenant, value,
 };
 use vgpu_contract::limiter_words::slot as words;
 use vgpu_contract::process::Identity;
@@ -142,7 +142,11 @@ impl Drop for Running {
     }
 }
 
-/// A process of `identity` in `region` launching kernels without pause while five
+/// What [`launch_while_scraping`]'s process waits for its compute limit per launch.
+const THROTTLED_NS: u64 = 1_000_000;
+
+/// A process of `identity` in `region` launching kernels without pause (each counted
+/// as throttled for [`THROTTLED_NS`] too) while five
 /// scrapers scrape `address` without pause, for `how_long`: the launches it counted.
 async fn launch_while_scraping(
     region: &Arc<Region>,
@@ -158,17 +162,19 @@ async fn launch_while_scraping(
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 region.add_busy(slot, 0, 1000, 1);
+                // And waits a millisecond for its compute limit each time.
+                region.add_throttled(0, THROTTLED_NS);
                 counted.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_micros(50));
             }
         })
     };
-    let scrapers: Vec<_> = (0..5)
-        .map(|_| {
+    let scrapers: Vec<_> = (0..5u8)
+        .map(|n| {
             let stop = stop.clone();
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
-                    http_get(address, "/metrics").await;
+                    http_get_from([127, 0, 0, 10 + n], address, "/metrics").await;
                 }
             })
         })
@@ -194,6 +200,46 @@ fn healthz(address: SocketAddr, within: Duration) -> Option<u16> {
     text.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Waits (10 s at most) for `/healthz` at `address` to say 200: the plugin started.
+fn wait_healthy(address: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while healthz(address, Duration::from_secs(1)) != Some(200) {
+        assert!(Instant::now() < deadline, "/healthz never said 200");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Connects to `address` from `source` (a loopback address of its own: another pod, as
+/// the server sees it).
+async fn connect_from(source: [u8; 4], address: SocketAddr) -> Option<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.bind((source, 0).into()).ok()?;
+    let stream = tokio::time::timeout(Duration::from_secs(1), socket.connect(address))
+        .await
+        .ok()?
+        .ok()?;
+    stream.into_std().ok()
+}
+
+/// How many of `held` the server still serves (a read would block, where a closed one
+/// reads its end).
+fn still_open(held: &mut [TcpStream]) -> usize {
+    let mut open = 0;
+    for stream in held.iter_mut() {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
+        let mut bytes = [0u8; 512];
+        let blocked = matches!(stream.read(&mut bytes), Err(err) if err.kind() == std::io::ErrorKind::WouldBlock);
+        open += usize::from(blocked);
+    }
+    open
+}
+
+/// Descriptors the process `pid` holds.
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slow_connections_cannot_exhaust_or_stop_the_plugin() {
     let Some(sim) = sim_nvml("tenants") else {
@@ -201,12 +247,15 @@ async fn idle_and_slow_connections_cannot_exhaust_or_stop_the_plugin() {
     };
     let kubelet = TestKubelet::start().await;
     let mut plugin = Running::start(&kubelet, &sim, Some(128)).await;
-    assert_eq!(healthz(plugin.metrics, Duration::from_secs(2)), Some(200));
-    // 300 connections: most idle, every third sending half a header and then nothing.
+    wait_healthy(plugin.metrics);
+    let (cpu_before, _) = plugin.cpu_and_rss();
+    // 300 connections from six other addresses (pods, as the server sees them): most
+    // idle, every third sending half a header and then nothing.
+    const FLOODERS: u8 = 6;
     let mut held: Vec<TcpStream> = Vec::new();
     for n in 0..300 {
-        let Ok(mut stream) = TcpStream::connect_timeout(&plugin.metrics, Duration::from_secs(1))
-        else {
+        let source = [127, 0, 0, 2 + (n % usize::from(FLOODERS)) as u8];
+        let Some(mut stream) = connect_from(source, plugin.metrics).await else {
             continue;
         };
         if n % 3 == 0 {
@@ -215,37 +264,101 @@ async fn idle_and_slow_connections_cannot_exhaust_or_stop_the_plugin() {
         held.push(stream);
     }
     let opened = held.len();
-    // Out of descriptors, the old server spun on accept, and the config watcher took
-    // its failed read for a removed file and stopped the plugin.
-    let started = Instant::now();
-    let mut answered = None;
-    while started.elapsed() < Duration::from_secs(12) {
-        assert!(plugin.alive(), "the plugin stopped: {}", plugin.log());
-        if healthz(plugin.metrics, Duration::from_secs(1)) == Some(200) {
-            answered = Some(started.elapsed());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let answered = answered.unwrap_or_else(|| panic!("/healthz never answered: {}", plugin.log()));
-    // The idle and slow ones are closed by the server (header timeout).
-    std::thread::sleep(vgpu_plugin::http::HEADER_TIMEOUT + Duration::from_secs(1));
-    let mut still_open = 0;
-    for stream in &mut held {
-        stream
-            .set_read_timeout(Some(Duration::from_millis(20)))
-            .expect("timeout");
-        let mut bytes = [0u8; 512];
-        let open = matches!(stream.read(&mut bytes), Err(err) if err.kind() == std::io::ErrorKind::WouldBlock);
-        still_open += usize::from(open);
-    }
-    eprintln!(
-        "connections opened {opened}, still held by the server after {}s: {still_open}; /healthz answered after {answered:?}",
-        started.elapsed().as_secs()
+    let flooded = Instant::now();
+    // While they are held, the node's probe and kubelet's Allocate are answered at once.
+    // (The old server served them all until its descriptors ran out: its accept loop
+    // then spun, and its config watcher took a failed read for a removed file and
+    // stopped the plugin; the server before this one served the first 40 and turned
+    // every other client away, the probe included, until the flood timed out.)
+    let probe = healthz(plugin.metrics, Duration::from_secs(2));
+    let probed = flooded.elapsed();
+    let region = plugin.container(&kubelet, 30, 4).await;
+    assert!(
+        region.exists(),
+        "Allocate and PreStart answered during the flood"
     );
-    assert_eq!(still_open, 0, "the server holds idle connections open");
-    assert!(plugin.alive(), "{}", plugin.log());
+    let descriptors_held = descriptors(plugin.child.id());
+    // The server keeps a few connections of each flooding address and closes the rest.
+    let bound = usize::from(FLOODERS) * vgpu_plugin::http::PER_PEER;
+    let mut served = still_open(&mut held);
+    while served > bound && flooded.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(100));
+        served = still_open(&mut held);
+    }
+    // The held ones are closed by the server (header timeout).
+    std::thread::sleep(vgpu_plugin::http::HEADER_TIMEOUT + Duration::from_secs(1));
+    let after_timeout = still_open(&mut held);
+    let (cpu_after, _) = plugin.cpu_and_rss();
+    let window = flooded.elapsed();
+    eprintln!(
+        "connections opened {opened} from {FLOODERS} addresses; served at once {served} (bound {bound}); \
+         /healthz during the flood: {probe:?} in {probed:?}; descriptors held {descriptors_held} of 128; \
+         still served after {window:?}: {after_timeout}; plugin CPU {:.2} s in that time",
+        cpu_after - cpu_before
+    );
+    assert!(plugin.alive(), "the plugin stopped: {}", plugin.log());
+    assert_eq!(
+        probe,
+        Some(200),
+        "the probe was turned away: {}",
+        plugin.log()
+    );
+    assert!(served <= bound, "{served} flood connections served at once");
+    assert_eq!(after_timeout, 0, "the server holds idle connections open");
+    // Nothing spins: the process used a fraction of one core over the flood (a spinning
+    // accept loop takes a whole one, whatever else runs).
+    assert!(
+        cpu_after - cpu_before < window.as_secs_f64() / 3.0,
+        "{:.2} CPU seconds in {window:?}",
+        cpu_after - cpu_before
+    );
     assert_eq!(healthz(plugin.metrics, Duration::from_secs(2)), Some(200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_that_cannot_be_read_keeps_the_plugin_on_the_config_it_has() {
+    let Some(sim) = sim_nvml("tenants") else {
+        return;
+    };
+    let kubelet = TestKubelet::start().await;
+    let mut plugin = Running::start(&kubelet, &sim, None).await;
+    wait_healthy(plugin.metrics);
+    let config = kubelet.root.path().join("plugin.yaml");
+    let text = std::fs::read_to_string(&config).expect("config");
+    // A read that fails (EISDIR here; EMFILE or EACCES in the field), for 20 looks of
+    // the watcher (every 100 ms).
+    std::fs::remove_file(&config).expect("rm");
+    std::fs::create_dir(&config).expect("mkdir");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        plugin.alive(),
+        "a failed read was taken for a removed file: {}",
+        plugin.log()
+    );
+    assert_eq!(healthz(plugin.metrics, Duration::from_secs(2)), Some(200));
+    let said = plugin
+        .log()
+        .lines()
+        .filter(|line| line.contains("cannot read") && line.contains("keeping the config"))
+        .count();
+    assert_eq!(said, 1, "reported once: {}", plugin.log());
+    // Readable again with the same text: no change.
+    std::fs::remove_dir(&config).expect("rmdir");
+    std::fs::write(&config, &text).expect("write");
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(plugin.alive(), "{}", plugin.log());
+    // The watcher still watches: a real change stops the plugin (for kubelet to
+    // restart it with the new config).
+    std::fs::write(&config, format!("{text}policy: spread\n")).expect("write");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while plugin.alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !plugin.alive(),
+        "a real change was missed: {}",
+        plugin.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,12 +404,20 @@ async fn parallel_scrapes_never_inflate_the_running_totals() {
     let labels = r#"namespace="team",pod="trainer",container="cuda",UUID="GPU-fake-0""#;
     let (_, metrics) = http_get(address, "/metrics").await;
     let total = value(&metrics, "vgpu_container_kernel_launches_total", labels).expect("total");
+    let throttled =
+        value(&metrics, "vgpu_container_throttled_seconds_total", labels).expect("throttled");
+    let throttled_counted = (counted * THROTTLED_NS) as f64 / 1e9;
     let counted = counted as f64;
     eprintln!(
-        "launches counted by the process {counted}, reported {total} (x{:.2})",
-        total / counted
+        "launches counted by the process {counted}, reported {total} (x{:.2}); throttled seconds counted {throttled_counted}, reported {throttled} (x{:.2})",
+        total / counted,
+        throttled / throttled_counted
     );
     assert_eq!(total, counted, "parallel scrapes inflated the total");
+    assert!(
+        (throttled - throttled_counted).abs() < 1e-6,
+        "parallel scrapes inflated the throttled seconds: {throttled} for {throttled_counted}"
+    );
     plugin.stop().await;
 }
 

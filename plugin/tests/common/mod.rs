@@ -710,10 +710,21 @@ pub use vgpu_test_support::metric_value;
 
 /// `GET path` on the plugin's metrics server: (status code, body).
 pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_get_from([127, 0, 0, 1], address, path).await
+}
+
+/// `GET path` on the plugin's metrics server from the loopback address `source` (the
+/// server serves a few connections at once per client address: parallel clients are
+/// several addresses, as several Prometheus replicas are).
+pub async fn http_get_from(
+    source: [u8; 4],
+    address: std::net::SocketAddr,
+    path: &str,
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address)
-        .await
-        .expect("connect metrics");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind((source, 0).into()).expect("bind");
+    let mut stream = socket.connect(address).await.expect("connect metrics");
     stream
         .write_all(
             format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
