@@ -1,5 +1,5 @@
 //! The cards as the ResourceSlice describes them: the device plugin's discovery
-//! ([`vgpu_plugin::DeviceSource`]: UUID, index, minor, memory, NUMA node, health) plus
+//! ([`vgpu_node_agent::devices::DeviceSource`]: UUID, index, minor, memory, NUMA node, health) plus
 //! what only the slice needs (product name, compute capability, driver version), read
 //! through NVML by [`NvmlDetails`], or left out by [`NoDetails`].
 
@@ -8,7 +8,7 @@ use std::path::Path;
 
 use nvml_wrapper::Nvml;
 use vgpu_kube::slices::GpuDevice;
-use vgpu_plugin::CardInfo;
+use vgpu_node_agent::devices::CardInfo;
 
 /// What the slice adds to a [`CardInfo`]; a `None` leaves that attribute out of the
 /// slice.
@@ -49,7 +49,7 @@ impl NvmlDetails {
     /// with the library and NVML's error where it cannot.
     pub fn open(library: &Path) -> anyhow::Result<NvmlDetails> {
         Ok(NvmlDetails {
-            nvml: vgpu_plugin::devices::open_nvml(library)?,
+            nvml: vgpu_node_agent::devices::open_nvml(library)?,
         })
     }
 }

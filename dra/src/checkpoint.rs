@@ -1,13 +1,13 @@
 //! Prepared claims kept on disk in `dra-state.json`, so a restarted plugin answers a
 //! repeated NodePrepareResources with the same devices and can still undo a claim
 //! prepared before the restart. Read and written by the device plugin's
-//! `vgpu_plugin::persist` (version check, atomic replacement) before kubelet hears the
+//! `vgpu_node_agent::persist` (version check, atomic replacement) before kubelet hears the
 //! answer.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use vgpu_plugin::persist::Versioned;
+use vgpu_node_agent::persist::Versioned;
 
 /// Layout version of the state file.
 pub const CHECKPOINT_VERSION: u32 = 1;

@@ -115,7 +115,7 @@ pub struct DraConfig {
     /// ...) are looked up for the CDI spec (tests point it elsewhere).
     pub dev_root: PathBuf,
     /// `metrics_address`: where `/metrics` and `/healthz` are served over plain HTTP
-    /// (the device plugin's server and limits, [`vgpu_plugin::http`]); `None` (null)
+    /// (the device plugin's server and limits, [`vgpu_node_agent::http`]); `None` (null)
     /// turns the server off. Default `127.0.0.1:9402`; the manifests serve the pod's
     /// address on port 9402.
     pub metrics_address: Option<std::net::SocketAddr>,
@@ -144,7 +144,7 @@ impl Default for DraConfig {
             plugins_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
             plugin_dir: None,
             state_dir: PathBuf::from("/var/lib/vgpu/dra"),
-            cdi_dir: PathBuf::from(vgpu_plugin::cdi::DEFAULT_SPEC_DIR),
+            cdi_dir: PathBuf::from(vgpu_node_agent::cdi::DEFAULT_SPEC_DIR),
             cdi_kind: "vgpu-shim.io/gpu".into(),
             host_driver_dir: plugin.host_driver_dir,
             shim_dir: plugin.shim_dir,
@@ -237,7 +237,8 @@ impl DraConfig {
         if self.kubeconfig.is_some() && self.api_server_url.is_some() {
             return Err("kubeconfig and api_server_url: set one, not both".into());
         }
-        vgpu_plugin::cdi::parse_kind(&self.cdi_kind).map_err(|err| format!("cdi_kind: {err}"))?;
+        vgpu_node_agent::cdi::parse_kind(&self.cdi_kind)
+            .map_err(|err| format!("cdi_kind: {err}"))?;
         if let Some(ceiling) = self.default_core_ceiling
             && !(1..=100).contains(&ceiling)
         {
@@ -309,7 +310,7 @@ impl DraConfig {
             host_proc: self.host_proc.clone(),
             cdi_kind: self.cdi_kind.clone(),
             cdi_spec_dir: self.cdi_dir.clone(),
-            cdi_spec_format: vgpu_plugin::cdi::SpecFormat::Json,
+            cdi_spec_format: vgpu_node_agent::cdi::SpecFormat::Json,
             default_core_ceiling: self.default_core_ceiling,
             metrics_address: None,
             sharing: self.sharing,

@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use vgpu_kube::slices::{GpuDevice, SlicePublisher};
+use vgpu_node_agent::devices::watch_health;
+use vgpu_node_agent::devices::{CardInfo, DeviceSource};
+use vgpu_node_agent::health::ServingStatus;
+use vgpu_node_agent::tasks::Background;
 use vgpu_plugin::coordination;
-use vgpu_plugin::devices::watch_health;
-use vgpu_plugin::health::ServingStatus;
 use vgpu_plugin::quota_watch::{self, QuotaTotals, Watched};
 use vgpu_plugin::serve::ServedSocket;
-use vgpu_plugin::tasks::Background;
-use vgpu_plugin::{CardInfo, DeviceSource};
 
 use crate::cards::{Describe, Details, gpu_devices};
 use crate::checkpoint::Checkpoint;
@@ -33,7 +33,7 @@ use crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Serv
 use crate::proto::registration::registration_server::RegistrationServer;
 use crate::registration::{RegistrationBook, RegistrationService};
 use crate::service::{DraService, DraV1, DraV1beta1};
-use vgpu_plugin::persist::Versioned;
+use vgpu_node_agent::persist::Versioned;
 
 /// A device-plugin socket that answers: the device plugin runs on this node.
 pub fn live_device_plugin_socket(config: &DraConfig) -> Option<PathBuf> {
@@ -408,7 +408,7 @@ pub async fn start(
                 status: status.clone(),
                 quota: quota.clone(),
             };
-            let (bound, task) = vgpu_plugin::http::bind_and_serve(
+            let (bound, task) = vgpu_node_agent::http::bind_and_serve(
                 address,
                 crate::metrics::handler(sources),
                 stop_receiver.clone(),

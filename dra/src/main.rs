@@ -9,8 +9,8 @@ use std::sync::Arc;
 use clap::Parser;
 use vgpu_dra::DraConfig;
 use vgpu_dra::cards::NvmlDetails;
-use vgpu_plugin::devices::NvmlSource;
-use vgpu_plugin::process;
+use vgpu_node_agent::devices::NvmlSource;
+use vgpu_node_agent::process;
 
 #[derive(Parser)]
 #[command(

@@ -1,5 +1,5 @@
 //! The DRA driver's `GET /metrics` and `GET /healthz`, served by the device plugin's
-//! hardened HTTP server ([`vgpu_plugin::http`]: header and connection timeouts, a
+//! hardened HTTP server ([`vgpu_node_agent::http`]: header and connection timeouts, a
 //! connection cap, accept back-off) at `metrics_address` (port 9402 in the manifests).
 //!
 //! Series (the device plugin's names where they mean the same):
@@ -30,7 +30,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use vgpu_contract::Config;
 use vgpu_kube::slices::GpuDevice;
-use vgpu_plugin::health::ServingStatus;
+use vgpu_node_agent::health::ServingStatus;
 use vgpu_plugin::metrics::{health_response, metrics_response, not_found};
 
 use crate::prepare::Preparer;
@@ -173,8 +173,8 @@ pub(crate) fn render(sources: &Sources) -> String {
     text
 }
 
-/// The driver's answers, for [`vgpu_plugin::http::serve`].
-pub(crate) fn handler(sources: Sources) -> vgpu_plugin::http::Handler {
+/// The driver's answers, for [`vgpu_node_agent::http::serve`].
+pub(crate) fn handler(sources: Sources) -> vgpu_node_agent::http::Handler {
     Arc::new(move |method: Method, path: String| {
         let sources = sources.clone();
         Box::pin(async move {

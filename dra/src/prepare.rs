@@ -19,10 +19,11 @@ use vgpu_contract::{ByteSize, Config, CoreMode, DeviceQuota};
 use vgpu_kube::claims::{AllocatedShare, ClaimAllocation};
 use vgpu_kube::pods::{CeilingLookup, PodReader, apply_ceiling};
 use vgpu_kube::slices::{CORES_PER_CARD, device_name};
-use vgpu_plugin::cdi::SpecWriter;
-use vgpu_plugin::persist::{Versioned, write_atomically};
+use vgpu_node_agent::cdi::SpecWriter;
+use vgpu_node_agent::devices::CardInfo;
+use vgpu_node_agent::persist::{Versioned, write_atomically};
 use vgpu_plugin::state::AllocationRecord;
-use vgpu_plugin::{CardInfo, PluginConfig, container};
+use vgpu_plugin::{PluginConfig, container};
 
 use crate::checkpoint::{Checkpoint, ClaimPod, PreparedClaim, PreparedDevice, PreparedRequest};
 use crate::config::DraConfig;

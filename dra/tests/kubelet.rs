@@ -20,8 +20,8 @@ use vgpu_contract::{ByteSize, Config, CoreMode};
 use vgpu_dra::cards::{NoDetails, NvmlDetails};
 use vgpu_kube::k8s_openapi::api::resource::v1::ResourceSlice;
 use vgpu_kube::standin::StandInApiServer;
-use vgpu_plugin::devices::{DeviceSource, FakeSource, NvmlSource};
-use vgpu_plugin::persist::Versioned;
+use vgpu_node_agent::devices::{DeviceSource, FakeSource, NvmlSource};
+use vgpu_node_agent::persist::Versioned;
 use vgpu_test_support::{Need, require};
 
 const GIB: u64 = 1 << 30;

@@ -18,7 +18,7 @@ use vgpu_contract::process::Identity;
 use vgpu_contract::region::{MAX_SLOTS, Region};
 use vgpu_dra::cards::NvmlDetails;
 use vgpu_kube::standin::StandInApiServer;
-use vgpu_plugin::devices::{DeviceSource, NvmlSource};
+use vgpu_node_agent::devices::{DeviceSource, NvmlSource};
 
 const GIB: u64 = 1 << 30;
 
@@ -144,7 +144,7 @@ async fn metrics_and_healthz_are_served_and_hold_up_against_hostile_tenants() {
         .filter_map(|_| TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok())
         .collect();
     let started = Instant::now();
-    tokio::time::sleep(vgpu_plugin::http::HEADER_TIMEOUT + Duration::from_secs(1)).await;
+    tokio::time::sleep(vgpu_node_agent::http::HEADER_TIMEOUT + Duration::from_secs(1)).await;
     let mut still_open = 0;
     for stream in &mut held {
         stream

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use common::*;
 use vgpu_dra::cards::NvmlDetails;
 use vgpu_kube::standin::StandInApiServer;
-use vgpu_plugin::devices::{DeviceSource, NvmlSource};
+use vgpu_node_agent::devices::{DeviceSource, NvmlSource};
 use vgpu_test_support::{Need, require};
 
 /// Checks the prerequisites (by the one policy: skip outside CI, fail in CI); python3's

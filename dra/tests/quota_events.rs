@@ -17,7 +17,7 @@ use vgpu_contract::region::Region;
 use vgpu_dra::cards::NoDetails;
 use vgpu_dra::checkpoint::ClaimPod;
 use vgpu_kube::standin::StandInApiServer;
-use vgpu_plugin::devices::FakeSource;
+use vgpu_node_agent::devices::FakeSource;
 use vgpu_test_support::metric_value;
 
 const GIB: u64 = 1 << 30;

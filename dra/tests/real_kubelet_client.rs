@@ -16,7 +16,7 @@ use common::*;
 use serde_json::Value;
 use vgpu_dra::cards::NoDetails;
 use vgpu_kube::standin::StandInApiServer;
-use vgpu_plugin::devices::FakeSource;
+use vgpu_node_agent::devices::FakeSource;
 use vgpu_test_support::kubelet_dial;
 
 const GIB: u64 = 1 << 30;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use common::e2e::{bind, runtime_spec};
 use common::{CORE, MEMORY, Plugin, TestKubelet};
-use vgpu_plugin::devices::NvmlSource;
+use vgpu_node_agent::devices::NvmlSource;
 
 struct Args {
     driver_dir: PathBuf,

@@ -17,13 +17,13 @@ use vgpu_contract::region::Region;
 use vgpu_contract::{Config, DeviceQuota};
 
 use crate::allocator::PreStartPlan;
-use crate::cdi::{ContainerEdits, DeviceNode, Mount as CdiMount};
 use crate::config::PluginConfig;
-use crate::devices::CardInfo;
 use crate::layout;
-use crate::persist::write_atomically;
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 use crate::state::{AllocationRecord, Owner};
+use vgpu_node_agent::cdi::{ContainerEdits, DeviceNode, Mount as CdiMount};
+use vgpu_node_agent::devices::CardInfo;
+use vgpu_node_agent::persist::write_atomically;
 
 /// Annotation with the allocation ID (of this response's folder).
 pub const ANNOTATION_ALLOCATION: &str = "tencent.com/vcuda-allocation";

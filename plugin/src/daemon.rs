@@ -21,19 +21,19 @@ use crate::coexist;
 use crate::config::PluginConfig;
 use crate::container;
 use crate::coordination;
-use crate::devices::{DeviceSource, watch_health};
-use crate::health::ServingStatus;
-use crate::http;
 use crate::ids::Kind;
 use crate::kubelet;
 use crate::metrics;
-use crate::persist::Versioned;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 use crate::serve::{ServedSocket, socket_inode};
 use crate::service::{ResourceService, Shared, now_unix};
 use crate::state::PluginState;
-use crate::tasks::Background;
 use crate::usage::UsageTotals;
+use vgpu_node_agent::devices::{DeviceSource, watch_health};
+use vgpu_node_agent::health::ServingStatus;
+use vgpu_node_agent::http;
+use vgpu_node_agent::persist::Versioned;
+use vgpu_node_agent::tasks::Background;
 
 /// A running plugin.
 pub struct PluginHandle {

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use vgpu_plugin::devices::NvmlSource;
-use vgpu_plugin::process;
+use vgpu_node_agent::devices::NvmlSource;
+use vgpu_node_agent::process;
 use vgpu_plugin::reload::{Change, ConfigWatch};
 
 #[derive(Parser)]

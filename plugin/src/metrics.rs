@@ -1,5 +1,5 @@
-//! Prometheus metrics and the health probe over plain HTTP ([`crate::http`]):
-//! `GET /metrics` and `GET /healthz` ([`crate::health`]).
+//! Prometheus metrics and the health probe over plain HTTP ([`vgpu_node_agent::http`]):
+//! `GET /metrics` and `GET /healthz` ([`vgpu_node_agent::health`]).
 //!
 //! Series, named to join the dashboards operators have (dcgm-exporter's label names):
 //! * per card, labels `UUID`, `gpu` (host index): `vgpu_card_memory_bytes`,
@@ -39,11 +39,11 @@ use vgpu_contract::Config;
 use vgpu_coordination::backstop::Record;
 
 use crate::container;
-use crate::health::ServingStatus;
 use crate::ids::CORES_PER_CARD;
 use crate::service::Shared;
 use crate::state::Owner;
 use crate::usage::UsageTotals;
+use vgpu_node_agent::health::ServingStatus;
 
 /// The labels of a series, in order.
 pub type Labels = Vec<(String, String)>;
@@ -413,8 +413,8 @@ pub fn not_found() -> Response<String> {
         .unwrap_or_else(|_| Response::new(String::new()))
 }
 
-/// The plugin's answers, for [`crate::http::serve`].
-pub(crate) fn handler(sources: Sources) -> crate::http::Handler {
+/// The plugin's answers, for [`vgpu_node_agent::http::serve`].
+pub(crate) fn handler(sources: Sources) -> vgpu_node_agent::http::Handler {
     Arc::new(move |method: Method, path: String| {
         let sources = sources.clone();
         Box::pin(async move {

@@ -1,12 +1,12 @@
 //! Allocations kept on disk in `plugin-state.json`, so a restarted plugin neither loses
-//! nor double-books them. Read and written by [`crate::persist`] (version check, atomic
+//! nor double-books them. Read and written by [`vgpu_node_agent::persist`] (version check, atomic
 //! replacement).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::persist::Versioned;
+use vgpu_node_agent::persist::Versioned;
 
 /// Layout version of the state file.
 pub const STATE_VERSION: u32 = 1;

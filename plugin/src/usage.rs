@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use vgpu_contract::region::ProcessUsage;
 use vgpu_contract::snapshot::RegionSnapshot;
 
-use crate::persist::write_atomically;
+use vgpu_node_agent::persist::write_atomically;
 
 /// The book's file name in the state folder.
 pub const TOTALS_FILE: &str = "usage-totals.json";

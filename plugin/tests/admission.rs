@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::{Admitted, CORE, MEMORY, Plugin, TestKubelet, allocate, card_of, config_of, list_ids};
 use tonic::Code;
-use vgpu_plugin::devices::FakeSource;
+use vgpu_node_agent::devices::FakeSource;
 use vgpu_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
     PreferredAllocationRequest,

@@ -176,7 +176,10 @@ async fn a_deleted_pods_share_is_free_for_the_next_pod_at_once_and_a_live_ones_n
     let plugin = Plugin::start(
         &kubelet,
         config,
-        std::sync::Arc::new(vgpu_plugin::devices::FakeSource::uniform(2, CARD_MEMORY)),
+        std::sync::Arc::new(vgpu_node_agent::devices::FakeSource::uniform(
+            2,
+            CARD_MEMORY,
+        )),
     )
     .await;
     assert_eq!(

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use common::{CORE, MEMORY, Plugin, TestKubelet, http_get};
-use vgpu_plugin::devices::FakeSource;
+use vgpu_node_agent::devices::FakeSource;
 
 /// The series names a scrape exports, from its `# TYPE` lines.
 fn exported(metrics: &str) -> BTreeSet<String> {

@@ -14,7 +14,7 @@ use common::{
 };
 use tonic::Code;
 use vgpu_contract::{ByteSize, Config, CoreMode};
-use vgpu_plugin::devices::FakeSource;
+use vgpu_node_agent::devices::FakeSource;
 use vgpu_plugin::proto::deviceplugin::{ContainerAllocateResponse, Empty};
 
 const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{TestKubelet, plugin_client};
-use vgpu_plugin::devices::{DeviceSource, NvmlSource};
+use vgpu_node_agent::devices::{DeviceSource, NvmlSource};
 use vgpu_plugin::proto::deviceplugin::Empty;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

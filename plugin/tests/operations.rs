@@ -17,7 +17,7 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use vgpu_contract::region::Region;
-use vgpu_plugin::devices::FakeSource;
+use vgpu_node_agent::devices::FakeSource;
 use vgpu_plugin::proto::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use vgpu_plugin::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,

@@ -26,7 +26,7 @@ use common::{CORE, MEMORY, TestKubelet};
 use vgpu_plugin::config::DeviceListStrategy;
 
 /// Removes this run's spec files however the test ends.
-struct Specs(vgpu_plugin::cdi::SpecWriter);
+struct Specs(vgpu_node_agent::cdi::SpecWriter);
 
 impl Drop for Specs {
     fn drop(&mut self) {
@@ -54,7 +54,7 @@ async fn a_podman_container_gets_its_quota_from_the_cdi_spec() {
     let mut config = kubelet.plugin_config();
     config.device_list_strategy = DeviceListStrategy::Cdi;
     config.cdi_kind = format!("vgpu-e2e.test/p{}", std::process::id());
-    config.cdi_spec_dir = vgpu_plugin::cdi::DEFAULT_SPEC_DIR.into();
+    config.cdi_spec_dir = vgpu_node_agent::cdi::DEFAULT_SPEC_DIR.into();
     let _cleanup = Specs(config.cdi_writer().expect("kind"));
     // Device nodes the plugin hands out, so the spec's deviceNodes are exercised.
     std::fs::create_dir_all(&config.dev_root).expect("dev root");
@@ -82,8 +82,9 @@ async fn a_podman_container_gets_its_quota_from_the_cdi_spec() {
         let id = name
             .strip_prefix(&format!("{}=", config.cdi_kind))
             .expect("our kind");
-        let spec = vgpu_plugin::cdi::Spec::load(&config.cdi_writer().expect("kind").path_of(id))
-            .expect("spec file");
+        let spec =
+            vgpu_node_agent::cdi::Spec::load(&config.cdi_writer().expect("kind").path_of(id))
+                .expect("spec file");
         assert_eq!(spec.cdi_version, "0.5.0", "podman 4.3 reads up to 0.5.0");
     }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{Admitted, CORE, MEMORY, Plugin, TestKubelet, card_of, config_of, host_path_of};
 use tonic::Code;
 use vgpu_contract::{ByteSize, Config, CoreMode};
-use vgpu_plugin::devices::FakeSource;
+use vgpu_node_agent::devices::FakeSource;
 
 const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB
 

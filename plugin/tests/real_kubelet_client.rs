@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::TestKubelet;
-use vgpu_plugin::devices::FakeSource;
+use vgpu_node_agent::devices::FakeSource;
 use vgpu_test_support::kubelet_dial;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

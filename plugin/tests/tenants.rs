@@ -21,8 +21,8 @@ use common::{
 use vgpu_contract::limiter_words::slot as words;
 use vgpu_contract::process::Identity;
 use vgpu_contract::region::{MAX_SLOTS, Region};
-use vgpu_plugin::CardInfo;
-use vgpu_plugin::devices::FakeSource;
+use vgpu_node_agent::devices::CardInfo;
+use vgpu_node_agent::devices::FakeSource;
 
 /// The plugin binary: this build's, or `VGPU_MEASURE_PLUGIN` (a release build, for
 /// [`measure_a_plugin_binary`]).
@@ -279,14 +279,14 @@ async fn idle_and_slow_connections_cannot_exhaust_or_stop_the_plugin() {
     );
     let descriptors_held = descriptors(plugin.child.id());
     // The server keeps a few connections of each flooding address and closes the rest.
-    let bound = usize::from(FLOODERS) * vgpu_plugin::http::PER_PEER;
+    let bound = usize::from(FLOODERS) * vgpu_node_agent::http::PER_PEER;
     let mut served = still_open(&mut held);
     while served > bound && flooded.elapsed() < Duration::from_secs(4) {
         std::thread::sleep(Duration::from_millis(100));
         served = still_open(&mut held);
     }
     // The held ones are closed by the server (header timeout).
-    std::thread::sleep(vgpu_plugin::http::HEADER_TIMEOUT + Duration::from_secs(1));
+    std::thread::sleep(vgpu_node_agent::http::HEADER_TIMEOUT + Duration::from_secs(1));
     let after_timeout = still_open(&mut held);
     let (cpu_after, _) = plugin.cpu_and_rss();
     let window = flooded.elapsed();

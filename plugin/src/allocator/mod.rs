@@ -44,11 +44,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use crate::config::PluginConfig;
-use crate::devices::CardInfo;
 use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
-use crate::persist::Versioned;
 use crate::proto::deviceplugin;
 use crate::state::{AllocationRecord, PluginState};
+use vgpu_node_agent::devices::CardInfo;
+use vgpu_node_agent::persist::Versioned;
 
 mod allocate;
 mod garbage;

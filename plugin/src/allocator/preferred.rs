@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{Allocator, HolderIndex, half_kind};
 use crate::admitting::Admitting;
 use crate::config::Policy;
-use crate::devices::CardInfo;
 use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
+use vgpu_node_agent::devices::CardInfo;
 
 impl Allocator {
     /// GetPreferredAllocation for one container request, from the calls alone.

@@ -309,7 +309,7 @@ impl Plugin {
     pub async fn start(
         kubelet: &TestKubelet,
         config: PluginConfig,
-        source: Arc<dyn vgpu_plugin::DeviceSource>,
+        source: Arc<dyn vgpu_node_agent::devices::DeviceSource>,
     ) -> Plugin {
         let before = kubelet.registrations().len();
         let handle = vgpu_plugin::start(config, source)
@@ -426,7 +426,7 @@ pub async fn plugin_with_api_and(
     let plugin = Plugin::start(
         &kubelet,
         config,
-        Arc::new(vgpu_plugin::devices::FakeSource::uniform(
+        Arc::new(vgpu_node_agent::devices::FakeSource::uniform(
             cards,
             card_memory,
         )),
@@ -671,7 +671,7 @@ pub async fn one_container_on_a_4gib_card() -> (
     let kubelet = TestKubelet::start().await;
     let plugin = vgpu_plugin::start(
         kubelet.plugin_config(),
-        Arc::new(vgpu_plugin::devices::FakeSource::uniform(1, 4 << 30)),
+        Arc::new(vgpu_node_agent::devices::FakeSource::uniform(1, 4 << 30)),
     )
     .await
     .expect("plugin");
