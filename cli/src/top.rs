@@ -562,7 +562,7 @@ mod tests {
             )
             .expect("region");
         }
-        // The shape of the plugin's plugin-state.json (vgpu_plugin::state).
+        // The shape of the plugin's plugin-state.json (vgpu_node_agent::state).
         let book = serde_json::json!({
             "version": 1,
             "next_sequence": 3,

@@ -39,7 +39,7 @@ use serde::Deserialize;
 use vgpu_kube::ClientSource;
 use vgpu_kube::slices::UnhealthyPolicy;
 use vgpu_mps::{MpsSettings, Sharing};
-use vgpu_plugin::PluginConfig;
+use vgpu_node_agent::config::PluginConfig;
 
 /// Where the config is read from when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vgpu/dra.yaml";
@@ -122,7 +122,7 @@ pub struct DraConfig {
     /// `quota_events`: write a Kubernetes Event (`events.k8s.io/v1`) on the pod a
     /// prepared claim is reserved for, at the first allocation its containers were
     /// refused at the memory quota and when they are found over it (the device plugin's
-    /// watch, [`vgpu_plugin::quota_watch`]).
+    /// watch, [`vgpu_node_agent::quota_watch`]).
     pub quota_events: bool,
     /// `quota_event_interval_secs`: after the first, at most one Event per request, card
     /// and reason this often (the Event says how many refusals it covers).

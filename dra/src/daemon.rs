@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use vgpu_kube::slices::{GpuDevice, SlicePublisher};
+use vgpu_node_agent::coordination;
 use vgpu_node_agent::devices::watch_health;
 use vgpu_node_agent::devices::{CardInfo, DeviceSource};
 use vgpu_node_agent::health::ServingStatus;
+use vgpu_node_agent::quota_watch::{self, QuotaTotals, Watched};
 use vgpu_node_agent::tasks::Background;
-use vgpu_plugin::coordination;
-use vgpu_plugin::quota_watch::{self, QuotaTotals, Watched};
 use vgpu_plugin::serve::ServedSocket;
 
 use crate::cards::{Describe, Details, gpu_devices};
@@ -349,9 +349,9 @@ pub async fn start(
             .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
     }
     let checkpoint = Checkpoint::load(&config.state_file())?;
-    let mps = vgpu_plugin::mps::start_daemons(&plugin, &cards)?;
+    let mps = vgpu_node_agent::mps::start_daemons(&plugin, &cards)?;
     let source: Arc<dyn DeviceSource> = match &mps {
-        Some(supervisor) => Arc::new(vgpu_plugin::mps::MpsAwareSource::new(
+        Some(supervisor) => Arc::new(vgpu_node_agent::mps::MpsAwareSource::new(
             source,
             supervisor.states(),
         )),
@@ -420,7 +420,7 @@ pub async fn start(
         None => None,
     };
     if let Some(supervisor) = mps {
-        background.push(tokio::spawn(vgpu_plugin::mps::stop_with(
+        background.push(tokio::spawn(vgpu_node_agent::mps::stop_with(
             supervisor,
             stop_receiver.clone(),
         )));

@@ -11,7 +11,7 @@
 //!   `vgpu_container_memory_used_bytes` and `vgpu_container_processes` (from a private
 //!   copy of its usage region; the card is matched to the region's device by UUID,
 //!   through the request's config), and the device plugin's counters of what the quota
-//!   did ([`vgpu_plugin::metrics::QuotaFamilies`]: `vgpu_container_memory_refusals_total`,
+//!   did ([`vgpu_node_agent::exposition::QuotaFamilies`]: `vgpu_container_memory_refusals_total`,
 //!   `vgpu_container_memory_refused_bytes_total`, `vgpu_container_throttled_seconds_total`,
 //!   `vgpu_container_memory_over_quota_total`), running totals that never step back;
 //! * `vgpu_build_info{version, commit}` (always 1).
@@ -30,8 +30,8 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use vgpu_contract::Config;
 use vgpu_kube::slices::GpuDevice;
+use vgpu_node_agent::exposition::{health_response, metrics_response, not_found};
 use vgpu_node_agent::health::ServingStatus;
-use vgpu_plugin::metrics::{health_response, metrics_response, not_found};
 
 use crate::prepare::Preparer;
 
@@ -54,7 +54,7 @@ pub(crate) struct Sources {
     pub cards: watch::Receiver<Vec<GpuDevice>>,
     pub status: Arc<ServingStatus>,
     /// The running totals of the requests' quota counters.
-    pub quota: Arc<vgpu_plugin::quota_watch::QuotaTotals>,
+    pub quota: Arc<vgpu_node_agent::quota_watch::QuotaTotals>,
 }
 
 /// The text exposition of the driver's metrics.
@@ -91,7 +91,7 @@ pub(crate) fn render(sources: &Sources) -> String {
         "container_processes",
         "Live CUDA processes of the request",
     );
-    let quota_families = vgpu_plugin::metrics::QuotaFamilies::register(&mut registry);
+    let quota_families = vgpu_node_agent::exposition::QuotaFamilies::register(&mut registry);
     let card_memory: std::collections::BTreeMap<String, u64> = sources
         .cards
         .borrow()

@@ -6,7 +6,7 @@
 //! each request of the claim writes what the device plugin writes for a container:
 //! `<state_dir>/allocations/<container_id>/vgpu.yaml` and `usage.region`, and a CDI
 //! spec with exactly the mounts, device nodes and env of the device plugin's Allocate
-//! response (built by the same code, `vgpu_plugin::container::allocate_response`).
+//! response (built by the same code, `vgpu_node_agent::container::allocate_response`).
 //! `container_id` is `<claim uid>-<request>` (contract 3). The answer is checkpointed
 //! before it is returned; a claim already prepared gets the checkpointed answer again,
 //! and unpreparing a claim nobody prepared still sweeps anything named after its UID.
@@ -20,10 +20,11 @@ use vgpu_kube::claims::{AllocatedShare, ClaimAllocation};
 use vgpu_kube::pods::{CeilingLookup, PodReader, apply_ceiling};
 use vgpu_kube::slices::{CORES_PER_CARD, device_name};
 use vgpu_node_agent::cdi::SpecWriter;
+use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::container;
 use vgpu_node_agent::devices::CardInfo;
 use vgpu_node_agent::persist::{Versioned, write_atomically};
-use vgpu_plugin::state::AllocationRecord;
-use vgpu_plugin::{PluginConfig, container};
+use vgpu_node_agent::state::AllocationRecord;
 
 use crate::checkpoint::{Checkpoint, ClaimPod, PreparedClaim, PreparedDevice, PreparedRequest};
 use crate::config::DraConfig;
@@ -356,7 +357,7 @@ impl Preparer {
         let cards: Vec<&CardInfo> = plan.cards.iter().collect();
         // A request on one MPS card is its daemon's client at its share (taken before
         // the quota leaves compute to MPS).
-        let mps_client = vgpu_plugin::mps::client_card(&self.plugin, &cards).map(|card| {
+        let mps_client = vgpu_node_agent::mps::client_card(&self.plugin, &cards).map(|card| {
             let quota = plan.quotas.first();
             let share = vgpu_mps::ClientShare {
                 cores: quota.and_then(|quota| quota.core_limit),
@@ -367,7 +368,7 @@ impl Preparer {
             (card, share)
         });
         let mut quotas = plan.quotas.clone();
-        vgpu_plugin::mps::leave_compute_to_mps(&self.plugin, &self.cards, &mut quotas);
+        vgpu_node_agent::mps::leave_compute_to_mps(&self.plugin, &self.cards, &mut quotas);
         let quota: Config = container::container_config(&quotas, &plan.container_id);
         quota
             .validate()
@@ -385,7 +386,7 @@ impl Preparer {
         let record = allocation_record(&plan.container_id, &plan.cards);
         let mut edits = container::container_edits(&self.plugin, &record, &cards);
         if let Some((card, share)) = mps_client {
-            vgpu_plugin::mps::add_client_edits(&self.plugin, card, share, true, &mut edits);
+            vgpu_node_agent::mps::add_client_edits(&self.plugin, card, share, true, &mut edits);
         }
         container::write_cdi_spec(&self.plugin, &record, &edits)
     }

@@ -19,7 +19,7 @@ use std::process::Command;
 use manifest::of_kind;
 use serde_json::Value;
 use vgpu_dra::DraConfig;
-use vgpu_plugin::PluginConfig;
+use vgpu_node_agent::config::PluginConfig;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -277,7 +277,7 @@ fn changed_values_reach_the_config_and_the_mounts_follow() {
         Path::new("/var/lib/k0s/kubelet/device-plugins")
     );
     assert_eq!(config.cdi_spec_dir, Path::new("/etc/cdi"));
-    assert_eq!(config.policy, vgpu_plugin::config::Policy::Spread);
+    assert_eq!(config.policy, vgpu_node_agent::config::Policy::Spread);
     assert_eq!(config.default_core_ceiling, Some(80));
     assert_eq!(config.gc_grace_secs, 1_000_000);
     assert_eq!(metrics_port(&docs), 9500);

@@ -366,7 +366,7 @@ fn on_node(node: &std::path::Path, path: &std::path::Path) -> PathBuf {
 /// sim, into `node` at the manifest's `--dest`; then the paths each daemon's config
 /// names must be files that layout holds: the NVML library it loads (read as given,
 /// nothing follows `current` for it) and the shims (followed through `current`, as
-/// plugin/src/layout.rs does). The DRA manifest once named
+/// node-agent/src/layout.rs does). The DRA manifest once named
 /// `<dest>/lib64/libnvidia-ml.so.1`, a path `prepare` never writes.
 #[test]
 fn each_configs_driver_paths_are_files_the_init_container_writes() {
@@ -419,8 +419,11 @@ fn each_configs_driver_paths_are_files_the_init_container_writes() {
     let plugin_text = of_kind(&plugin_docs, "ConfigMap")["data"]["plugin.yaml"]
         .as_str()
         .expect("plugin.yaml");
-    let plugin = vgpu_plugin::PluginConfig::from_yaml(plugin_text, std::path::Path::new("plugin"))
-        .expect("plugin config");
+    let plugin = vgpu_node_agent::config::PluginConfig::from_yaml(
+        plugin_text,
+        std::path::Path::new("plugin"),
+    )
+    .expect("plugin config");
     let dra_text = of_kind(&dra_docs, "ConfigMap")["data"]["dra.yaml"]
         .as_str()
         .expect("dra.yaml");

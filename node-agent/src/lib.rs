@@ -4,6 +4,17 @@
 //! daemon does on the node whatever API it answers lives here.
 //!
 //! Module map:
+//! * [`config`]: the node's YAML config (`plugin.yaml`; the DRA driver builds the same
+//!   from its own file);
+//! * [`layout`]: the per-container paths (config, usage region, card views, device
+//!   nodes); the driver part of the mounts is `vgpu_ldconfig::layout`;
+//! * [`state`]: allocation records, and the device plugin's state file of them;
+//! * [`container`]: allocation folders, the container config, the container edits and
+//!   their CDI spec;
+//! * [`coordination`]: the host-side compute coordinator over the node's containers;
+//! * [`quota_watch`]: what the quota did to each container (totals, info lines, Events);
+//! * [`mps`]: the MPS sharing mode's hooks: daemons, health, container edits, quota;
+//! * [`exposition`]: what both daemons' `/metrics` and `/healthz` share;
 //! * [`cdi`]: CDI spec files of allocations;
 //! * [`persist`]: versioned JSON files read with a version check and written atomically;
 //! * [`devices`]: device discovery and health behind [`devices::DeviceSource`] (NVML or fake);
@@ -16,9 +27,17 @@
 #![forbid(unsafe_code)]
 
 pub mod cdi;
+pub mod config;
+pub mod container;
+pub mod coordination;
 pub mod devices;
+pub mod exposition;
 pub mod health;
 pub mod http;
+pub mod layout;
+pub mod mps;
 pub mod persist;
 pub mod process;
+pub mod quota_watch;
+pub mod state;
 pub mod tasks;

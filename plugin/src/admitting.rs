@@ -21,7 +21,7 @@ use vgpu_kube::k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::allocator::HolderIndex;
 use crate::ids::Kind;
-use crate::state::Owner;
+use vgpu_node_agent::state::Owner;
 
 /// The container being admitted: its whole request and what kubelet gave it so far.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use tokio::sync::OnceCell;
 use vgpu_kube::pods::{CeilingLookup, PodReader, apply_ceiling};
 
 use crate::allocator::PreStartPlan;
-use crate::config::PluginConfig;
+use vgpu_node_agent::config::PluginConfig;
 
 /// How long PreStart waits for the API server before it falls back.
 const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);

@@ -4,7 +4,7 @@
 //! registering), watch that folder (kubelet deletes plugin sockets when it restarts:
 //! the socket is re-created and registered again; a new kubelet.sock also triggers
 //! re-registration), probe health, collect garbage, follow every usage region once a
-//! second (host PIDs, running totals; refusals and Events: [`crate::quota_watch`]),
+//! second (host PIDs, running totals; refusals and Events: [`vgpu_node_agent::quota_watch`]),
 //! serve metrics and `/healthz`, and on stop
 //! remove the sockets.
 
@@ -18,21 +18,21 @@ use tokio::sync::watch;
 
 use crate::allocator::{Allocator, HolderIndex};
 use crate::coexist;
-use crate::config::PluginConfig;
-use crate::container;
-use crate::coordination;
 use crate::ids::Kind;
 use crate::kubelet;
 use crate::metrics;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 use crate::serve::{ServedSocket, socket_inode};
 use crate::service::{ResourceService, Shared, now_unix};
-use crate::state::PluginState;
 use crate::usage::UsageTotals;
+use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::container;
+use vgpu_node_agent::coordination;
 use vgpu_node_agent::devices::{DeviceSource, watch_health};
 use vgpu_node_agent::health::ServingStatus;
 use vgpu_node_agent::http;
 use vgpu_node_agent::persist::Versioned;
+use vgpu_node_agent::state::PluginState;
 use vgpu_node_agent::tasks::Background;
 
 /// A running plugin.
@@ -322,9 +322,12 @@ pub async fn start(
         }
     }
     let state = PluginState::load(&config.state_file())?;
-    let mps = crate::mps::start_daemons(&config, &cards)?;
+    let mps = vgpu_node_agent::mps::start_daemons(&config, &cards)?;
     let source: Arc<dyn DeviceSource> = match &mps {
-        Some(supervisor) => Arc::new(crate::mps::MpsAwareSource::new(source, supervisor.states())),
+        Some(supervisor) => Arc::new(vgpu_node_agent::mps::MpsAwareSource::new(
+            source,
+            supervisor.states(),
+        )),
         None => source,
     };
     tracing::info!(
@@ -363,7 +366,7 @@ pub async fn start(
     let usage = Arc::new(UsageTotals::load(&config.state_dir));
     let mut background = Background::new(stop);
     if let Some(supervisor) = mps {
-        background.push(tokio::spawn(crate::mps::stop_with(
+        background.push(tokio::spawn(vgpu_node_agent::mps::stop_with(
             supervisor,
             stop_receiver.clone(),
         )));
@@ -402,10 +405,10 @@ pub async fn start(
     )));
     {
         let shared_list = shared.clone();
-        background.push(tokio::spawn(crate::quota_watch::run(
-            Arc::new(move || crate::quota_watch::plugin_containers(&shared_list)),
+        background.push(tokio::spawn(vgpu_node_agent::quota_watch::run(
+            Arc::new(move || plugin_containers(&shared_list)),
             shared.quota.clone(),
-            crate::quota_watch::Settings::of(&config),
+            vgpu_node_agent::quota_watch::Settings::of(&config),
             stop_receiver.clone(),
         )));
     }
@@ -437,4 +440,27 @@ pub async fn start(
         metrics_address,
         sockets,
     })
+}
+
+/// The containers of the device plugin that passed PreStart and have an owner.
+fn plugin_containers(shared: &Shared) -> Vec<vgpu_node_agent::quota_watch::Watched> {
+    let allocator = shared.allocator();
+    allocator
+        .state()
+        .allocations
+        .values()
+        .filter(|record| record.prepared_unix.is_some())
+        .filter_map(|record| {
+            let owner = record.owner.as_ref()?;
+            Some(vgpu_node_agent::quota_watch::Watched {
+                id: record.id.clone(),
+                dir: vgpu_node_agent::container::allocation_dir(&shared.config, &record.id),
+                namespace: owner.namespace.clone(),
+                pod: owner.pod.clone(),
+                pod_uid: None,
+                container: owner.container.clone(),
+                cards: record.cards.clone(),
+            })
+        })
+        .collect()
 }

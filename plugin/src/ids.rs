@@ -1,6 +1,8 @@
 //! Device IDs advertised to kubelet: `<uuid>-core-<k>` (100 per card) and
 //! `<uuid>-mem-<k>` (one per memory unit of the card).
 
+use vgpu_node_agent::state::AllocationRecord;
+
 /// Core devices per card: one per percent of its SMs.
 pub const CORES_PER_CARD: u32 = 100;
 
@@ -79,6 +81,27 @@ impl DeviceId {
 impl std::fmt::Display for DeviceId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}{}{}", self.uuid, self.kind.infix(), self.unit)
+    }
+}
+
+/// What a record's device IDs say in the device plugin's terms.
+pub trait RecordIds {
+    /// Core request of 100×N: N whole cards.
+    fn is_whole_card(&self) -> bool;
+    /// The IDs of one resource.
+    fn ids(&self, kind: Kind) -> &[String];
+}
+
+impl RecordIds for AllocationRecord {
+    fn is_whole_card(&self) -> bool {
+        !self.core_ids.is_empty() && (self.core_ids.len() as u32).is_multiple_of(CORES_PER_CARD)
+    }
+
+    fn ids(&self, kind: Kind) -> &[String] {
+        match kind {
+            Kind::Core => &self.core_ids,
+            Kind::Memory => &self.memory_ids,
+        }
     }
 }
 

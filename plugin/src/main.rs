@@ -22,7 +22,7 @@ use vgpu_plugin::reload::{Change, ConfigWatch};
 )]
 struct Args {
     /// Plugin config (YAML); missing default file means built-in defaults.
-    #[arg(long, default_value = vgpu_plugin::config::DEFAULT_CONFIG_PATH)]
+    #[arg(long, default_value = vgpu_node_agent::config::DEFAULT_CONFIG_PATH)]
     config: PathBuf,
     /// Serve /metrics and /healthz here instead of the config's `metrics_address`: the
     /// DaemonSet passes `$(HOST_IP):9401` (the downward API's status.hostIP), which only
@@ -50,7 +50,7 @@ async fn config_changed(mut watch: ConfigWatch, every: Duration) {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("{}", vgpu_build_info::banner("vgpu-plugin"));
-    let default_path = args.config == Path::new(vgpu_plugin::config::DEFAULT_CONFIG_PATH);
+    let default_path = args.config == Path::new(vgpu_node_agent::config::DEFAULT_CONFIG_PATH);
     let (mut config, watch) = ConfigWatch::load(&args.config, default_path)?;
     if let Some(address) = args.metrics_address {
         config.metrics_address = Some(address);

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::PluginConfig;
+use vgpu_node_agent::config::PluginConfig;
 
 /// What a look at the file found.
 #[derive(Debug)]
@@ -120,7 +120,7 @@ mod tests {
         publish(volume.path(), "1", "policy: binpack\n");
         let path = volume.path().join("plugin.yaml");
         let (running, mut watch) = ConfigWatch::load(&path, false).expect("valid");
-        assert_eq!(running.policy, crate::config::Policy::Binpack);
+        assert_eq!(running.policy, vgpu_node_agent::config::Policy::Binpack);
         assert!(matches!(watch.poll(), Change::None));
         // Same meaning, other text.
         publish(volume.path(), "2", "# comment\npolicy: binpack\n");
@@ -136,7 +136,7 @@ mod tests {
         publish(volume.path(), "4", "policy: spread\n");
         match watch.poll() {
             Change::Valid(config) => {
-                assert_eq!(config.policy, crate::config::Policy::Spread)
+                assert_eq!(config.policy, vgpu_node_agent::config::Policy::Spread)
             }
             other => panic!("{other:?}"),
         }

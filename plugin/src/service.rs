@@ -13,8 +13,6 @@ use tonic::{Request, Response, Status};
 
 use crate::admitting::Admitting;
 use crate::allocator::{Allocator, HolderIndex};
-use crate::config::PluginConfig;
-use crate::container;
 use crate::ids::Kind;
 use crate::kubelet;
 use crate::proto::deviceplugin::device_plugin_server::DevicePlugin;
@@ -23,6 +21,8 @@ use crate::proto::deviceplugin::{
     Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
+use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::container;
 
 /// Counters exported as metrics.
 #[derive(Default)]
@@ -44,7 +44,7 @@ pub struct Shared {
     /// The pods' `tencent.com/vcuda-core-limit`, read at PreStart.
     pub(crate) ceilings: crate::annotations::PodCeilings,
     /// The running totals of the containers' quota counters (refusals, throttling).
-    pub quota: Arc<crate::quota_watch::QuotaTotals>,
+    pub quota: Arc<vgpu_node_agent::quota_watch::QuotaTotals>,
 }
 
 /// Seconds since the epoch.
@@ -168,7 +168,7 @@ impl ResourceService {
     ) -> Result<
         (
             crate::proto::deviceplugin::ContainerAllocateResponse,
-            crate::state::AllocationRecord,
+            vgpu_node_agent::state::AllocationRecord,
         ),
         Status,
     > {
@@ -237,7 +237,7 @@ impl ResourceService {
         let record = &decision.record;
         let card_refs: Vec<_> = cards.iter().collect();
         let mut edits = container::container_edits(&shared.config, record, &card_refs);
-        crate::mps::add_allocation_edits(&shared.config, record, &card_refs, &mut edits);
+        vgpu_node_agent::mps::add_allocation_edits(&shared.config, record, &card_refs, &mut edits);
         let written = container::create_allocation_dir(&shared.config, record).and_then(|_| {
             if shared.config.device_list_strategy.cdi() {
                 container::write_cdi_spec(&shared.config, record, &edits).map(Some)
@@ -259,7 +259,7 @@ impl ResourceService {
         );
         shared.counters.allocations.fetch_add(1, Ordering::Relaxed);
         Ok((
-            container::allocate_response(&shared.config, record, &edits, cdi_name),
+            crate::response::allocate_response(&shared.config, record, &edits, cdi_name),
             record.clone(),
         ))
     }
@@ -404,14 +404,19 @@ impl DevicePlugin for ResourceService {
         self.shared.ceilings.apply(&mut plans).await;
         let cards = self.shared.allocator().cards().to_vec();
         for plan in &mut plans {
-            crate::mps::leave_compute_to_mps(&self.shared.config, &cards, &mut plan.devices);
+            vgpu_node_agent::mps::leave_compute_to_mps(
+                &self.shared.config,
+                &cards,
+                &mut plan.devices,
+            );
         }
         for plan in &plans {
-            let dir = container::write_prestart(&self.shared.config, plan).map_err(|err| {
-                self.refuse(Status::internal(format!(
-                    "cannot write the container config: {err}"
-                )))
-            })?;
+            let dir =
+                crate::response::write_prestart(&self.shared.config, plan).map_err(|err| {
+                    self.refuse(Status::internal(format!(
+                        "cannot write the container config: {err}"
+                    )))
+                })?;
             tracing::info!(
                 allocation = %plan.allocation_id, aliases = ?plan.alias_ids, owner = ?plan.owner,
                 dir = %dir.display(), "container config written"

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use common::{Admitted, Plugin, TestKubelet, allocate, config_of, device_list};
 use vgpu_contract::ByteSize;
 use vgpu_mps::Sharing;
+use vgpu_node_agent::config::DeviceListStrategy;
+use vgpu_node_agent::config::PluginConfig;
 use vgpu_node_agent::devices::FakeSource;
-use vgpu_plugin::PluginConfig;
-use vgpu_plugin::config::DeviceListStrategy;
 
 const CARD_MEMORY: u64 = 8 << 30; // 32 memory units of 256MiB
 

@@ -23,7 +23,7 @@ use std::process::Command;
 
 use common::e2e;
 use common::{CORE, MEMORY, TestKubelet};
-use vgpu_plugin::config::DeviceListStrategy;
+use vgpu_node_agent::config::DeviceListStrategy;
 
 /// Removes this run's spec files however the test ends.
 struct Specs(vgpu_node_agent::cdi::SpecWriter);

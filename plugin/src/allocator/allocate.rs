@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use tonic::Status;
 
 use super::{Allocator, HolderIndex, list, set_of};
-use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
-use crate::state::{AllocationRecord, Owner};
+use crate::ids::{CORES_PER_CARD, DeviceId, Kind, RecordIds};
+use vgpu_node_agent::state::{AllocationRecord, Owner};
 
 /// What Allocate decided: the new record.
 #[derive(Clone, Debug)]

@@ -2,8 +2,8 @@
 //! dropping the others (the periodic pass, and records in the way of an Allocate call).
 
 use super::{Allocator, HolderIndex, set_of};
-use crate::ids::Kind;
-use crate::state::AllocationRecord;
+use crate::ids::{Kind, RecordIds};
+use vgpu_node_agent::state::AllocationRecord;
 
 impl Allocator {
     /// Whether an allocation may still be in use: its devices are held in PodResources;

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::ids::Kind;
 use crate::proto::podresources;
-use crate::state::Owner;
+use vgpu_node_agent::state::Owner;
 
 /// One container as PodResources lists it.
 #[derive(Clone, Debug)]

@@ -43,12 +43,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
-use crate::config::PluginConfig;
-use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
+use crate::ids::{CORES_PER_CARD, DeviceId, Kind, RecordIds};
 use crate::proto::deviceplugin;
-use crate::state::{AllocationRecord, PluginState};
+use vgpu_node_agent::config::PluginConfig;
 use vgpu_node_agent::devices::CardInfo;
 use vgpu_node_agent::persist::Versioned;
+use vgpu_node_agent::state::{AllocationRecord, PluginState};
 
 mod allocate;
 mod garbage;

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Allocator, HolderIndex, half_kind};
 use crate::admitting::Admitting;
-use crate::config::Policy;
-use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
+use crate::ids::{CORES_PER_CARD, DeviceId, Kind, RecordIds};
+use vgpu_node_agent::config::Policy;
 use vgpu_node_agent::devices::CardInfo;
 
 impl Allocator {

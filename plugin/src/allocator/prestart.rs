@@ -11,8 +11,8 @@ use vgpu_kube::pods::apply_ceiling;
 
 use super::holders::Listed;
 use super::{Allocator, HolderIndex, cards_fit, half_kind, list, set_of};
-use crate::ids::{CORES_PER_CARD, DeviceId, Kind};
-use crate::state::{AllocationRecord, Owner};
+use crate::ids::{CORES_PER_CARD, DeviceId, Kind, RecordIds};
+use vgpu_node_agent::state::{AllocationRecord, Owner};
 
 /// What PreStartContainer must write for one container allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]

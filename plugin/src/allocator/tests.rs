@@ -1,9 +1,9 @@
 //! The allocator's phases end to end, as kubelet calls them.
 
 use super::*;
-use crate::config::Policy;
 use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
 use vgpu_contract::CoreMode;
+use vgpu_node_agent::config::Policy;
 
 fn cards(count: u32) -> Vec<CardInfo> {
     (0..count)

@@ -9,8 +9,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use vgpu_node_agent::config::PluginConfig;
 use vgpu_node_agent::devices::{DeviceSource, NvmlSource};
-use vgpu_plugin::PluginConfig;
 use vgpu_plugin::proto::deviceplugin::ContainerAllocateResponse;
 
 /// The JIT helper's SONAME, as the real driver names it.

@@ -18,7 +18,7 @@ use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
-use vgpu_plugin::PluginConfig;
+use vgpu_node_agent::config::PluginConfig;
 use vgpu_plugin::kubelet::connect_unix;
 use vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use vgpu_plugin::proto::deviceplugin::registration_server::{Registration, RegistrationServer};

@@ -39,7 +39,7 @@
 //! ```
 //!
 //! A change of the config file makes the running plugin exit cleanly, so kubelet
-//! restarts it with the new config ([`crate::reload`]).
+//! restarts it with the new config (the plugin's `reload`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -49,8 +49,8 @@ use serde::Deserialize;
 use vgpu_contract::ByteSize;
 use vgpu_mps::{MpsSettings, Sharing, SharingConfig};
 
+use crate::cdi::SpecFormat;
 use crate::layout;
-use vgpu_node_agent::cdi::SpecFormat;
 
 /// Where the config is read from when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vgpu/plugin.yaml";
@@ -217,7 +217,7 @@ impl Default for PluginConfig {
             metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 9401))),
             device_list_strategy: DeviceListStrategy::Mounts,
             cdi_kind: "tencent.com/vcuda".into(),
-            cdi_spec_dir: PathBuf::from(vgpu_node_agent::cdi::DEFAULT_SPEC_DIR),
+            cdi_spec_dir: PathBuf::from(crate::cdi::DEFAULT_SPEC_DIR),
             cdi_spec_format: SpecFormat::Json,
             pod_annotations: true,
             node_name: None,
@@ -287,8 +287,7 @@ impl PluginConfig {
                 self.kubelet_socket
             ));
         }
-        vgpu_node_agent::cdi::parse_kind(&self.cdi_kind)
-            .map_err(|err| format!("cdi_kind: {err}"))?;
+        crate::cdi::parse_kind(&self.cdi_kind).map_err(|err| format!("cdi_kind: {err}"))?;
         if let Some(ceiling) = self.default_core_ceiling
             && !(1..=100).contains(&ceiling)
         {
@@ -328,14 +327,8 @@ impl PluginConfig {
     }
 
     /// The CDI spec writer of this config.
-    pub fn cdi_writer(
-        &self,
-    ) -> Result<vgpu_node_agent::cdi::SpecWriter, vgpu_node_agent::cdi::CdiError> {
-        vgpu_node_agent::cdi::SpecWriter::new(
-            &self.cdi_spec_dir,
-            &self.cdi_kind,
-            self.cdi_spec_format,
-        )
+    pub fn cdi_writer(&self) -> Result<crate::cdi::SpecWriter, crate::cdi::CdiError> {
+        crate::cdi::SpecWriter::new(&self.cdi_spec_dir, &self.cdi_kind, self.cdi_spec_format)
     }
 
     /// `<state_dir>/containers`.

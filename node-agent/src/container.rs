@@ -1,8 +1,9 @@
-//! What one container gets on disk and in its Allocate response: the allocation folder
-//! (`<state_dir>/allocations/<id>/` with `vgpu.yaml` and `usage.region`), the link
-//! `<state_dir>/containers/<namespace>_<pod>/<container>` to it, the container edits
-//! (mounts, device nodes, env) and how they reach the runtime: in the response, as a CDI
-//! spec, or both (`device_list_strategy`).
+//! What one container gets on disk: the allocation folder (`<state_dir>/allocations/<id>/`
+//! with `vgpu.yaml` and `usage.region`), the link
+//! `<state_dir>/containers/<namespace>_<pod>/<container>` to it, and the container edits
+//! (mounts, device nodes, env) with their CDI spec. Both daemons write these; how the
+//! edits reach the runtime beyond the spec is each front end's (the device plugin's
+//! Allocate response and PreStart files are `vgpu_plugin::response`).
 //!
 //! Each Allocate call gets a folder of its own. At PreStartContainer the container's
 //! folders are made one: the allocation's folder gets the config and a fresh region
@@ -10,20 +11,18 @@
 //! folder gets hard links to the same two files, so whichever response's mounts kubelet
 //! kept, the container sees the same region, with its own `container_id`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use vgpu_contract::region::Region;
 use vgpu_contract::{Config, DeviceQuota};
 
-use crate::allocator::PreStartPlan;
+use crate::cdi::{ContainerEdits, DeviceNode, Mount as CdiMount};
 use crate::config::PluginConfig;
+use crate::devices::CardInfo;
 use crate::layout;
-use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
+use crate::persist::write_atomically;
 use crate::state::{AllocationRecord, Owner};
-use vgpu_node_agent::cdi::{ContainerEdits, DeviceNode, Mount as CdiMount};
-use vgpu_node_agent::devices::CardInfo;
-use vgpu_node_agent::persist::write_atomically;
 
 /// Annotation with the allocation ID (of this response's folder).
 pub const ANNOTATION_ALLOCATION: &str = "tencent.com/vcuda-allocation";
@@ -35,9 +34,9 @@ pub const ANNOTATION_CORES: &str = "tencent.com/vcuda-core";
 pub const ANNOTATION_MEMORY: &str = "tencent.com/vcuda-memory";
 
 /// The container config in an allocation folder.
-pub(crate) const CONFIG_FILE: &str = "vgpu.yaml";
+pub const CONFIG_FILE: &str = "vgpu.yaml";
 /// The usage region in an allocation folder.
-pub(crate) const REGION_FILE: &str = "usage.region";
+pub const REGION_FILE: &str = "usage.region";
 /// Cgroup access of the device nodes.
 const DEVICE_PERMISSIONS: &str = "rw";
 
@@ -176,112 +175,6 @@ pub fn write_cdi_spec(
     Ok(config.cdi_writer()?.write(&record.id, &described)?)
 }
 
-/// The Allocate response of one container request: the edits themselves unless the
-/// strategy is CDI alone, and the CDI device name when a spec was written.
-pub fn allocate_response(
-    config: &PluginConfig,
-    record: &AllocationRecord,
-    edits: &ContainerEdits,
-    cdi_name: Option<String>,
-) -> ContainerAllocateResponse {
-    let mut annotations = HashMap::new();
-    annotations.insert(ANNOTATION_ALLOCATION.to_string(), record.id.clone());
-    annotations.insert(ANNOTATION_CARDS.to_string(), record.cards.join(","));
-    if !record.core_ids.is_empty() {
-        annotations.insert(
-            ANNOTATION_CORES.to_string(),
-            record.core_ids.len().to_string(),
-        );
-    }
-    if !record.memory_ids.is_empty() {
-        annotations.insert(
-            ANNOTATION_MEMORY.to_string(),
-            record.memory_ids.len().to_string(),
-        );
-    }
-    let mut response = ContainerAllocateResponse {
-        annotations,
-        ..ContainerAllocateResponse::default()
-    };
-    if config.device_list_strategy.mounts() {
-        response.mounts = edits
-            .mounts
-            .iter()
-            .map(|mount| Mount {
-                container_path: mount.container_path.clone(),
-                host_path: mount.host_path.clone(),
-                read_only: mount.read_only(),
-            })
-            .collect();
-        response.devices = edits
-            .device_nodes
-            .iter()
-            .map(|node| DeviceSpec {
-                container_path: node.path.clone(),
-                host_path: node.host_path.clone().unwrap_or_else(|| node.path.clone()),
-                permissions: node.permissions.clone().unwrap_or_default(),
-            })
-            .collect();
-        response.envs = edits.env_map().into_iter().collect();
-    }
-    if let Some(name) = cdi_name {
-        response.cdi_devices.push(CdiDevice { name });
-    }
-    response
-}
-
-/// Replaces `at` with a hard link to `target` (link beside it, then rename).
-fn hard_link_over(target: &Path, at: &Path) -> anyhow::Result<()> {
-    let name = at
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = at.with_file_name(format!(".{name}.link-{}", std::process::id()));
-    let _ = std::fs::remove_file(&temp);
-    std::fs::hard_link(target, &temp)
-        .and_then(|()| std::fs::rename(&temp, at))
-        .map_err(|err| {
-            let _ = std::fs::remove_file(&temp);
-            anyhow::anyhow!(
-                "cannot link {} to {}: {err}",
-                at.display(),
-                target.display()
-            )
-        })
-}
-
-/// Writes the config and a fresh region of the plan's allocation, makes every alias
-/// folder hold the same two files, and links the container's folder to it.
-pub fn write_prestart(config: &PluginConfig, plan: &PreStartPlan) -> anyhow::Result<PathBuf> {
-    let mut quota = container_config(&plan.devices, &plan.allocation_id);
-    quota.warn_on_refusal = plan
-        .owner
-        .as_ref()
-        .is_some_and(|owner| config.warns_on_refusal(&owner.namespace));
-    quota
-        .validate()
-        .map_err(|message| anyhow::anyhow!("the computed config is invalid: {message}"))?;
-    let dir = allocation_dir(config, &plan.allocation_id);
-    std::fs::create_dir_all(&dir)
-        .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
-    write_atomically(&dir.join(CONFIG_FILE), quota.to_yaml().as_bytes())?;
-    // The container is not running (kubelet calls PreStartContainer before each start):
-    // a fresh region carries over no slot of an earlier run's processes.
-    Region::create_file(&dir.join(REGION_FILE), &quota.region_devices())?;
-    for alias in &plan.alias_ids {
-        let alias_dir = allocation_dir(config, alias);
-        std::fs::create_dir_all(&alias_dir)
-            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", alias_dir.display()))?;
-        for file in [CONFIG_FILE, REGION_FILE] {
-            hard_link_over(&dir.join(file), &alias_dir.join(file))?;
-        }
-    }
-    if let Some(owner) = &plan.owner {
-        link_container(config, owner, &dir)?;
-    }
-    Ok(dir)
-}
-
 /// `<containers>/<namespace>_<pod>/<container>`.
 pub fn container_link(config: &PluginConfig, owner: &Owner) -> PathBuf {
     config
@@ -290,7 +183,8 @@ pub fn container_link(config: &PluginConfig, owner: &Owner) -> PathBuf {
         .join(&owner.container)
 }
 
-fn link_container(config: &PluginConfig, owner: &Owner, target: &Path) -> anyhow::Result<()> {
+/// Points the container's link at `target` (a symlink beside it, then rename).
+pub fn link_container(config: &PluginConfig, owner: &Owner, target: &Path) -> anyhow::Result<()> {
     let link = container_link(config, owner);
     if let Some(parent) = link.parent() {
         std::fs::create_dir_all(parent)

@@ -17,9 +17,9 @@ use vgpu_contract::DeviceQuota;
 use vgpu_mps::daemon::{CardStates, DaemonOptions};
 use vgpu_mps::{CardDaemon, CardDirs, ClientShare, Sharing, SharingConfig, Supervisor};
 
+use crate::cdi::{ContainerEdits, Mount as CdiMount};
 use crate::config::PluginConfig;
-use vgpu_node_agent::cdi::{ContainerEdits, Mount as CdiMount};
-use vgpu_node_agent::devices::{CardInfo, DeviceSource};
+use crate::devices::{CardInfo, DeviceSource};
 
 /// The control binary's name.
 pub const CONTROL_BINARY: &str = "nvidia-cuda-mps-control";

@@ -1,12 +1,12 @@
 //! Allocations kept on disk in `plugin-state.json`, so a restarted plugin neither loses
-//! nor double-books them. Read and written by [`vgpu_node_agent::persist`] (version check, atomic
+//! nor double-books them. Read and written by [`crate::persist`] (version check, atomic
 //! replacement).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use vgpu_node_agent::persist::Versioned;
+use crate::persist::Versioned;
 
 /// Layout version of the state file.
 pub const STATE_VERSION: u32 = 1;
@@ -65,30 +65,16 @@ pub struct AllocationRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
     /// The container kubelet was admitting at this Allocate call, when
-    /// `crate::admitting` could tell: once PodResources no longer lists its pod, kubelet
+    /// the device plugin's `admitting` could tell: once PodResources no longer lists its pod, kubelet
     /// rejected or forgot it, and the record is released even within the pairing window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admitted_for: Option<Owner>,
 }
 
 impl AllocationRecord {
-    /// Core request of 100×N: N whole cards.
-    pub fn is_whole_card(&self) -> bool {
-        !self.core_ids.is_empty()
-            && (self.core_ids.len() as u32).is_multiple_of(crate::ids::CORES_PER_CARD)
-    }
-
     /// Every device ID held.
     pub fn device_ids(&self) -> impl Iterator<Item = &String> {
         self.core_ids.iter().chain(self.memory_ids.iter())
-    }
-
-    /// The IDs of one resource.
-    pub fn ids(&self, kind: crate::ids::Kind) -> &[String] {
-        match kind {
-            crate::ids::Kind::Core => &self.core_ids,
-            crate::ids::Kind::Memory => &self.memory_ids,
-        }
     }
 
     /// The record that began this one's group of shared IDs (itself when it shares none).

@@ -26,7 +26,6 @@ use vgpu_kube::events::{self, PodEvent, PodRef};
 
 use crate::config::PluginConfig;
 use crate::container;
-use crate::service::Shared;
 
 /// How often the regions are read.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -360,29 +359,6 @@ fn pass(
     let known: Vec<String> = containers.iter().map(|w| w.id.clone()).collect();
     told.retain(|(id, _), _| known.contains(id));
     due
-}
-
-/// The containers of the device plugin that passed PreStart and have an owner.
-pub fn plugin_containers(shared: &Shared) -> Vec<Watched> {
-    let allocator = shared.allocator();
-    allocator
-        .state()
-        .allocations
-        .values()
-        .filter(|record| record.prepared_unix.is_some())
-        .filter_map(|record| {
-            let owner = record.owner.as_ref()?;
-            Some(Watched {
-                id: record.id.clone(),
-                dir: container::allocation_dir(&shared.config, &record.id),
-                namespace: owner.namespace.clone(),
-                pod: owner.pod.clone(),
-                pod_uid: None,
-                container: owner.container.clone(),
-                cards: record.cards.clone(),
-            })
-        })
-        .collect()
 }
 
 /// Follows `containers()` every [`TICK`] until `stop`: totals, info lines, Events.
