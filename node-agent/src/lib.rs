@@ -18,6 +18,7 @@
 //! * [`cdi`]: CDI spec files of allocations;
 //! * [`persist`]: versioned JSON files read with a version check and written atomically;
 //! * [`devices`]: device discovery and health behind [`devices::DeviceSource`] (NVML or fake);
+//! * [`dial`]: a gRPC channel to a server on a unix socket;
 //! * [`health`]: what `/healthz` answers;
 //! * [`http`]: the plain-HTTP server `/metrics` and `/healthz` are served by (timeouts, a
 //!   connection cap);
@@ -31,6 +32,7 @@ pub mod config;
 pub mod container;
 pub mod coordination;
 pub mod devices;
+pub mod dial;
 pub mod exposition;
 pub mod health;
 pub mod http;

@@ -19,10 +19,10 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::ids::DeviceId;
-use crate::kubelet::connect_unix;
 use crate::proto::deviceplugin::Empty;
 use crate::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::dial::connect_unix;
 
 /// Kubelet's device-manager checkpoint, in the device-plugin folder.
 pub const KUBELET_CHECKPOINT: &str = "kubelet_internal_checkpoint";

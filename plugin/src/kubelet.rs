@@ -1,36 +1,14 @@
-//! gRPC clients over unix sockets: kubelet's Registration and PodResourcesLister.
+//! kubelet's Registration and PodResourcesLister, called over its unix sockets
+//! ([`vgpu_node_agent::dial`]).
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use vgpu_node_agent::dial::connect_unix;
 
 use crate::proto::deviceplugin::registration_client::RegistrationClient;
 use crate::proto::deviceplugin::{DevicePluginOptions, RegisterRequest, VERSION};
 use crate::proto::podresources::pod_resources_lister_client::PodResourcesListerClient;
 use crate::proto::podresources::{ListPodResourcesRequest, PodResources};
-
-/// How long one call to kubelet may take.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A channel to the gRPC server on the unix socket `path`.
-pub async fn connect_unix(path: &Path) -> anyhow::Result<Channel> {
-    let path: PathBuf = path.to_path_buf();
-    let shown = path.display().to_string();
-    // The URI is required by the API but unused: the connector always dials `path`.
-    let channel = Endpoint::from_static("http://localhost")
-        .connect_timeout(CALL_TIMEOUT)
-        .timeout(CALL_TIMEOUT)
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .map_err(|err| anyhow::anyhow!("cannot connect to {shown}: {err}"))?;
-    Ok(channel)
-}
 
 /// Registers `resource`, served on `endpoint` (a socket file name in the device-plugin dir).
 pub async fn register(kubelet_socket: &Path, endpoint: &str, resource: &str) -> anyhow::Result<()> {

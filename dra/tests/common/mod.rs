@@ -20,7 +20,7 @@ use vgpu_dra::proto::registration::registration_client::RegistrationClient;
 use vgpu_dra::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus};
 use vgpu_kube::k8s_openapi::api::resource::v1::ResourceSlice;
 use vgpu_kube::quantity;
-use vgpu_plugin::kubelet::connect_unix;
+use vgpu_node_agent::dial::connect_unix;
 
 pub const DRIVER: &str = "gpu.vgpu-shim.io";
 pub const NODE: &str = "node-a";

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use vgpu_node_agent::config::PluginConfig;
-use vgpu_plugin::kubelet::connect_unix;
+use vgpu_node_agent::dial::connect_unix;
 use vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use vgpu_plugin::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
 use vgpu_plugin::proto::deviceplugin::{
