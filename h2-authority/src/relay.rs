@@ -230,16 +230,17 @@ mod tests {
         assert_eq!(result, Err(MendError::Protocol("frame over 1 MiB")));
     }
 
-    /// The fuzz target's seeds are what they claim: kubelet's registration call twice
-    /// (the second by dynamic-table index), and a PADDED, PRIORITY block with a
-    /// CONTINUATION; each relays whole with its authority as `localhost`.
+    /// The fuzz target's seeds (a mode byte, then the client's bytes) are what they
+    /// claim: kubelet's registration call twice (the second by dynamic-table index), and
+    /// a PADDED, PRIORITY block with a CONTINUATION; each relays whole with its
+    /// authority as `localhost`.
     #[test]
     fn the_fuzz_seeds_are_kubelets_streams_and_relay_whole() {
         for seed in [
             &include_bytes!("../../fuzz/seeds/h2_authority/registration-twice.h2")[..],
             include_bytes!("../../fuzz/seeds/h2_authority/padded-priority-continuation.h2"),
         ] {
-            let (out, result) = relay_all(seed);
+            let (out, result) = relay_all(&seed[1..]);
             result.expect("relayed");
             let shown = String::from_utf8_lossy(&out);
             assert!(seed.windows(3).any(|w| w == b"%2F"));
@@ -250,7 +251,7 @@ mod tests {
             &include_bytes!("../../fuzz/seeds/h2_authority/device-manager-allocate.h2")[..],
             include_bytes!("../../fuzz/seeds/h2_authority/table-update-trailers.h2"),
         ] {
-            relay_all(seed).1.expect("relayed");
+            relay_all(&seed[1..]).1.expect("relayed");
         }
     }
 
