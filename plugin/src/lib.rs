@@ -20,8 +20,6 @@
 //! * [`service`]: the DevicePlugin gRPC service of one resource;
 //! * [`daemon`]: sockets, registration, re-registration, GC, shutdown;
 //! * [`serve`]: a gRPC server on a unix socket that a supervisor keeps served (shared with the DRA driver);
-//! * [`authority`]: mends the HTTP/2 `:authority` kubelet's plugin watcher sends (a socket
-//!   path, which h2 refuses) on every connection [`serve`] takes;
 //! * [`tasks`]: a daemon's background tasks and health thread, stopped together (shared with the DRA driver);
 //! * [`coexist`]: refusing to start beside another plugin serving our resource names;
 //! * [`usage`]: running totals of each container's counters, monotonic across exits;
@@ -39,7 +37,6 @@
 pub mod admitting;
 pub mod allocator;
 pub mod annotations;
-pub mod authority;
 pub mod cdi;
 pub mod coexist;
 pub mod config;
