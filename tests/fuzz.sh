@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs each cargo-fuzz target (fuzz/fuzz_targets/) for a bounded time: the quota config,
-# the card view, the usage region and ld.so.cache, the parsers of hostile input.
+# the card view, the usage region, ld.so.cache and the HTTP/2 relay in front of the
+# plugin's sockets (h2_authority), the parsers of hostile input.
 #
 #   bash tests/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default 45 s, every target)
 #
@@ -18,18 +19,18 @@ cd "$(dirname "$0")/.."
 seconds=${1:-45}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config cardview region ld_cache)
+[ ${#targets[@]} -gt 0 ] || targets=(config cardview region ld_cache h2_authority)
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --version 0.13.2 --locked
 fi
 export RUSTC_BOOTSTRAP=1
 
-# Seeds: every YAML example of README and docs/ (the configs users write), the view
-# in fuzz/seeds/, and this machine's own loader cache.
+# Seeds: every YAML example of README and docs/ (the configs users write), the view and
+# the HTTP/2 streams in fuzz/seeds/, and this machine's own loader cache.
 seeds=target/fuzz-seeds
 rm -rf "$seeds"
-mkdir -p "$seeds"/{config,cardview,region,ld_cache}
+mkdir -p "$seeds"/{config,cardview,region,ld_cache,h2_authority}
 for doc in README.md docs/*.md; do
     awk -v out="$seeds/config/$(basename "$doc" .md)" '
         /^```yaml/ { n++; keep = 1; next }
@@ -37,6 +38,7 @@ for doc in README.md docs/*.md; do
         keep { print > (out "-" n ".yaml") }' "$doc"
 done
 cp fuzz/seeds/cardview/* "$seeds/cardview/"
+cp fuzz/seeds/h2_authority/* "$seeds/h2_authority/"
 [ -r /etc/ld.so.cache ] && cp /etc/ld.so.cache "$seeds/ld_cache/"
 printf '' > "$seeds/region/empty"
 

@@ -186,7 +186,9 @@ fn installed_as_nvidia_smi_it_is_vgpu_smi() {
     let machine = SimMachine::new(2, "4GiB", "Tesla Sim");
     let folder = tempfile::tempdir().expect("temp dir");
     let nvidia_smi = folder.path().join("nvidia-smi");
-    std::fs::copy(env!("CARGO_BIN_EXE_vgpu"), &nvidia_smi).expect("copy vgpu");
+    // A link, not a copy: writing an executable while another test thread forks can
+    // leave the new file open in that child, and exec then fails with ETXTBSY.
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_vgpu"), &nvidia_smi).expect("link vgpu");
     let command = machine.command(&["-L"]);
     let mut as_smi = Command::new(&nvidia_smi);
     as_smi.arg("-L");

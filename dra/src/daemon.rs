@@ -21,8 +21,8 @@ use vgpu_node_agent::devices::watch_health;
 use vgpu_node_agent::devices::{CardInfo, DeviceSource};
 use vgpu_node_agent::health::ServingStatus;
 use vgpu_node_agent::quota_watch::{self, QuotaTotals, Watched};
+use vgpu_node_agent::serve::ServedSocket;
 use vgpu_node_agent::tasks::Background;
-use vgpu_plugin::serve::ServedSocket;
 
 use crate::cards::{Describe, Details, gpu_devices};
 use crate::checkpoint::Checkpoint;

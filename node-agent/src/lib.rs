@@ -19,6 +19,8 @@
 //! * [`persist`]: versioned JSON files read with a version check and written atomically;
 //! * [`devices`]: device discovery and health behind [`devices::DeviceSource`] (NVML or fake);
 //! * [`dial`]: a gRPC channel to a server on a unix socket;
+//! * [`serve`]: a gRPC server on a unix socket that a supervisor keeps served, every
+//!   connection's `:authority` mended;
 //! * [`health`]: what `/healthz` answers;
 //! * [`http`]: the plain-HTTP server `/metrics` and `/healthz` are served by (timeouts, a
 //!   connection cap);
@@ -41,5 +43,6 @@ pub mod mps;
 pub mod persist;
 pub mod process;
 pub mod quota_watch;
+pub mod serve;
 pub mod state;
 pub mod tasks;

@@ -22,7 +22,6 @@ use crate::ids::Kind;
 use crate::kubelet;
 use crate::metrics;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
-use crate::serve::{ServedSocket, socket_inode};
 use crate::service::{ResourceService, Shared, now_unix};
 use crate::usage::UsageTotals;
 use vgpu_node_agent::config::PluginConfig;
@@ -32,6 +31,7 @@ use vgpu_node_agent::devices::{DeviceSource, watch_health};
 use vgpu_node_agent::health::ServingStatus;
 use vgpu_node_agent::http;
 use vgpu_node_agent::persist::Versioned;
+use vgpu_node_agent::serve::{ServedSocket, socket_inode};
 use vgpu_node_agent::state::PluginState;
 use vgpu_node_agent::tasks::Background;
 

@@ -16,9 +16,6 @@
 //! * [`kubelet`]: unix-socket gRPC clients (Registration, PodResources);
 //! * [`service`]: the DevicePlugin gRPC service of one resource;
 //! * [`daemon`]: sockets, registration, re-registration, GC, shutdown;
-//! * [`serve`]: a gRPC server on a unix socket that a supervisor keeps served (shared with the DRA driver);
-//! * [`authority`]: mends the HTTP/2 `:authority` kubelet's plugin watcher sends (a socket
-//!   path, which h2 refuses) on every connection [`serve`] takes;
 //! * [`coexist`]: refusing to start beside another plugin serving our resource names;
 //! * [`response`]: the Allocate response and the files PreStartContainer leaves;
 //! * [`usage`]: running totals of each container's counters, monotonic across exits;
@@ -30,7 +27,6 @@
 pub mod admitting;
 pub mod allocator;
 pub mod annotations;
-pub mod authority;
 pub mod coexist;
 pub mod daemon;
 pub mod ids;
@@ -39,7 +35,6 @@ pub mod metrics;
 pub mod proto;
 pub mod reload;
 pub mod response;
-pub mod serve;
 pub mod service;
 pub mod usage;
 

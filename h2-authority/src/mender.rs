@@ -1,44 +1,34 @@
-//! Mends the HTTP/2 `:authority` that kubelet's plugin watcher sends, so h2 takes the call.
+//! One connection's client header blocks, mended: HEADERS and CONTINUATION frames in,
+//! the same block out with a URI-valid `:authority` (see the crate header for why).
 //!
-//! kubelet v1.37.2's plugin watcher (`pkg/kubelet/pluginmanager/operationexecutor`) dials
-//! a registration socket with the socket's path as the gRPC target and no authority set,
-//! so grpc-go sends the path, percent-encoded, as `:authority`:
-//! `%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fgpu.vgpu-shim.io-reg.sock`. The `http`
-//! crate refuses a `%` in a host, so h2 resets the stream with PROTOCOL_ERROR before
-//! tonic sees the call, and the DRA driver never registers. (The device manager and the
-//! DRA plugin manager send `localhost`; h2 has no switch for this.)
-//!
-//! [`mend`] puts every connection to a socket served here through a pump: the client's
-//! header blocks are decoded (HPACK, with the client's dynamic table kept), an
-//! `:authority` that is no URI authority becomes `localhost` (what grpc-go sends for a
-//! `unix:` target), and each block is encoded again as plain literals, never indexed,
-//! so the server's decoder never depends on what the client indexed. Every other frame
-//! passes unchanged, both ways. Cost: one decode and encode of each request's header
-//! block (a few hundred bytes) and one copy of every byte; these sockets carry a few
-//! calls a minute.
-
-use std::io;
+//! A block is decoded with the client's HPACK state (its dynamic table kept across
+//! blocks), an `:authority` that is no URI authority becomes `localhost`, and the fields
+//! go out as literals never indexed, so the server's decoder never depends on what the
+//! client indexed. A block is limited twice: 1 MiB as it came ([`MAX_BLOCK`]) and 64 KiB
+//! decoded ([`MAX_HEADER_LIST`]), since one byte naming a dynamic-table entry decodes to
+//! up to 4 KiB.
 
 use loona_hpack::Decoder;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
-use tokio::net::UnixStream;
 
-/// The client's connection preface.
-const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const HEADERS: u8 = 0x1;
-const CONTINUATION: u8 = 0x9;
+/// The frame types and flags the mender reads (RFC 9113, 6.2 and 6.10).
+pub(crate) const HEADERS: u8 = 0x1;
+pub(crate) const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 /// The largest frame every HTTP/2 peer takes (SETTINGS_MAX_FRAME_SIZE's floor).
 const MAX_FRAME: usize = 16_384;
-/// A header block larger than this ends the connection (h2's own limit is 16 KiB of
-/// decoded headers by default).
-const MAX_BLOCK: usize = 1 << 20;
+/// A header block (or one frame of it) larger than this as it came ends the connection.
+pub const MAX_BLOCK: usize = 1 << 20;
+/// A header block whose decoded fields are larger than this (RFC 7541's size: name, value
+/// and 32 per field) ends the connection: four times what a hyper server takes (its
+/// SETTINGS_MAX_HEADER_LIST_SIZE is 16 KiB), so nothing the server would take is refused,
+/// and the block the mender builds stays small however the client's indexes repeat.
+pub const MAX_HEADER_LIST: usize = 64 << 10;
 /// The dynamic table size the client may use: h2 servers advertise none, so the
 /// protocol's default holds.
-const TABLE_SIZE: usize = 4096;
+pub const TABLE_SIZE: usize = 4096;
 /// What stands in for an authority h2 refuses.
 const LOCALHOST: &[u8] = b"localhost";
 
@@ -51,6 +41,9 @@ pub enum MendError {
     /// The client's header block does not decode.
     #[error("HPACK: {0}")]
     Hpack(String),
+    /// The client's stream ended inside a header frame.
+    #[error("the client's stream ended inside a header frame")]
+    Truncated,
 }
 
 /// A header block that waits for its CONTINUATION frames.
@@ -82,7 +75,7 @@ impl Default for Mender {
 }
 
 /// A frame's 9-byte head: length, type, flags, stream.
-fn head(length: usize, kind: u8, flags: u8, stream: u32) -> [u8; 9] {
+pub(crate) fn head(length: usize, kind: u8, flags: u8, stream: u32) -> [u8; 9] {
     let len = (length as u32).to_be_bytes();
     let id = (stream & 0x7fff_ffff).to_be_bytes();
     [
@@ -157,11 +150,20 @@ impl Mender {
             return Err(MendError::Protocol("no header block"));
         };
         let mut fields = Vec::new();
+        // The decoder cannot be stopped from its callback: past the limit, fields are
+        // counted, not kept, and the connection ends once the block is read.
+        let mut size = 0usize;
         self.decoder
             .decode_with_cb(&block.fragments, |name, value| {
-                fields.push((name.into_owned(), value.into_owned()))
+                size = size.saturating_add(name.len() + value.len() + 32);
+                if size <= MAX_HEADER_LIST {
+                    fields.push((name.into_owned(), value.into_owned()));
+                }
             })
             .map_err(|err| MendError::Hpack(format!("{err:?}")))?;
+        if size > MAX_HEADER_LIST {
+            return Err(MendError::Protocol("header list over 64 KiB decoded"));
+        }
         for (name, value) in &mut fields {
             if name.as_slice() == b":authority" && !is_authority(value) {
                 tracing::debug!(
@@ -181,8 +183,8 @@ impl Mender {
 }
 
 /// Whether h2 takes `value` as an `:authority`.
-fn is_authority(value: &[u8]) -> bool {
-    hyper::http::uri::Authority::try_from(value).is_ok()
+pub fn is_authority(value: &[u8]) -> bool {
+    http::uri::Authority::try_from(value).is_ok()
 }
 
 /// The fields as HPACK literals without indexing and with new names, no Huffman code
@@ -224,94 +226,6 @@ fn header_frames(stream: u32, end_stream: u8, priority: Option<[u8; 5]>, block: 
         rest = after;
     }
     frames
-}
-
-/// Copies the client's bytes to the server, header blocks mended. Returns at the
-/// client's end of stream.
-async fn requests(
-    from: &mut (impl AsyncRead + Unpin),
-    to: &mut (impl AsyncWrite + Unpin),
-) -> io::Result<()> {
-    let mut preface = [0u8; PREFACE.len()];
-    let read = read_full(from, &mut preface).await?;
-    to.write_all(&preface[..read]).await?;
-    if read < preface.len() {
-        return Ok(());
-    }
-    if preface != *PREFACE {
-        // Not HTTP/2 with prior knowledge: let the server answer it as it is.
-        tokio::io::copy(from, to).await?;
-        return Ok(());
-    }
-    to.flush().await?;
-    let mut mender = Mender::default();
-    loop {
-        let mut frame = [0u8; 9];
-        let read = read_full(from, &mut frame).await?;
-        if read < frame.len() {
-            to.write_all(&frame[..read]).await?;
-            return Ok(());
-        }
-        let length = payload_length(&frame);
-        if carries_headers(&frame) || mender.in_block() {
-            if length > MAX_BLOCK {
-                return Err(io::Error::other(MendError::Protocol("frame over 1 MiB")));
-            }
-            let mut payload = vec![0u8; length];
-            from.read_exact(&mut payload).await?;
-            let out = mender.frame(&frame, &payload).map_err(io::Error::other)?;
-            to.write_all(&out).await?;
-        } else {
-            to.write_all(&frame).await?;
-            let copied = tokio::io::copy(&mut (&mut *from).take(length as u64), to).await?;
-            if copied < length as u64 {
-                return Ok(());
-            }
-        }
-        to.flush().await?;
-    }
-}
-
-/// Reads until `buffer` is full or the stream ends; how many bytes came.
-async fn read_full(from: &mut (impl AsyncRead + Unpin), buffer: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buffer.len() {
-        match from.read(&mut buffer[filled..]).await? {
-            0 => break,
-            read => filled += read,
-        }
-    }
-    Ok(filled)
-}
-
-/// The server's end of `client`'s connection, with every request's header block
-/// mended on its way (see the module). The pump runs until either side closes.
-pub fn mend(client: UnixStream) -> DuplexStream {
-    let (server_end, pump_end) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(async move {
-        let (mut client_read, mut client_write) = client.into_split();
-        let (mut server_read, mut server_write) = tokio::io::split(pump_end);
-        let up = async {
-            let result = requests(&mut client_read, &mut server_write).await;
-            let _ = server_write.shutdown().await;
-            result
-        };
-        let down = async {
-            let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
-            let _ = client_write.shutdown().await;
-        };
-        tokio::pin!(up, down);
-        tokio::select! {
-            result = &mut up => match result {
-                // The client is done sending: its answers still come.
-                Ok(()) => down.await,
-                Err(err) => tracing::debug!(error = %err, "gRPC connection ended"),
-            },
-            // The server ended the connection.
-            () = &mut down => {}
-        }
-    });
-    server_end
 }
 
 #[cfg(test)]
@@ -445,6 +359,28 @@ mod tests {
             Decoder::new().decode(&rebuilt).expect("decodes"),
             [(b"x-big".to_vec(), value)]
         );
+    }
+
+    #[test]
+    fn a_block_repeating_one_large_indexed_field_is_refused_not_inflated() {
+        // One literal of 4000 bytes added to the dynamic table, then named by a one-byte
+        // index 40 times: 45 bytes more as sent, 160 KB decoded.
+        let mut block = vec![0x40 | 31]; // content-type, incremental indexing
+        loona_hpack::encoder::encode_integer_into(4000, 7, 0, &mut block).expect("vec");
+        block.extend_from_slice(&[b'x'; 4000]);
+        block.extend_from_slice(&[0x80 | 62; 40]);
+        let frame = head(block.len(), HEADERS, END_HEADERS, 1);
+        assert_eq!(
+            Mender::default().frame(&frame, &block),
+            Err(MendError::Protocol("header list over 64 KiB decoded"))
+        );
+        // Within the limit (and one frame) the same references pass, each as a literal.
+        block.truncate(block.len() - 37);
+        let frame = head(block.len(), HEADERS, END_HEADERS, 1);
+        let out = Mender::default().frame(&frame, &block).expect("mended");
+        let fields = Decoder::new().decode(&out[9..]).expect("decodes");
+        assert_eq!(fields.len(), 4);
+        assert!(fields.iter().all(|(_, value)| value.len() == 4000));
     }
 
     #[test]

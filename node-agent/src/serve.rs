@@ -3,7 +3,7 @@
 //! each pass (the socket file is still the one bound, and the server still runs) and
 //! serves again when not. The device plugin serves its two resources this way, the DRA
 //! driver its DRA and registration sockets. Every connection goes through
-//! [`crate::authority::mend`], so kubelet's plugin watcher, which sends the socket's path
+//! [`vgpu_h2_authority::mend`], so kubelet's plugin watcher, which sends the socket's path
 //! as the HTTP/2 `:authority`, is served too.
 
 use std::os::unix::fs::MetadataExt;
@@ -48,7 +48,7 @@ impl ServedSocket {
         let shown = path.display().to_string();
         let task = tokio::spawn(async move {
             let connections = UnixListenerStream::new(listener)
-                .map(|connection| connection.map(crate::authority::mend));
+                .map(|connection| connection.map(vgpu_h2_authority::mend));
             let result = router
                 .serve_with_incoming_shutdown(connections, async move {
                     let _ = stopped.wait_for(|stopped| *stopped).await;
