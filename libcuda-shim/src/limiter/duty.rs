@@ -91,6 +91,21 @@ pub fn union_increment(start: u64, end: u64, horizon: u64) -> u64 {
     end.saturating_sub(start.max(horizon))
 }
 
+/// Whether a launch of `cost_ns` that adds `added_ns` to the union may go while the
+/// bucket holds launches, with `owed_ns` of wall time owed at `rate_ppm`: it runs almost
+/// entirely within work already queued (it adds at most a quarter of its cost), and the
+/// bucket owes no more than one such launch and its ride (five quarters of its cost, as
+/// wall time). Riding along keeps one round of concurrent streams together when a hold
+/// falls between them; the debt bound keeps it to that round. Without it, a thread
+/// paced by a saturated card launches at gaps of a quarter of a kernel or less, every
+/// launch rides, and the hold never comes (CI of cea03dc: 8 streams from one thread at
+/// 30 ran the card at 100 %).
+pub fn rides_along(added_ns: u64, cost_ns: u64, owed_ns: u64, rate_ppm: u64) -> bool {
+    cost_ns != 0
+        && added_ns.saturating_mul(4) <= cost_ns
+        && owed_ns <= wall_of(cost_ns.saturating_add(cost_ns / 4), rate_ppm)
+}
+
 /// Launches between two samples of a short kernel, on average.
 pub const SAMPLE_EVERY: u32 = 8;
 
@@ -394,6 +409,23 @@ mod tests {
             }
         }
         assert_eq!(wall_of(1_000, 123_456), 8_100, "other rates divide");
+    }
+
+    #[test]
+    fn a_launch_rides_along_only_within_queued_work_and_a_small_debt() {
+        let rate = percent_ppm(25);
+        let cost = 100_000;
+        // Within queued work (a quarter of its cost added at most), little owed: it goes.
+        assert!(rides_along(0, cost, 0, rate));
+        assert!(rides_along(cost / 4, cost, 500_000, rate));
+        // More than a quarter of it beyond the queued work: held.
+        assert!(!rides_along(cost / 4 + 1, cost, 0, rate));
+        // Five quarters of its cost at 25 % is 500 us of wall time owed; beyond it, held.
+        assert!(!rides_along(0, cost, 500_001, rate));
+        assert!(
+            !rides_along(0, 0, 0, rate),
+            "a launch costing nothing has no ride"
+        );
     }
 
     #[test]

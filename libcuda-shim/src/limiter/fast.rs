@@ -77,7 +77,7 @@ pub(super) fn limited_launch(
         .count_launch(work.key(), sample_open, duty::sample_every(now));
     if let Some((known, false)) = estimate
         && (device.shared.hold(now, rate, REFILL_NS) == 0
-            || device.rides_along(target, known.cost_ns, now))
+            || device.rides_along(target, known.cost_ns, now, rate))
         && now < device.next_publish_ns.load(Ordering::Relaxed)
     {
         let result = launch();
@@ -162,13 +162,13 @@ impl DeviceLimiter {
         }
     }
 
-    /// Whether a launch of `cost_ns` on `target` would run almost entirely within work
-    /// the container has queued already (its union increment at most a quarter of its
-    /// cost): such a launch goes even while launches are held, since it takes next to
-    /// nothing more of the card. Without it a hold could fall between the streams of one
-    /// round of concurrent kernels and leave them unbalanced, each lagging stream then
-    /// paying in full for what would have overlapped.
-    pub(super) fn rides_along(&self, target: Target, cost_ns: u64, now_ns: u64) -> bool {
+    /// Whether a launch of `cost_ns` on `target` at `now_ns` may go although launches
+    /// are held (`duty::rides_along`): it would run almost entirely within work the
+    /// container has queued already, and the bucket owes little. Without it a hold could
+    /// fall between the streams of one round of concurrent kernels and leave them
+    /// unbalanced, each lagging stream then paying in full for what would have
+    /// overlapped; the debt bound keeps riding to that round.
+    pub(super) fn rides_along(&self, target: Target, cost_ns: u64, now_ns: u64, rate: u64) -> bool {
         if cost_ns == 0 {
             return false;
         }
@@ -180,7 +180,7 @@ impl DeviceLimiter {
             start.saturating_add(cost_ns),
             self.shared.horizon(now_ns),
         );
-        added.saturating_mul(4) <= cost_ns
+        duty::rides_along(added, cost_ns, self.shared.delay(now_ns, rate), rate)
     }
 
     pub(super) fn stamp_active(&self, now_ns: u64) {

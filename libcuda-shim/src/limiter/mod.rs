@@ -40,6 +40,8 @@ mod clock;
 pub mod duty;
 mod fast;
 mod lifecycle;
+#[cfg(test)]
+mod model;
 mod publish;
 mod sample;
 mod settle;

@@ -109,10 +109,11 @@ impl DeviceLimiter {
         loop {
             let now = monotonic_ns();
             self.maintain(now);
-            let mut delay = self.shared.hold(now, self.rate(), REFILL_NS);
+            let rate = self.rate();
+            let mut delay = self.shared.hold(now, rate, REFILL_NS);
             if delay > 0
                 && let Some((target, cost)) = ride
-                && self.rides_along(target, cost, now)
+                && self.rides_along(target, cost, now, rate)
             {
                 delay = 0;
             }

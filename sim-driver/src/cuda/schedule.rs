@@ -35,6 +35,30 @@ fn side_by_side() -> bool {
 /// costs different times per launch).
 pub const WAVES_ENV: &str = "VGPU_SIM_WAVES";
 
+/// Env: host nanoseconds each kernel or graph launch call takes (the caller's thread
+/// spins that long, as a real driver's launch path costs its caller a few
+/// microseconds, more on a busy machine); 0 by default.
+pub const LAUNCH_CALL_ENV: &str = "VGPU_SIM_LAUNCH_CALL_NS";
+
+/// Spends the host time `VGPU_SIM_LAUNCH_CALL_NS` asks of a launch call, if any.
+pub fn spend_launch_call() {
+    static CALL_NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let call_ns = *CALL_NS.get_or_init(|| {
+        std::env::var(LAUNCH_CALL_ENV)
+            .ok()
+            .and_then(|value| value.parse::<u64>().ok())
+            .unwrap_or(0)
+            .min(1_000_000_000)
+    });
+    if call_ns == 0 {
+        return;
+    }
+    let until = crate::clock::now_ns().saturating_add(call_ns);
+    while crate::clock::now_ns() < until {
+        std::hint::spin_loop();
+    }
+}
+
 /// How long a kernel of `blocks` blocks takes on a card of `card_sms` SMs whose name
 /// says `duration_ns`: per wave of blocks under `VGPU_SIM_WAVES=1`, else the name's.
 pub fn kernel_duration(duration_ns: u64, blocks: u64, card_sms: u32) -> u64 {

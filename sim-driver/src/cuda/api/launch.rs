@@ -51,6 +51,7 @@ fn launch(
     per_thread: bool,
     cooperative: bool,
 ) -> Res {
+    crate::cuda::schedule::spend_launch_call();
     let current = current_context();
     with_registry(|registry| {
         let (key, ctx) = registry.stream_key(stream, per_thread, current)?;
@@ -105,6 +106,7 @@ fn launch(
 
 /// Runs a graph's kernels one after the other on the stream (or captures them).
 fn graph_launch(exec: u64, stream: u64, per_thread: bool) -> Res {
+    crate::cuda::schedule::spend_launch_call();
     let current = current_context();
     with_registry(|registry| {
         let nodes = registry
