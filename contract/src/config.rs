@@ -6,7 +6,7 @@
 //! driver_dir: /usr/local/vgpu/driver/lib64   # where the real libcuda.so.1 / libnvidia-ml.so.1 are
 //! usage_region: /var/lib/vgpu/usage.region   # default: `usage.region` beside this file
 //! card_state_dir: /etc/vgpu/cards            # the host's per-card compute views, read-only (optional)
-//! memory_oversubscribe: false                # see the README before turning this on
+//! memory_oversubscribe: false                # see docs/quota-config.md before turning this on
 //! utilization_scale: limit                   # `limit` (30 cores busy reads 100%) or `card` (reads 30%)
 //! warn_on_refusal: false                     # one stderr line per refusal (at most one a second), whatever VGPU_LOG says
 //! over_quota: report                         # the host's backstop: `report` (default) or `kill` the newest process
