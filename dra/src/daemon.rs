@@ -336,11 +336,11 @@ pub async fn start(
     if cards.is_empty() {
         tracing::warn!("no GPUs found: publishing an empty pool");
     }
-    let plugin = config.plugin_view();
+    let node = config.node_config();
     for dir in [
         config.state_dir.clone(),
-        plugin.allocations_dir(),
-        coordination::cards_dir(&plugin.state_dir),
+        node.allocations_dir(),
+        coordination::cards_dir(&node.state_dir),
         config.plugin_dir(),
         config.plugins_registry_dir.clone(),
         config.cdi_dir.clone(),
@@ -349,7 +349,7 @@ pub async fn start(
             .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
     }
     let checkpoint = Checkpoint::load(&config.state_file())?;
-    let mps = vgpu_node_agent::mps::start_daemons(&plugin, &cards)?;
+    let mps = vgpu_node_agent::mps::start_daemons(&node, &cards)?;
     let source: Arc<dyn DeviceSource> = match &mps {
         Some(supervisor) => Arc::new(vgpu_node_agent::mps::MpsAwareSource::new(
             source,
@@ -471,7 +471,7 @@ pub async fn start(
         stop_receiver.clone(),
     )));
     background.push(tokio::spawn(coordination::run(
-        plugin.state_dir.clone(),
+        node.state_dir.clone(),
         config.nvml_library.clone(),
         config.host_proc.clone(),
         prepared_folders(preparer.clone()),

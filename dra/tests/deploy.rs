@@ -419,11 +419,9 @@ fn each_configs_driver_paths_are_files_the_init_container_writes() {
     let plugin_text = of_kind(&plugin_docs, "ConfigMap")["data"]["plugin.yaml"]
         .as_str()
         .expect("plugin.yaml");
-    let plugin = vgpu_node_agent::config::PluginConfig::from_yaml(
-        plugin_text,
-        std::path::Path::new("plugin"),
-    )
-    .expect("plugin config");
+    let plugin =
+        vgpu_node_agent::config::NodeConfig::from_yaml(plugin_text, std::path::Path::new("plugin"))
+            .expect("plugin config");
     let dra_text = of_kind(&dra_docs, "ConfigMap")["data"]["dra.yaml"]
         .as_str()
         .expect("dra.yaml");

@@ -24,7 +24,7 @@ use crate::metrics;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 use crate::service::{ResourceService, Shared, now_unix};
 use crate::usage::UsageTotals;
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::container;
 use vgpu_node_agent::coordination;
 use vgpu_node_agent::devices::{DeviceSource, watch_health};
@@ -138,7 +138,7 @@ async fn supervise(
                 registered[slot] = false;
             }
             if servers[slot].is_some() && !registered[slot] && kubelet_inode.is_some() {
-                let endpoint = PluginConfig::endpoint_name(resource);
+                let endpoint = NodeConfig::endpoint_name(resource);
                 match kubelet::register(&kubelet_socket, &endpoint, resource).await {
                     Ok(()) => {
                         registered[slot] = true;
@@ -295,7 +295,7 @@ fn prepared_folders(shared: Arc<Shared>) -> coordination::Folders {
 /// Starts the plugin: returns once both resources are served (registration proceeds
 /// in the background and is retried until kubelet accepts it).
 pub async fn start(
-    config: PluginConfig,
+    config: NodeConfig,
     source: Arc<dyn DeviceSource>,
 ) -> anyhow::Result<PluginHandle> {
     let cards = source.discover()?;
@@ -347,14 +347,14 @@ pub async fn start(
             config.core_resource.clone(),
             config
                 .device_plugin_dir
-                .join(PluginConfig::endpoint_name(&config.core_resource)),
+                .join(NodeConfig::endpoint_name(&config.core_resource)),
         ),
         (
             Kind::Memory,
             config.memory_resource.clone(),
             config
                 .device_plugin_dir
-                .join(PluginConfig::endpoint_name(&config.memory_resource)),
+                .join(NodeConfig::endpoint_name(&config.memory_resource)),
         ),
     ];
     let sockets: Vec<PathBuf> = resources.iter().map(|(_, _, path)| path.clone()).collect();

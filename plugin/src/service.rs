@@ -21,7 +21,7 @@ use crate::proto::deviceplugin::{
     Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::container;
 
 /// Counters exported as metrics.
@@ -36,7 +36,7 @@ pub(crate) struct Counters {
 
 /// State shared by both services, the health watcher, GC and metrics.
 pub struct Shared {
-    pub(crate) config: PluginConfig,
+    pub(crate) config: NodeConfig,
     allocator: Mutex<Allocator>,
     /// Bumped whenever a card's health changes.
     pub(crate) health: watch::Sender<u64>,

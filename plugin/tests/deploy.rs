@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -32,7 +32,7 @@ fn the_configmap_is_a_valid_plugin_config_and_the_daemonset_matches_it() {
     let text = of_kind(&docs, "ConfigMap")["data"]["plugin.yaml"]
         .as_str()
         .expect("plugin.yaml in the ConfigMap");
-    let config = PluginConfig::from_yaml(text, std::path::Path::new("deploy/vgpu-plugin.yaml"))
+    let config = NodeConfig::from_yaml(text, std::path::Path::new("deploy/vgpu-plugin.yaml"))
         .expect("valid plugin config");
     assert_eq!(config.core_resource, "tencent.com/vcuda-core");
     assert_eq!(config.memory_resource, "tencent.com/vcuda-memory");
@@ -299,7 +299,7 @@ fn probes_service_and_servicemonitor_reach_the_metrics_port() {
     let text = of_kind(&docs, "ConfigMap")["data"]["plugin.yaml"]
         .as_str()
         .expect("plugin.yaml");
-    let config = PluginConfig::from_yaml(text, std::path::Path::new("configmap")).expect("config");
+    let config = NodeConfig::from_yaml(text, std::path::Path::new("configmap")).expect("config");
     assert!(
         config
             .nvml_library

@@ -465,7 +465,7 @@ async fn restart_keeps_allocations_and_never_double_books() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_collection_waits_for_the_container_to_go() {
     let kubelet = TestKubelet::start().await;
-    let config = vgpu_node_agent::config::PluginConfig {
+    let config = vgpu_node_agent::config::NodeConfig {
         gc_grace_secs: 0,
         ..kubelet.plugin_config()
     };

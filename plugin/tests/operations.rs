@@ -141,7 +141,7 @@ async fn counters_never_drop_when_processes_exit_and_the_region_is_read_by_copy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_says_what_is_missing() {
     let kubelet = TestKubelet::start().await;
-    let config = vgpu_node_agent::config::PluginConfig {
+    let config = vgpu_node_agent::config::NodeConfig {
         // No kubelet listens there: served, never registered.
         kubelet_socket: "absent.sock".into(),
         ..kubelet.plugin_config()
@@ -296,7 +296,7 @@ async fn refuses_to_start_beside_another_plugin_of_our_resources() {
         "{error}"
     );
     // And the check can be turned off.
-    let config = vgpu_node_agent::config::PluginConfig {
+    let config = vgpu_node_agent::config::NodeConfig {
         check_foreign_plugins: false,
         ..kubelet.plugin_config()
     };

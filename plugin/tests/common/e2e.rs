@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::devices::{DeviceSource, NvmlSource};
 use vgpu_plugin::proto::deviceplugin::ContainerAllocateResponse;
 
@@ -60,7 +60,7 @@ pub fn python() -> (PathBuf, PathBuf) {
 /// `lib64/libvgpu_sim.so` with `libcuda.so.1` and `libnvidia-ml.so.1` links, the JIT
 /// helper (a real shared object with the real SONAME, built with `cc`) under a
 /// versioned file name with its SONAME link, and the shims in `shim_dir`.
-pub fn prepare_sim_driver(config: &PluginConfig) {
+pub fn prepare_sim_driver(config: &NodeConfig) {
     let lib64 = config.host_driver_dir.join("lib64");
     std::fs::create_dir_all(&lib64).expect("lib64");
     std::fs::create_dir_all(&config.shim_dir).expect("shim dir");
@@ -87,7 +87,7 @@ pub fn prepare_sim_driver(config: &PluginConfig) {
 }
 
 /// The sim's NVML from the prepared folder, as the plugin's device source (2 cards).
-pub fn sim_source(config: &mut PluginConfig) -> Arc<dyn DeviceSource> {
+pub fn sim_source(config: &mut NodeConfig) -> Arc<dyn DeviceSource> {
     // SAFETY: set before any thread of this test reads the environment for the sim.
     unsafe { std::env::set_var("VGPU_SIM_GPUS", "2") };
     config.nvml_library = config.host_driver_dir.join("lib64/libnvidia-ml.so.1");
@@ -98,9 +98,9 @@ pub fn sim_source(config: &mut PluginConfig) -> Arc<dyn DeviceSource> {
 /// admission (`requests` in kubelet's order) and PreStartContainer.
 pub async fn started_container(
     kubelet: &super::TestKubelet,
-    mut config: PluginConfig,
+    mut config: NodeConfig,
     requests: &[(&str, usize)],
-) -> (PluginConfig, super::Plugin, super::Admitted) {
+) -> (NodeConfig, super::Plugin, super::Admitted) {
     prepare_sim_driver(&config);
     let source = sim_source(&mut config);
     let mut plugin = super::Plugin::start(kubelet, config.clone(), source).await;
@@ -246,7 +246,7 @@ pub fn sha256(path: &Path) -> String {
 /// config and env, the shims over every library folder, the JIT helper found by name in
 /// a shim folder, the image's `LD_LIBRARY_PATH` intact, pynvml's total at the quota and
 /// PTX loading only with the helper the layout provides.
-pub fn assert_container_saw_its_quota(config: &PluginConfig, stdout: &str, stderr: &str) {
+pub fn assert_container_saw_its_quota(config: &NodeConfig, stdout: &str, stderr: &str) {
     let line = |prefix: &str| {
         stdout
             .lines()

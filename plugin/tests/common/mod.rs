@@ -18,7 +18,7 @@ use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::dial::connect_unix;
 use vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use vgpu_plugin::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
@@ -262,9 +262,9 @@ impl TestKubelet {
     }
 
     /// A plugin config pointing at this kubelet and a state folder inside the temp dir.
-    pub fn plugin_config(&self) -> PluginConfig {
+    pub fn plugin_config(&self) -> NodeConfig {
         let state_dir = self.root.path().join("vgpu");
-        PluginConfig {
+        NodeConfig {
             device_plugin_dir: self.device_plugin_dir(),
             pod_resources_socket: self.pod_resources_socket(),
             host_driver_dir: state_dir.join("driver"),
@@ -274,7 +274,7 @@ impl TestKubelet {
             health_interval_secs: 1,
             metrics_address: Some("127.0.0.1:0".parse().expect("address")),
             dev_root: self.root.path().join("dev"),
-            ..PluginConfig::default()
+            ..NodeConfig::default()
         }
     }
 }
@@ -308,7 +308,7 @@ impl Plugin {
     /// Starts the plugin with `config` against `kubelet` and waits for both registrations.
     pub async fn start(
         kubelet: &TestKubelet,
-        config: PluginConfig,
+        config: NodeConfig,
         source: Arc<dyn vgpu_node_agent::devices::DeviceSource>,
     ) -> Plugin {
         let before = kubelet.registrations().len();
@@ -415,7 +415,7 @@ pub async fn plugin_with_api(
 pub async fn plugin_with_api_and(
     cards: u32,
     card_memory: u64,
-    edit: impl FnOnce(&mut PluginConfig),
+    edit: impl FnOnce(&mut NodeConfig),
 ) -> (vgpu_kube::standin::StandInApiServer, TestKubelet, Plugin) {
     let server = vgpu_kube::standin::StandInApiServer::start()
         .await
@@ -439,7 +439,7 @@ pub async fn plugin_with_api_and(
 pub fn config_with_api(
     kubelet: &TestKubelet,
     server: &vgpu_kube::standin::StandInApiServer,
-) -> PluginConfig {
+) -> NodeConfig {
     let mut config = kubelet.plugin_config();
     config.api_server_url = Some(server.url());
     config.node_name = Some(NODE.into());
