@@ -28,11 +28,11 @@ use crate::cards::{Describe, Details, gpu_devices};
 use crate::checkpoint::Checkpoint;
 use crate::config::DraConfig;
 use crate::prepare::Preparer;
-use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
-use crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
-use crate::proto::registration::registration_server::RegistrationServer;
 use crate::registration::{RegistrationBook, RegistrationService};
 use crate::service::{DraService, DraV1, DraV1beta1};
+use vgpu_kubelet_api::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
+use vgpu_kubelet_api::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
+use vgpu_kubelet_api::registration::registration_server::RegistrationServer;
 use vgpu_node_agent::persist::Versioned;
 
 /// A device-plugin socket that answers: the device plugin runs on this node.

@@ -19,8 +19,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::ids::DeviceId;
-use crate::proto::deviceplugin::Empty;
-use crate::proto::deviceplugin::device_plugin_client::DevicePluginClient;
+use vgpu_kubelet_api::deviceplugin::Empty;
+use vgpu_kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient;
 use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::dial::connect_unix;
 

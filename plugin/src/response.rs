@@ -18,7 +18,7 @@ use vgpu_node_agent::persist::write_atomically;
 use vgpu_node_agent::state::AllocationRecord;
 
 use crate::allocator::PreStartPlan;
-use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
+use vgpu_kubelet_api::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 
 /// The Allocate response of one container request: the edits themselves unless the
 /// strategy is CDI alone, and the CDI device name when a spec was written.

@@ -15,8 +15,8 @@ use crate::admitting::Admitting;
 use crate::allocator::{Allocator, HolderIndex};
 use crate::ids::Kind;
 use crate::kubelet;
-use crate::proto::deviceplugin::device_plugin_server::DevicePlugin;
-use crate::proto::deviceplugin::{
+use vgpu_kubelet_api::deviceplugin::device_plugin_server::DevicePlugin;
+use vgpu_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerPreferredAllocationResponse, DevicePluginOptions,
     Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse,
@@ -167,7 +167,7 @@ impl ResourceService {
         ids: &[String],
     ) -> Result<
         (
-            crate::proto::deviceplugin::ContainerAllocateResponse,
+            vgpu_kubelet_api::deviceplugin::ContainerAllocateResponse,
             vgpu_node_agent::state::AllocationRecord,
         ),
         Status,

@@ -17,13 +17,13 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use vgpu_contract::region::Region;
-use vgpu_node_agent::devices::FakeSource;
-use vgpu_plugin::proto::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
-use vgpu_plugin::proto::deviceplugin::{
+use vgpu_kubelet_api::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use vgpu_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
     PreferredAllocationResponse,
 };
+use vgpu_node_agent::devices::FakeSource;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_never_drop_when_processes_exit_and_the_region_is_read_by_copy() {
@@ -419,7 +419,7 @@ async fn containers_mount_the_version_folder_current_names_at_their_start() {
     kubelet.wait_registrations(2).await;
     let mut cores = plugin_client(&plugin.sockets()[0]).await;
     let all = list_ids(&mut cores).await;
-    let mount_of = |response: &vgpu_plugin::proto::deviceplugin::ContainerAllocateResponse,
+    let mount_of = |response: &vgpu_kubelet_api::deviceplugin::ContainerAllocateResponse,
                     at: &str| {
         response
             .mounts

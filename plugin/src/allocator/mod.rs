@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use crate::ids::{CORES_PER_CARD, DeviceId, Kind, RecordIds};
-use crate::proto::deviceplugin;
+use vgpu_kubelet_api::deviceplugin;
 use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::devices::CardInfo;
 use vgpu_node_agent::persist::Versioned;

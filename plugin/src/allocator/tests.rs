@@ -1,8 +1,8 @@
 //! The allocator's phases end to end, as kubelet calls them.
 
 use super::*;
-use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
 use vgpu_contract::CoreMode;
+use vgpu_kubelet_api::podresources::{ContainerDevices, ContainerResources, PodResources};
 use vgpu_node_agent::config::Policy;
 
 fn cards(count: u32) -> Vec<CardInfo> {

@@ -9,9 +9,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use vgpu_kubelet_api::deviceplugin::ContainerAllocateResponse;
 use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::devices::{DeviceSource, NvmlSource};
-use vgpu_plugin::proto::deviceplugin::ContainerAllocateResponse;
 
 /// The JIT helper's SONAME, as the real driver names it.
 pub const JIT_HELPER: &str = "libnvidia-ptxjitcompiler.so.1";

@@ -18,22 +18,22 @@ use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
-use vgpu_node_agent::config::NodeConfig;
-use vgpu_node_agent::dial::connect_unix;
-use vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient;
-use vgpu_plugin::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
-use vgpu_plugin::proto::deviceplugin::{
+use vgpu_kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient;
+use vgpu_kubelet_api::deviceplugin::registration_server::{Registration, RegistrationServer};
+use vgpu_kubelet_api::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
     ContainerPreferredAllocationRequest, Empty, PreStartContainerRequest,
     PreferredAllocationRequest, RegisterRequest,
 };
-use vgpu_plugin::proto::podresources::pod_resources_lister_server::{
+use vgpu_kubelet_api::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use vgpu_plugin::proto::podresources::{
+use vgpu_kubelet_api::podresources::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
     ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
 };
+use vgpu_node_agent::config::NodeConfig;
+use vgpu_node_agent::dial::connect_unix;
 
 pub const CORE: &str = "tencent.com/vcuda-core";
 pub const MEMORY: &str = "tencent.com/vcuda-memory";
@@ -335,7 +335,7 @@ impl Plugin {
 }
 
 /// The first ListAndWatch list of a resource.
-pub async fn device_list(client: &mut Client) -> Vec<vgpu_plugin::proto::deviceplugin::Device> {
+pub async fn device_list(client: &mut Client) -> Vec<vgpu_kubelet_api::deviceplugin::Device> {
     let mut stream = client
         .list_and_watch(Empty {})
         .await
