@@ -21,7 +21,7 @@ use vgpu_node_agent::devices::watch_health;
 use vgpu_node_agent::devices::{CardInfo, DeviceSource};
 use vgpu_node_agent::health::ServingStatus;
 use vgpu_node_agent::quota_watch::{self, QuotaTotals, Watched};
-use vgpu_node_agent::serve::ServedSocket;
+use vgpu_node_agent::serve::{ServedSocket, wait_for_sockets};
 use vgpu_node_agent::tasks::Background;
 
 use crate::cards::{Describe, Details, gpu_devices};
@@ -33,7 +33,7 @@ use crate::service::{DraService, DraV1, DraV1beta1};
 use vgpu_kubelet_api::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
 use vgpu_kubelet_api::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
 use vgpu_kubelet_api::registration::registration_server::RegistrationServer;
-use vgpu_node_agent::persist::Versioned;
+use vgpu_node_agent::persist::{self, Versioned};
 
 /// A device-plugin socket that answers: the device plugin runs on this node.
 pub fn live_device_plugin_socket(config: &DraConfig) -> Option<PathBuf> {
@@ -337,26 +337,16 @@ pub async fn start(
         tracing::warn!("no GPUs found: publishing an empty pool");
     }
     let node = config.node_config();
-    for dir in [
+    persist::create_folders([
         config.state_dir.clone(),
         node.allocations_dir(),
         coordination::cards_dir(&node.state_dir),
         config.plugin_dir(),
         config.plugins_registry_dir.clone(),
         config.cdi_dir.clone(),
-    ] {
-        std::fs::create_dir_all(&dir)
-            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
-    }
+    ])?;
     let checkpoint = Checkpoint::load(&config.state_file())?;
-    let mps = vgpu_node_agent::mps::start_daemons(&node, &cards)?;
-    let source: Arc<dyn DeviceSource> = match &mps {
-        Some(supervisor) => Arc::new(vgpu_node_agent::mps::MpsAwareSource::new(
-            source,
-            supervisor.states(),
-        )),
-        None => source,
-    };
+    let (mps, source) = vgpu_node_agent::mps::start_with_source(&node, &cards, source)?;
     tracing::info!(
         cards = cards.len(),
         prepared = checkpoint.claims.len(),
@@ -482,12 +472,7 @@ pub async fn start(
         health_loop(source, cards, details, interval, publish, &stop)
     })?;
     let sockets = [config.dra_socket(), config.registration_socket()];
-    for _ in 0..100 {
-        if sockets.iter().all(|socket| socket.exists()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_sockets(&sockets).await;
     Ok(DraHandle {
         preparer,
         registration,

@@ -97,6 +97,22 @@ pub fn start_daemons(
     Ok(Some(supervisor))
 }
 
+/// What both daemons start with: the MPS daemons of `cards` ([`start_daemons`]), and
+/// `source` as the daemon then probes it, wrapped in [`MpsAwareSource`] when any MPS
+/// daemon runs (a card whose MPS daemon is down probes unhealthy), as it was otherwise.
+pub fn start_with_source(
+    config: &NodeConfig,
+    cards: &[CardInfo],
+    source: Arc<dyn DeviceSource>,
+) -> anyhow::Result<(Option<Supervisor>, Arc<dyn DeviceSource>)> {
+    let supervisor = start_daemons(config, cards)?;
+    let source: Arc<dyn DeviceSource> = match &supervisor {
+        Some(supervisor) => Arc::new(MpsAwareSource::new(source, supervisor.states())),
+        None => source,
+    };
+    Ok((supervisor, source))
+}
+
 /// A device source whose probe also fails while the card's MPS daemon is down.
 pub struct MpsAwareSource {
     inner: Arc<dyn DeviceSource>,

@@ -30,8 +30,8 @@ use vgpu_node_agent::coordination;
 use vgpu_node_agent::devices::{DeviceSource, watch_health};
 use vgpu_node_agent::health::ServingStatus;
 use vgpu_node_agent::http;
-use vgpu_node_agent::persist::Versioned;
-use vgpu_node_agent::serve::{ServedSocket, socket_inode};
+use vgpu_node_agent::persist::{self, Versioned};
+use vgpu_node_agent::serve::{ServedSocket, socket_inode, wait_for_sockets};
 use vgpu_node_agent::state::PluginState;
 use vgpu_node_agent::tasks::Background;
 
@@ -304,16 +304,13 @@ pub async fn start(
     }
     // The card views' folder is every container's mount source: it exists before
     // the first Allocate.
-    for dir in [
+    persist::create_folders([
         &config.state_dir,
         &config.allocations_dir(),
         &config.containers_dir(),
         &coordination::cards_dir(&config.state_dir),
         &config.device_plugin_dir,
-    ] {
-        std::fs::create_dir_all(dir)
-            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
-    }
+    ])?;
     if config.check_foreign_plugins {
         let foreign = coexist::foreign_plugins(&config).await;
         if !foreign.is_empty() {
@@ -322,14 +319,7 @@ pub async fn start(
         }
     }
     let state = PluginState::load(&config.state_file())?;
-    let mps = vgpu_node_agent::mps::start_daemons(&config, &cards)?;
-    let source: Arc<dyn DeviceSource> = match &mps {
-        Some(supervisor) => Arc::new(vgpu_node_agent::mps::MpsAwareSource::new(
-            source,
-            supervisor.states(),
-        )),
-        None => source,
-    };
+    let (mps, source) = vgpu_node_agent::mps::start_with_source(&config, &cards, source)?;
     tracing::info!(
         cards = cards.len(),
         allocations = state.allocations.len(),
@@ -425,13 +415,7 @@ pub async fn start(
             health_loop(shared, source, &stop)
         })?;
     }
-    // Wait (briefly) until both sockets exist so callers can connect right away.
-    for _ in 0..100 {
-        if sockets.iter().all(|socket| socket.exists()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_sockets(&sockets).await;
     Ok(PluginHandle {
         shared,
         usage,
