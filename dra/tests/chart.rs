@@ -20,16 +20,10 @@ use manifest::of_kind;
 use serde_json::Value;
 use vgpu_dra::DraConfig;
 use vgpu_node_agent::config::NodeConfig;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
+use vgpu_test_support::repo_root;
 
 fn chart() -> PathBuf {
-    repo().join("deploy/helm/vgpu-shim")
+    repo_root().join("deploy/helm/vgpu-shim")
 }
 
 /// The helm binary, or `None` (after saying so) where there is none.
@@ -200,7 +194,7 @@ fn the_plain_manifests_are_the_charts_output() {
         return;
     };
     let output = Command::new("bash")
-        .arg(repo().join("deploy/render.sh"))
+        .arg(repo_root().join("deploy/render.sh"))
         .arg("--check")
         .env("HELM", &helm)
         .output()
@@ -467,7 +461,7 @@ fn the_readmes_values_table_names_real_values() {
         &std::fs::read_to_string(chart().join("values.yaml")).expect("values"),
     )
     .expect("YAML");
-    let readme = std::fs::read_to_string(repo().join("deploy/README.md")).expect("README");
+    let readme = std::fs::read_to_string(repo_root().join("deploy/README.md")).expect("README");
     let section = readme
         .split("### With Helm")
         .nth(1)

@@ -12,7 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestKubelet, allocate, http_get, list_ids, plugin_client, sim_nvml, tenant, value};
+use common::{
+    TestKubelet, allocate, http_get, list_ids, metric_value as value, plugin_client, sim_nvml,
+    tenant,
+};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vgpu_tests::repo_root;
+use vgpu_test_support::repo_root;
 
 /// One fenced block: where it starts, its info string, its text.
 #[derive(Debug)]

@@ -18,14 +18,7 @@ pub const JIT_HELPER: &str = "libnvidia-ptxjitcompiler.so.1";
 
 use vgpu_test_support::Need;
 pub use vgpu_test_support::built;
-
-/// The repository root.
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
+use vgpu_test_support::repo_root;
 
 /// Checks what a real-container test needs: root, the container `runtime`, python3 with
 /// pynvml and cuda-bindings, the shims and the sim driver built. False when something is
@@ -339,7 +332,7 @@ pub fn python_bundle(
     if !prefix.starts_with("/usr") {
         base.push(bind(&prefix.to_string_lossy(), &prefix, true));
     }
-    base.push(bind("/vgpu-tests", &repo().join("tests"), true));
+    base.push(bind("/vgpu-tests", &repo_root().join("tests"), true));
     let mut args = vec![executable.to_string_lossy().into_owned()];
     args.extend(script_args.iter().map(|arg| arg.to_string()));
     let spec = runtime_spec(response, "rootfs", base, env, &args);

@@ -749,15 +749,6 @@ pub async fn scrape(address: std::net::SocketAddr) -> String {
     body
 }
 
-/// A metric's value in a scrape, by name and the label text inside its braces.
-pub fn value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
-}
-
 /// A process of a container, as the shim records it (a PID namespace of its own).
 pub fn tenant(pid: i32) -> vgpu_contract::process::Identity {
     vgpu_contract::process::Identity {
