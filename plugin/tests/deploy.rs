@@ -3,7 +3,6 @@
 //! the config names, the example pod asks for what the README says, and the README's
 //! "Deploy on Kubernetes" commands name files that exist.
 
-
 use serde_json::Value;
 use vgpu_node_agent::config::NodeConfig;
 use vgpu_test_support::repo_root;
