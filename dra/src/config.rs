@@ -39,7 +39,7 @@ use serde::Deserialize;
 use vgpu_kube::ClientSource;
 use vgpu_kube::slices::UnhealthyPolicy;
 use vgpu_mps::{MpsSettings, Sharing};
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 
 /// Where the config is read from when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vgpu/dra.yaml";
@@ -137,7 +137,7 @@ pub struct DraConfig {
 
 impl Default for DraConfig {
     fn default() -> DraConfig {
-        let plugin = PluginConfig::default();
+        let node = NodeConfig::default();
         DraConfig {
             driver_name: DEFAULT_DRIVER_NAME.into(),
             node_name: None,
@@ -146,13 +146,13 @@ impl Default for DraConfig {
             state_dir: PathBuf::from("/var/lib/vgpu/dra"),
             cdi_dir: PathBuf::from(vgpu_node_agent::cdi::DEFAULT_SPEC_DIR),
             cdi_kind: "vgpu-shim.io/gpu".into(),
-            host_driver_dir: plugin.host_driver_dir,
-            shim_dir: plugin.shim_dir,
-            nvml_library: plugin.nvml_library,
-            device_plugin_dir: plugin.device_plugin_dir,
-            device_plugin_sockets: [&plugin.core_resource, &plugin.memory_resource]
+            host_driver_dir: node.host_driver_dir,
+            shim_dir: node.shim_dir,
+            nvml_library: node.nvml_library,
+            device_plugin_dir: node.device_plugin_dir,
+            device_plugin_sockets: [&node.core_resource, &node.memory_resource]
                 .iter()
-                .map(|resource| PluginConfig::endpoint_name(resource))
+                .map(|resource| NodeConfig::endpoint_name(resource))
                 .collect(),
             unhealthy: UnhealthyPolicy::Taint,
             default_core_ceiling: None,
@@ -161,14 +161,14 @@ impl Default for DraConfig {
             health_interval_secs: 5,
             registration_watch_interval_ms: 1000,
             slice_resync_secs: 600,
-            host_proc: plugin.host_proc,
+            host_proc: node.host_proc,
             dev_root: PathBuf::from("/dev"),
             metrics_address: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9402))),
-            quota_events: plugin.quota_events,
-            quota_event_interval_secs: plugin.quota_event_interval_secs,
-            sharing: plugin.sharing,
-            card_sharing: plugin.card_sharing,
-            mps: plugin.mps,
+            quota_events: node.quota_events,
+            quota_event_interval_secs: node.quota_event_interval_secs,
+            sharing: node.sharing,
+            card_sharing: node.card_sharing,
+            mps: node.mps,
         }
     }
 }
@@ -257,7 +257,7 @@ impl DraConfig {
                 return Err(format!("{key}: must be more than 0"));
             }
         }
-        self.plugin_view().sharing_config().validate()?;
+        self.node_config().sharing_config().validate()?;
         Ok(())
     }
 
@@ -298,10 +298,10 @@ impl DraConfig {
         self.state_dir.join("dra-state.json")
     }
 
-    /// The device plugin's view of the same folders, so the allocation-folder and
-    /// mount code of `vgpu-plugin` serves both modes.
-    pub fn plugin_view(&self) -> PluginConfig {
-        PluginConfig {
+    /// The node config of the same folders and settings, so the node agent's
+    /// allocation-folder, mount, CDI and MPS code serves both daemons.
+    pub fn node_config(&self) -> NodeConfig {
+        NodeConfig {
             state_dir: self.state_dir.clone(),
             host_driver_dir: self.host_driver_dir.clone(),
             shim_dir: self.shim_dir.clone(),
@@ -316,7 +316,7 @@ impl DraConfig {
             sharing: self.sharing,
             card_sharing: self.card_sharing.clone(),
             mps: self.mps.clone(),
-            ..PluginConfig::default()
+            ..NodeConfig::default()
         }
     }
 }
@@ -337,7 +337,7 @@ mod tests {
             .map(|(_tag, rest)| rest.split("```").next().unwrap_or_default())
             .collect();
         assert_eq!(blocks.len(), 2, "the plugin's and the DRA driver's example");
-        let plugin = PluginConfig::from_yaml(blocks[0], Path::new("docs/mps.md"))
+        let plugin = NodeConfig::from_yaml(blocks[0], Path::new("docs/mps.md"))
             .expect("the plugin example parses");
         let sharing = plugin.sharing_config();
         assert_eq!(sharing.of("GPU-x", 0), Sharing::Mps);
@@ -345,7 +345,7 @@ mod tests {
         assert!(!sharing.mps.compute_limiter && !sharing.mps.multiuser);
         let dra = DraConfig::from_yaml(blocks[1], Path::new("docs/mps.md"))
             .expect("the DRA example parses");
-        let sharing = dra.plugin_view().sharing_config();
+        let sharing = dra.node_config().sharing_config();
         assert_eq!(
             sharing.of("GPU-5f1c9a8e-0000-4000-8000-000000000001", 3),
             Sharing::Mps
@@ -354,13 +354,13 @@ mod tests {
     }
 
     #[test]
-    fn sharing_keys_reach_the_plugin_view() {
+    fn sharing_keys_reach_the_node_config() {
         let config = DraConfig::from_yaml(
             "node_name: n\nsharing: mps\ncard_sharing: {\"1\": time-slicing}\nmps: {compute_limiter: true}\n",
             Path::new("d.yaml"),
         )
         .expect("valid");
-        let sharing = config.plugin_view().sharing_config();
+        let sharing = config.node_config().sharing_config();
         assert_eq!(sharing.of("GPU-a", 0), Sharing::Mps);
         assert_eq!(sharing.of("GPU-b", 1), Sharing::TimeSlicing);
         assert!(sharing.mps.compute_limiter);

@@ -21,19 +21,19 @@ use vgpu_node_agent::devices::watch_health;
 use vgpu_node_agent::devices::{CardInfo, DeviceSource};
 use vgpu_node_agent::health::ServingStatus;
 use vgpu_node_agent::quota_watch::{self, QuotaTotals, Watched};
-use vgpu_node_agent::serve::ServedSocket;
+use vgpu_node_agent::serve::{ServedSocket, wait_for_sockets};
 use vgpu_node_agent::tasks::Background;
 
 use crate::cards::{Describe, Details, gpu_devices};
 use crate::checkpoint::Checkpoint;
 use crate::config::DraConfig;
 use crate::prepare::Preparer;
-use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
-use crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
-use crate::proto::registration::registration_server::RegistrationServer;
 use crate::registration::{RegistrationBook, RegistrationService};
 use crate::service::{DraService, DraV1, DraV1beta1};
-use vgpu_node_agent::persist::Versioned;
+use vgpu_kubelet_api::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
+use vgpu_kubelet_api::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
+use vgpu_kubelet_api::registration::registration_server::RegistrationServer;
+use vgpu_node_agent::persist::{self, Versioned};
 
 /// A device-plugin socket that answers: the device plugin runs on this node.
 pub fn live_device_plugin_socket(config: &DraConfig) -> Option<PathBuf> {
@@ -336,27 +336,17 @@ pub async fn start(
     if cards.is_empty() {
         tracing::warn!("no GPUs found: publishing an empty pool");
     }
-    let plugin = config.plugin_view();
-    for dir in [
+    let node = config.node_config();
+    persist::create_folders([
         config.state_dir.clone(),
-        plugin.allocations_dir(),
-        coordination::cards_dir(&plugin.state_dir),
+        node.allocations_dir(),
+        coordination::cards_dir(&node.state_dir),
         config.plugin_dir(),
         config.plugins_registry_dir.clone(),
         config.cdi_dir.clone(),
-    ] {
-        std::fs::create_dir_all(&dir)
-            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
-    }
+    ])?;
     let checkpoint = Checkpoint::load(&config.state_file())?;
-    let mps = vgpu_node_agent::mps::start_daemons(&plugin, &cards)?;
-    let source: Arc<dyn DeviceSource> = match &mps {
-        Some(supervisor) => Arc::new(vgpu_node_agent::mps::MpsAwareSource::new(
-            source,
-            supervisor.states(),
-        )),
-        None => source,
-    };
+    let (mps, source) = vgpu_node_agent::mps::start_with_source(&node, &cards, source)?;
     tracing::info!(
         cards = cards.len(),
         prepared = checkpoint.claims.len(),
@@ -471,7 +461,7 @@ pub async fn start(
         stop_receiver.clone(),
     )));
     background.push(tokio::spawn(coordination::run(
-        plugin.state_dir.clone(),
+        node.state_dir.clone(),
         config.nvml_library.clone(),
         config.host_proc.clone(),
         prepared_folders(preparer.clone()),
@@ -482,12 +472,7 @@ pub async fn start(
         health_loop(source, cards, details, interval, publish, &stop)
     })?;
     let sockets = [config.dra_socket(), config.registration_socket()];
-    for _ in 0..100 {
-        if sockets.iter().all(|socket| socket.exists()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_sockets(&sockets).await;
     Ok(DraHandle {
         preparer,
         registration,

@@ -3,8 +3,10 @@
 //! `cores` and `memory`, KEP-5075); this plugin turns each allocated share into the
 //! container's quota config, usage region and CDI spec, which the shims enforce.
 //!
+//! The kubelet APIs it speaks (dra v1 and v1beta1, pluginregistration v1) are generated
+//! once, in `vgpu_kubelet_api`.
+//!
 //! Module map:
-//! * [`proto`]: the generated kubelet APIs (dra v1 and v1beta1, pluginregistration v1);
 //! * [`config`]: the plugin's YAML config;
 //! * [`cards`]: the cards as the slices describe them (discovery plus NVML details);
 //! * [`checkpoint`]: prepared claims on disk (`dra-state.json`);
@@ -22,7 +24,6 @@ pub mod config;
 pub mod daemon;
 mod metrics;
 pub mod prepare;
-pub mod proto;
 pub mod registration;
 mod service;
 

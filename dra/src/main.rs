@@ -19,7 +19,7 @@ use vgpu_node_agent::process;
     about = "DRA kubelet plugin: shareable GPUs with consumable cores and memory, enforced by the vgpu-shim shims"
 )]
 struct Args {
-    /// Plugin config (YAML); a missing default file means built-in defaults.
+    /// The DRA driver's config (YAML); a missing default file means built-in defaults.
     #[arg(long, default_value = vgpu_dra::config::DEFAULT_CONFIG_PATH)]
     config: PathBuf,
     /// Serve /metrics and /healthz here instead of the config's `metrics_address`: the
@@ -30,7 +30,6 @@ struct Args {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    tracing::info!("{}", vgpu_build_info::banner("vgpu-dra-plugin"));
     let mut config = DraConfig::load(&args.config)?;
     if let Some(address) = args.metrics_address {
         config.metrics_address = Some(address);
@@ -43,8 +42,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     signalled
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    process::init_logging();
-    process::exit_code(run(Args::parse()).await)
+fn main() -> std::process::ExitCode {
+    process::run_daemon("vgpu-dra-plugin", run(Args::parse()))
 }

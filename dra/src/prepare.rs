@@ -20,7 +20,7 @@ use vgpu_kube::claims::{AllocatedShare, ClaimAllocation};
 use vgpu_kube::pods::{CeilingLookup, PodReader, apply_ceiling};
 use vgpu_kube::slices::{CORES_PER_CARD, device_name};
 use vgpu_node_agent::cdi::SpecWriter;
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::container;
 use vgpu_node_agent::devices::CardInfo;
 use vgpu_node_agent::persist::{Versioned, write_atomically};
@@ -207,7 +207,7 @@ fn allocation_record(container_id: &str, cards: &[CardInfo]) -> AllocationRecord
 /// Prepares and unprepares claims; owns the checkpoint.
 pub struct Preparer {
     config: DraConfig,
-    plugin: PluginConfig,
+    node: NodeConfig,
     cards: Vec<CardInfo>,
     cdi: SpecWriter,
     checkpoint: Mutex<Checkpoint>,
@@ -221,10 +221,10 @@ impl Preparer {
         cards: Vec<CardInfo>,
         checkpoint: Checkpoint,
     ) -> anyhow::Result<Preparer> {
-        let plugin = config.plugin_view();
-        let cdi = plugin.cdi_writer()?;
+        let node = config.node_config();
+        let cdi = node.cdi_writer()?;
         Ok(Preparer {
-            plugin,
+            node,
             config,
             cards,
             cdi,
@@ -246,7 +246,7 @@ impl Preparer {
 
     /// `<state_dir>/allocations/<container_id>`.
     pub fn allocation_dir(&self, container_id: &str) -> PathBuf {
-        container::allocation_dir(&self.plugin, container_id)
+        container::allocation_dir(&self.node, container_id)
     }
 
     /// The checkpointed answer, if the claim was prepared already.
@@ -357,7 +357,7 @@ impl Preparer {
         let cards: Vec<&CardInfo> = plan.cards.iter().collect();
         // A request on one MPS card is its daemon's client at its share (taken before
         // the quota leaves compute to MPS).
-        let mps_client = vgpu_node_agent::mps::client_card(&self.plugin, &cards).map(|card| {
+        let mps_client = vgpu_node_agent::mps::client_card(&self.node, &cards).map(|card| {
             let quota = plan.quotas.first();
             let share = vgpu_mps::ClientShare {
                 cores: quota.and_then(|quota| quota.core_limit),
@@ -368,7 +368,7 @@ impl Preparer {
             (card, share)
         });
         let mut quotas = plan.quotas.clone();
-        vgpu_node_agent::mps::leave_compute_to_mps(&self.plugin, &self.cards, &mut quotas);
+        vgpu_node_agent::mps::leave_compute_to_mps(&self.node, &self.cards, &mut quotas);
         let quota: Config = container::container_config(&quotas, &plan.container_id);
         quota
             .validate()
@@ -384,11 +384,11 @@ impl Preparer {
         // The device plugin's edits for these cards: driver layout, config, region,
         // device nodes, env; written as its CDI spec.
         let record = allocation_record(&plan.container_id, &plan.cards);
-        let mut edits = container::container_edits(&self.plugin, &record, &cards);
+        let mut edits = container::container_edits(&self.node, &record, &cards);
         if let Some((card, share)) = mps_client {
-            vgpu_node_agent::mps::add_client_edits(&self.plugin, card, share, true, &mut edits);
+            vgpu_node_agent::mps::add_client_edits(&self.node, card, share, true, &mut edits);
         }
-        container::write_cdi_spec(&self.plugin, &record, &edits)
+        container::write_cdi_spec(&self.node, &record, &edits)
     }
 
     fn remove_request(&self, container_id: &str) {
@@ -407,7 +407,7 @@ impl Preparer {
     /// this driver's CDI kind.
     fn names_on_disk(&self) -> Vec<String> {
         let mut names = self.cdi.names();
-        if let Ok(entries) = std::fs::read_dir(self.plugin.allocations_dir()) {
+        if let Ok(entries) = std::fs::read_dir(self.node.allocations_dir()) {
             names.extend(
                 entries
                     .flatten()

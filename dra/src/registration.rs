@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tonic::{Request, Response, Status};
 
-use crate::proto::registration::registration_server::Registration;
-use crate::proto::registration::{
+use vgpu_kubelet_api::registration::registration_server::Registration;
+use vgpu_kubelet_api::registration::{
     DRA_PLUGIN_TYPE, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use crate::proto::{dra_v1, dra_v1beta1};
+use vgpu_kubelet_api::{dra_v1, dra_v1beta1};
 
 /// What kubelet said about registration.
 #[derive(Default)]

@@ -12,7 +12,7 @@ use vgpu_kube::pods::PodReader;
 use crate::checkpoint::PreparedDevice;
 use crate::config::DraConfig;
 use crate::prepare::{ClaimRef, Preparer};
-use crate::proto::{dra_v1, dra_v1beta1};
+use vgpu_kubelet_api::{dra_v1, dra_v1beta1};
 
 /// What both versions share.
 pub struct DraService {

@@ -1,5 +1,5 @@
 //! The Helm chart `deploy/helm/vgpu-shim`, rendered by the real `helm template`: the
-//! config each mode renders parses with the daemon's own parser (`PluginConfig`,
+//! config each mode renders parses with the daemon's own parser (`NodeConfig`,
 //! `DraConfig`) for the defaults and for changed values, the DaemonSet mounts every path
 //! that config names at the same path and declares its metrics port, values that would
 //! part the config from the mounts are refused, the values schema admits exactly the
@@ -19,17 +19,11 @@ use std::process::Command;
 use manifest::of_kind;
 use serde_json::Value;
 use vgpu_dra::DraConfig;
-use vgpu_node_agent::config::PluginConfig;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
+use vgpu_node_agent::config::NodeConfig;
+use vgpu_test_support::repo_root;
 
 fn chart() -> PathBuf {
-    repo().join("deploy/helm/vgpu-shim")
+    repo_root().join("deploy/helm/vgpu-shim")
 }
 
 /// The helm binary, or `None` (after saying so) where there is none.
@@ -129,11 +123,11 @@ fn init_dest(docs: &[Value]) -> PathBuf {
 }
 
 /// Renders the device plugin with `args` and checks it against its own parser.
-fn device_plugin(helm: &Path, args: &[&str]) -> (Vec<Value>, PluginConfig) {
+fn device_plugin(helm: &Path, args: &[&str]) -> (Vec<Value>, NodeConfig) {
     let docs = manifest::parse(&render(helm, args).expect("helm template"));
     let (name, text) = config_text(&docs);
     assert_eq!(name, "plugin.yaml");
-    let config = PluginConfig::from_yaml(&text, Path::new("the chart's plugin.yaml"))
+    let config = NodeConfig::from_yaml(&text, Path::new("the chart's plugin.yaml"))
         .unwrap_or_else(|err| panic!("{args:?}: {err:#}\n{text}"));
     assert_mounted(&docs, "device_plugin_dir", &config.device_plugin_dir);
     assert_mounted(&docs, "pod_resources_socket", &config.pod_resources_socket);
@@ -200,7 +194,7 @@ fn the_plain_manifests_are_the_charts_output() {
         return;
     };
     let output = Command::new("bash")
-        .arg(repo().join("deploy/render.sh"))
+        .arg(repo_root().join("deploy/render.sh"))
         .arg("--check")
         .env("HELM", &helm)
         .output()
@@ -382,7 +376,7 @@ fn the_values_schema_admits_exactly_what_the_parsers_accept() {
     // the tests' (an API server without credentials, another /dev).
     let plugin_withheld = ["node_name", "api_server_url", "dev_root"];
     let dra_withheld = ["node_name", "api_server_url", "dev_root", "kubeconfig"];
-    let plugin_error = PluginConfig::from_yaml("vgpu_no_such_key: 1\n", Path::new("p"))
+    let plugin_error = NodeConfig::from_yaml("vgpu_no_such_key: 1\n", Path::new("p"))
         .expect_err("unknown key")
         .to_string();
     let dra_error = DraConfig::from_yaml("node_name: n\nvgpu_no_such_key: 1\n", Path::new("d"))
@@ -467,7 +461,7 @@ fn the_readmes_values_table_names_real_values() {
         &std::fs::read_to_string(chart().join("values.yaml")).expect("values"),
     )
     .expect("YAML");
-    let readme = std::fs::read_to_string(repo().join("deploy/README.md")).expect("README");
+    let readme = std::fs::read_to_string(repo_root().join("deploy/README.md")).expect("README");
     let section = readme
         .split("### With Helm")
         .nth(1)

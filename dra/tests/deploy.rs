@@ -22,16 +22,12 @@ use vgpu_kube::k8s_openapi::api::apps::v1::DaemonSet;
 use vgpu_kube::k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
 use vgpu_kube::k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use vgpu_kube::k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
+use vgpu_test_support::repo_root;
 
 fn documents(name: &str) -> Vec<Value> {
-    manifest::parse(&std::fs::read_to_string(repo().join("deploy").join(name)).expect("manifest"))
+    manifest::parse(
+        &std::fs::read_to_string(repo_root().join("deploy").join(name)).expect("manifest"),
+    )
 }
 
 fn strict<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) -> T {
@@ -419,11 +415,9 @@ fn each_configs_driver_paths_are_files_the_init_container_writes() {
     let plugin_text = of_kind(&plugin_docs, "ConfigMap")["data"]["plugin.yaml"]
         .as_str()
         .expect("plugin.yaml");
-    let plugin = vgpu_node_agent::config::PluginConfig::from_yaml(
-        plugin_text,
-        std::path::Path::new("plugin"),
-    )
-    .expect("plugin config");
+    let plugin =
+        vgpu_node_agent::config::NodeConfig::from_yaml(plugin_text, std::path::Path::new("plugin"))
+            .expect("plugin config");
     let dra_text = of_kind(&dra_docs, "ConfigMap")["data"]["dra.yaml"]
         .as_str()
         .expect("dra.yaml");

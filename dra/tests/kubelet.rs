@@ -239,8 +239,8 @@ async fn four_sim_gpus_slices_placement_prepare_and_restart() {
     // The same service on v1beta1.
     let mut beta = kubelet.v1beta1(&info.endpoint).await;
     let answer = beta
-        .node_prepare_resources(vgpu_dra::proto::dra_v1beta1::NodePrepareResourcesRequest {
-            claims: vec![vgpu_dra::proto::dra_v1beta1::Claim {
+        .node_prepare_resources(vgpu_kubelet_api::dra_v1beta1::NodePrepareResourcesRequest {
+            claims: vec![vgpu_kubelet_api::dra_v1beta1::Claim {
                 namespace: "team".into(),
                 name: "infer-50".into(),
                 uid: uid_b.into(),

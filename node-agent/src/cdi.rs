@@ -1,4 +1,5 @@
-//! CDI (Container Device Interface) specs for what the plugin hands a container: one
+//! CDI (Container Device Interface) specs for what a daemon (the device plugin or the
+//! DRA driver) hands a container: one
 //! spec file per allocation, holding one device whose container edits are the
 //! allocation's mounts, env and device nodes, so a CDI-aware runtime (containerd,
 //! CRI-O, podman) applies exactly what the Allocate response would otherwise carry.

@@ -1,4 +1,6 @@
-//! The plugin's own YAML config (`--config`, default `/etc/vgpu/plugin.yaml`). Every key
+//! The node's config, [`NodeConfig`]: what both daemons' node-side work reads. The device
+//! plugin reads it as YAML from `--config` (default `/etc/vgpu/plugin.yaml`); the DRA
+//! driver builds one from its own file (`vgpu_dra::DraConfig::node_config`). Every key
 //! is optional; unknown keys are errors that name the key.
 //!
 //! ```yaml
@@ -38,8 +40,8 @@
 //! mps: {}                                 # the MPS daemons' settings (vgpu_mps::sharing)
 //! ```
 //!
-//! A change of the config file makes the running plugin exit cleanly, so kubelet
-//! restarts it with the new config (the plugin's `reload`).
+//! A change of the config file makes the running device plugin exit cleanly, so kubelet
+//! restarts it with the new config (the device plugin's `reload`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -95,12 +97,12 @@ impl DeviceListStrategy {
     }
 }
 
-/// The plugin config.
+/// The node's config (the module header lists its YAML keys).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct PluginConfig {
+pub struct NodeConfig {
     /// `device_plugin_dir`: kubelet's device-plugin folder, holding `kubelet.sock` and
-    /// the plugin's own two sockets.
+    /// the device plugin's own two sockets.
     pub device_plugin_dir: PathBuf,
     /// `kubelet_socket`: kubelet's Registration socket, relative to `device_plugin_dir`.
     pub kubelet_socket: String,
@@ -144,7 +146,7 @@ pub struct PluginConfig {
     /// change is sent to kubelet in ListAndWatch.
     pub health_interval_secs: u64,
     /// `kubelet_watch_interval_ms`: milliseconds between checks of `kubelet.sock` (a new
-    /// inode means kubelet restarted: register again) and of the plugin's own sockets.
+    /// inode means kubelet restarted: register again) and of the device plugin's own sockets.
     pub kubelet_watch_interval_ms: u64,
     /// The host's `/proc`, to map containers' PIDs to host PIDs for NVML readers.
     pub host_proc: PathBuf,
@@ -193,9 +195,9 @@ pub struct PluginConfig {
     pub mps: MpsSettings,
 }
 
-impl Default for PluginConfig {
-    fn default() -> PluginConfig {
-        PluginConfig {
+impl Default for NodeConfig {
+    fn default() -> NodeConfig {
+        NodeConfig {
             device_plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
             kubelet_socket: "kubelet.sock".into(),
             pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
@@ -235,11 +237,11 @@ impl Default for PluginConfig {
     }
 }
 
-impl PluginConfig {
+impl NodeConfig {
     /// Parses and checks YAML text; `origin` labels errors.
-    pub fn from_yaml(text: &str, origin: &Path) -> anyhow::Result<PluginConfig> {
-        let config: PluginConfig = if text.trim().is_empty() {
-            PluginConfig::default()
+    pub fn from_yaml(text: &str, origin: &Path) -> anyhow::Result<NodeConfig> {
+        let config: NodeConfig = if text.trim().is_empty() {
+            NodeConfig::default()
         } else {
             serde_saphyr::from_str(text)
                 .map_err(|err| anyhow::anyhow!("{}: {}", origin.display(), err.without_snippet()))?
@@ -251,10 +253,10 @@ impl PluginConfig {
     }
 
     /// Reads one file.
-    pub fn load(path: &Path) -> anyhow::Result<PluginConfig> {
+    pub fn load(path: &Path) -> anyhow::Result<NodeConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|err| anyhow::anyhow!("cannot read {}: {err}", path.display()))?;
-        PluginConfig::from_yaml(&text, path)
+        NodeConfig::from_yaml(&text, path)
     }
 
     /// Whether the containers of `namespace` get the shims' refusal warning line.
@@ -354,9 +356,9 @@ mod tests {
 
     #[test]
     fn defaults_and_overrides() {
-        let config = PluginConfig::from_yaml("", Path::new("p.yaml")).expect("empty is default");
-        assert_eq!(config, PluginConfig::default());
-        let config = PluginConfig::from_yaml(
+        let config = NodeConfig::from_yaml("", Path::new("p.yaml")).expect("empty is default");
+        assert_eq!(config, NodeConfig::default());
+        let config = NodeConfig::from_yaml(
             "policy: spread\nmemory_unit: 512MiB\nmetrics_address: null\ndevice_list_strategy: both\ncdi_spec_format: yaml\n",
             Path::new("p.yaml"),
         )
@@ -368,7 +370,7 @@ mod tests {
         assert!(config.device_list_strategy.mounts() && config.device_list_strategy.cdi());
         assert_eq!(config.cdi_spec_format, SpecFormat::Yaml);
         assert_eq!(
-            PluginConfig::endpoint_name("tencent.com/vcuda-core"),
+            NodeConfig::endpoint_name("tencent.com/vcuda-core"),
             "vgpu-vcuda-core.sock"
         );
     }
@@ -390,7 +392,7 @@ mod tests {
             ("card_sharing: {gpu0: mps}\n", "card_sharing"),
             ("mps: {threads: 50}\n", "threads"),
         ] {
-            let err = PluginConfig::from_yaml(text, Path::new("p.yaml"))
+            let err = NodeConfig::from_yaml(text, Path::new("p.yaml"))
                 .expect_err(text)
                 .to_string();
             assert!(err.contains(needle), "{text:?} gave {err}");

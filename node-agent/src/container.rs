@@ -18,7 +18,7 @@ use vgpu_contract::region::Region;
 use vgpu_contract::{Config, DeviceQuota};
 
 use crate::cdi::{ContainerEdits, DeviceNode, Mount as CdiMount};
-use crate::config::PluginConfig;
+use crate::config::NodeConfig;
 use crate::devices::CardInfo;
 use crate::layout;
 use crate::persist::write_atomically;
@@ -41,7 +41,7 @@ pub const REGION_FILE: &str = "usage.region";
 const DEVICE_PERMISSIONS: &str = "rw";
 
 /// `<state_dir>/allocations/<id>`.
-pub fn allocation_dir(config: &PluginConfig, id: &str) -> PathBuf {
+pub fn allocation_dir(config: &NodeConfig, id: &str) -> PathBuf {
     config.allocations_dir().join(id)
 }
 
@@ -62,7 +62,7 @@ pub fn container_config(devices: &[DeviceQuota], container_id: &str) -> Config {
 /// quota is written at PreStartContainer, which kubelet calls before the container
 /// starts) and an empty region, so the file mounts always have a source.
 pub fn create_allocation_dir(
-    config: &PluginConfig,
+    config: &NodeConfig,
     record: &AllocationRecord,
 ) -> anyhow::Result<PathBuf> {
     let dir = allocation_dir(config, &record.id);
@@ -78,7 +78,7 @@ pub fn create_allocation_dir(
 /// folder, shims and helper libraries over the loader's folders, `nvidia-smi`), its
 /// config and region, the device nodes of its cards and the control nodes, and the env.
 pub fn container_edits(
-    config: &PluginConfig,
+    config: &NodeConfig,
     record: &AllocationRecord,
     cards: &[&CardInfo],
 ) -> ContainerEdits {
@@ -159,7 +159,7 @@ pub fn container_edits(
 /// Writes the CDI spec of `record` (its edits, device nodes described from the host);
 /// returns the CDI device name.
 pub fn write_cdi_spec(
-    config: &PluginConfig,
+    config: &NodeConfig,
     record: &AllocationRecord,
     edits: &ContainerEdits,
 ) -> anyhow::Result<String> {
@@ -176,7 +176,7 @@ pub fn write_cdi_spec(
 }
 
 /// `<containers>/<namespace>_<pod>/<container>`.
-pub fn container_link(config: &PluginConfig, owner: &Owner) -> PathBuf {
+pub fn container_link(config: &NodeConfig, owner: &Owner) -> PathBuf {
     config
         .containers_dir()
         .join(owner.pod_key())
@@ -184,7 +184,7 @@ pub fn container_link(config: &PluginConfig, owner: &Owner) -> PathBuf {
 }
 
 /// Points the container's link at `target` (a symlink beside it, then rename).
-pub fn link_container(config: &PluginConfig, owner: &Owner, target: &Path) -> anyhow::Result<()> {
+pub fn link_container(config: &NodeConfig, owner: &Owner, target: &Path) -> anyhow::Result<()> {
     let link = container_link(config, owner);
     if let Some(parent) = link.parent() {
         std::fs::create_dir_all(parent)
@@ -202,7 +202,7 @@ pub fn link_container(config: &PluginConfig, owner: &Owner, target: &Path) -> an
 }
 
 /// Removes the CDI spec of each of `ids` (whatever the strategy: it may have changed).
-fn remove_specs<'a>(config: &PluginConfig, ids: impl IntoIterator<Item = &'a String>) {
+fn remove_specs<'a>(config: &NodeConfig, ids: impl IntoIterator<Item = &'a String>) {
     let Ok(writer) = config.cdi_writer() else {
         return;
     };
@@ -214,7 +214,7 @@ fn remove_specs<'a>(config: &PluginConfig, ids: impl IntoIterator<Item = &'a Str
 }
 
 /// Removes a collected allocation's folders, CDI specs and container link.
-pub fn remove_allocation(config: &PluginConfig, record: &AllocationRecord) {
+pub fn remove_allocation(config: &NodeConfig, record: &AllocationRecord) {
     for id in record.folder_ids() {
         let dir = allocation_dir(config, id);
         if let Err(err) = std::fs::remove_dir_all(&dir)
@@ -241,7 +241,7 @@ pub fn remove_allocation(config: &PluginConfig, record: &AllocationRecord) {
 /// aliases included) and that are older than `grace`: leftovers of a crash between
 /// mkdir and the state write.
 pub fn orphan_dirs(
-    config: &PluginConfig,
+    config: &NodeConfig,
     known: &[String],
     grace: std::time::Duration,
 ) -> Vec<PathBuf> {
@@ -268,7 +268,7 @@ pub fn orphan_dirs(
 
 /// Removes the CDI specs of our kind whose allocation the state does not know and
 /// whose folder is gone; returns how many.
-pub fn remove_orphan_specs(config: &PluginConfig, known: &[String]) -> usize {
+pub fn remove_orphan_specs(config: &NodeConfig, known: &[String]) -> usize {
     let Ok(writer) = config.cdi_writer() else {
         return 0;
     };

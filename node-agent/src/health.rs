@@ -1,11 +1,11 @@
 //! What `/healthz` answers, for kubelet's liveness and readiness probes.
 //!
-//! The plugin is healthy when its supervisor is alive (it finished a pass within
-//! [`ServingStatus::max_silence`]) and each resource is served on its socket and
-//! registered with the kubelet now listening (a kubelet restart clears the
-//! registrations until the plugin registers again, within a second or so). Anything
-//! else is unhealthy, with one line per reason: probes with a few failures of slack ride
-//! out a kubelet restart, and a plugin stuck for longer is restarted.
+//! A daemon (the device plugin or the DRA driver) is healthy when its supervisor is
+//! alive (it finished a pass within [`ServingStatus::max_silence`]) and each of its
+//! sockets is served and registered with the kubelet now listening (a kubelet restart
+//! clears the registrations until the daemon registers again, within a second or so).
+//! Anything else is unhealthy, with one line per reason: probes with a few failures of
+//! slack ride out a kubelet restart, and a daemon stuck for longer is restarted.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

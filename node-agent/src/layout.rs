@@ -18,11 +18,11 @@ pub const HOST_SHIM_SUBDIR: &str = "shim";
 pub const CONTROL_DEVICES: [&str; 3] =
     ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
 
-/// The driver layout for a plugin config. `host_driver_dir` is resolved through its
+/// The driver layout for a node config. `host_driver_dir` is resolved through its
 /// `current` link now (as are configured paths inside it), so a container mounts the
 /// version folder that is current when it starts and keeps it for its whole life,
 /// whatever later preparations switch `current` to.
-pub fn driver_layout(config: &crate::config::PluginConfig) -> vgpu_ldconfig::LayoutPaths {
+pub fn driver_layout(config: &crate::config::NodeConfig) -> vgpu_ldconfig::LayoutPaths {
     let base = &config.host_driver_dir;
     vgpu_ldconfig::LayoutPaths {
         host_driver_dir: vgpu_ldconfig::versions::prepared_dir(base),

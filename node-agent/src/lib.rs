@@ -25,7 +25,8 @@
 //! * [`http`]: the plain-HTTP server `/metrics` and `/healthz` are served by (timeouts, a
 //!   connection cap);
 //! * [`tasks`]: a daemon's background tasks and health thread, stopped together;
-//! * [`process`]: what both daemons' `main` does: logging, signals, the exit status.
+//! * [`process`]: what both daemons' `main` does ([`process::run_daemon`]): logging, the
+//!   banner, the runtime, signals, the exit status.
 
 #![forbid(unsafe_code)]
 

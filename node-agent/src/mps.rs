@@ -18,14 +18,14 @@ use vgpu_mps::daemon::{CardStates, DaemonOptions};
 use vgpu_mps::{CardDaemon, CardDirs, ClientShare, Sharing, SharingConfig, Supervisor};
 
 use crate::cdi::{ContainerEdits, Mount as CdiMount};
-use crate::config::PluginConfig;
+use crate::config::NodeConfig;
 use crate::devices::{CardInfo, DeviceSource};
 
 /// The control binary's name.
 pub const CONTROL_BINARY: &str = "nvidia-cuda-mps-control";
 
 /// The per-card folders' root: `mps.root`, else `<state_dir>/mps`.
-pub fn root(config: &PluginConfig) -> PathBuf {
+pub fn root(config: &NodeConfig) -> PathBuf {
     config
         .mps
         .root
@@ -40,7 +40,7 @@ pub fn is_mps(sharing: &SharingConfig, card: &CardInfo) -> bool {
 
 /// The control binary: `mps.control`, else the prepared driver's `bin/`, else the first
 /// on `PATH`, else the bare name (the start then fails with a clear error).
-pub fn control_binary(config: &PluginConfig) -> PathBuf {
+pub fn control_binary(config: &NodeConfig) -> PathBuf {
     if let Some(control) = &config.mps.control {
         return control.clone();
     }
@@ -60,7 +60,7 @@ pub fn control_binary(config: &PluginConfig) -> PathBuf {
 
 /// Starts the daemons of the MPS cards among `cards`; `None` when there are none.
 pub fn start_daemons(
-    config: &PluginConfig,
+    config: &NodeConfig,
     cards: &[CardInfo],
 ) -> anyhow::Result<Option<Supervisor>> {
     let sharing = &config.sharing_config();
@@ -97,6 +97,22 @@ pub fn start_daemons(
     Ok(Some(supervisor))
 }
 
+/// What both daemons start with: the MPS daemons of `cards` ([`start_daemons`]), and
+/// `source` as the daemon then probes it, wrapped in [`MpsAwareSource`] when any MPS
+/// daemon runs (a card whose MPS daemon is down probes unhealthy), as it was otherwise.
+pub fn start_with_source(
+    config: &NodeConfig,
+    cards: &[CardInfo],
+    source: Arc<dyn DeviceSource>,
+) -> anyhow::Result<(Option<Supervisor>, Arc<dyn DeviceSource>)> {
+    let supervisor = start_daemons(config, cards)?;
+    let source: Arc<dyn DeviceSource> = match &supervisor {
+        Some(supervisor) => Arc::new(MpsAwareSource::new(source, supervisor.states())),
+        None => source,
+    };
+    Ok((supervisor, source))
+}
+
 /// A device source whose probe also fails while the card's MPS daemon is down.
 pub struct MpsAwareSource {
     inner: Arc<dyn DeviceSource>,
@@ -130,7 +146,7 @@ impl DeviceSource for MpsAwareSource {
 
 /// The MPS card of an allocation on `cards`: the card, when it is exactly one and in
 /// MPS mode.
-pub fn client_card<'a>(config: &PluginConfig, cards: &[&'a CardInfo]) -> Option<&'a CardInfo> {
+pub fn client_card<'a>(config: &NodeConfig, cards: &[&'a CardInfo]) -> Option<&'a CardInfo> {
     match cards {
         [card] if is_mps(&config.sharing_config(), card) => Some(card),
         _ => None,
@@ -143,7 +159,7 @@ pub fn client_card<'a>(config: &PluginConfig, cards: &[&'a CardInfo]) -> Option<
 /// `share.memory` is given). `connect: false` adds the share's env only (the device
 /// plugin's memory answer: the container's core answer connects it).
 pub fn add_client_edits(
-    config: &PluginConfig,
+    config: &NodeConfig,
     card: &CardInfo,
     share: ClientShare,
     connect: bool,
@@ -175,7 +191,7 @@ pub fn add_client_edits(
 /// Leaves compute to MPS: on MPS cards, unless `mps.compute_limiter` is set, a quota
 /// loses its core limit (and soft ceiling), so the shims' limiter stays out of the way;
 /// the memory quota and the NVML view stay.
-pub fn leave_compute_to_mps(config: &PluginConfig, cards: &[CardInfo], quotas: &mut [DeviceQuota]) {
+pub fn leave_compute_to_mps(config: &NodeConfig, cards: &[CardInfo], quotas: &mut [DeviceQuota]) {
     if config.mps.compute_limiter {
         return;
     }
@@ -193,7 +209,7 @@ pub fn leave_compute_to_mps(config: &PluginConfig, cards: &[CardInfo], quotas: &
 }
 
 /// The pipe folder of `uuid` (tests and docs).
-pub fn pipe_dir(config: &PluginConfig, uuid: &str) -> PathBuf {
+pub fn pipe_dir(config: &NodeConfig, uuid: &str) -> PathBuf {
     CardDirs::new(&root(config), uuid).pipe
 }
 
@@ -201,7 +217,7 @@ pub fn pipe_dir(config: &PluginConfig, uuid: &str) -> PathBuf {
 /// container to the card's daemon at its cores' thread percentage; its memory answer
 /// adds the memory limit (kubelet merges both answers' env into the container).
 pub fn add_allocation_edits(
-    config: &PluginConfig,
+    config: &NodeConfig,
     record: &crate::state::AllocationRecord,
     cards: &[&CardInfo],
     edits: &mut ContainerEdits,

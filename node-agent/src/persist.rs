@@ -47,6 +47,16 @@ pub trait Versioned: Serialize + DeserializeOwned + Default {
     }
 }
 
+/// Creates each of `folders` with its parents; the error names the one that failed.
+pub fn create_folders<P: AsRef<Path>>(folders: impl IntoIterator<Item = P>) -> anyhow::Result<()> {
+    for folder in folders {
+        let folder = folder.as_ref();
+        std::fs::create_dir_all(folder)
+            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", folder.display()))?;
+    }
+    Ok(())
+}
+
 /// Replaces `path` with `bytes`: temp file, fsync, rename, fsync of the folder.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let dir = path

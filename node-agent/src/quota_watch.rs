@@ -10,7 +10,7 @@
 //!
 //! Every region is read as a private copy ([`RegionSnapshot::read`]); the quota an Event
 //! states comes from the container config the host wrote, never from the tenant's
-//! region. Refusals counted before the plugin started (or restarted) are reported by
+//! region. Refusals counted before the daemon started (or restarted) are reported by
 //! the metrics but get no Event: the first pass takes them as already told.
 
 use std::collections::BTreeMap;
@@ -24,7 +24,7 @@ use vgpu_contract::region::QuotaCounters;
 use vgpu_contract::snapshot::RegionSnapshot;
 use vgpu_kube::events::{self, PodEvent, PodRef};
 
-use crate::config::PluginConfig;
+use crate::config::NodeConfig;
 use crate::container;
 
 /// How often the regions are read.
@@ -219,7 +219,7 @@ fn findings(
     out
 }
 
-/// The watch's settings, from the plugin config.
+/// The watch's settings, from the node config.
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// Write Events at all.
@@ -238,8 +238,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// From the device plugin's config.
-    pub fn of(config: &PluginConfig) -> Settings {
+    /// From the node config, with the device plugin's remedy and reporter (the DRA
+    /// driver sets its own).
+    pub fn of(config: &NodeConfig) -> Settings {
         Settings {
             events: config.quota_events,
             interval: Duration::from_secs(config.quota_event_interval_secs),
@@ -302,7 +303,7 @@ fn pass(
             let entry = told.entry(key).or_insert_with(|| {
                 let mut told = Told::default();
                 if first {
-                    // Counted before this plugin ran: already told (or never will be).
+                    // Counted before this daemon ran: already told (or never will be).
                     told.logged_refusals = now_totals.refusals;
                     told.logged_over_quota = now_totals.over_quota;
                     told.refusals = now_totals.refusals;

@@ -7,7 +7,7 @@
 //! as the HTTP/2 `:authority`, is served too.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::UnixListener;
@@ -18,6 +18,17 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 /// How long a stopping server may take to finish its calls.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Waits until each of `sockets` exists, about two seconds at most, so that whoever
+/// started a daemon can connect to its sockets as soon as `start` returns.
+pub async fn wait_for_sockets(sockets: &[PathBuf]) {
+    for _ in 0..100 {
+        if sockets.iter().all(|socket| socket.exists()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 /// The inode of the file at `path` (not followed), to notice a socket replaced or removed.
 pub fn socket_inode(path: &Path) -> Option<u64> {

@@ -97,7 +97,7 @@ async fn main() -> std::process::ExitCode {
         }
     };
     let kubelet = TestKubelet::start().await;
-    let config = vgpu_node_agent::config::PluginConfig {
+    let config = vgpu_node_agent::config::NodeConfig {
         host_driver_dir: args.driver_dir.clone(),
         shim_dir: args.driver_dir.join("shim"),
         state_dir: args.state_dir.clone(),

@@ -149,7 +149,7 @@ pub fn admitting(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
+    use vgpu_kubelet_api::podresources::{ContainerDevices, ContainerResources, PodResources};
 
     const CORE: &str = "tencent.com/vcuda-core";
     const MEMORY: &str = "tencent.com/vcuda-memory";

@@ -16,7 +16,7 @@ use tokio::sync::OnceCell;
 use vgpu_kube::pods::{CeilingLookup, PodReader, apply_ceiling};
 
 use crate::allocator::PreStartPlan;
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 
 /// How long PreStart waits for the API server before it falls back.
 const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
@@ -30,7 +30,7 @@ pub struct PodCeilings {
 }
 
 impl PodCeilings {
-    pub(crate) fn new(config: &PluginConfig) -> PodCeilings {
+    pub(crate) fn new(config: &NodeConfig) -> PodCeilings {
         PodCeilings {
             enabled: config.pod_annotations,
             source: match &config.api_server_url {

@@ -19,9 +19,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::ids::DeviceId;
-use crate::proto::deviceplugin::Empty;
-use crate::proto::deviceplugin::device_plugin_client::DevicePluginClient;
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_kubelet_api::deviceplugin::Empty;
+use vgpu_kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::dial::connect_unix;
 
 /// Kubelet's device-manager checkpoint, in the device-plugin folder.
@@ -104,11 +104,11 @@ async fn advertised(socket: &Path) -> Option<BTreeSet<String>> {
 }
 
 /// Live foreign plugins serving our resource names.
-pub(crate) async fn foreign_plugins(config: &PluginConfig) -> Vec<Foreign> {
+pub(crate) async fn foreign_plugins(config: &NodeConfig) -> Vec<Foreign> {
     let ours: BTreeSet<String> = [
         config.kubelet_socket.clone(),
-        PluginConfig::endpoint_name(&config.core_resource),
-        PluginConfig::endpoint_name(&config.memory_resource),
+        NodeConfig::endpoint_name(&config.core_resource),
+        NodeConfig::endpoint_name(&config.memory_resource),
     ]
     .into();
     let our_resources = [&config.core_resource, &config.memory_resource];

@@ -21,17 +21,17 @@ use crate::coexist;
 use crate::ids::Kind;
 use crate::kubelet;
 use crate::metrics;
-use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 use crate::service::{ResourceService, Shared, now_unix};
 use crate::usage::UsageTotals;
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_kubelet_api::deviceplugin::device_plugin_server::DevicePluginServer;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::container;
 use vgpu_node_agent::coordination;
 use vgpu_node_agent::devices::{DeviceSource, watch_health};
 use vgpu_node_agent::health::ServingStatus;
 use vgpu_node_agent::http;
-use vgpu_node_agent::persist::Versioned;
-use vgpu_node_agent::serve::{ServedSocket, socket_inode};
+use vgpu_node_agent::persist::{self, Versioned};
+use vgpu_node_agent::serve::{ServedSocket, socket_inode, wait_for_sockets};
 use vgpu_node_agent::state::PluginState;
 use vgpu_node_agent::tasks::Background;
 
@@ -138,7 +138,7 @@ async fn supervise(
                 registered[slot] = false;
             }
             if servers[slot].is_some() && !registered[slot] && kubelet_inode.is_some() {
-                let endpoint = PluginConfig::endpoint_name(resource);
+                let endpoint = NodeConfig::endpoint_name(resource);
                 match kubelet::register(&kubelet_socket, &endpoint, resource).await {
                     Ok(()) => {
                         registered[slot] = true;
@@ -295,7 +295,7 @@ fn prepared_folders(shared: Arc<Shared>) -> coordination::Folders {
 /// Starts the plugin: returns once both resources are served (registration proceeds
 /// in the background and is retried until kubelet accepts it).
 pub async fn start(
-    config: PluginConfig,
+    config: NodeConfig,
     source: Arc<dyn DeviceSource>,
 ) -> anyhow::Result<PluginHandle> {
     let cards = source.discover()?;
@@ -304,16 +304,13 @@ pub async fn start(
     }
     // The card views' folder is every container's mount source: it exists before
     // the first Allocate.
-    for dir in [
+    persist::create_folders([
         &config.state_dir,
         &config.allocations_dir(),
         &config.containers_dir(),
         &coordination::cards_dir(&config.state_dir),
         &config.device_plugin_dir,
-    ] {
-        std::fs::create_dir_all(dir)
-            .map_err(|err| anyhow::anyhow!("cannot create {}: {err}", dir.display()))?;
-    }
+    ])?;
     if config.check_foreign_plugins {
         let foreign = coexist::foreign_plugins(&config).await;
         if !foreign.is_empty() {
@@ -322,14 +319,7 @@ pub async fn start(
         }
     }
     let state = PluginState::load(&config.state_file())?;
-    let mps = vgpu_node_agent::mps::start_daemons(&config, &cards)?;
-    let source: Arc<dyn DeviceSource> = match &mps {
-        Some(supervisor) => Arc::new(vgpu_node_agent::mps::MpsAwareSource::new(
-            source,
-            supervisor.states(),
-        )),
-        None => source,
-    };
+    let (mps, source) = vgpu_node_agent::mps::start_with_source(&config, &cards, source)?;
     tracing::info!(
         cards = cards.len(),
         allocations = state.allocations.len(),
@@ -347,14 +337,14 @@ pub async fn start(
             config.core_resource.clone(),
             config
                 .device_plugin_dir
-                .join(PluginConfig::endpoint_name(&config.core_resource)),
+                .join(NodeConfig::endpoint_name(&config.core_resource)),
         ),
         (
             Kind::Memory,
             config.memory_resource.clone(),
             config
                 .device_plugin_dir
-                .join(PluginConfig::endpoint_name(&config.memory_resource)),
+                .join(NodeConfig::endpoint_name(&config.memory_resource)),
         ),
     ];
     let sockets: Vec<PathBuf> = resources.iter().map(|(_, _, path)| path.clone()).collect();
@@ -425,13 +415,7 @@ pub async fn start(
             health_loop(shared, source, &stop)
         })?;
     }
-    // Wait (briefly) until both sockets exist so callers can connect right away.
-    for _ in 0..100 {
-        if sockets.iter().all(|socket| socket.exists()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_sockets(&sockets).await;
     Ok(PluginHandle {
         shared,
         usage,

@@ -5,10 +5,10 @@ use std::path::Path;
 
 use vgpu_node_agent::dial::connect_unix;
 
-use crate::proto::deviceplugin::registration_client::RegistrationClient;
-use crate::proto::deviceplugin::{DevicePluginOptions, RegisterRequest, VERSION};
-use crate::proto::podresources::pod_resources_lister_client::PodResourcesListerClient;
-use crate::proto::podresources::{ListPodResourcesRequest, PodResources};
+use vgpu_kubelet_api::deviceplugin::registration_client::RegistrationClient;
+use vgpu_kubelet_api::deviceplugin::{DevicePluginOptions, RegisterRequest, VERSION};
+use vgpu_kubelet_api::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use vgpu_kubelet_api::podresources::{ListPodResourcesRequest, PodResources};
 
 /// Registers `resource`, served on `endpoint` (a socket file name in the device-plugin dir).
 pub async fn register(kubelet_socket: &Path, endpoint: &str, resource: &str) -> anyhow::Result<()> {

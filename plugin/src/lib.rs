@@ -8,8 +8,10 @@
 //! shared parts, the coordinator's tick, the quota watch, MPS, background tasks, process
 //! plumbing) is `vgpu_node_agent`.
 //!
+//! The kubelet APIs it speaks (deviceplugin v1beta1, podresources v1) are generated
+//! once, in `vgpu_kubelet_api`.
+//!
 //! Module map:
-//! * [`proto`]: the generated kubelet APIs (deviceplugin v1beta1, podresources v1);
 //! * [`ids`]: the device IDs advertised to kubelet;
 //! * [`annotations`]: `tencent.com/vcuda-core-limit` read from the pod at PreStart;
 //! * [`allocator`]: card choice, pairing of core and memory, refusals, PreStart;
@@ -32,7 +34,6 @@ pub mod daemon;
 pub mod ids;
 pub mod kubelet;
 pub mod metrics;
-pub mod proto;
 pub mod reload;
 pub mod response;
 pub mod service;

@@ -1,4 +1,4 @@
-//! The `vgpu-plugin` daemon: logs its version, loads the plugin config, opens NVML,
+//! The `vgpu-plugin` daemon: logs its version, loads the node config, opens NVML,
 //! runs the device plugin until SIGTERM or SIGINT or until its config file changes (a
 //! ConfigMap update: it then exits cleanly and kubelet restarts it with the new one),
 //! then removes its sockets.
@@ -21,7 +21,7 @@ use vgpu_plugin::reload::{Change, ConfigWatch};
     about = "Kubernetes device plugin for tencent.com/vcuda-core and tencent.com/vcuda-memory"
 )]
 struct Args {
-    /// Plugin config (YAML); missing default file means built-in defaults.
+    /// The node config (YAML); a missing default file means built-in defaults.
     #[arg(long, default_value = vgpu_node_agent::config::DEFAULT_CONFIG_PATH)]
     config: PathBuf,
     /// Serve /metrics and /healthz here instead of the config's `metrics_address`: the
@@ -49,7 +49,6 @@ async fn config_changed(mut watch: ConfigWatch, every: Duration) {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    tracing::info!("{}", vgpu_build_info::banner("vgpu-plugin"));
     let default_path = args.config == Path::new(vgpu_node_agent::config::DEFAULT_CONFIG_PATH);
     let (mut config, watch) = ConfigWatch::load(&args.config, default_path)?;
     if let Some(address) = args.metrics_address {
@@ -72,8 +71,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    process::init_logging();
-    process::exit_code(run(Args::parse()).await)
+fn main() -> std::process::ExitCode {
+    process::run_daemon("vgpu-plugin", run(Args::parse()))
 }

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 
 /// What a look at the file found.
 #[derive(Debug)]
@@ -18,7 +18,7 @@ pub enum Change {
     /// The file says what the running config says (perhaps with other comments).
     None,
     /// A different valid config.
-    Valid(Box<PluginConfig>),
+    Valid(Box<NodeConfig>),
     /// A new text that does not parse: the reason (reported once per text).
     Invalid(String),
     /// The file could not be read (out of descriptors, permissions, I/O): the reason,
@@ -29,7 +29,7 @@ pub enum Change {
 /// Watches one config file.
 pub struct ConfigWatch {
     path: PathBuf,
-    running: PluginConfig,
+    running: NodeConfig,
     last_text: Option<String>,
     /// The read error last reported, while reads keep failing.
     failing: Option<String>,
@@ -42,15 +42,15 @@ impl ConfigWatch {
     pub fn load(
         path: &Path,
         missing_is_default: bool,
-    ) -> anyhow::Result<(PluginConfig, ConfigWatch)> {
+    ) -> anyhow::Result<(NodeConfig, ConfigWatch)> {
         let text = match std::fs::read_to_string(path) {
             Ok(text) => Some(text),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound && missing_is_default => None,
             Err(err) => anyhow::bail!("cannot read {}: {err}", path.display()),
         };
         let config = match &text {
-            Some(text) => PluginConfig::from_yaml(text, path)?,
-            None => PluginConfig::default(),
+            Some(text) => NodeConfig::from_yaml(text, path)?,
+            None => NodeConfig::default(),
         };
         let watch = ConfigWatch {
             path: path.to_path_buf(),
@@ -82,9 +82,9 @@ impl ConfigWatch {
         }
         self.last_text = text.clone();
         let parsed = match &text {
-            Some(text) => PluginConfig::from_yaml(text, &self.path),
+            Some(text) => NodeConfig::from_yaml(text, &self.path),
             // A ConfigMap key removed: back to the built-in defaults.
-            None => Ok(PluginConfig::default()),
+            None => Ok(NodeConfig::default()),
         };
         match parsed {
             Ok(config) if config == self.running => Change::None,
@@ -168,7 +168,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("plugin.yaml");
         let (config, mut watch) = ConfigWatch::load(&path, true).expect("defaults");
-        assert_eq!(config, PluginConfig::default());
+        assert_eq!(config, NodeConfig::default());
         assert!(ConfigWatch::load(&path, false).is_err());
         std::fs::write(&path, "policy: spread\n").expect("write");
         assert!(matches!(watch.poll(), Change::Valid(_)));

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use vgpu_contract::region::Region;
 use vgpu_node_agent::cdi::ContainerEdits;
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::container::{
     ANNOTATION_ALLOCATION, ANNOTATION_CARDS, ANNOTATION_CORES, ANNOTATION_MEMORY, CONFIG_FILE,
     REGION_FILE, allocation_dir, container_config, link_container,
@@ -18,12 +18,12 @@ use vgpu_node_agent::persist::write_atomically;
 use vgpu_node_agent::state::AllocationRecord;
 
 use crate::allocator::PreStartPlan;
-use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
+use vgpu_kubelet_api::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 
 /// The Allocate response of one container request: the edits themselves unless the
 /// strategy is CDI alone, and the CDI device name when a spec was written.
 pub fn allocate_response(
-    config: &PluginConfig,
+    config: &NodeConfig,
     record: &AllocationRecord,
     edits: &ContainerEdits,
     cdi_name: Option<String>,
@@ -96,7 +96,7 @@ fn hard_link_over(target: &Path, at: &Path) -> anyhow::Result<()> {
 
 /// Writes the config and a fresh region of the plan's allocation, makes every alias
 /// folder hold the same two files, and links the container's folder to it.
-pub fn write_prestart(config: &PluginConfig, plan: &PreStartPlan) -> anyhow::Result<PathBuf> {
+pub fn write_prestart(config: &NodeConfig, plan: &PreStartPlan) -> anyhow::Result<PathBuf> {
     let mut quota = container_config(&plan.devices, &plan.allocation_id);
     quota.warn_on_refusal = plan
         .owner

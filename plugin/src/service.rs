@@ -15,13 +15,13 @@ use crate::admitting::Admitting;
 use crate::allocator::{Allocator, HolderIndex};
 use crate::ids::Kind;
 use crate::kubelet;
-use crate::proto::deviceplugin::device_plugin_server::DevicePlugin;
-use crate::proto::deviceplugin::{
+use vgpu_kubelet_api::deviceplugin::device_plugin_server::DevicePlugin;
+use vgpu_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerPreferredAllocationResponse, DevicePluginOptions,
     Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::container;
 
 /// Counters exported as metrics.
@@ -36,7 +36,7 @@ pub(crate) struct Counters {
 
 /// State shared by both services, the health watcher, GC and metrics.
 pub struct Shared {
-    pub(crate) config: PluginConfig,
+    pub(crate) config: NodeConfig,
     allocator: Mutex<Allocator>,
     /// Bumped whenever a card's health changes.
     pub(crate) health: watch::Sender<u64>,
@@ -167,7 +167,7 @@ impl ResourceService {
         ids: &[String],
     ) -> Result<
         (
-            crate::proto::deviceplugin::ContainerAllocateResponse,
+            vgpu_kubelet_api::deviceplugin::ContainerAllocateResponse,
             vgpu_node_agent::state::AllocationRecord,
         ),
         Status,

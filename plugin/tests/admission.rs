@@ -12,11 +12,11 @@ use std::sync::Arc;
 
 use common::{Admitted, CORE, MEMORY, Plugin, TestKubelet, allocate, card_of, config_of, list_ids};
 use tonic::Code;
-use vgpu_node_agent::devices::FakeSource;
-use vgpu_plugin::proto::deviceplugin::{
+use vgpu_kubelet_api::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
     PreferredAllocationRequest,
 };
+use vgpu_node_agent::devices::FakeSource;
 
 const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB
 

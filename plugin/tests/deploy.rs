@@ -3,20 +3,12 @@
 //! the config names, the example pod asks for what the README says, and the README's
 //! "Deploy on Kubernetes" commands name files that exist.
 
-use std::path::PathBuf;
-
 use serde_json::Value;
-use vgpu_node_agent::config::PluginConfig;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
+use vgpu_node_agent::config::NodeConfig;
+use vgpu_test_support::repo_root;
 
 fn documents(name: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(repo().join("deploy").join(name)).expect("manifest");
+    let text = std::fs::read_to_string(repo_root().join("deploy").join(name)).expect("manifest");
     serde_saphyr::from_multiple(&text).expect("YAML documents")
 }
 
@@ -32,7 +24,7 @@ fn the_configmap_is_a_valid_plugin_config_and_the_daemonset_matches_it() {
     let text = of_kind(&docs, "ConfigMap")["data"]["plugin.yaml"]
         .as_str()
         .expect("plugin.yaml in the ConfigMap");
-    let config = PluginConfig::from_yaml(text, std::path::Path::new("deploy/vgpu-plugin.yaml"))
+    let config = NodeConfig::from_yaml(text, std::path::Path::new("deploy/vgpu-plugin.yaml"))
         .expect("valid plugin config");
     assert_eq!(config.core_resource, "tencent.com/vcuda-core");
     assert_eq!(config.memory_resource, "tencent.com/vcuda-memory");
@@ -100,7 +92,7 @@ fn the_example_pod_is_the_seeds_and_the_readme_points_at_real_files() {
     assert_eq!(limits["tencent.com/vcuda-core"].as_i64(), Some(30));
     assert_eq!(limits["tencent.com/vcuda-memory"].as_i64(), Some(10));
 
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README");
     let deploy = readme
         .split("## Deploy on Kubernetes")
         .nth(1)
@@ -113,7 +105,7 @@ fn the_example_pod_is_the_seeds_and_the_readme_points_at_real_files() {
     assert!(applied.len() >= 2, "{applied:?}");
     for file in applied {
         assert!(
-            repo().join(file).is_file(),
+            repo_root().join(file).is_file(),
             "the README applies {file}, which does not exist"
         );
     }
@@ -157,7 +149,7 @@ fn the_manifests_name_the_versioned_image_that_build_image_makes() {
         of_kind(&docs, "DaemonSet")["metadata"]["labels"]["app.kubernetes.io/version"].as_str(),
         Some(env!("CARGO_PKG_VERSION"))
     );
-    let folders = [repo().join("deploy"), repo().join("deploy/dra")];
+    let folders = [repo_root().join("deploy"), repo_root().join("deploy/dra")];
     for entry in folders
         .iter()
         .flat_map(|folder| std::fs::read_dir(folder).expect("deploy").flatten())
@@ -172,7 +164,7 @@ fn the_manifests_name_the_versioned_image_that_build_image_makes() {
     }
     // What deploy/build-image.sh tags (podman adds localhost/ to a name without registry).
     let output = std::process::Command::new("bash")
-        .arg(repo().join("deploy/build-image.sh"))
+        .arg(repo_root().join("deploy/build-image.sh"))
         .arg("--print-ref")
         .output()
         .expect("bash");
@@ -299,7 +291,7 @@ fn probes_service_and_servicemonitor_reach_the_metrics_port() {
     let text = of_kind(&docs, "ConfigMap")["data"]["plugin.yaml"]
         .as_str()
         .expect("plugin.yaml");
-    let config = PluginConfig::from_yaml(text, std::path::Path::new("configmap")).expect("config");
+    let config = NodeConfig::from_yaml(text, std::path::Path::new("configmap")).expect("config");
     assert!(
         config
             .nvml_library

@@ -24,13 +24,7 @@ use std::time::Duration;
 use common::{TestKubelet, allocate, list_ids, plugin_client};
 use serde_json::Value;
 use vgpu_test_support::Need;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
+use vgpu_test_support::repo_root;
 
 /// podman, with the CI machine's containers.conf unless the caller chose one.
 fn podman(args: &[&str]) -> Output {
@@ -38,7 +32,7 @@ fn podman(args: &[&str]) -> Output {
     if std::env::var_os("CONTAINERS_CONF").is_none() {
         command.env(
             "CONTAINERS_CONF",
-            repo().join("tests/podman-containers.conf"),
+            repo_root().join("tests/podman-containers.conf"),
         );
     }
     command.args(args).output().expect("run podman")
@@ -95,11 +89,11 @@ fn image() -> Option<&'static str> {
     }
     let built = IMAGE.get_or_init(|| {
         let mut command = Command::new("bash");
-        command.arg(repo().join("deploy/build-image.sh"));
+        command.arg(repo_root().join("deploy/build-image.sh"));
         if std::env::var_os("CONTAINERS_CONF").is_none() {
             command.env(
                 "CONTAINERS_CONF",
-                repo().join("tests/podman-containers.conf"),
+                repo_root().join("tests/podman-containers.conf"),
             );
         }
         let output = command.output().expect("run deploy/build-image.sh");
@@ -187,7 +181,7 @@ fn nm_exports(lib: &Path) -> BTreeSet<String> {
 /// The union of `symbols/<stem>*.txt`.
 fn export_lists(stem: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
-    for entry in std::fs::read_dir(repo().join("symbols"))
+    for entry in std::fs::read_dir(repo_root().join("symbols"))
         .expect("symbols")
         .flatten()
     {
@@ -384,7 +378,7 @@ async fn the_plugin_from_the_image_registers_and_answers_an_allocate() {
 /// The init container of the shipped DaemonSet.
 fn init_container() -> Value {
     let manifest =
-        std::fs::read_to_string(repo().join("deploy/vgpu-plugin.yaml")).expect("manifest");
+        std::fs::read_to_string(repo_root().join("deploy/vgpu-plugin.yaml")).expect("manifest");
     let daemonset = serde_saphyr::from_multiple::<Value>(&manifest)
         .expect("YAML documents")
         .into_iter()

@@ -14,12 +14,12 @@ use common::{
 };
 use tonic::Code;
 use vgpu_contract::{ByteSize, Config, CoreMode};
+use vgpu_kubelet_api::deviceplugin::{ContainerAllocateResponse, Empty};
 use vgpu_node_agent::devices::FakeSource;
-use vgpu_plugin::proto::deviceplugin::{ContainerAllocateResponse, Empty};
 
 const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB
 
-type Client = vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient<
+type Client = vgpu_kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient<
     tonic::transport::Channel,
 >;
 
@@ -36,7 +36,7 @@ async fn started(
     (plugin, cores, memory)
 }
 
-fn ids(devices: &[vgpu_plugin::proto::deviceplugin::Device]) -> Vec<String> {
+fn ids(devices: &[vgpu_kubelet_api::deviceplugin::Device]) -> Vec<String> {
     devices.iter().map(|device| device.id.clone()).collect()
 }
 
@@ -465,7 +465,7 @@ async fn restart_keeps_allocations_and_never_double_books() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_collection_waits_for_the_container_to_go() {
     let kubelet = TestKubelet::start().await;
-    let config = vgpu_node_agent::config::PluginConfig {
+    let config = vgpu_node_agent::config::NodeConfig {
         gc_grace_secs: 0,
         ..kubelet.plugin_config()
     };

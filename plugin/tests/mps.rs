@@ -16,7 +16,7 @@ use common::{Admitted, Plugin, TestKubelet, allocate, config_of, device_list};
 use vgpu_contract::ByteSize;
 use vgpu_mps::Sharing;
 use vgpu_node_agent::config::DeviceListStrategy;
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::devices::FakeSource;
 
 const CARD_MEMORY: u64 = 8 << 30; // 32 memory units of 256MiB
@@ -27,7 +27,7 @@ fn fake_control() -> PathBuf {
 
 /// Card 0 (`GPU-fake-0`, named by index) in MPS mode, card 1 time-sliced; both CDI and
 /// mounts in the answers.
-fn mps_config(kubelet: &TestKubelet) -> PluginConfig {
+fn mps_config(kubelet: &TestKubelet) -> NodeConfig {
     let mut config = kubelet.plugin_config();
     config.card_sharing.insert("0".into(), Sharing::Mps);
     config.mps.control = Some(fake_control());
@@ -37,7 +37,7 @@ fn mps_config(kubelet: &TestKubelet) -> PluginConfig {
     config
 }
 
-fn control_log(config: &PluginConfig, card: &str) -> String {
+fn control_log(config: &NodeConfig, card: &str) -> String {
     std::fs::read_to_string(
         config
             .state_dir
@@ -96,7 +96,7 @@ async fn admit_on(
 }
 
 /// The env of the CDI spec files named in the answers, merged.
-fn cdi_env(admitted: &Admitted, config: &PluginConfig) -> Vec<String> {
+fn cdi_env(admitted: &Admitted, config: &NodeConfig) -> Vec<String> {
     let mut env = Vec::new();
     for response in &admitted.responses {
         for device in &response.cdi_devices {

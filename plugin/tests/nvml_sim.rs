@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{TestKubelet, plugin_client};
+use vgpu_kubelet_api::deviceplugin::Empty;
 use vgpu_node_agent::devices::{DeviceSource, NvmlSource};
-use vgpu_plugin::proto::deviceplugin::Empty;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_cards_are_advertised() {

@@ -12,18 +12,21 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestKubelet, allocate, http_get, list_ids, plugin_client, sim_nvml, tenant, value};
+use common::{
+    TestKubelet, allocate, http_get, list_ids, metric_value as value, plugin_client, sim_nvml,
+    tenant,
+};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use vgpu_contract::region::Region;
-use vgpu_node_agent::devices::FakeSource;
-use vgpu_plugin::proto::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
-use vgpu_plugin::proto::deviceplugin::{
+use vgpu_kubelet_api::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use vgpu_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
     PreferredAllocationResponse,
 };
+use vgpu_node_agent::devices::FakeSource;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_never_drop_when_processes_exit_and_the_region_is_read_by_copy() {
@@ -141,7 +144,7 @@ async fn counters_never_drop_when_processes_exit_and_the_region_is_read_by_copy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_says_what_is_missing() {
     let kubelet = TestKubelet::start().await;
-    let config = vgpu_node_agent::config::PluginConfig {
+    let config = vgpu_node_agent::config::NodeConfig {
         // No kubelet listens there: served, never registered.
         kubelet_socket: "absent.sock".into(),
         ..kubelet.plugin_config()
@@ -296,7 +299,7 @@ async fn refuses_to_start_beside_another_plugin_of_our_resources() {
         "{error}"
     );
     // And the check can be turned off.
-    let config = vgpu_node_agent::config::PluginConfig {
+    let config = vgpu_node_agent::config::NodeConfig {
         check_foreign_plugins: false,
         ..kubelet.plugin_config()
     };
@@ -419,7 +422,7 @@ async fn containers_mount_the_version_folder_current_names_at_their_start() {
     kubelet.wait_registrations(2).await;
     let mut cores = plugin_client(&plugin.sockets()[0]).await;
     let all = list_ids(&mut cores).await;
-    let mount_of = |response: &vgpu_plugin::proto::deviceplugin::ContainerAllocateResponse,
+    let mount_of = |response: &vgpu_kubelet_api::deviceplugin::ContainerAllocateResponse,
                     at: &str| {
         response
             .mounts

@@ -109,11 +109,16 @@ async fn a_podman_container_gets_its_quota_from_the_cdi_spec() {
     }
     command.args([
         "--volume",
-        &format!("{}:/vgpu-tests:ro", e2e::repo().join("tests").display()),
+        &format!(
+            "{}:/vgpu-tests:ro",
+            vgpu_test_support::repo_root().join("tests").display()
+        ),
         "--volume",
         &format!(
             "{}:/vgpu-check:ro",
-            e2e::repo().join("plugin/tests").display()
+            vgpu_test_support::repo_root()
+                .join("plugin/tests")
+                .display()
         ),
     ]);
     // `--rootfs` is a flag: the rootfs takes the image's place, just before the command.

@@ -57,8 +57,16 @@ async fn container_sees_its_quota_through_the_shims() {
     if !prefix.starts_with("/usr") {
         base.push(bind(&prefix.to_string_lossy(), &prefix, true));
     }
-    base.push(bind("/vgpu-tests", &e2e::repo().join("tests"), true));
-    base.push(bind("/vgpu-check", &e2e::repo().join("plugin/tests"), true));
+    base.push(bind(
+        "/vgpu-tests",
+        &vgpu_test_support::repo_root().join("tests"),
+        true,
+    ));
+    base.push(bind(
+        "/vgpu-check",
+        &vgpu_test_support::repo_root().join("plugin/tests"),
+        true,
+    ));
     let args = vec![
         executable.to_string_lossy().into_owned(),
         "/vgpu-check/container_check.py".to_string(),

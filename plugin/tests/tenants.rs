@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{
-    TestKubelet, allocate, host_path_of, http_get, http_get_from, list_ids, plugin_client,
-    sim_nvml, started_container, tenant, value,
+    TestKubelet, allocate, host_path_of, http_get, http_get_from, list_ids, metric_value as value,
+    plugin_client, sim_nvml, started_container, tenant,
 };
 use vgpu_contract::limiter_words::slot as words;
 use vgpu_contract::process::Identity;

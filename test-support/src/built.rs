@@ -32,6 +32,15 @@ pub fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// The repository's root folder (the workspace this crate is part of), for tests that read
+/// its files (manifests, docs, scripts, symbol lists).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("test-support lives one folder below the repository root")
+        .to_path_buf()
+}
+
 /// A library or program this build made, found from the running test: the newer of
 /// `target/<profile>/NAME` and `target/<profile>/deps/NAME`; `None` if neither exists.
 pub fn built(name: &str) -> Option<PathBuf> {

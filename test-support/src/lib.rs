@@ -1,5 +1,5 @@
 //! Test plumbing shared by every crate's tests: where a Cargo build left the workspace's
-//! libraries and programs (`built`), Debian's driver packages the export checks read
+//! libraries and programs and where the repository is (`built`), Debian's driver packages the export checks read
 //! (`debian`), a client's `RESULT` line (`client_output`), kubelet's own gRPC client
 //! (`kubelet_dial`), a series of a metrics text (`exposition`), and the one policy for
 //! what a test needs from the
@@ -20,7 +20,7 @@ pub mod exposition;
 pub mod kubelet_dial;
 pub mod prerequisites;
 
-pub use built::{built, in_profile_dir, profile_dir};
+pub use built::{built, in_profile_dir, profile_dir, repo_root};
 pub use client_output::result_line;
 pub use debian::unpack_debian_driver;
 pub use exposition::metric_value;

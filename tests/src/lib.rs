@@ -9,6 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use vgpu_test_support::repo_root;
+
 /// `target/<profile>`, found from the test executable (`target/<profile>/deps/…`).
 pub fn target_dir() -> PathBuf {
     vgpu_test_support::profile_dir()
@@ -28,14 +30,6 @@ pub fn artifact(name: &str) -> PathBuf {
 /// The `vgpu` CLI of this build.
 pub fn vgpu() -> PathBuf {
     artifact("vgpu")
-}
-
-/// The repository root.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
 }
 
 /// A simulated host: its own sim state file and GPU count, so tests never share a card.

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use vgpu_test_support::repo_root;
 use vgpu_test_support::{Need, require};
-use vgpu_tests::{SimHost, artifact, repo_root, vgpu};
+use vgpu_tests::{SimHost, artifact, vgpu};
 
 /// A `vgpu install` folder of the built artifacts, as the GPU suite gets it.
 fn install(host: &SimHost) -> PathBuf {

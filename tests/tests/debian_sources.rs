@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use vgpu_tests::repo_root;
+use vgpu_test_support::repo_root;
 
 /// Runs the script over an apt folder and an os-release of our own.
 fn run(apt_etc: &Path, os_release: &Path, what: &str) -> String {

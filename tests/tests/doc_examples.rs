@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vgpu_tests::repo_root;
+use vgpu_test_support::repo_root;
 
 /// One fenced block: where it starts, its info string, its text.
 #[derive(Debug)]
@@ -85,7 +85,7 @@ fn check(block: &Block, kind: &str) -> Result<(), String> {
         "vgpu-config" => vgpu_contract::Config::from_yaml(&block.text, origin)
             .map(drop)
             .map_err(|err| err.to_string()),
-        "plugin-config" => vgpu_node_agent::config::PluginConfig::from_yaml(&block.text, origin)
+        "plugin-config" => vgpu_node_agent::config::NodeConfig::from_yaml(&block.text, origin)
             .map(drop)
             .map_err(|err| format!("{err:#}")),
         "dra-config" => vgpu_dra::config::DraConfig::from_yaml(&block.text, origin)

@@ -6,8 +6,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use vgpu_test_support::repo_root;
 use vgpu_test_support::{Need, require};
-use vgpu_tests::{artifact, repo_root};
+use vgpu_tests::artifact;
 
 fn nm_exports(lib: &Path) -> BTreeSet<String> {
     let output = Command::new("nm")

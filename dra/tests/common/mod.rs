@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use vgpu_dra::DraConfig;
-use vgpu_dra::proto::dra_v1::dra_plugin_client::DraPluginClient as V1Client;
-use vgpu_dra::proto::dra_v1::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
-use vgpu_dra::proto::dra_v1beta1::dra_plugin_client::DraPluginClient as V1beta1Client;
-use vgpu_dra::proto::registration::registration_client::RegistrationClient;
-use vgpu_dra::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus};
 use vgpu_kube::k8s_openapi::api::resource::v1::ResourceSlice;
 use vgpu_kube::quantity;
+use vgpu_kubelet_api::dra_v1::dra_plugin_client::DraPluginClient as V1Client;
+use vgpu_kubelet_api::dra_v1::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
+use vgpu_kubelet_api::dra_v1beta1::dra_plugin_client::DraPluginClient as V1beta1Client;
+use vgpu_kubelet_api::registration::registration_client::RegistrationClient;
+use vgpu_kubelet_api::registration::{InfoRequest, PluginInfo, RegistrationStatus};
 use vgpu_node_agent::dial::connect_unix;
 
 pub const DRIVER: &str = "gpu.vgpu-shim.io";
@@ -154,7 +154,7 @@ pub fn claim(namespace: &str, name: &str, uid: &str) -> Claim {
 pub async fn prepare(
     client: &mut V1Client<tonic::transport::Channel>,
     claim: Claim,
-) -> Result<Vec<vgpu_dra::proto::dra_v1::Device>, String> {
+) -> Result<Vec<vgpu_kubelet_api::dra_v1::Device>, String> {
     let uid = claim.uid.clone();
     let mut answer = client
         .node_prepare_resources(NodePrepareResourcesRequest {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::ids::Kind;
-use crate::proto::podresources;
+use vgpu_kubelet_api::podresources;
 use vgpu_node_agent::state::Owner;
 
 /// One container as PodResources lists it.

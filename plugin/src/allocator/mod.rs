@@ -44,8 +44,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use crate::ids::{CORES_PER_CARD, DeviceId, Kind, RecordIds};
-use crate::proto::deviceplugin;
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_kubelet_api::deviceplugin;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::devices::CardInfo;
 use vgpu_node_agent::persist::Versioned;
 use vgpu_node_agent::state::{AllocationRecord, PluginState};
@@ -64,7 +64,7 @@ pub use prestart::PreStartPlan;
 
 /// The plugin's book of cards and allocations.
 pub struct Allocator {
-    config: PluginConfig,
+    config: NodeConfig,
     cards: Vec<CardInfo>,
     unhealthy: BTreeMap<String, String>,
     state: PluginState,
@@ -108,7 +108,7 @@ fn cards_fit(core: &AllocationRecord, memory: &AllocationRecord) -> bool {
 }
 
 impl Allocator {
-    pub(crate) fn new(config: PluginConfig, cards: Vec<CardInfo>, state: PluginState) -> Allocator {
+    pub(crate) fn new(config: NodeConfig, cards: Vec<CardInfo>, state: PluginState) -> Allocator {
         let state_path = config.state_file();
         Allocator {
             config,
@@ -119,7 +119,7 @@ impl Allocator {
         }
     }
 
-    pub(crate) fn config(&self) -> &PluginConfig {
+    pub(crate) fn config(&self) -> &NodeConfig {
         &self.config
     }
 

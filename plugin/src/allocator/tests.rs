@@ -1,8 +1,8 @@
 //! The allocator's phases end to end, as kubelet calls them.
 
 use super::*;
-use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
 use vgpu_contract::CoreMode;
+use vgpu_kubelet_api::podresources::{ContainerDevices, ContainerResources, PodResources};
 use vgpu_node_agent::config::Policy;
 
 fn cards(count: u32) -> Vec<CardInfo> {
@@ -48,10 +48,10 @@ fn place(allocator: &mut Allocator, cores: usize, memory: usize, now: u64) -> St
 }
 
 fn allocator(policy: Policy, dir: &std::path::Path, count: u32) -> Allocator {
-    let config = PluginConfig {
+    let config = NodeConfig {
         policy,
         state_dir: dir.to_path_buf(),
-        ..PluginConfig::default()
+        ..NodeConfig::default()
     };
     Allocator::new(config, cards(count), PluginState::default())
 }
@@ -316,10 +316,10 @@ fn an_unlisted_init_container_is_paired_with_its_neighbouring_call() {
 #[test]
 fn default_core_ceiling_makes_a_partial_card_soft_and_leaves_a_whole_card_hard() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = PluginConfig {
+    let config = NodeConfig {
         state_dir: dir.path().to_path_buf(),
         default_core_ceiling: Some(20),
-        ..PluginConfig::default()
+        ..NodeConfig::default()
     };
     let mut allocator = Allocator::new(config, cards(2), PluginState::default());
     let cores = take(&mut allocator, Kind::Core, 30, 1);

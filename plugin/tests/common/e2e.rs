@@ -9,23 +9,16 @@ use std::process::Command;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use vgpu_node_agent::config::PluginConfig;
+use vgpu_kubelet_api::deviceplugin::ContainerAllocateResponse;
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::devices::{DeviceSource, NvmlSource};
-use vgpu_plugin::proto::deviceplugin::ContainerAllocateResponse;
 
 /// The JIT helper's SONAME, as the real driver names it.
 pub const JIT_HELPER: &str = "libnvidia-ptxjitcompiler.so.1";
 
 use vgpu_test_support::Need;
 pub use vgpu_test_support::built;
-
-/// The repository root.
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
-}
+use vgpu_test_support::repo_root;
 
 /// Checks what a real-container test needs: root, the container `runtime`, python3 with
 /// pynvml and cuda-bindings, the shims and the sim driver built. False when something is
@@ -60,7 +53,7 @@ pub fn python() -> (PathBuf, PathBuf) {
 /// `lib64/libvgpu_sim.so` with `libcuda.so.1` and `libnvidia-ml.so.1` links, the JIT
 /// helper (a real shared object with the real SONAME, built with `cc`) under a
 /// versioned file name with its SONAME link, and the shims in `shim_dir`.
-pub fn prepare_sim_driver(config: &PluginConfig) {
+pub fn prepare_sim_driver(config: &NodeConfig) {
     let lib64 = config.host_driver_dir.join("lib64");
     std::fs::create_dir_all(&lib64).expect("lib64");
     std::fs::create_dir_all(&config.shim_dir).expect("shim dir");
@@ -87,7 +80,7 @@ pub fn prepare_sim_driver(config: &PluginConfig) {
 }
 
 /// The sim's NVML from the prepared folder, as the plugin's device source (2 cards).
-pub fn sim_source(config: &mut PluginConfig) -> Arc<dyn DeviceSource> {
+pub fn sim_source(config: &mut NodeConfig) -> Arc<dyn DeviceSource> {
     // SAFETY: set before any thread of this test reads the environment for the sim.
     unsafe { std::env::set_var("VGPU_SIM_GPUS", "2") };
     config.nvml_library = config.host_driver_dir.join("lib64/libnvidia-ml.so.1");
@@ -98,9 +91,9 @@ pub fn sim_source(config: &mut PluginConfig) -> Arc<dyn DeviceSource> {
 /// admission (`requests` in kubelet's order) and PreStartContainer.
 pub async fn started_container(
     kubelet: &super::TestKubelet,
-    mut config: PluginConfig,
+    mut config: NodeConfig,
     requests: &[(&str, usize)],
-) -> (PluginConfig, super::Plugin, super::Admitted) {
+) -> (NodeConfig, super::Plugin, super::Admitted) {
     prepare_sim_driver(&config);
     let source = sim_source(&mut config);
     let mut plugin = super::Plugin::start(kubelet, config.clone(), source).await;
@@ -246,7 +239,7 @@ pub fn sha256(path: &Path) -> String {
 /// config and env, the shims over every library folder, the JIT helper found by name in
 /// a shim folder, the image's `LD_LIBRARY_PATH` intact, pynvml's total at the quota and
 /// PTX loading only with the helper the layout provides.
-pub fn assert_container_saw_its_quota(config: &PluginConfig, stdout: &str, stderr: &str) {
+pub fn assert_container_saw_its_quota(config: &NodeConfig, stdout: &str, stderr: &str) {
     let line = |prefix: &str| {
         stdout
             .lines()
@@ -339,7 +332,7 @@ pub fn python_bundle(
     if !prefix.starts_with("/usr") {
         base.push(bind(&prefix.to_string_lossy(), &prefix, true));
     }
-    base.push(bind("/vgpu-tests", &repo().join("tests"), true));
+    base.push(bind("/vgpu-tests", &repo_root().join("tests"), true));
     let mut args = vec![executable.to_string_lossy().into_owned()];
     args.extend(script_args.iter().map(|arg| arg.to_string()));
     let spec = runtime_spec(response, "rootfs", base, env, &args);

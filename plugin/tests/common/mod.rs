@@ -18,22 +18,22 @@ use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
-use vgpu_node_agent::config::PluginConfig;
-use vgpu_node_agent::dial::connect_unix;
-use vgpu_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient;
-use vgpu_plugin::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
-use vgpu_plugin::proto::deviceplugin::{
+use vgpu_kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient;
+use vgpu_kubelet_api::deviceplugin::registration_server::{Registration, RegistrationServer};
+use vgpu_kubelet_api::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
     ContainerPreferredAllocationRequest, Empty, PreStartContainerRequest,
     PreferredAllocationRequest, RegisterRequest,
 };
-use vgpu_plugin::proto::podresources::pod_resources_lister_server::{
+use vgpu_kubelet_api::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use vgpu_plugin::proto::podresources::{
+use vgpu_kubelet_api::podresources::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
     ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
 };
+use vgpu_node_agent::config::NodeConfig;
+use vgpu_node_agent::dial::connect_unix;
 
 pub const CORE: &str = "tencent.com/vcuda-core";
 pub const MEMORY: &str = "tencent.com/vcuda-memory";
@@ -262,9 +262,9 @@ impl TestKubelet {
     }
 
     /// A plugin config pointing at this kubelet and a state folder inside the temp dir.
-    pub fn plugin_config(&self) -> PluginConfig {
+    pub fn plugin_config(&self) -> NodeConfig {
         let state_dir = self.root.path().join("vgpu");
-        PluginConfig {
+        NodeConfig {
             device_plugin_dir: self.device_plugin_dir(),
             pod_resources_socket: self.pod_resources_socket(),
             host_driver_dir: state_dir.join("driver"),
@@ -274,7 +274,7 @@ impl TestKubelet {
             health_interval_secs: 1,
             metrics_address: Some("127.0.0.1:0".parse().expect("address")),
             dev_root: self.root.path().join("dev"),
-            ..PluginConfig::default()
+            ..NodeConfig::default()
         }
     }
 }
@@ -308,7 +308,7 @@ impl Plugin {
     /// Starts the plugin with `config` against `kubelet` and waits for both registrations.
     pub async fn start(
         kubelet: &TestKubelet,
-        config: PluginConfig,
+        config: NodeConfig,
         source: Arc<dyn vgpu_node_agent::devices::DeviceSource>,
     ) -> Plugin {
         let before = kubelet.registrations().len();
@@ -335,7 +335,7 @@ impl Plugin {
 }
 
 /// The first ListAndWatch list of a resource.
-pub async fn device_list(client: &mut Client) -> Vec<vgpu_plugin::proto::deviceplugin::Device> {
+pub async fn device_list(client: &mut Client) -> Vec<vgpu_kubelet_api::deviceplugin::Device> {
     let mut stream = client
         .list_and_watch(Empty {})
         .await
@@ -415,7 +415,7 @@ pub async fn plugin_with_api(
 pub async fn plugin_with_api_and(
     cards: u32,
     card_memory: u64,
-    edit: impl FnOnce(&mut PluginConfig),
+    edit: impl FnOnce(&mut NodeConfig),
 ) -> (vgpu_kube::standin::StandInApiServer, TestKubelet, Plugin) {
     let server = vgpu_kube::standin::StandInApiServer::start()
         .await
@@ -439,7 +439,7 @@ pub async fn plugin_with_api_and(
 pub fn config_with_api(
     kubelet: &TestKubelet,
     server: &vgpu_kube::standin::StandInApiServer,
-) -> PluginConfig {
+) -> NodeConfig {
     let mut config = kubelet.plugin_config();
     config.api_server_url = Some(server.url());
     config.node_name = Some(NODE.into());
@@ -747,15 +747,6 @@ pub async fn scrape(address: std::net::SocketAddr) -> String {
     let (code, body) = http_get(address, "/metrics").await;
     assert_eq!(code, 200, "{body}");
     body
-}
-
-/// A metric's value in a scrape, by name and the label text inside its braces.
-pub fn value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
 }
 
 /// A process of a container, as the shim records it (a PID namespace of its own).
