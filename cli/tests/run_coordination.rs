@@ -7,8 +7,9 @@
 //! mount namespace it shares with `vgpu run`, the coordinator thread then read the
 //! container's `/proc`, found no PID, and every charge factor stayed 1000.
 //!
-//! Needs root (mount namespaces and binds), a C compiler, and the shims and the sim
-//! driver built (`cargo test --workspace` builds them).
+//! Needs root (mount namespaces and binds), the initial PID namespace (not a container:
+//! see the test), a C compiler, and the shims and the sim driver built (`cargo test
+//! --workspace` builds them).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -71,7 +72,19 @@ fn found_charges(trace: &str, id: &str) -> Vec<u32> {
 #[test]
 fn two_runs_on_one_card_find_each_others_processes_and_correct_their_charges() {
     // `vgpu run` with the host's driver (no --simulate) bind-mounts over the host's paths.
-    vgpu_test_support::require!(vgpu_test_support::Need::Root);
+    // NVML lists another namespace's process only to a caller in the initial PID
+    // namespace (the simulated one as driver 580's), as the plugin's pod with hostPID
+    // is: inside a container the coordinator finds no process, and nothing to judge.
+    let initial = vgpu_contract::process::pid_namespace_in(Path::new("/proc"), "self")
+        == Some(vgpu_contract::process::INIT_PID_NS);
+    vgpu_test_support::require!(
+        vgpu_test_support::Need::Root,
+        vgpu_test_support::Need::Other {
+            what: "the host's initial PID namespace",
+            present: initial,
+            install: "run the tests on the host or a VM, not inside a container",
+        }
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let streams = streams(dir.path());
     let runs = [

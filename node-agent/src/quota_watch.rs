@@ -59,8 +59,22 @@ impl QuotaTotals {
         region: &Path,
         devices: usize,
     ) -> Option<(RegionSnapshot, Vec<QuotaCounters>)> {
+        self.observe_with(id, devices, || RegionSnapshot::read(region).ok())
+    }
+
+    /// [`QuotaTotals::observe_region`] with the copy taken by `read`, called under the
+    /// totals' one lock, so that one copy can feed another book as well: the device
+    /// plugin's scrape calls this from under its usage totals' lock (the one lock order:
+    /// that book's, then this one's), and both fold the same copy, in the order taken.
+    /// `read` must not take this lock. `None` when `read` gives no copy.
+    pub fn observe_with(
+        &self,
+        id: &str,
+        devices: usize,
+        read: impl FnOnce() -> Option<RegionSnapshot>,
+    ) -> Option<(RegionSnapshot, Vec<QuotaCounters>)> {
         let mut book = self.lock();
-        let snapshot = RegionSnapshot::read(region).ok()?;
+        let snapshot = read()?;
         let totals = (0..devices)
             .map(|position| Self::fold(&mut book, id, position, snapshot.counters(position)))
             .collect();

@@ -21,11 +21,13 @@
 //!
 //! A scrape copies what it needs from the allocator under its lock and releases it
 //! before any file is read; every usage region is read as a private copy (never a
-//! mapping of a tenant's file), and copied and folded into the running totals under the
-//! totals' lock ([`UsageTotals::observe_region`]). A container's cards are matched to
-//! its config's and region's devices by UUID.
+//! mapping of a tenant's file), once per scrape, and that one copy is folded into both
+//! running totals under their locks ([`UsageTotals::observe_with`], then
+//! [`QuotaTotals::observe_with`](vgpu_node_agent::quota_watch::QuotaTotals::observe_with)).
+//! A container's cards are matched to its config's and region's devices by UUID.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,6 +37,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use vgpu_contract::Config;
+use vgpu_contract::snapshot::RegionSnapshot;
 use vgpu_coordination::backstop::Record;
 
 use crate::ids::CORES_PER_CARD;
@@ -108,6 +111,16 @@ fn copy_book(shared: &Shared) -> (Vec<CardRow>, Vec<ContainerRow>, Vec<String>) 
 
 /// The text exposition of all metrics.
 pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
+    render_reading(shared, usage, &|region| RegionSnapshot::read(region).ok())
+}
+
+/// [`render`] with each container's usage region copied by `read`, once per scrape
+/// (tests count the copies through it).
+pub fn render_reading(
+    shared: &Shared,
+    usage: &UsageTotals,
+    read: &dyn Fn(&Path) -> Option<RegionSnapshot>,
+) -> String {
     let (cards, containers, known) = copy_book(shared);
     usage.retain(&known);
 
@@ -197,18 +210,24 @@ pub fn render(shared: &Shared, usage: &UsageTotals) -> String {
     for row in &containers {
         let dir = container::allocation_dir(&shared.config, &row.id);
         let config = Config::load(&dir.join("vgpu.yaml")).ok();
-        let observed = usage.observe_region(&row.id, &dir.join("usage.region"), row.cards.len());
+        let positions = config
+            .as_ref()
+            .map_or(row.cards.len(), |config| config.devices.len());
+        // One copy of the region feeds both books, each folding it under its lock (the
+        // usage totals', then the quota totals').
+        let region = dir.join("usage.region");
+        let mut quota_observed = None;
+        let observed = usage.observe_with(&row.id, row.cards.len(), || {
+            let (snapshot, totals) = shared
+                .quota
+                .observe_with(&row.id, positions, || read(&region))?;
+            quota_observed = Some(totals);
+            Some(snapshot)
+        });
         let totals = match &observed {
             Some((_, _, totals)) => totals.clone(),
             None => usage.totals(&row.id),
         };
-        let positions = config
-            .as_ref()
-            .map_or(row.cards.len(), |config| config.devices.len());
-        let quota_observed = shared
-            .quota
-            .observe_region(&row.id, &dir.join("usage.region"), positions)
-            .map(|(_, totals)| totals);
         for uuid in &row.cards {
             let labels: Labels = vec![
                 ("namespace".into(), row.owner.namespace.clone()),

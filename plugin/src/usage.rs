@@ -152,8 +152,23 @@ impl UsageTotals {
         region: &Path,
         devices: usize,
     ) -> Option<(RegionSnapshot, Vec<ProcessUsage>, Vec<Counters>)> {
+        self.observe_with(id, devices, || RegionSnapshot::read(region).ok())
+    }
+
+    /// [`UsageTotals::observe_region`] with the copy taken by `read`, called under the
+    /// book's one lock: a scrape's `read` copies the region once for both books, folding
+    /// it into the quota totals under their lock too
+    /// ([`vgpu_node_agent::quota_watch::QuotaTotals::observe_with`]; the one lock order:
+    /// this book's, then theirs). `read` must not take this lock. `None` when `read`
+    /// gives no copy.
+    pub fn observe_with(
+        &self,
+        id: &str,
+        devices: usize,
+        read: impl FnOnce() -> Option<RegionSnapshot>,
+    ) -> Option<(RegionSnapshot, Vec<ProcessUsage>, Vec<Counters>)> {
         let mut guard = self.lock();
-        let snapshot = RegionSnapshot::read(region).ok()?;
+        let snapshot = read()?;
         let processes = snapshot.processes();
         let totals = Self::fold(&mut guard, id, &processes, devices);
         Some((snapshot, processes, totals))

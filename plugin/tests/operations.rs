@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
@@ -13,13 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    TestKubelet, allocate, http_get, list_ids, metric_value as value, plugin_client, sim_nvml,
-    tenant,
+    TestKubelet, allocate, http_get, list_ids, metric_value as value, plugin_client, prestart,
+    sim_nvml, tenant,
 };
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use vgpu_contract::region::Region;
+use vgpu_contract::snapshot::RegionSnapshot;
 use vgpu_kubelet_api::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use vgpu_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
@@ -139,6 +141,115 @@ async fn counters_never_drop_when_processes_exit_and_the_region_is_read_by_copy(
             .is_file(),
         "the totals are kept for the next start"
     );
+}
+
+/// A scrape copies each container's usage region once, and that one copy feeds both
+/// running totals (launches and busy time; what the quota did) with the figures the
+/// served `/metrics` has. The copies are counted through the scrape's reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_copies_each_region_once_for_both_running_totals() {
+    let (kubelet, plugin, first_path, address) = common::one_container_on_a_4gib_card().await;
+    // A second container on the card: the next 20 cores and 4 memory units.
+    let sockets = plugin.sockets();
+    let mut core_client = plugin_client(&sockets[0]).await;
+    let mut memory_client = plugin_client(&sockets[1]).await;
+    let cores: Vec<String> = list_ids(&mut core_client)
+        .await
+        .into_iter()
+        .skip(30)
+        .take(20)
+        .collect();
+    let memory: Vec<String> = list_ids(&mut memory_client)
+        .await
+        .into_iter()
+        .skip(4)
+        .take(4)
+        .collect();
+    let response = allocate(&mut core_client, &cores).await.expect("cores");
+    allocate(&mut memory_client, &memory).await.expect("memory");
+    kubelet.add_container("team", "eval", "cuda", &cores, &memory);
+    prestart(&mut core_client, &cores).await.expect("PreStart");
+    let second_path = PathBuf::from(common::host_path_of(&response, "/etc/vgpu/usage.region"));
+    assert_ne!(first_path, second_path);
+
+    // Each container's shims count launches, busy time, refusals, throttling.
+    for (path, scale) in [(&first_path, 1), (&second_path, 3)] {
+        let region = Region::open_existing(path).expect("region");
+        let slot = region.attach(&tenant(100 + scale as i32)).expect("attach");
+        region.add_busy(slot, 0, scale * 1_000_000_000, scale * 5);
+        region.add_used(slot, 0, scale * (64 << 20));
+        for _ in 0..scale {
+            region.count_refusal(0, 1 << 30, 100 << 20);
+        }
+        region.add_throttled(0, scale * 250_000_000);
+        region.count_over_quota(0);
+    }
+
+    let reads: Arc<std::sync::Mutex<BTreeMap<PathBuf, usize>>> = Arc::default();
+    let (shared, usage, counted) = (
+        plugin.shared().clone(),
+        plugin.usage().clone(),
+        reads.clone(),
+    );
+    let rendered = tokio::task::spawn_blocking(move || {
+        vgpu_plugin::metrics::render_reading(&shared, &usage, &|path| {
+            *counted
+                .lock()
+                .expect("count")
+                .entry(path.to_path_buf())
+                .or_default() += 1;
+            RegionSnapshot::read(path).ok()
+        })
+    })
+    .await
+    .expect("render");
+    assert_eq!(
+        *reads.lock().expect("count"),
+        BTreeMap::from([(first_path.clone(), 1), (second_path.clone(), 1)]),
+        "one copy of each region per scrape"
+    );
+
+    let (code, served) = http_get(address, "/metrics").await;
+    assert_eq!(code, 200, "{served}");
+    for (pod, scale) in [("trainer", 1.0), ("eval", 3.0)] {
+        let labels = format!(r#"namespace="team",pod="{pod}",container="cuda",UUID="GPU-fake-0""#);
+        for (name, expected) in [
+            ("vgpu_container_kernel_launches_total", 5.0 * scale),
+            ("vgpu_container_gpu_busy_seconds_total", scale),
+            (
+                "vgpu_container_memory_used_bytes",
+                scale * f64::from(64u32 << 20),
+            ),
+            ("vgpu_container_processes", 1.0),
+            ("vgpu_container_memory_refusals_total", scale),
+            (
+                "vgpu_container_memory_refused_bytes_total",
+                scale * f64::from(1u32 << 30),
+            ),
+            ("vgpu_container_throttled_seconds_total", scale * 0.25),
+            ("vgpu_container_memory_over_quota_total", 1.0),
+        ] {
+            assert_eq!(
+                value(&rendered, name, &labels),
+                Some(expected),
+                "{name} {labels}: {rendered}"
+            );
+            assert_eq!(
+                value(&served, name, &labels),
+                Some(expected),
+                "{name} {labels}: {served}"
+            );
+        }
+    }
+    assert_eq!(
+        value(
+            &served,
+            "vgpu_card_used_memory_bytes",
+            r#"UUID="GPU-fake-0",gpu="0""#
+        ),
+        Some(f64::from(256u32 << 20))
+    );
+    plugin.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

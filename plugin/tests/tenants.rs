@@ -513,8 +513,9 @@ async fn a_two_card_containers_figures_are_filed_under_their_own_card() {
 /// Figures for the report, not a judge: `VGPU_MEASURE_PLUGIN=<vgpu-plugin binary>
 /// VGPU_MEASURE_SECS=<n> cargo test -p vgpu-plugin --test tenants -- --ignored
 /// --nocapture`. A tenant stamps its 256 slots at u64::MAX for n seconds (log bytes,
-/// tick period from the card view's stamps, plugin CPU and RSS), then one process
-/// launches while five scrapers scrape for n seconds (inflation of the total).
+/// tick period from the card view's stamps, plugin CPU, and RSS with its series every
+/// 10 s), then one process launches while five scrapers scrape for n seconds (inflation
+/// of the total; `VGPU_MEASURE_SCRAPERS=0` leaves that part out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run by hand with a release build"]
 async fn measure_a_plugin_binary() {
@@ -552,7 +553,13 @@ async fn measure_a_plugin_binary() {
     let started = Instant::now();
     let mut stamps = Vec::new();
     let mut uuid = None;
+    // The plugin's resident size every 10 s: whether it levels off or keeps growing.
+    let mut rss_series = vec![(0, rss_before)];
     while started.elapsed() < Duration::from_secs(secs) {
+        let at = started.elapsed().as_secs();
+        if at >= rss_series.last().map_or(0, |(last, _)| last + 10) {
+            rss_series.push((at, plugin.cpu_and_rss().1));
+        }
         uuid = uuid.or_else(find_view);
         if let Some(view) = uuid
             .as_deref()
@@ -583,6 +590,14 @@ async fn measure_a_plugin_binary() {
         rss_before,
         rss_after
     );
+    eprintln!(
+        "RSS every 10 s (s: KiB): {}",
+        rss_series
+            .iter()
+            .map(|(at, rss)| format!("{at}: {rss}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     if let Some(line) = plugin.log().lines().find(|l| l.contains("in the future")) {
         eprintln!("first: {line}");
     }
@@ -591,6 +606,9 @@ async fn measure_a_plugin_binary() {
         region.detach(slot);
     }
 
+    if std::env::var("VGPU_MEASURE_SCRAPERS").as_deref() == Ok("0") {
+        return;
+    }
     // Five scrapers against one launching process.
     let counted = launch_while_scraping(
         &region,

@@ -6,8 +6,8 @@
 //! machine (`prerequisites`, the `require!` macro).
 //!
 //! The policy, in short: a test that needs something this workspace does not build
-//! (root, runc, podman, debootstrap, cargo-zigbuild, Python packages, Debian's driver
-//! packages) says so with [`require!`]. Outside CI a missing prerequisite skips the test
+//! (root, runc, podman, debootstrap, cargo-zigbuild, Go, git, Python packages, Debian's
+//! driver packages, the host's initial PID namespace) says so with [`require!`]. Outside CI a missing prerequisite skips the test
 //! with one plain `SKIPPED` line on the terminal; in CI (`CI=true`, where `tests/run.sh`
 //! installs everything) it fails the test, so CI never passes by skipping.
 
