@@ -340,8 +340,25 @@ fn run_host(encoded: &str) {
         .expect("coordinator")
         .with_meter(Box::new(meter), Path::new("/proc"));
     let mut problems: Vec<String> = Vec::new();
+    // `LIMITER_HOST_TRACE=FILE`: each tick's judgements, one line each (for diagnosis).
+    let mut trace = std::env::var_os("LIMITER_HOST_TRACE").and_then(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()
+    });
+    let t0 = monotonic_ns();
     while !stop.exists() {
-        for problem in coordinator.tick(&containers).problems {
+        let report = coordinator.tick(&containers);
+        if let Some(file) = trace.as_mut() {
+            use std::io::Write;
+            let at_ms = (monotonic_ns() - t0) / 1_000_000;
+            for judgement in &report.judgements {
+                let _ = writeln!(file, "{at_ms} {}", judgement.render());
+            }
+        }
+        for problem in report.problems {
             if !problems.contains(&problem) {
                 problems.push(problem);
             }
@@ -991,6 +1008,139 @@ fn two_containers_at_30_and_60_each_get_their_share() {
         a.is_ok() && b.is_ok(),
         "{a:?} and {b:?} (each is charged the other's time slices without the host's correction)"
     );
+}
+
+/// A neighbour of a hard container on the card.
+#[derive(Clone, Copy, Debug)]
+enum Neighbour {
+    /// Soft 30, default ceiling (the whole idle card).
+    Soft30,
+    /// Hard 30.
+    Hard30,
+    /// No compute limit: the host does not coordinate it, only the card sees it.
+    Unlimited,
+}
+
+/// A hard container at `limit` beside `neighbour`, both busy with 1 ms kernels: the
+/// neighbour starts first (a soft one has the whole idle card), the hard one a second
+/// later. Both reports, their windows from the hard one's start.
+fn hard_beside(limit: u32, neighbour: Neighbour) -> (Report, Report) {
+    let _serial = serial();
+    let machine = Machine::new(&format!("hard{limit}-beside-{neighbour:?}"));
+    let hard = machine.container("hard", &format!("    core_limit: {limit}\n"));
+    let (quota, entitled) = match neighbour {
+        Neighbour::Soft30 => (
+            "    core_limit: 30\n    core_mode: soft\n",
+            Some((30, CoreMode::Soft)),
+        ),
+        Neighbour::Hard30 => ("    core_limit: 30\n", Some((30, CoreMode::Hard))),
+        Neighbour::Unlimited => ("", None),
+    };
+    let other = machine.container("other", quota);
+    let mut specs = vec![spec(&hard, limit, CoreMode::Hard, None)];
+    specs.extend(entitled.map(|(limit, mode)| spec(&other, limit, mode, None)));
+    let host = Host::start(&machine, specs);
+    let first = machine.spawn(&other, Role::plain("k_1ms", 4000));
+    std::thread::sleep(Duration::from_millis(1000));
+    let second = machine.spawn(&hard, Role::plain("k_1ms", 2500));
+    let (mut other, hard) = (finish(first), finish(second));
+    drop(host);
+    // The neighbour's windows from the hard one's start.
+    let skip = (hard.t0.saturating_sub(other.t0) / WINDOW_NS) as usize;
+    other.windows.drain(..skip.min(other.windows.len()));
+    for note in other.notes.iter_mut() {
+        if let Some(list) = note.strip_prefix("starved_ns=") {
+            let kept: Vec<&str> = list.split(',').skip(skip).collect();
+            *note = format!("starved_ns={}", kept.join(","));
+        }
+    }
+    (hard, other)
+}
+
+impl Report {
+    /// The highest mean of 10 consecutive 100 ms windows (a second) within `from..to`.
+    fn worst_second(&self, from: usize, to: usize) -> f64 {
+        let windows = &self.windows[from.min(self.windows.len())..to.min(self.windows.len())];
+        windows
+            .windows(10)
+            .map(|second| second.iter().sum::<f64>() / 10.0)
+            .fold(0.0, f64::max)
+    }
+}
+
+/// Issue 25: a hard limit is hard whatever runs beside it. A hard 30, 40 and 60 beside
+/// a soft 30 (default ceiling: it has the whole idle card when the hard one starts), a
+/// hard 30 and an unlimited neighbour, all busy with 1 ms kernels on a card that
+/// time-slices between them, the host coordinating over the sim's NVML.
+///
+/// Judged by the card's own timeline (each kernel counts in the 100 ms window where it
+/// ended on the simulated card); a starved thread or a late host only lowers a share:
+/// - Its start (every second that begins in its first half second): never above its
+///   limit + 2. Before, the coordinator set the card's one-second figure against half a
+///   second of the starting container's own and kept a discount earned while a soft
+///   neighbour still ran at its ceiling: 100 ms windows of 70-93 % at 60, and seconds
+///   of 62.3 at 60 and 44.1 at 40 beside the soft 30.
+/// - Any second of its run: never above its limit + 5. Open (issue 25): on this
+///   project's loaded 2-core machine about one run in three has a second 2-4 points
+///   over, with every neighbour kind (a neighbour's pause shorter than the host's tick
+///   leaves a discount for slices that are not there).
+/// - Settled (1.5-2.5 s in), it and a limited neighbour hold their shares within 5.
+///   Beside an unlimited neighbour that always has work queued, the card alternates
+///   turns, so a hard container gets at most half of it: its share there is
+///   `min(limit, 50)`.
+/// - An unlimited neighbour is not the host's: only the card's one-second figures tell
+///   when it pauses, and a discount earned beside it outlives a pause by up to a second
+///   (open). Its pauses here are the host's scheduler's: the hard container is judged
+///   beside it only where it was starved less than 3 % of the run.
+#[test]
+fn hard_limits_hold_beside_any_neighbour() {
+    let mut failures = Vec::new();
+    for neighbour in [Neighbour::Soft30, Neighbour::Hard30, Neighbour::Unlimited] {
+        for limit in [30u32, 40, 60] {
+            let (hard, other) = hard_beside(limit, neighbour);
+            let (start, worst) = (hard.worst_second(0, 15), hard.worst_second(0, 25));
+            let share = match neighbour {
+                Neighbour::Unlimited => limit.min(50),
+                _ => limit,
+            };
+            let neighbour_starved = other.starved(0, 25);
+            let line = format!(
+                "hard {limit} beside {neighbour:?}: worst second {worst:.1}, at its start {start:.1}, settled {:.1} (neighbour {:.1}, starved {:.0}%)",
+                hard.mean(15, 25),
+                other.mean(15, 25),
+                neighbour_starved * 100.0
+            );
+            eprintln!(
+                "{line}\n  hard {:?}\n  neighbour {:?}",
+                hard.windows, other.windows
+            );
+            let mut wrong = Vec::new();
+            let unseen_pauses =
+                matches!(neighbour, Neighbour::Unlimited) && neighbour_starved >= 0.03;
+            if unseen_pauses {
+                eprintln!("  the bounds not judged: the unlimited neighbour paused");
+            } else {
+                if start > limit as f64 + 2.0 {
+                    wrong.push("a second of its start above the limit + 2".to_string());
+                }
+                if worst > limit as f64 + 5.0 {
+                    wrong.push("a second above the limit + 5".to_string());
+                }
+            }
+            if !unseen_pauses && let Err(why) = hard.near(15, 25, share as f64) {
+                wrong.push(format!("hard: {why}"));
+            }
+            if !matches!(neighbour, Neighbour::Unlimited)
+                && let Err(why) = other.near(15, 25, 30.0)
+            {
+                wrong.push(format!("neighbour: {why}"));
+            }
+            if !wrong.is_empty() {
+                failures.push(format!("{line}: {}", wrong.join(", ")));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::clock::{now_ns, wall_us};
 use crate::config::{GpuSpec, MAX_GPUS, canonical_pci_bus_id};
 use crate::ffi::{self, c_str, copy_c_string, write_at, write_out};
-use crate::state::ProcessRecord;
+use crate::state::{BUCKET_NS, HISTORY_BUCKETS, ProcessRecord};
 use crate::version::driver_version;
 use crate::{Sim, sim};
 
@@ -176,6 +176,68 @@ fn serial(index: usize) -> String {
 /// Percent of the last second the card was busy.
 fn utilization_percent(sim: &Sim, index: usize) -> u32 {
     (sim.state.gpu_busy_recent_ns(index, now_ns()) / 10_000_000).min(100) as u32
+}
+
+/// Whether per-process utilization comes as an H200's does (`VGPU_SIM_NVML_SAMPLES=sparse`,
+/// read once per process): see [`sparse`]. Otherwise each query gets one exact sample per
+/// busy process, its busy fraction over the last second.
+fn sparse_samples() -> bool {
+    static SPARSE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPARSE.get_or_init(|| std::env::var(SPARSE_SAMPLES_ENV).is_ok_and(|value| value == "sparse"))
+}
+
+/// The env var that makes per-process utilization sparse and noisy.
+pub const SPARSE_SAMPLES_ENV: &str = "VGPU_SIM_NVML_SAMPLES";
+
+/// A process's per-process utilization samples as a time-sliced H200 gives them (BENCHMARKS
+/// run 9): a sample now and then, not one per query (here: a 100 ms bucket carries one with
+/// probability 1/6, never two buckets running, so samples come 200 ms to over a second
+/// apart, and a busy process may have none in a whole second), each the process's busy
+/// fraction in that bucket swung by a factor from 0.1 to 1.9 towards 0 or 100 (a steady
+/// 50 % reads anywhere from 5 to 95; the swing averages 1, so many samples average to
+/// the truth). Both are
+/// drawn from a hash of the PID and the bucket: every query sees the same samples.
+fn sparse(record: &ProcessRecord, now: u64, wall_us: u64) -> Vec<NvmlProcessUtilizationSample> {
+    let current = now / BUCKET_NS;
+    let carries = |bucket: u64| mix(record.pid as u64, bucket).is_multiple_of(6);
+    record
+        .history
+        .iter()
+        .enumerate()
+        .filter_map(|(back, &busy_ns)| {
+            let bucket = (current + back as u64).checked_sub(HISTORY_BUCKETS as u64)?;
+            if !carries(bucket) || bucket.checked_sub(1).is_some_and(carries) || busy_ns == 0 {
+                return None;
+            }
+            let swing_permille = 100 + mix(bucket, record.pid as u64 ^ 0x5a5a) % 1801;
+            // The swing moves the figure towards 0 or 100, whichever is nearer, so that it
+            // stays a percent and averages to the truth.
+            let truth = (busy_ns * 1000 / BUCKET_NS).min(1000);
+            let permille = if truth <= 500 {
+                truth * swing_permille / 1000
+            } else {
+                1000 - (1000 - truth) * swing_permille / 1000
+            };
+            let percent = (permille / 10).min(100) as u32;
+            let ended_ago_us = now.saturating_sub((bucket + 1) * BUCKET_NS) / 1000;
+            Some(NvmlProcessUtilizationSample {
+                pid: record.pid,
+                time_stamp: wall_us.saturating_sub(ended_ago_us),
+                sm_util: percent,
+                mem_util: 0,
+                enc_util: 0,
+                dec_util: 0,
+            })
+        })
+        .collect()
+}
+
+/// A 64-bit mix of two numbers (splitmix64's finalizer).
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.wrapping_add(0x6a09_e667_f3bc_c909);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 fn processes(sim: &Sim, index: usize) -> Vec<ProcessRecord> {
@@ -478,15 +540,20 @@ nvml! {
         let (sim, index, _) = device(handle)?;
         let now = now_ns();
         let wall = wall_us();
-        let list: Vec<NvmlProcessUtilizationSample> = processes(sim, index)
-            .iter()
-            .filter(|record| record.busy_recent_ns > 0)
-            .map(|record| {
-                let ended_ago_us = now.saturating_sub(record.busy_until.min(now)) / 1000;
-                NvmlProcessUtilizationSample { pid: record.pid, time_stamp: wall.saturating_sub(ended_ago_us), sm_util: (record.busy_recent_ns / 10_000_000).min(100) as u32, mem_util: 0, enc_util: 0, dec_util: 0 }
-            })
-            .filter(|sample| sample.time_stamp > last_seen)
-            .collect();
+        let records = processes(sim, index);
+        let list: Vec<NvmlProcessUtilizationSample> = if sparse_samples() {
+            records.iter().flat_map(|record| sparse(record, now, wall)).filter(|sample| sample.time_stamp > last_seen).collect()
+        } else {
+            records
+                .iter()
+                .filter(|record| record.busy_recent_ns > 0)
+                .map(|record| {
+                    let ended_ago_us = now.saturating_sub(record.busy_until.min(now)) / 1000;
+                    NvmlProcessUtilizationSample { pid: record.pid, time_stamp: wall.saturating_sub(ended_ago_us), sm_util: (record.busy_recent_ns / 10_000_000).min(100) as u32, mem_util: 0, enc_util: 0, dec_util: 0 }
+                })
+                .filter(|sample| sample.time_stamp > last_seen)
+                .collect()
+        };
         let capacity = ffi::read_in(count).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
         out(count, list.len() as u32)?;
         if samples.is_null() {
@@ -688,4 +755,55 @@ pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
         .map(|(_, text)| *text)
         .unwrap_or("Unknown Error\0");
     text.as_ptr().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn busy_at(percent: u64, pid: u32) -> ProcessRecord {
+        ProcessRecord {
+            pid,
+            used: 0,
+            contexts: 1,
+            launches: 0,
+            busy_total_ns: 0,
+            busy_recent_ns: 0,
+            busy_until: 0,
+            history: [BUCKET_NS * percent / 100; HISTORY_BUCKETS],
+        }
+    }
+
+    #[test]
+    fn sparse_samples_come_now_and_then_swing_widely_and_average_to_the_truth() {
+        let wall = 1_700_000_000_000_000u64;
+        let (mut values, mut gaps, mut queries) = (Vec::new(), Vec::new(), 0);
+        for pid in 1000..1200u32 {
+            // Queries far enough apart that every bucket is seen once.
+            let now = 1_000 * BUCKET_NS + pid as u64 * HISTORY_BUCKETS as u64 * BUCKET_NS;
+            let samples = sparse(&busy_at(50, pid), now, wall);
+            let stamps: Vec<u64> = samples.iter().map(|s| s.time_stamp).collect();
+            gaps.extend(stamps.windows(2).map(|w| w[1] - w[0]));
+            values.extend(samples.iter().map(|s| s.sm_util));
+            queries += 1;
+        }
+        let per_second = values.len() as f64 / (queries as f64 * HISTORY_BUCKETS as f64 / 10.0);
+        assert!(
+            (1.0..=2.5).contains(&per_second),
+            "{per_second} samples a second"
+        );
+        assert!(
+            gaps.iter().all(|gap| *gap >= 200_000),
+            "two buckets running"
+        );
+        let mean = values.iter().sum::<u32>() as f64 / values.len() as f64;
+        assert!((mean - 50.0).abs() < 4.0, "mean {mean}");
+        let (low, high) = (values.iter().min(), values.iter().max());
+        assert!(low <= Some(&12) && high >= Some(&88), "{low:?}..{high:?}");
+        // A busy card's process: the swing stays within a percent.
+        let busy = sparse(&busy_at(95, 7), 1_000 * BUCKET_NS, wall);
+        assert!(busy.iter().all(|s| s.sm_util <= 100));
+        // An idle process has no samples.
+        assert!(sparse(&busy_at(0, 7), 1_000 * BUCKET_NS, wall).is_empty());
+    }
 }

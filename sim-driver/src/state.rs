@@ -111,7 +111,15 @@ pub struct ProcessRecord {
     pub busy_recent_ns: u64,
     /// Monotonic ns at which its last counted kernel ends.
     pub busy_until: u64,
+    /// Busy ns in each of the last `HISTORY_BUCKETS` completed 100 ms buckets, oldest
+    /// first (the last one ends where the current bucket starts): what NVML's sparse
+    /// per-process samples are taken from.
+    pub history: [u64; HISTORY_BUCKETS],
 }
+
+/// Completed buckets a [`ProcessRecord`] carries: four seconds, more than the window any
+/// reader asks for.
+pub const HISTORY_BUCKETS: usize = 40;
 
 /// The mapped state file.
 pub struct SharedState {
@@ -563,6 +571,11 @@ impl SharedState {
                     busy_total_ns: slot.busy_total_ns[gpu].load(Ordering::Acquire),
                     busy_recent_ns: ring_recent(&slot.buckets[gpu], now),
                     busy_until: slot.busy_until[gpu].load(Ordering::Acquire),
+                    history: std::array::from_fn(|back| {
+                        let current = now / BUCKET_NS;
+                        let bucket = (current + back as u64).checked_sub(HISTORY_BUCKETS as u64);
+                        bucket.map_or(0, |bucket| ring_get(&slot.buckets[gpu], bucket))
+                    }),
                 })
             })
             .collect()
