@@ -453,11 +453,9 @@ impl Coordinator {
             let reading = self.read_card(&uuid, freshness);
             let containers = entries
                 .iter()
-                .map(|(entry, judged)| {
-                    let others_active = entries
-                        .iter()
-                        .any(|(other, judged)| judged.active && other.id != entry.id);
-                    let allowed = allowed_now(entry, others_active);
+                .zip(&paces)
+                .map(|((entry, judged), pace)| {
+                    let allowed = pace.allowed;
                     let mut card = CardSide::of(&reading, judged);
                     let key = (entry.id.clone(), uuid.clone());
                     let eased = if eased_off(&entry.id, &before, &paces) {
@@ -1161,6 +1159,8 @@ mod tests {
             + coordinator.alone_beyond_since.len()
             + coordinator.written.len()
             + coordinator.over_since.len()
+            + coordinator.neighbours.values().map(Vec::len).sum::<usize>()
+            + coordinator.eased_at.len()
     }
 
     #[test]
