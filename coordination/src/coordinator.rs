@@ -165,6 +165,9 @@ pub struct Judgement {
     pub own_percent: Option<f64>,
     /// What the card listed under every other PID, percent.
     pub others_percent: Option<f64>,
+    /// What the card's time slices gave it, from the containers' own figures and the
+    /// card's utilization (`crate::timeslice`), where the card can be split so.
+    pub sliced_percent: Option<f64>,
     /// The card's utilization, percent.
     pub card_percent: Option<f64>,
     /// Whether nobody else had work on the card for the whole window.
@@ -182,19 +185,20 @@ pub struct Judgement {
 }
 
 impl Judgement {
-    /// One line: `card C container I self S own O others X card U alone A pids F/N target T charge P [error E]`,
+    /// One line: `card C container I self S own O others X sliced L card U alone A pids F/N target T charge P [error E]`,
     /// `-` for figures nobody had.
     pub fn render(&self) -> String {
         fn figure(value: Option<f64>) -> String {
             value.map_or_else(|| "-".into(), |value| format!("{value:.1}"))
         }
         let mut line = format!(
-            "card {} container {} self {} own {} others {} card {} alone {} pids {}/{} target {} charge {}",
+            "card {} container {} self {} own {} others {} sliced {} card {} alone {} pids {}/{} target {} charge {}",
             self.uuid,
             self.id,
             figure(self.self_percent),
             figure(self.own_percent),
             figure(self.others_percent),
+            figure(self.sliced_percent),
             figure(self.card_percent),
             self.alone as u8,
             self.pids_found,
@@ -270,6 +274,9 @@ pub struct Coordinator {
     neighbours: HashMap<String, Vec<Pace>>,
     /// Per (container, card): when a neighbour last eased off (see [`EASED_FOR_NS`]).
     eased_at: HashMap<(String, String), u64>,
+    /// Per (container, card): the most the card's per-process figures showed of its
+    /// processes lately, and when (see [`CORROBORATED_FOR_NS`]).
+    on_card_peak: HashMap<(String, String), (f64, u64)>,
     /// Per (container, card): since when, alone on the card, the card's figure has
     /// been beyond [`ALONE_SLACK`] of the container's own.
     alone_beyond_since: HashMap<(String, String), u64>,
@@ -299,6 +306,7 @@ impl Coordinator {
             others_seen: HashMap::new(),
             neighbours: HashMap::new(),
             eased_at: HashMap::new(),
+            on_card_peak: HashMap::new(),
             alone_beyond_since: HashMap::new(),
             written: HashSet::new(),
             my_pid_ns: process::pid_namespace_in(Path::new("/proc"), "self").unwrap_or(0),
@@ -429,6 +437,7 @@ impl Coordinator {
         let mut alone_beyond_since = HashMap::new();
         let mut neighbours = HashMap::new();
         let mut eased_at = HashMap::new();
+        let mut on_card_peak = HashMap::new();
         for (uuid, entries) in cards {
             let paces: Vec<Pace> = entries
                 .iter()
@@ -451,12 +460,48 @@ impl Coordinator {
                 Freshness::Relaxed
             };
             let reading = self.read_card(&uuid, freshness);
+            // What the card says of each container, once per tick.
+            let sides: Vec<CardSide> = entries
+                .iter()
+                .map(|(_, judged)| CardSide::of(&reading, judged))
+                .collect();
+            let peaks: Vec<f64> = entries
+                .iter()
+                .zip(&sides)
+                .map(|((entry, _), side)| {
+                    let key = (entry.id.clone(), uuid.clone());
+                    let now_figure = side.own_percent.unwrap_or(0.0);
+                    let peak = match self.on_card_peak.get(&key) {
+                        Some(&(peak, at))
+                            if now_ns.saturating_sub(at) < CORROBORATED_FOR_NS
+                                && peak > now_figure =>
+                        {
+                            (peak, at)
+                        }
+                        _ => (now_figure, now_ns),
+                    };
+                    on_card_peak.insert(key, peak);
+                    peak.0
+                })
+                .collect();
+            let sliced = sliced_percents(&reading, &entries, &peaks);
             let containers = entries
                 .iter()
                 .zip(&paces)
-                .map(|((entry, judged), pace)| {
+                .zip(&sliced)
+                .zip(&sides)
+                .map(|((((entry, judged), pace), sliced), side)| {
                     let allowed = pace.allowed;
-                    let mut card = CardSide::of(&reading, judged);
+                    let mut card = *side;
+                    card.sliced_percent = *sliced;
+                    // The regions say a neighbour works even where NVML's sparse
+                    // per-process samples list none of it for a while; believed only
+                    // for a neighbour the card listed with work lately, so that a
+                    // tenant's stamps alone cannot keep another container from being
+                    // judged alone (where launches escaping its limiter are caught).
+                    let neighbour_active = entries.iter().zip(&peaks).any(|((other, judged), peak)| {
+                        judged.active && other.id != entry.id && *peak >= ALONE_BELOW_PERCENT
+                    });
                     let key = (entry.id.clone(), uuid.clone());
                     let eased = if eased_off(&entry.id, &before, &paces) {
                         Some(now_ns)
@@ -468,7 +513,9 @@ impl Coordinator {
                         card.eased = true;
                     }
                     let mut seen = self.others_seen.get(&key).copied().unwrap_or(0);
-                    if card.others_percent.is_none_or(|others| others >= ALONE_BELOW_PERCENT) {
+                    if neighbour_active
+                        || card.others_percent.is_none_or(|others| others >= ALONE_BELOW_PERCENT)
+                    {
                         seen = now_ns;
                     }
                     others_seen.insert(key.clone(), seen);
@@ -511,6 +558,7 @@ impl Coordinator {
                         self_percent: judged.self_percent,
                         own_percent: card.own_percent,
                         others_percent: card.others_percent,
+                        sliced_percent: card.sliced_percent,
                         card_percent: card.card_percent,
                         alone: card.alone,
                         processes: judged.processes,
@@ -545,6 +593,7 @@ impl Coordinator {
         self.others_seen = others_seen;
         self.neighbours = neighbours;
         self.eased_at = eased_at;
+        self.on_card_peak = on_card_peak;
         self.alone_beyond_since = alone_beyond_since;
         // Cards nobody limited is on any more: their views go.
         let current: HashSet<&String> = report.views.iter().map(|view| &view.uuid).collect();
@@ -787,6 +836,9 @@ struct CardSide {
     own_percent: Option<f64>,
     /// Every other process on the card together (`None`: as above).
     others_percent: Option<f64>,
+    /// What the card's time slices gave it ([`sliced_percents`]; `None`: the card
+    /// cannot be split so).
+    sliced_percent: Option<f64>,
     /// The whole card.
     card_percent: Option<f64>,
     /// Whether no other process had work on the card for the last window.
@@ -815,6 +867,7 @@ impl CardSide {
         CardSide {
             own_percent: split.map(|(own, _)| own),
             others_percent: split.map(|(_, others)| others),
+            sliced_percent: None,
             card_percent: reading.card_percent,
             alone: false,
             alone_beyond_ns: 0,
@@ -829,6 +882,12 @@ const LEAST_JUDGED_PERCENT: f64 = 2.0;
 const ALONE_BELOW_PERCENT: f64 = 1.0;
 /// A ratio this close to 1 is taken as 1 (NVML's figures are whole percents).
 const DEAD_BAND: f64 = 0.04;
+/// How far (points of the card) the card's per-process figure may move a container's
+/// figure from what the time-slice split says ([`crate::timeslice`]). Where the
+/// per-process figures are exact (the sim's; kernels taking turns unevenly) they win
+/// within it; the H200's, one sample every 0.2-1 s swung by tens of points, move a
+/// factor at 40 % by at most 7 %.
+const SLICED_BAND: f64 = 3.0;
 /// A raw ratio this far beyond what the view allows is reported.
 const FAR_BEYOND: f64 = 2.5;
 /// Alone on the card, a ratio of the card's utilization to the container's own figure
@@ -866,10 +925,14 @@ fn alone_beyond_slack(self_percent: f64, card: &CardSide) -> bool {
 ///   [`ALONE_PERSIST_NS`]. Events time the GPU's idle start-up
 ///   latency of a kernel launched into an idle stream, which the card does not count as
 ///   busy; and a container whose launches escape its limiter shows as card > self.
-/// - Beside others, only the card's per-process figures tell its work from theirs: its
-///   processes' sum / self. A card without MPS time-slices between processes, and a
-///   container's events also time the slices its neighbours ran in: without this it is
-///   charged for its neighbours' work.
+/// - Beside others, a card without MPS time-slices between processes, and a container's
+///   events also time the slices its neighbours ran in: without a correction it is
+///   charged for its neighbours' work. Where every process with work on the card belongs
+///   to a container that measures itself, what the time slices gave it follows from
+///   their own figures and the card's utilization (`sliced_percent`,
+///   [`crate::timeslice`]): that / self. Otherwise only the card's per-process figures
+///   tell its work from theirs: its processes' sum / self (on the H200 these come as
+///   sparse, swinging samples; the factor swings with them).
 /// - Beside others, a neighbour that eased off within the last window (stopped working,
 ///   or was allowed less) makes the window's split stale: its slices, counted in the
 ///   window, are not there to take out any more: `None`.
@@ -892,7 +955,6 @@ fn charge_target(
     if self_percent < LEAST_JUDGED_PERCENT || !all_found {
         return None;
     }
-    let others = card.others_percent?;
     let measured = if card.alone {
         card.card_percent?
     } else if card.eased {
@@ -900,7 +962,14 @@ fn charge_target(
         // are not there any more, and a discount for them would let the container run
         // beyond its allowance (what the card shows only a window later).
         return None;
-    } else if others >= ALONE_BELOW_PERCENT {
+    } else if let Some(sliced) = card.sliced_percent {
+        // The split assumes turns of equal length; the card's per-process figure, where
+        // it has one, says how the turns really went, but on the H200 as samples that
+        // swing by tens of points: it moves the figure within a band of the split.
+        card.own_percent.map_or(sliced, |own| {
+            own.clamp(sliced - SLICED_BAND, sliced + SLICED_BAND)
+        })
+    } else if card.others_percent? >= ALONE_BELOW_PERCENT {
         card.own_percent?
     } else {
         // Others just stopped: neither figure is the container's alone yet.
@@ -939,6 +1008,66 @@ fn charge_target(
     );
     Some((factor, reportable && raw >= FAR_BEYOND))
 }
+
+/// What each container on a card got of it by the card's time slices, aligned with
+/// `entries` ([`crate::timeslice::split`] of their own figures against the card's
+/// utilization). All `None` unless the card's utilization is known, at least two
+/// containers measured themselves over a whole window, the host placed every process of
+/// theirs, and every process the card lists with work is one of theirs: the work of a
+/// process nobody measures (a container without a compute limit, or none at all) would
+/// be counted in the card's figure and in no container's.
+fn sliced_percents(
+    reading: &CardReading,
+    entries: &[(ViewEntry, Judged)],
+    peaks: &[f64],
+) -> Vec<Option<f64>> {
+    let mut sliced = vec![None; entries.len()];
+    let (Some(card), Some(processes)) = (reading.card_percent, reading.processes.as_ref()) else {
+        return sliced;
+    };
+    // A container's own figure is its tenant's word: one the card never saw work of is
+    // not split at all, and no container is given back more than the card saw of the
+    // others lately (`peaks`), so that claiming busy time cannot buy a neighbour a
+    // discount.
+    let members: Vec<(usize, f64)> = entries
+        .iter()
+        .zip(peaks)
+        .enumerate()
+        .filter_map(|(i, ((_, judged), &peak))| {
+            let own = judged
+                .self_percent
+                .filter(|&own| own >= LEAST_JUDGED_PERCENT)?;
+            (peak >= ALONE_BELOW_PERCENT).then_some((i, own))
+        })
+        .collect();
+    if members.len() < 2 || members.iter().any(|&(i, _)| !entries[i].1.all_found) {
+        return sliced;
+    }
+    let foreign = processes.iter().any(|(pid, percent)| {
+        *percent >= ALONE_BELOW_PERCENT
+            && !members
+                .iter()
+                .any(|&(i, _)| entries[i].1.pids.contains(pid))
+    });
+    if foreign {
+        return sliced;
+    }
+    let own: Vec<f64> = members.iter().map(|&(_, own)| own).collect();
+    let seen: Vec<f64> = members.iter().map(|&(i, _)| peaks[i]).collect();
+    for (&(i, _), got) in members
+        .iter()
+        .zip(crate::timeslice::split(card, &own, &seen))
+    {
+        sliced[i] = Some(got);
+    }
+    sliced
+}
+
+/// How long the most the card showed of a container's processes stands for it in the
+/// split (what its neighbours may be given back, [`crate::timeslice::split`]'s `seen`):
+/// the H200 lists a busy process in one sample every 0.2-1 s, and now and then in none
+/// for a whole second.
+const CORROBORATED_FOR_NS: u64 = 3 * WINDOW_NS;
 
 /// A factor as the view's per mille, within what readers take.
 fn permille_of(factor: f64) -> u32 {
@@ -1005,6 +1134,31 @@ mod tests {
         fn active_at(&self, ns: u64) {
             self.region.slot_limiter(self.slot, 0)[words::ACTIVE_NS].store(ns, Ordering::SeqCst);
         }
+
+        /// The tenant with its one process replaced by `identity`'s (a process that is
+        /// gone, or one in a PID namespace the host cannot see into).
+        fn run_by(mut self, identity: &process::Identity) -> Tenant {
+            self.region.detach(self.slot);
+            self.slot = self.region.attach(identity).expect("attach");
+            self
+        }
+    }
+
+    /// The pair the split's tests judge: a hard 40 and a hard 60, both of this process.
+    fn split_pair(dir: &Path) -> (Tenant, Tenant) {
+        (
+            tenant(dir, "hard", 40, CoreMode::Hard, None),
+            tenant(dir, "busy", 60, CoreMode::Hard, None),
+        )
+    }
+
+    /// One tick of [`split_pair`]'s work at `now`: the hard 40 has work 80 % of it, the
+    /// 60 all of it.
+    fn split_pair_works(hard: &Tenant, busy: &Tenant, now: u64) {
+        hard.region.add_busy(hard.slot, 0, 40_000_000, 1);
+        busy.region.add_busy(busy.slot, 0, 50_000_000, 1);
+        hard.active_at(now);
+        busy.active_at(now);
     }
 
     fn allowed(report: &TickReport, id: &str) -> u32 {
@@ -1161,6 +1315,7 @@ mod tests {
             + coordinator.over_since.len()
             + coordinator.neighbours.values().map(Vec::len).sum::<usize>()
             + coordinator.eased_at.len()
+            + coordinator.on_card_peak.len()
     }
 
     #[test]
@@ -1231,16 +1386,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut coordinator = Coordinator::new(&dir.path().join("cards")).expect("coordinator");
         let soft = tenant(dir.path(), "soft", 30, CoreMode::Soft, None);
-        let other = tenant(dir.path(), "other", 30, CoreMode::Hard, None);
         // A slot of a process that is gone (our PID namespace, a start time that is not ours).
-        let ghost = process::Identity {
-            start_time: process::current().start_time + 777,
-            ..process::current()
-        };
-        other.region.detach(other.slot);
-        let ghost_slot = other.region.attach(&ghost).expect("attach ghost");
+        let other =
+            tenant(dir.path(), "other", 30, CoreMode::Hard, None).run_by(&process::Identity {
+                start_time: process::current().start_time + 777,
+                ..process::current()
+            });
         let now = monotonic_ns();
-        other.region.slot_limiter(ghost_slot, 0)[words::ACTIVE_NS].store(now, Ordering::SeqCst);
+        other.active_at(now);
         let report = coordinator.tick_at(&[soft.spec.clone(), other.spec.clone()], now);
         assert_eq!(
             allowed(&report, "soft"),
@@ -1253,6 +1406,7 @@ mod tests {
         CardSide {
             own_percent: Some(own),
             others_percent: Some(others),
+            sliced_percent: None,
             card_percent: Some(card),
             alone: others < ALONE_BELOW_PERCENT,
             alone_beyond_ns: ALONE_PERSIST_NS,
@@ -1324,6 +1478,7 @@ mod tests {
         let unknown = CardSide {
             own_percent: None,
             others_percent: None,
+            sliced_percent: None,
             card_percent: Some(90.0),
             alone: false,
             alone_beyond_ns: 0,
@@ -1471,16 +1626,12 @@ mod tests {
         let hard = tenant(dir.path(), "hard", 60, CoreMode::Hard, None);
         // The neighbour's process, in a PID namespace the host cannot see into (believed
         // alive; its own split is not judged).
-        let other = tenant(dir.path(), "other", 30, CoreMode::Hard, None);
-        other.region.detach(other.slot);
-        let other_slot = other
-            .region
-            .attach(&process::Identity {
+        let other =
+            tenant(dir.path(), "other", 30, CoreMode::Hard, None).run_by(&process::Identity {
                 pid: 4242,
                 start_time: 1,
                 pid_ns: 4026532999,
-            })
-            .expect("attach");
+            });
         let specs = [hard.spec.clone(), other.spec.clone()];
         let start = monotonic_ns();
         let mut tick = |n: u64, other_works: bool, (own, others): (f64, f64)| {
@@ -1490,8 +1641,7 @@ mod tests {
             hard.region.add_busy(hard.slot, 0, 30_000_000, 1);
             hard.active_at(now);
             if other_works {
-                other.region.slot_limiter(other_slot, 0)[words::ACTIVE_NS]
-                    .store(now, Ordering::SeqCst);
+                other.active_at(now);
             }
             *reading.lock().expect("reading") = split(own, &[(4242, others)]);
             charge(&coordinator.tick_at(&specs, now), "hard")
@@ -1515,6 +1665,140 @@ mod tests {
         assert!(
             after[2..].iter().all(|permille| *permille == 1000),
             "the discount outlived the neighbour's work: {after:?}"
+        );
+    }
+
+    /// Issue 25: on the H200, NVML lists a busy process in one sample every 0.2-1 s,
+    /// anywhere from 2 to 92 % for a steady 50 %, and now and then not at all for a
+    /// second. A factor that followed those swung each container between the floor and
+    /// 1, and a hard container took up to 17 points over its limit in a second. Where
+    /// both containers measure themselves, the split follows their own figures and the
+    /// card's utilization, which do not jump: the factors settle and stay.
+    #[test]
+    fn the_split_follows_the_containers_own_figures_not_the_cards_swinging_samples() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut coordinator, reading) = metered(dir.path());
+        // A hard 40 with work 80 % of the time, all of it beside a neighbour with work
+        // always: the card gave it half of its 80, and the neighbour the rest.
+        let (hard, busy) = split_pair(dir.path());
+        let specs = [hard.spec.clone(), busy.spec.clone()];
+        let me = process::current().pid as u32;
+        let swings = [
+            Some(92.0),
+            None,
+            Some(2.0),
+            None,
+            None,
+            Some(60.0),
+            Some(8.0),
+        ];
+        let start = monotonic_ns();
+        let mut charges = Vec::new();
+        for n in 0..80u64 {
+            let now = start + n * TICK_NS;
+            split_pair_works(&hard, &busy, now);
+            let sample = swings[n as usize % swings.len()];
+            *reading.lock().expect("reading") = CardReading {
+                card_percent: Some(100.0),
+                processes: Some(sample.map(|p| vec![(me, p)]).unwrap_or_default()),
+                error: None,
+            };
+            let report = coordinator.tick_at(&specs, now);
+            charges.push((charge(&report, "hard"), charge(&report, "busy")));
+        }
+        // From 1 s (the window) and a few ticks of smoothing on: 40 / 80 and 60 / 100,
+        // moved by the samples at most within their band (3 points: 38 per mille of 80,
+        // 30 of 100; the factor's floor is 500). Following the samples instead swung
+        // them between 500 and 1000.
+        let settled = &charges[35..];
+        assert!(
+            settled
+                .iter()
+                .all(|&(hard, busy)| (500..=538).contains(&hard) && (570..=630).contains(&busy)),
+            "the factors swing: {charges:?}"
+        );
+    }
+
+    /// A process on the card that no container measures (one without a compute limit,
+    /// or outside any container) is counted in the card's figure and in nobody's own:
+    /// the split would take its slices for shared ones. There the card's per-process
+    /// figures judge, as before.
+    #[test]
+    fn a_process_nobody_measures_leaves_the_split_to_the_cards_per_process_figures() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut coordinator, reading) = metered(dir.path());
+        let (hard, busy) = split_pair(dir.path());
+        let specs = [hard.spec.clone(), busy.spec.clone()];
+        let me = process::current().pid as u32;
+        let start = monotonic_ns();
+        let mut report = TickReport::default();
+        for n in 0..40u64 {
+            let now = start + n * TICK_NS;
+            split_pair_works(&hard, &busy, now);
+            *reading.lock().expect("reading") = CardReading {
+                card_percent: Some(100.0),
+                processes: Some(vec![(me, 44.0), (u32::MAX - 3, 30.0)]),
+                error: None,
+            };
+            report = coordinator.tick_at(&specs, now);
+        }
+        let judged = |id: &str| {
+            report
+                .judgements
+                .iter()
+                .find(|judgement| judgement.id == id)
+                .expect("judged")
+                .clone()
+        };
+        assert_eq!(judged("hard").sliced_percent, None);
+        assert_eq!(judged("busy").sliced_percent, None);
+        // Its processes' 44 % against the 80 it measured: the per-process rule (the
+        // split would have said 40 of 80, 500).
+        assert!(
+            charge(&report, "hard").abs_diff(550) <= 10,
+            "{:?}",
+            judged("hard")
+        );
+    }
+
+    /// A container whose launches escape its limiter shows on the card, alone, as far
+    /// more than it counted, and is charged for it. A neighbour's stamps ("working")
+    /// with no work the card ever listed must not keep it from being judged alone: a
+    /// tenant's file would steer how another container is charged.
+    #[test]
+    fn a_neighbours_stamps_without_work_on_the_card_do_not_shield_an_escaping_container() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut coordinator, reading) = metered(dir.path());
+        let escaping = tenant(dir.path(), "escaping", 30, CoreMode::Hard, None);
+        // The stamping neighbour's process, in a PID namespace the host cannot see into.
+        let stamper =
+            tenant(dir.path(), "stamper", 30, CoreMode::Hard, None).run_by(&process::Identity {
+                pid: 4243,
+                start_time: 1,
+                pid_ns: 4026532998,
+            });
+        let specs = [escaping.spec.clone(), stamper.spec.clone()];
+        let me = process::current().pid as u32;
+        let start = monotonic_ns();
+        let mut charges = Vec::new();
+        for n in 0..80u64 {
+            let now = start + n * TICK_NS;
+            // It counts 20 % of the card; the card sees 60 % under its PID, and nothing
+            // of anybody else's.
+            escaping.region.add_busy(escaping.slot, 0, 10_000_000, 1);
+            escaping.active_at(now);
+            stamper.active_at(now);
+            stamper.region.add_busy(stamper.slot, 0, 40_000_000, 1);
+            *reading.lock().expect("reading") = CardReading {
+                card_percent: Some(60.0),
+                processes: Some(vec![(me, 60.0)]),
+                error: None,
+            };
+            charges.push(charge(&coordinator.tick_at(&specs, now), "escaping"));
+        }
+        assert!(
+            charges.last().is_some_and(|&permille| permille >= 1900),
+            "the escape is charged (the most readers take, 2000): {charges:?}"
         );
     }
 

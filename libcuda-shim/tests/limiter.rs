@@ -229,6 +229,16 @@ fn on_the_card(limit: u32, mode: CoreMode, ceiling: Option<u32>) -> Vec<Entitlem
     }]
 }
 
+/// What the sim's NVML gives the host per process.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum CardSamples {
+    /// One exact sample per busy process per query (its last second).
+    Exact,
+    /// As the H200 gives them: one now and then, swung far from the truth
+    /// (`VGPU_SIM_NVML_SAMPLES=sparse`).
+    Sparse,
+}
+
 /// The host side: a coordinator ticking every 50 ms, with its NVML meter over the
 /// simulator's NVML, in a child process of its own (the simulator reads its machine's
 /// config once per process) until stopped.
@@ -239,6 +249,11 @@ struct Host {
 
 impl Host {
     fn start(machine: &Machine, containers: Vec<ContainerSpec>) -> Host {
+        Host::start_with(machine, containers, CardSamples::Exact)
+    }
+
+    /// [`Host::start`], its NVML giving per-process samples as `samples` says.
+    fn start_with(machine: &Machine, containers: Vec<ContainerSpec>, samples: CardSamples) -> Host {
         let encoded: Vec<String> = containers
             .iter()
             .map(|spec| {
@@ -267,6 +282,9 @@ impl Host {
             .env("LIMITER_HOST", encoded.join(";"))
             .env("LIMITER_HOST_CARDS", machine.cards())
             .env("LIMITER_HOST_STOP", &stop_file);
+        if samples == CardSamples::Sparse {
+            command.env("VGPU_SIM_NVML_SAMPLES", "sparse");
+        }
         let child = command.spawn().expect("spawn host");
         // Until its first views are written.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -1040,8 +1058,12 @@ enum Neighbour {
 /// neighbour starts first (a soft one has the whole idle card), the hard one a second
 /// later. Both reports, their windows from the hard one's start.
 fn hard_beside(limit: u32, neighbour: Neighbour) -> (Report, Report) {
+    hard_beside_with(limit, neighbour, CardSamples::Exact)
+}
+
+fn hard_beside_with(limit: u32, neighbour: Neighbour, samples: CardSamples) -> (Report, Report) {
     let _serial = serial();
-    let machine = Machine::new(&format!("hard{limit}-beside-{neighbour:?}"));
+    let machine = Machine::new(&format!("hard{limit}-beside-{neighbour:?}-{samples:?}"));
     let hard = machine.container("hard", &format!("    core_limit: {limit}\n"));
     let (quota, entitled) = match neighbour {
         Neighbour::Soft30 => (
@@ -1054,7 +1076,7 @@ fn hard_beside(limit: u32, neighbour: Neighbour) -> (Report, Report) {
     let other = machine.container("other", quota);
     let mut specs = vec![spec(&hard, limit, CoreMode::Hard, None)];
     specs.extend(entitled.map(|(limit, mode)| spec(&other, limit, mode, None)));
-    let host = Host::start(&machine, specs);
+    let host = Host::start_with(&machine, specs, samples);
     let first = machine.spawn(&other, Role::plain("k_1ms", 4000));
     std::thread::sleep(Duration::from_millis(1000));
     let second = machine.spawn(&hard, Role::plain("k_1ms", 2500));
@@ -1152,6 +1174,47 @@ fn hard_limits_hold_beside_any_neighbour() {
             }
             if !wrong.is_empty() {
                 failures.push(format!("{line}: {}", wrong.join(", ")));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Issue 25, with the card's per-process figures as the H200 gives them: one sample
+/// per process every 0.2-1 s, swung far from the truth, now and then none for a second
+/// (`VGPU_SIM_NVML_SAMPLES=sparse`). A factor that followed them let a hard 40 and 60
+/// beside a limited neighbour run at 45.7-68.4 in single seconds here. The coordinator
+/// now splits the card by the containers' own figures and its utilization
+/// (`vgpu_coordination::timeslice`), the samples moving that within 3 points.
+///
+/// Judged by the card's timeline, the bounds of `hard_limits_hold_beside_any_neighbour`
+/// for the hard container (its start: every second within limit + 2; any second within
+/// limit + 5). The neighbour's share is not judged here: the sim serves kernels first
+/// come, first served, so the turns the split assumes equal are not, and the band of
+/// the sparse samples cannot show it.
+///
+/// Open (issue 25): three runs here gave worst seconds of 42.6-44.4 at 40 and 56.5-72.5 at
+/// 60 (one run of three over the +5 bound: a hard 60 beside a hard 30 settled at 65). The
+/// split takes equal turns for granted, and in the sim's first-come order the busier
+/// container gets more of the shared time than an equal turn, so it is given back too
+/// much; on the H200 (run 11) the containers' own figures summed below the card's and
+/// the split gave nothing back, so only the GPU can say whether turns there are equal.
+#[test]
+#[ignore = "open (issue 25): in the sim's first-come turns a hard 60 beside a hard 30 had seconds up to 72.5 with sparse samples, one run in three"]
+fn hard_limits_hold_beside_limited_neighbours_when_the_cards_samples_are_sparse() {
+    let mut failures = Vec::new();
+    for neighbour in [Neighbour::Soft30, Neighbour::Hard30] {
+        for limit in [40u32, 60] {
+            let (hard, other) = hard_beside_with(limit, neighbour, CardSamples::Sparse);
+            let (start, worst) = (hard.worst_second(0, 15), hard.worst_second(0, 25));
+            let line = format!(
+                "hard {limit} beside {neighbour:?}, sparse samples: worst second {worst:.1}, at its start {start:.1}, settled {:.1} (neighbour {:.1})",
+                hard.mean(15, 25),
+                other.mean(15, 25)
+            );
+            eprintln!("{line}\n  hard {:?}", hard.windows);
+            if start > limit as f64 + 2.0 || worst > limit as f64 + 5.0 {
+                failures.push(line);
             }
         }
     }
