@@ -3,7 +3,9 @@
 #   tests/gpu/run.sh [PREFIX] [SECTION...]      SECTION: a file in sections/ (default: forward quota nvml memory reserve limiter compat)
 # PREFIX is a `vgpu install` folder (default .carry/vgpu). Results go to $OUT (default
 # /tmp/vgpu-gpu-out): results.jsonl (one JSON object per check), the raw outputs, and a
-# short table printed last. Every step runs under `timeout`; a failed step is recorded,
+# short table printed last. PACK=FILE also packs all of $OUT into one archive at the end
+# (the device tool brings back only a few files of a folder: give it FILE, e.g.
+# `OUT=/tmp/suite PACK=$OUT/suite.tgz`, where $OUT is the tool's folder). Every step runs under `timeout`; a failed step is recorded,
 # never fatal, and nothing here can hang the call.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -46,3 +48,8 @@ for s in $SECTIONS; do
 done
 rm -rf "$WORK"
 python3 "$HERE/summarize.py" "$RESULTS"
+if [ -n "${PACK:-}" ]; then
+    tar czf "$PACK" -C "$OUT" --exclude=bench --exclude=streams --exclude=costs \
+        --exclude="$(basename "$PACK")" . \
+        || echo "PACK: could not pack $OUT into $PACK" >&2
+fi

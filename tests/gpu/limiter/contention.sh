@@ -85,6 +85,10 @@ probe() {
     ( timeout $(( $2 + 10 )) python3 "$HERE/nvml_probe.py" "$2" >"$LOGS/$1.nvml.jsonl" 2>&1 ) &
 }
 limit_s=$(( ${PAIR_S%.*} + 30 ))
+# Launch-cost runs are pinned to two CPUs where taskset is there (LAUNCH_CPUS, "2,3"):
+# unpinned, runs of one kind spread 3.26-4.29 us in run 11, more than the limiter's cost.
+PIN=""
+command -v taskset >/dev/null && PIN="taskset -c ${LAUNCH_CPUS:-2,3}"
 
 if has pairs || has two; then
     echo "== bare baselines" >&2
@@ -113,9 +117,9 @@ fi
 if has launch; then
     echo "== launch cost" >&2
     for i in 1 2 3 4 5; do
-        as "launch-bare-$i" 60 bare "$STREAMS" launch 200000
-        as "launch-quota-$i" 60 unlimited "$STREAMS" launch 200000
-        as "launch-99-$i" 60 99 "$STREAMS" launch 200000
+        as "launch-bare-$i" 60 bare $PIN "$STREAMS" launch 200000
+        as "launch-quota-$i" 60 unlimited $PIN "$STREAMS" launch 200000
+        as "launch-99-$i" 60 99 $PIN "$STREAMS" launch 200000
     done
     VGPU_LIMITER_TRACE="$LOGS/launch-99-trace.trace.%p" as launch-99-trace 60 99 "$STREAMS" launch 200000
 fi
@@ -125,9 +129,9 @@ if [ -n "${NVCC:-}" ]; then
     if [ -x "$OUT/bench" ]; then
         echo "== launch cost, runtime API" >&2
         for i in 1 2 3 4 5; do
-            as "cudart-bare-$i" 60 bare "$OUT/bench" launch 200000
-            as "cudart-quota-$i" 60 unlimited "$OUT/bench" launch 200000
-            as "cudart-99-$i" 60 99 "$OUT/bench" launch 200000
+            as "cudart-bare-$i" 60 bare $PIN "$OUT/bench" launch 200000
+            as "cudart-quota-$i" 60 unlimited $PIN "$OUT/bench" launch 200000
+            as "cudart-99-$i" 60 99 $PIN "$OUT/bench" launch 200000
         done
         VGPU_LIMITER_TRACE="$LOGS/cudart-99-trace.trace.%p" as cudart-99-trace 60 99 "$OUT/bench" launch 200000
     fi

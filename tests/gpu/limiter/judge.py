@@ -123,7 +123,12 @@ for limit, pid in zip((30, 60), two_pids):
            share=None if value is None else round(value, 2), card=card)
 soft, other = result("soft-30"), result("soft-other")
 if soft and other and soft.get("windows") and other.get("windows"):
+    # The windows' unit is the kernel's nominal work; as a percent of the same kernel
+    # bare in this call: each window's kernels against the bare run's per 100 ms.
+    base = bare.get("w1ms") if soft.get("case", "w1ms") == "w1ms" else None
     wins = soft["windows"]
+    if base and base.get("per_s") and soft.get("work_s") and soft.get("fit"):
+        wins = [w * soft["fit"] / (soft["work_s"] * base["per_s"]) for w in wins]
     start = max(0, int(round((other["t0"] - soft["t0"]) * 10)))
     end = min(len(wins), start + len(other["windows"]))
     alone = wins[3:start]
