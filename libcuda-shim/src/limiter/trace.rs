@@ -58,6 +58,10 @@ pub enum Counter {
     WaitedNs,
     /// The per-thread context cache found stale by a sampled launch.
     StaleContext,
+    /// GPU clock references seen to fire at once (taken), and not in time (dropped:
+    /// the context waited for its slice on a time-sliced card).
+    ClockTaken,
+    ClockLate,
 }
 
 const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
@@ -81,9 +85,11 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "waits",
     "waited_ns",
     "stale_context",
+    "clock_taken",
+    "clock_late",
 ];
 
-const COUNTERS_LEN: usize = Counter::StaleContext as usize + 1;
+const COUNTERS_LEN: usize = Counter::ClockLate as usize + 1;
 static COUNTERS: [AtomicU64; COUNTERS_LEN] = [const { AtomicU64::new(0) }; COUNTERS_LEN];
 
 /// Turns tracing on when `VGPU_LIMITER_TRACE` names a file (read once, when the
