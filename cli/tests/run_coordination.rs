@@ -45,6 +45,11 @@ fn container(dir: &Path, streams: &Path, cores: &str) -> Child {
         .env("VGPU_HOST_DIR", dir.join("host"))
         .env("VGPU_COORDINATOR_TRACE", dir.join("coordinator.trace"))
         .env("VGPU_SIM_STATE", dir.join("sim-state"))
+        // Events that fire at their record, so that each process's events time the
+        // other's slices too and its own figure runs over what the card gave it: there
+        // is something for the coordinator to correct (with the sim's default, events
+        // wait for their turn as the H200's do, and each figure is already right).
+        .env("VGPU_SIM_EVENT_TURNS", "0")
         .env_remove("VGPU_CONFIG")
         .env_remove("VGPU_LOG")
         .stdout(Stdio::piped())
@@ -117,8 +122,9 @@ fn two_runs_on_one_card_find_each_others_processes_and_correct_their_charges() {
             !charges.is_empty(),
             "the coordinator never found {id}'s process by its host PID:\n{trace}"
         );
-        // The sim time-slices the two processes, so each one's events also time the
-        // other's slices: the card's split must have taken some of that back.
+        // The sim time-slices the two processes, and (VGPU_SIM_EVENT_TURNS=0) each one's
+        // events also time the other's slices: the card's split must have taken some of
+        // that back.
         assert!(
             charges.iter().any(|&charge| charge < 950),
             "{id}'s charge was never corrected ({charges:?}):\n{trace}"

@@ -8,8 +8,6 @@
 //!   shims' limiters read.
 //! - [`cardmeter`]: what the card itself measured (NVML, with the `nvml` feature).
 //! - [`hostpids`]: the host PIDs the card knows the containers' processes by.
-//! - [`timeslice`]: what a time-sliced card gave each container, from their own figures
-//!   and the card's utilization.
 //! - [`backstop`]: what is done about a container the card shows over its memory quota.
 //! - [`tick`]: the loop.
 //!
@@ -21,4 +19,3 @@ pub mod cardmeter;
 pub mod coordinator;
 pub mod hostpids;
 pub mod tick;
-pub mod timeslice;

@@ -2438,3 +2438,109 @@ isolated!(
         );
     }
 );
+
+/// The child of `an_event_on_an_idle_stream_waits_while_another_process_has_the_card`:
+/// queues 2 s of kernels on a stream of its own, says "ready", waits for stdin to close.
+#[test]
+#[ignore = "child of an_event_on_an_idle_stream_waits_while_another_process_has_the_card"]
+fn turn_holder_child() {
+    if !common::inner() {
+        return;
+    }
+    let sim = Sim::load();
+    init(&sim);
+    create_context(&sim, 0);
+    let (_, k_20ms, _) = load_functions(&sim);
+    let stream = new_stream(&sim);
+    for _ in 0..100 {
+        assert_eq!(launch(&sim, k_20ms, stream), SUCCESS);
+    }
+    println!("ready {}", std::process::id());
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+/// What an event recorded on a stream with nothing queued does while another process
+/// has 2 s of kernels queued on the card: `(fired at once, fired after the other's
+/// work)`, from a parent process of its own with `VGPU_SIM_EVENT_TURNS` and
+/// `VGPU_SIM_MPS` as given.
+fn event_beside_a_busy_process(turns: &str, mps: &str) -> (bool, bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("VGPU_SIM_GPUS", "1"),
+        ("VGPU_SIM_MEMORY", "8GiB"),
+        ("VGPU_SIM_EVENT_TURNS", turns),
+        ("VGPU_SIM_MPS", mps),
+    ];
+    let mut holder = common::isolated_command("turn_holder_child", &env, dir.path());
+    holder.stdin(Stdio::piped()).stdout(Stdio::piped());
+    let mut child = holder.spawn().expect("spawn holder");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while !lines
+        .next()
+        .expect("holder output")
+        .expect("line")
+        .contains("ready ")
+    {}
+    let output = common::isolated_command("event_beside_a_busy_process_inner", &env, dir.path())
+        .output()
+        .unwrap();
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let flag = |name: &str| stdout.contains(&format!("{name} true"));
+    (flag("at-once"), flag("after-the-other"))
+}
+
+#[test]
+#[ignore = "runs in a child process started by its outer test"]
+fn event_beside_a_busy_process_inner() {
+    if !common::inner() {
+        return;
+    }
+    let sim = Sim::load();
+    init(&sim);
+    create_context(&sim, 0);
+    let stream = new_stream(&sim);
+    let event = new_event(&sim);
+    let recorded = Instant::now();
+    assert_eq!(
+        call!(sim, "cuEventRecord", fn(u64, u64), event, stream),
+        SUCCESS
+    );
+    let at_once = call!(sim, "cuEventQuery", fn(u64), event) == SUCCESS;
+    assert_eq!(call!(sim, "cuEventSynchronize", fn(u64), event), SUCCESS);
+    // The other's 2 s less what it took us to start (well under a second).
+    let after_the_other = recorded.elapsed().as_millis() >= 1000;
+    println!("at-once {at_once}");
+    println!("after-the-other {after_the_other}");
+}
+
+/// A card without MPS runs one context at a time, and an event of a context waiting for
+/// its slice waits too (the limiter's GPU clock must not take a reference event as fired
+/// at its record: `libcuda-shim`'s `limiter/clock.rs`). Under MPS, and with
+/// `VGPU_SIM_EVENT_TURNS=0`, it fires at once.
+#[test]
+fn an_event_on_an_idle_stream_waits_while_another_process_has_the_card() {
+    assert_eq!(
+        event_beside_a_busy_process("", "0"),
+        (false, true),
+        "time-sliced: the event fires after the other process's kernels"
+    );
+    assert_eq!(
+        event_beside_a_busy_process("", "1"),
+        (true, false),
+        "side by side (MPS): at once"
+    );
+    assert_eq!(
+        event_beside_a_busy_process("0", "0"),
+        (true, false),
+        "VGPU_SIM_EVENT_TURNS=0: at once"
+    );
+}

@@ -91,6 +91,25 @@ pub fn union_increment(start: u64, end: u64, horizon: u64) -> u64 {
     end.saturating_sub(start.max(horizon))
 }
 
+/// What a settled sample of a known kernel is charged for running past everything queued
+/// since: `beyond_ns`, what its real run added beyond the horizon. In a process whose
+/// kernels have not `overlapped` each other lately, nothing of its own can have held the
+/// kernel past its projection (already charged): a later run waited for another
+/// context's slice, so only a run longer than projected (`measured_ns` over
+/// `projected_ns`) is charged.
+pub fn settled_overrun(
+    beyond_ns: u64,
+    measured_ns: u64,
+    projected_ns: u64,
+    overlapped: bool,
+) -> u64 {
+    if overlapped {
+        beyond_ns
+    } else {
+        beyond_ns.min(measured_ns.saturating_sub(projected_ns))
+    }
+}
+
 /// Whether a launch of `cost_ns` that adds `added_ns` to the union may go while the
 /// bucket holds launches, with `owed_ns` of wall time owed at `rate_ppm`: it runs almost
 /// entirely within work already queued (it adds at most a quarter of its cost), and the
@@ -214,6 +233,20 @@ pub fn scale_permille(ns: i64, permille: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_one_stream_kernel_delayed_by_another_context_is_charged_only_its_longer_run() {
+        // Projected 1 ms, ran 1 ms but 3 ms later (another context's slice): its real run
+        // lies wholly beyond the horizon (1 ms), and its projection was charged already.
+        assert_eq!(settled_overrun(MS, MS, MS, false), 0);
+        // Ran 1.5 ms: the half millisecond more than projected is its own.
+        assert_eq!(settled_overrun(MS, MS + MS / 2, MS, false), MS / 2);
+        // Never more than what it added beyond the horizon.
+        assert_eq!(settled_overrun(MS / 4, 2 * MS, MS, false), MS / 4);
+        // Streams that overlap: the kernel may have waited for SMs behind the process's
+        // own kernels, which the card spent on it: the whole overrun.
+        assert_eq!(settled_overrun(MS, MS, MS, true), MS);
+    }
 
     #[test]
     fn scaling_a_charge_matches_128_bit_arithmetic_everywhere() {

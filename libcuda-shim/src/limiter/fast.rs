@@ -25,8 +25,8 @@ use vgpu_contract::limiter_words::slot as slot_words;
 use super::lifecycle::{LIMITS, LIMITS_NONE};
 use super::trace::{self, Counter};
 use super::{
-    ACTIVE_STAMP_NS, BUSY_BITS, DeviceLimiter, LEGACY_KEY, REFILL_NS, Target, Work,
-    current_limited, duty,
+    ACTIVE_STAMP_NS, BUSY_BITS, CONCURRENT_LATELY_NS, DeviceLimiter, LEGACY_KEY, REFILL_NS, Target,
+    Work, current_limited, duty,
 };
 use crate::cuda::*;
 use crate::hooks::capture;
@@ -76,7 +76,7 @@ pub(super) fn limited_launch(
         .estimates
         .count_launch(work.key(), sample_open, duty::sample_every(now));
     if let Some((known, false)) = estimate
-        && (device.shared.hold(now, rate, REFILL_NS) == 0
+        && (device.shared.hold(now, rate, || device.refill_ns(now)) == 0
             || device.rides_along(target, known.cost_ns, now, rate))
         && now < device.next_publish_ns.load(Ordering::Relaxed)
     {
@@ -123,6 +123,9 @@ impl DeviceLimiter {
             || target.is_blocking(),
         );
         let (added, before) = self.shared.extend(placed.start, placed.end, now_ns);
+        if before > placed.start {
+            self.note_concurrent(now_ns);
+        }
         let scaled = self.scaled(added as i64);
         self.shared.charge(scaled, now_ns, rate);
         trace::add(Counter::ChargedNs, added);
@@ -146,9 +149,8 @@ impl DeviceLimiter {
     }
 
     /// What a stream of `target`'s kind waits for before its work starts at `now_ns`:
-    /// the legacy stream for all of its context's blocking streams (the container's
-    /// horizon stands in; other processes' work does not overlap a context's on a card
-    /// without MPS anyway); a blocking stream for the legacy one.
+    /// the legacy stream for all of its context's blocking streams (the process's
+    /// horizon stands in); a blocking stream for the legacy one.
     pub(super) fn floor(&self, target: Target, now_ns: u64) -> impl Fn(bool) -> u64 + '_ {
         let legacy = target.is_legacy();
         move |blocking: bool| {
@@ -181,6 +183,34 @@ impl DeviceLimiter {
             self.shared.horizon(now_ns),
         );
         duty::rides_along(added, cost_ns, self.shared.delay(now_ns, rate), rate)
+    }
+
+    /// A launch at `now_ns` overlapped other queued work of this process: held launches
+    /// wait for the refill for `CONCURRENT_LATELY_NS` (written at most twice a second).
+    fn note_concurrent(&self, now_ns: u64) {
+        let until = &self.concurrent_until_ns;
+        if now_ns.saturating_add(CONCURRENT_LATELY_NS / 2) > until.load(Ordering::Relaxed) {
+            until.store(
+                now_ns.saturating_add(CONCURRENT_LATELY_NS),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Whether this process's kernels have overlapped each other lately (a launch
+    /// started while other work of the process was still queued).
+    pub(super) fn overlapped_lately(&self, now_ns: u64) -> bool {
+        now_ns < self.concurrent_until_ns.load(Ordering::Relaxed)
+    }
+
+    /// How much refill a held launch waits for beyond the debt at `now_ns`: `REFILL_NS`
+    /// while this process's work has overlapped lately, else none.
+    pub(super) fn refill_ns(&self, now_ns: u64) -> u64 {
+        if self.overlapped_lately(now_ns) {
+            REFILL_NS
+        } else {
+            0
+        }
     }
 
     pub(super) fn stamp_active(&self, now_ns: u64) {

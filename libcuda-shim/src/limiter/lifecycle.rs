@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize,
 use vgpu_contract::CoreMode;
 use vgpu_contract::cardview;
 use vgpu_contract::clock::monotonic_ns;
+use vgpu_contract::limiter_words::slot as slot_words;
 
 use super::shared::Shared;
 use super::tables::{Estimates, Streams};
@@ -108,16 +109,26 @@ pub(super) fn build_devices(
                 },
                 soft,
                 region: &enforcer.region,
-                shared: Shared::new(
-                    enforcer.region.container_limiter(visible.region_index),
-                    WINDOW_NS,
-                ),
+                shared: {
+                    let shared = Shared::new(
+                        enforcer.region.container_limiter(visible.region_index),
+                        WINDOW_NS,
+                    );
+                    match slot {
+                        Some(slot) => shared.with_horizon(
+                            &enforcer.region.slot_limiter(slot, visible.region_index)
+                                [slot_words::HORIZON_NS],
+                        ),
+                        None => shared,
+                    }
+                },
                 slot,
                 mine: slot.map(|slot| enforcer.region.slot_limiter(slot, visible.region_index)),
                 estimates: Estimates::new(ESTIMATE_SLOTS),
                 streams: Streams::new(STREAM_SLOTS),
                 next_publish_ns: AtomicU64::new(0),
                 next_sample_ns: AtomicU64::new(0),
+                concurrent_until_ns: AtomicU64::new(0),
                 unpublished: AtomicU64::new(0),
                 given_back: AtomicU64::new(0),
                 charge_permille: AtomicU64::new(cardview::CHARGE_UNIT),

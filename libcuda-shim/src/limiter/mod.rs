@@ -1,12 +1,14 @@
 //! The compute (SM) limiter: throttles kernel launches so that the GPU time a
 //! container's work takes on a card, divided by wall time, stays at its `core_limit`.
 //!
-//! Busy time is the union of the container's kernels on the card, not their sum: each
+//! Busy time is the union of a process's kernels on the card, not their sum: each
 //! stream keeps a projected "busy until" (a launch on stream `s` at host time `t` with
-//! cost `c` runs over `[max(t, busy_until_s), +c)`), the container keeps the latest
-//! projected end of any of its streams (the horizon), and a launch is charged only what
-//! it adds beyond the horizon (`duty::union_increment`). Four streams of kernels that
-//! overlap on the card pay once, as the card spends it.
+//! cost `c` runs over `[max(t, busy_until_s), +c)`), the process keeps the latest
+//! projected end of any of its streams (the horizon, in its slot of the region), and a
+//! launch is charged only what it adds beyond the horizon (`duty::union_increment`).
+//! Four streams of kernels that overlap on the card pay once, as the card spends it.
+//! The processes of a container are summed: a card without MPS runs one context at a
+//! time (under MPS, where they can overlap, that errs towards charging more).
 //!
 //! Costs are measured, not guessed from NVML: a sampled launch is bracketed by two CUDA
 //! events on its own stream, and once the end event completes `cuEventElapsedTime` says
@@ -16,8 +18,8 @@
 //! charged; a settled sample corrects the bucket by what its measured run adds to the
 //! union beyond what its estimate did.
 //!
-//! The bucket, the horizon and the rate live in the container's usage region
-//! (`shared::Shared`), so all processes of a container spend one budget. A launch that
+//! The bucket and the rate live in the container's usage region (`shared::Shared`), so
+//! all processes of a container spend one budget. A launch that
 //! is not sampled takes no lock and makes no driver call: a few atomics, one clock read
 //! (the current device comes from `crate::current`, captures from
 //! `hooks::capture::possible`). Sampled launches, waits and the publish tick (every
@@ -75,8 +77,15 @@ const WINDOW_NS: u64 = 20_000_000;
 /// A launch held back by the limit waits until the bucket has refilled this much wall
 /// time's worth, so that all the container's streams resume together and overlap: with
 /// a trickle of budget, only one of them would get through at a time. Less than the
-/// window, so that oversleeping by up to a quarter of it loses nothing.
+/// window, so that oversleeping by up to a quarter of it loses nothing. Only while the
+/// container's work has overlapped lately (`CONCURRENT_LATELY_NS`): one stream's kernels
+/// run one after another whatever the hold, and a latency-bound loop held for a refill
+/// waits 15 ms or more for each (H200, BENCHMARKS run 11: a decode loop beside a busy
+/// neighbour had steps of 35 ms with it, 4.8 ms without it).
 const REFILL_NS: u64 = WINDOW_NS * 3 / 4;
+/// How long after a launch that overlapped the container's other queued work the refill
+/// is kept (`REFILL_NS`).
+const CONCURRENT_LATELY_NS: u64 = 1_000_000_000;
 /// How often a process publishes its activity and, in soft mode, reads the card view.
 const PUBLISH_NS: u64 = 20_000_000;
 /// The longest single sleep: rate changes and exit are noticed within this.
@@ -224,6 +233,10 @@ struct DeviceLimiter {
     streams: Streams,
     next_publish_ns: AtomicU64,
     next_sample_ns: AtomicU64,
+    /// Until when held launches wait for the refill (`REFILL_NS`): a launch that
+    /// overlapped other queued work of the container moves it `CONCURRENT_LATELY_NS`
+    /// ahead.
+    concurrent_until_ns: AtomicU64,
     /// Busy time and launches not yet added to the region (one atomic per launch on
     /// this process's own memory; the region gets them at each publish tick): busy ns
     /// in the low `BUSY_BITS`, launches above. Busy time is as measured (the host's

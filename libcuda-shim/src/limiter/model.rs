@@ -62,7 +62,7 @@ pub fn card_busy_percent(run: &Run, window_ns: u64) -> Vec<f64> {
         }
         // The fast path's check, then the slow path's wait (which re-checks the ride).
         loop {
-            let held = shared.hold(now, rate, REFILL_NS);
+            let held = shared.hold(now, rate, || REFILL_NS);
             if held == 0 {
                 break;
             }

@@ -116,15 +116,21 @@ impl DeviceLimiter {
         // A kernel measured for the first time was charged nothing: it pays what its run
         // adds to the union as it stood when it went out. A known one pays only for
         // running past everything queued since (counted once however many samples find
-        // the same overrun).
+        // the same overrun), and in a process whose kernels have not overlapped lately
+        // only for running longer than projected (`duty::settled_overrun`).
         let (beyond_now, _) = self.shared.extend(start, end, now_ns);
         let mut correction = if sample.known {
-            beyond_now as i64
+            duty::settled_overrun(
+                beyond_now,
+                ns,
+                sample.projected_ns,
+                self.overlapped_lately(now_ns),
+            ) as i64
         } else {
             duty::union_increment(start, end, sample.horizon_before) as i64
         };
         // A known kernel that ended before its projection, with nothing of the
-        // container queued after it: the overshoot was charged for nothing (kernels that
+        // process queued after it: the overshoot was charged for nothing (kernels that
         // wait for SMs behind the container's own are projected with the wait, and the
         // last ones of a round do not wait). Given back, and the horizon moves back, for
         // the settling of any other to extend again if it ran later.

@@ -1,8 +1,9 @@
 //! The container's compute budget on one device, shared by all its processes: the token
-//! bucket, the union horizon and the rate in force, in the container-wide limiter words
-//! of its usage region (`vgpu_contract::limiter_words::container`). Every update is one
-//! atomic (a compare-and-swap loop or a fetch-max), so threads and processes spend one
-//! budget without a lock, and a process that dies mid-update leaves a valid number.
+//! bucket and the rate in force, in the container-wide limiter words of its usage region
+//! (`vgpu_contract::limiter_words::container`), and the process's union horizon, in its
+//! own slot's words (`limiter_words::slot::HORIZON_NS`). Every update is one atomic (a
+//! compare-and-swap loop or a fetch-max), so threads and processes spend one budget
+//! without a lock, and a process that dies mid-update leaves a valid number.
 //!
 //! The words are written only by the container's own processes, but the region is a
 //! file they can all scribble on: values that cannot be right (a bucket paid further
@@ -20,16 +21,32 @@ use super::duty::{self, FULL_PPM, MAX_DEBT_NS};
 /// A horizon further ahead than this is garbage, not queued work.
 const HORIZON_SANE_NS: u64 = 60 * duty::SECOND_NS;
 
-/// The shared words of one device, with the bucket's window.
+/// The shared words of one device, with the bucket's window, and the union horizon in
+/// use.
 #[derive(Clone, Copy)]
 pub struct Shared<'a> {
     words: &'a [AtomicU64; CONTAINER_LIMITER_WORDS],
+    /// The process's own horizon (`limiter_words::slot::HORIZON_NS`), or, for a process
+    /// without a slot, the container's word.
+    horizon: &'a AtomicU64,
     window_ns: u64,
 }
 
 impl<'a> Shared<'a> {
+    /// The container's words, with their own horizon word.
     pub fn new(words: &'a [AtomicU64; CONTAINER_LIMITER_WORDS], window_ns: u64) -> Shared<'a> {
-        Shared { words, window_ns }
+        Shared {
+            words,
+            horizon: &words[HORIZON_NS],
+            window_ns,
+        }
+    }
+
+    /// The same bucket, with the union kept in `horizon` (a process's own word: the
+    /// processes of a container time-slice on a card without MPS, so their work is
+    /// summed, not overlapped).
+    pub fn with_horizon(self, horizon: &'a AtomicU64) -> Shared<'a> {
+        Shared { horizon, ..self }
     }
 
     /// The rate in force, parts per million: the word if it holds a sane rate, else
@@ -88,13 +105,13 @@ impl<'a> Shared<'a> {
 
     /// How long a launch must wait now at `rate_ppm`: while launches are held (see
     /// `HELD_UNTIL_NS`), until they are released; else not at all unless the bucket is
-    /// in debt, which holds every launch until the bucket has refilled `refill_ns` of
-    /// wall time beyond the debt.
-    pub fn hold(&self, now_ns: u64, rate_ppm: u64, refill_ns: u64) -> u64 {
+    /// in debt, which holds every launch until the bucket has refilled `refill_ns()` of
+    /// wall time beyond the debt (at most the window; asked only then).
+    pub fn hold(&self, now_ns: u64, rate_ppm: u64, refill_ns: impl FnOnce() -> u64) -> u64 {
         let held = &self.words[HELD_UNTIL_NS];
         let until = held.load(Ordering::Acquire);
         if until > now_ns {
-            if until - now_ns <= self.most_wait(rate_ppm) + refill_ns {
+            if until - now_ns <= self.most_wait(rate_ppm) + self.window_ns {
                 return until - now_ns;
             }
             // Garbage: release.
@@ -104,7 +121,7 @@ impl<'a> Shared<'a> {
         if owed == 0 {
             return 0;
         }
-        let release = now_ns + owed + refill_ns;
+        let release = now_ns + owed + refill_ns().min(self.window_ns);
         held.fetch_max(release, Ordering::AcqRel).max(release) - now_ns
     }
 
@@ -134,7 +151,7 @@ impl<'a> Shared<'a> {
 
     /// The latest projected end of the container's queued work (a garbage word reads 0).
     pub fn horizon(&self, now_ns: u64) -> u64 {
-        let horizon = self.words[HORIZON_NS].load(Ordering::Acquire);
+        let horizon = self.horizon.load(Ordering::Acquire);
         if horizon > now_ns.saturating_add(HORIZON_SANE_NS) {
             0
         } else {
@@ -145,7 +162,7 @@ impl<'a> Shared<'a> {
     /// Adds work projected over `[start, end)` to the union; returns what it added and
     /// the horizon before it.
     pub fn extend(&self, start: u64, end: u64, now_ns: u64) -> (u64, u64) {
-        let word = &self.words[HORIZON_NS];
+        let word = self.horizon;
         let seen = word.load(Ordering::Acquire);
         if end <= seen && seen <= now_ns.saturating_add(HORIZON_SANE_NS) {
             // Within the queued work: nothing to add, nothing to write.
@@ -166,7 +183,8 @@ impl Shared<'_> {
     /// set to `from` (the work that defined it ended early); whether it did.
     pub fn pull_back(&self, from: u64, to: u64) -> bool {
         to < from
-            && self.words[HORIZON_NS]
+            && self
+                .horizon
                 .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
     }
@@ -222,15 +240,52 @@ mod tests {
         let shared = Shared::new(&words, 10 * MS);
         let now = 100 * duty::SECOND_NS;
         let rate = duty::percent_ppm(50);
-        assert_eq!(shared.hold(now, rate, 5 * MS), 0);
+        assert_eq!(shared.hold(now, rate, || 5 * MS), 0);
         // 10 ms spent of a 5 ms burst: 10 ms of wall time owed, then 5 ms to refill.
         shared.charge(10 * MS as i64, now, rate);
-        assert_eq!(shared.hold(now, rate, 5 * MS), 15 * MS);
+        assert_eq!(shared.hold(now, rate, || 5 * MS), 15 * MS);
         // Once the debt is paid, launches are still held until the refill is done...
-        assert_eq!(shared.hold(now + 11 * MS, rate, 5 * MS), 4 * MS);
+        assert_eq!(shared.hold(now + 11 * MS, rate, || 5 * MS), 4 * MS);
         // ...and then all go, with the refilled budget to spend together.
-        assert_eq!(shared.hold(now + 15 * MS, rate, 5 * MS), 0);
+        assert_eq!(shared.hold(now + 15 * MS, rate, || 5 * MS), 0);
         assert_eq!(shared.delay(now + 15 * MS, rate), 0);
+    }
+
+    #[test]
+    fn without_a_refill_a_launch_waits_for_the_debt_alone() {
+        // One stream's kernels (no refill asked): 10 ms owed, 10 ms held, not 15.
+        let words = words();
+        let shared = Shared::new(&words, 10 * MS);
+        let now = 100 * duty::SECOND_NS;
+        let rate = duty::percent_ppm(50);
+        shared.charge(10 * MS as i64, now, rate);
+        assert_eq!(shared.hold(now, rate, || 0), 10 * MS);
+        assert_eq!(shared.hold(now + 10 * MS, rate, || 0), 0);
+        // A refill larger than the window is cut to the window.
+        shared.charge(10 * MS as i64, now + 10 * MS, rate);
+        let owed = shared.delay(now + 10 * MS, rate);
+        assert!(owed > 0);
+        assert_eq!(shared.hold(now + 10 * MS, rate, || 60 * MS), owed + 10 * MS);
+    }
+
+    #[test]
+    fn two_processes_sum_their_work_on_one_bucket_and_a_process_overlaps_its_own() {
+        let words = words();
+        let (first, second) = (AtomicU64::new(0), AtomicU64::new(0));
+        let a = Shared::new(&words, 10 * MS).with_horizon(&first);
+        let b = Shared::new(&words, 10 * MS).with_horizon(&second);
+        let now = 100 * duty::SECOND_NS;
+        // Two streams of one process over the same 2 ms: counted once.
+        assert_eq!(a.extend(now, now + 2 * MS, now).0, 2 * MS);
+        assert_eq!(a.extend(now, now + 2 * MS, now).0, 0);
+        // Another process of the container over the same 2 ms: the card runs one context
+        // at a time, so it adds its own 2 ms.
+        assert_eq!(b.extend(now, now + 2 * MS, now).0, 2 * MS);
+        // One bucket for both.
+        let rate = duty::percent_ppm(50);
+        a.charge(8 * MS as i64, now, rate);
+        assert_eq!(a.delay(now, rate), b.delay(now, rate));
+        assert!(b.delay(now, rate) > 0);
     }
 
     #[test]
@@ -261,7 +316,7 @@ mod tests {
         let rate = shared.rate_ppm(300_000);
         assert_eq!(rate, 300_000);
         assert_eq!(shared.delay(now, rate), 0, "no endless wait");
-        assert_eq!(shared.hold(now, rate, MS), 0, "no endless hold");
+        assert_eq!(shared.hold(now, rate, || MS), 0, "no endless hold");
         assert_eq!(shared.horizon(now), 0);
         let (added, _) = shared.extend(now, now + MS, now);
         assert_eq!(added, MS, "no free work behind a garbage horizon");

@@ -14,7 +14,7 @@ use super::sample::{RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter};
 use super::{
     DeviceLimiter, FIRST_MEASURE_PATIENCE_NS, MAX_PENDING, MAX_PENDING_KNOWN, MIN_SAMPLE_GAP_NS,
-    MIN_SLEEP_NS, POOL_TARGET, REFILL_NS, SLEEP_SLICE_NS, Slow, Target, Work, duty,
+    MIN_SLEEP_NS, POOL_TARGET, SLEEP_SLICE_NS, Slow, Target, Work, duty,
 };
 use crate::cuda::*;
 use crate::state::real;
@@ -101,16 +101,18 @@ impl DeviceLimiter {
     }
 
     /// Waits until the container may launch again: not at all while the bucket is not in
-    /// debt; once it is, until it has refilled `REFILL_NS`. An unknown kernel also waits
-    /// (at most `FIRST_MEASURE_PATIENCE_NS`) for the measurement under way of another
-    /// unknown one, so a queue of long kernels cannot slip past before anything is known.
+    /// debt; once it is, until the debt is paid and the bucket has refilled what
+    /// `refill_ns` says. An unknown kernel also waits (at most
+    /// `FIRST_MEASURE_PATIENCE_NS`) for the measurement under way of another unknown one,
+    /// so a queue of long kernels cannot slip past before anything is known.
     pub(super) fn wait_turn(&self, unknown: bool, ride: Option<(Target, u64)>) {
         let started = monotonic_ns();
+        let mut waited = 0;
         loop {
             let now = monotonic_ns();
             self.maintain(now);
             let rate = self.rate();
-            let mut delay = self.shared.hold(now, rate, REFILL_NS);
+            let mut delay = self.shared.hold(now, rate, || self.refill_ns(now));
             if delay > 0
                 && let Some((target, cost)) = ride
                 && self.rides_along(target, cost, now, rate)
@@ -128,8 +130,10 @@ impl DeviceLimiter {
                 0
             };
             if sleep == 0 || EXITING.load(Ordering::Relaxed) {
+                trace::most(Counter::LongestWaitNs, waited);
                 return;
             }
+            waited += sleep;
             if let Some(words) = self.mine {
                 words[slot_words::WAITED_NS].fetch_add(sleep, Ordering::Relaxed);
             }

@@ -62,6 +62,8 @@ pub enum Counter {
     /// the context waited for its slice on a time-sliced card).
     ClockTaken,
     ClockLate,
+    /// The longest a launch waited on the bucket, ns (one launch's sleeps together).
+    LongestWaitNs,
 }
 
 const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
@@ -87,9 +89,10 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "stale_context",
     "clock_taken",
     "clock_late",
+    "longest_wait_ns",
 ];
 
-const COUNTERS_LEN: usize = Counter::ClockLate as usize + 1;
+const COUNTERS_LEN: usize = Counter::LongestWaitNs as usize + 1;
 static COUNTERS: [AtomicU64; COUNTERS_LEN] = [const { AtomicU64::new(0) }; COUNTERS_LEN];
 
 /// Turns tracing on when `VGPU_LIMITER_TRACE` names a file (read once, when the
@@ -111,6 +114,14 @@ pub fn on() -> bool {
 pub fn add(counter: Counter, by: u64) {
     if on() {
         COUNTERS[counter as usize].fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+/// Raises `counter` to `value` if it is lower (nothing when tracing is off).
+#[inline]
+pub fn most(counter: Counter, value: u64) {
+    if on() {
+        COUNTERS[counter as usize].fetch_max(value, Ordering::Relaxed);
     }
 }
 

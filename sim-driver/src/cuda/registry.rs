@@ -789,6 +789,18 @@ impl Registry {
         (start, end)
     }
 
+    /// When an event recorded on `key` of context `ctx` now fires: when the stream
+    /// reaches it, and not before the card is the process's (`schedule::event_on_card`).
+    pub fn event_fires_at(&self, key: StreamKey, ctx: u64) -> u64 {
+        let at = self.ready_at(key).max(now_ns());
+        match self.contexts.get(&ctx).map(|context| context.device) {
+            Some(device) if device < self.sm_schedules.len() => {
+                super::schedule::event_on_card(&self.sim.state, self.slot, device, at)
+            }
+            _ => at,
+        }
+    }
+
     /// Makes `key` wait for `at`.
     pub fn wait_until(&mut self, key: StreamKey, at: u64) {
         let busy = self.busy_of(key).max(at);

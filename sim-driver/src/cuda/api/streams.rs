@@ -90,10 +90,10 @@ fn record_event(event: u64, stream: u64, per_thread: bool) -> Res {
         if !registry.events.contains_key(&event) {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
-        let (key, _) = registry.stream_key(stream, per_thread, current)?;
+        let (key, ctx) = registry.stream_key(stream, per_thread, current)?;
         // Recorded into a capture, the event becomes a graph node.
         let captured = registry.capture_nodes(key, &[]);
-        let at = registry.ready_at(key).max(now_ns());
+        let at = registry.event_fires_at(key, ctx);
         if let Some(e) = registry.events.get_mut(&event) {
             e.at = (!captured).then_some(at);
             e.captured = captured;
