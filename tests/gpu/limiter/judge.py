@@ -33,7 +33,9 @@ def trace_text(name):
     return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path, "
             f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
-            f"{t.get('waits', 0)} waits for {t.get('waited_ns', 0) / 1e6:.0f} ms, charged {charged:.0f} ms]")
+            f"{t.get('waits', 0)} waits for {t.get('waited_ns', 0) / 1e6:.0f} ms (longest "
+            f"{t.get('longest_wait_ns', 0) / 1e6:.1f}), charged {charged:.0f} ms, clock references "
+            f"{t.get('clock_taken', 0)} taken / {t.get('clock_late', 0)} late]")
 
 
 def record(name, verdict, figure, **values):
@@ -230,6 +232,19 @@ if have_torch:
                + share_text(base, share, target)
                + (" (before: 886 bare, 756 at 60)" if n != "30" else "")
                + ("" if n == "bare" else trace_text(f"decode-{n}")), **res)
+    turns = result("event-turns")
+    if turns and "alone" in turns and "p50_us" in turns.get("beside", {}):
+        alone, beside = turns["alone"], turns["beside"]
+        wait = beside["over_200us"] > beside["trials"] / 4
+        record("event-on-an-idle-stream-beside-a-busy-process", "INFO",
+               f"alone p50 {alone['p50_us']} us, max {alone['max_us']}; beside a busy process "
+               f"p50 {beside['p50_us']} us, p90 {beside['p90_us']}, max {beside['max_us']} "
+               f"({beside['over_200us']} of {beside['trials']} over 200 us): events "
+               + ("wait for the context's slice (as the sim models)" if wait
+                  else "do not wait for the context's slice (VGPU_SIM_EVENT_TURNS=0 models that)"),
+               **turns)
+    else:
+        record("event-on-an-idle-stream-beside-a-busy-process", "FAIL", why("event-turns"))
     train_bare, train_50 = result("train-bare"), result("train-50")
     if train_bare and train_50:
         ratio = train_50["steps_per_s"] / train_bare["steps_per_s"]
@@ -247,7 +262,8 @@ if have_torch:
     else:
         record("training-at-50", "FAIL", f"{why('train-bare')}; {why('train-50')}")
 else:
-    for n in ("decode-bare", "decode-30", "decode-60", "training-at-50"):
+    for n in ("event-on-an-idle-stream-beside-a-busy-process", "decode-bare", "decode-30",
+              "decode-60", "training-at-50"):
         record(n, "SKIP", "no PyTorch with CUDA (or a simulated run)")
 
 json.dump({"case_s": case_s, "bare": bare, "checks": figures}, open(os.path.join(out, "limiter.json"), "w"), indent=1)

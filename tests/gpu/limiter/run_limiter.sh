@@ -15,7 +15,9 @@
 #   5. two containers at 30 and 60 at once; soft 30 alone, then a hard 60 joins;
 #   6. launch cost bare and under --cores 99, five interleaved pairs (driver API, and
 #      cudart's `bench launch` when nvcc is there);
-#   7. PyTorch (when there): the batch-1 decode loop bare, at 30 and 60; training at 50.
+#   7. PyTorch (when there): whether an event on an idle stream waits while another
+#      process has the card (event_turns.py); the batch-1 decode loop bare, at 30 and
+#      60; training at 50.
 #
 # SIMULATE=1 runs it all over the simulated driver (`vgpu run --simulate`), which is how
 # the script is tested without a GPU: only the figures differ.
@@ -163,6 +165,9 @@ fi
 
 if [ "$HAVE_TORCH" = 1 ]; then
     echo "== PyTorch" >&2
+    # Whether an event on an idle stream waits while another process has the card (what
+    # the limiter's GPU clock and the sim's VGPU_SIM_EVENT_TURNS assume): about 6 s.
+    step event-turns 30 bare python3 "$HERE/event_turns.py"
     step decode-bare 60 bare python3 "$HERE/decode.py" 5
     step decode-30 60 30 python3 "$HERE/decode.py" 5
     step decode-60 60 60 python3 "$HERE/decode.py" 5
