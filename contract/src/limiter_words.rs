@@ -4,9 +4,9 @@
 //! `CONTAINER_LIMITER_WORDS` atomics and, in every process slot, a block of
 //! `SLOT_LIMITER_WORDS`. The processes of one container share the first (their token
 //! bucket lives there, so the container's limit is one budget however many processes
-//! spend it); each process publishes its own activity in the
-//! second (and its own union horizon). The host-side coordinator (`coordinator.rs`) reads only the slot words, from
-//! a private copy, and believes nothing it has not checked. Every time is
+//! spend it); each process publishes its own activity in the second, and keeps its own
+//! union horizon there. The host-side coordinator (`coordinator.rs`) reads only the slot
+//! words, from a private copy, and believes nothing it has not checked. Every time is
 //! [`crate::clock::monotonic_ns`]; zero means "never".
 
 /// Container-wide words (`Region::container_limiter(device)`), written with atomics by

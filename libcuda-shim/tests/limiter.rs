@@ -1273,8 +1273,8 @@ fn decode_beside_a_busy_neighbour(
 /// kernel's measured cost is its own and the loop, within its limit, is hardly held at
 /// all; with `VGPU_SIM_EVENT_TURNS=0` its events time the neighbour's turns too, its
 /// kernels look long and the bucket holds it often, as the H200's stalls say it is held
-/// there. The second is where the refill shows (16.4 / 15.5 ms longest waits with it,
-/// 0.5-1.9 ms without), and the loop must have been held there for the test to judge.
+/// there. The second is where the refill shows (15.5-16.4 ms longest waits with it,
+/// 0.9-6.1 ms without), and the loop must have been held there for the test to judge.
 #[test]
 fn a_one_stream_loop_beside_a_busy_neighbour_waits_for_its_debt_not_a_refill() {
     let mut failures = Vec::new();

@@ -92,7 +92,7 @@ impl GpuClock {
     /// Records a reference on the clock's own stream and watches it fire; `None` when
     /// it did not within [`FIRED_WITHIN_NS`] (the event goes back to the pool: a later
     /// record of it supersedes this one).
-    fn try_reference(&mut self, slow_pool: &mut Vec<CUevent>) -> Option<(CUevent, u64)> {
+    fn try_reference(&self, slow_pool: &mut Vec<CUevent>) -> Option<(CUevent, u64)> {
         let event = slow_pool.pop().or_else(|| {
             let create = real!(cuEventCreate as fn(*mut CUevent, u32) -> CUresult);
             let mut event = std::ptr::null_mut();

@@ -78,13 +78,13 @@ const WINDOW_NS: u64 = 20_000_000;
 /// time's worth, so that all the container's streams resume together and overlap: with
 /// a trickle of budget, only one of them would get through at a time. Less than the
 /// window, so that oversleeping by up to a quarter of it loses nothing. Only while the
-/// container's work has overlapped lately (`CONCURRENT_LATELY_NS`): one stream's kernels
+/// process's work has overlapped lately (`CONCURRENT_LATELY_NS`): one stream's kernels
 /// run one after another whatever the hold, and a latency-bound loop held for a refill
 /// waits 15 ms or more for each (H200, BENCHMARKS run 11: a decode loop beside a busy
 /// neighbour had steps of 35 ms with it, 4.8 ms without it).
 const REFILL_NS: u64 = WINDOW_NS * 3 / 4;
-/// How long after a launch that overlapped the container's other queued work the refill
-/// is kept (`REFILL_NS`).
+/// How long after a launch that overlapped the process's other queued work the refill is
+/// kept (`REFILL_NS`).
 const CONCURRENT_LATELY_NS: u64 = 1_000_000_000;
 /// How often a process publishes its activity and, in soft mode, reads the card view.
 const PUBLISH_NS: u64 = 20_000_000;
@@ -234,7 +234,7 @@ struct DeviceLimiter {
     next_publish_ns: AtomicU64,
     next_sample_ns: AtomicU64,
     /// Until when held launches wait for the refill (`REFILL_NS`): a launch that
-    /// overlapped other queued work of the container moves it `CONCURRENT_LATELY_NS`
+    /// overlapped other queued work of this process moves it `CONCURRENT_LATELY_NS`
     /// ahead.
     concurrent_until_ns: AtomicU64,
     /// Busy time and launches not yet added to the region (one atomic per launch on

@@ -149,7 +149,8 @@ impl<'a> Shared<'a> {
         );
     }
 
-    /// The latest projected end of the container's queued work (a garbage word reads 0).
+    /// The latest projected end of the process's queued work (of the container's, for a
+    /// process without a slot; a garbage word reads 0).
     pub fn horizon(&self, now_ns: u64) -> u64 {
         let horizon = self.horizon.load(Ordering::Acquire);
         if horizon > now_ns.saturating_add(HORIZON_SANE_NS) {

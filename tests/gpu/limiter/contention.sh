@@ -85,13 +85,8 @@ probe() {
     ( timeout $(( $2 + 10 )) python3 "$HERE/nvml_probe.py" "$2" >"$LOGS/$1.nvml.jsonl" 2>&1 ) &
 }
 limit_s=$(( ${PAIR_S%.*} + 30 ))
-# Launch-cost runs are pinned to two CPUs where taskset is there (LAUNCH_CPUS, "2,3"):
-# unpinned, runs of one kind spread 3.26-4.29 us in run 11, more than the limiter's cost.
-# Unpinned where taskset is missing or the machine lacks those CPUs (a 2-core machine).
-PIN=""
-if command -v taskset >/dev/null && taskset -c "${LAUNCH_CPUS:-2,3}" true 2>/dev/null; then
-    PIN="taskset -c ${LAUNCH_CPUS:-2,3}"
-fi
+# shellcheck source=pin.sh
+. "$HERE/pin.sh"
 
 if has pairs || has two; then
     echo "== bare baselines" >&2

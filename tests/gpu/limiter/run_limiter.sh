@@ -67,12 +67,8 @@ step() {
     echo $? >"$LOGS/$name.rc"
 }
 case_timeout=$(( ${CASE_S%.*} + 30 ))
-# Launch-cost runs are pinned to two CPUs where taskset is there (LAUNCH_CPUS, "2,3").
-# Unpinned where taskset is missing or the machine lacks those CPUs (a 2-core machine).
-PIN=""
-if command -v taskset >/dev/null && taskset -c "${LAUNCH_CPUS:-2,3}" true 2>/dev/null; then
-    PIN="taskset -c ${LAUNCH_CPUS:-2,3}"
-fi
+# shellcheck source=pin.sh
+. "$HERE/pin.sh"
 
 if [ -n "$STREAMS" ]; then
     echo "== bare baselines" >&2
