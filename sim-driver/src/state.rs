@@ -505,9 +505,14 @@ impl SharedState {
         }
     }
 
-    /// Every other live process's current turn on `gpu`: (where it began, where its
-    /// queued kernels end), monotonic ns (`cuda::schedule` time-slices the card by them).
-    pub fn others_turns(&self, slot: SlotIndex, gpu: usize) -> Vec<(u64, u64)> {
+    /// Every other live process's current turn on `gpu` that still holds work after
+    /// `after_ns`: (where it began, where its queued kernels end), monotonic ns
+    /// (`cuda::schedule` time-slices the card by them). A turn that ended by then cannot
+    /// hold the card for anything queued now; leaving it out matters because a slot
+    /// stays live until it is reclaimed (a killed process's stays until slots run out),
+    /// and a stale turn would put a process that has the card to itself on the shared
+    /// path.
+    pub fn others_turns(&self, slot: SlotIndex, gpu: usize, after_ns: u64) -> Vec<(u64, u64)> {
         (0..self.high_water())
             .filter(|index| *index != slot.0)
             .filter_map(|index| self.live(index))
@@ -517,7 +522,7 @@ impl SharedState {
                     other.busy_until[gpu].load(Ordering::Acquire),
                 )
             })
-            .filter(|&(_, until)| until > 0)
+            .filter(|&(_, until)| until > after_ns)
             .collect()
     }
 
@@ -627,6 +632,25 @@ mod tests {
         assert_eq!(state.gpu_used(0), 500);
         assert_eq!(state.reclaim_dead(), 1);
         assert_eq!(state.gpu_used(0), 0);
+    }
+
+    /// A slot stays live until it is reclaimed, so a killed process's last turn stays in
+    /// the file: only turns with work after the asked time are another process's hold on
+    /// the card.
+    #[test]
+    fn only_turns_with_work_left_hold_the_card() {
+        let (_dir, state) = open_temp();
+        let me = process::current();
+        let [mine, gone, busy] =
+            [0u64, 1, 2].map(|n| state.claim(me.pid, me.start_time, me.pid_ns + n).unwrap());
+        state.begin_turn(gone, 0, 1_000);
+        state.record_busy(gone, 0, 1_000, 2_000, 1_000);
+        state.begin_turn(busy, 0, 5_000);
+        state.record_busy(busy, 0, 5_000, 9_000, 5_000);
+        assert_eq!(state.others_turns(mine, 0, 500).len(), 2);
+        assert_eq!(state.others_turns(mine, 0, 6_000), [(5_000, 9_000)]);
+        assert!(state.others_turns(mine, 0, 9_000).is_empty());
+        assert_eq!(state.others_turns(busy, 0, 1_500), [(1_000, 2_000)]);
     }
 
     #[test]

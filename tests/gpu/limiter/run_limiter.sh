@@ -36,6 +36,9 @@ export VGPU_HOST_DIR="$OUT/host"
 export VGPU_COORDINATOR_TRACE="$LOGS/coordinator.trace"
 SIM=()
 [ "${SIMULATE:-0}" = 1 ] && SIM=(--simulate)
+# A dry run's simulated card is its own: no slots left in the default state file by
+# other runs (a killed process's stays live there until slots run out).
+[ "${SIMULATE:-0}" = 1 ] && export VGPU_SIM_STATE="${VGPU_SIM_STATE:-$OUT/sim/state}"
 
 if [ ! -x "$VGPU" ]; then echo "no $VGPU" >&2; exit 2; fi
 STREAMS="$OUT/streams"
