@@ -2470,26 +2470,41 @@ fn region_busy_ns(config: &str) -> u64 {
 }
 
 /// Issue 14 on the H200: PyTorch training at 50 ran at 102% of bare. The same shape of
-/// launches over the sim (`TorchLike`): at 50 it must run at half its bare speed.
+/// launches over the sim (`TorchLike`, kernels whose cost grows with their grid): at 50
+/// it runs at half its bare speed, and the card is never more than 3 points over.
 ///
-/// Open: it runs at 58-59% of bare (the card 53-55% busy by the sim's NVML) while the
-/// limiter charged 48.9% of the wall time (`VGPU_LIMITER_TRACE`): its per-kernel
-/// estimates of launches whose cost varies with their grid come out ~15% low. Run it
-/// with `--ignored`.
+/// Judged by the card's busy time over the last second (the sim's own account) and by
+/// steps, counted where the program synchronises: each count may be off by one sync's
+/// `TORCH_SYNC_EVERY` steps, so the ratio is judged as the range those allow. Was open
+/// at 58-59% of bare (the card 53-55% busy) while the limiter charged 48.9%: its
+/// estimates of grid-varying launches came out ~15% low; now 50-55% of bare, the card
+/// 50-52% busy.
 #[test]
-#[ignore = "open: 58% of bare at 50 (the estimates of grid-varying kernels run ~15% low)"]
 fn training_like_pytorch_is_held_to_its_limit() {
     let role = Role::plain("k_1ms", 3000).mode("torch");
     let bare = run_one("torch-bare", "", role);
     let limited = run_one("torch-50", "    core_limit: 50\n", role);
-    let (bare_share, limited_share) = (bare.mean(5, usize::MAX), limited.mean(5, usize::MAX));
-    eprintln!(
-        "torch-like: bare {} steps ({bare_share:.1}% of the card), at 50: {} steps ({limited_share:.1}%), card busy {}%",
-        bare.launches, limited.launches, limited.card_util
+    let (bare_steps, steps) = (bare.launches as f64, limited.launches as f64);
+    let slack = TORCH_SYNC_EVERY as f64;
+    let (least, most) = (
+        (steps - slack) / (bare_steps + slack) * 100.0,
+        (steps + slack) / (bare_steps - slack).max(1.0) * 100.0,
     );
-    let ratio = limited_share / bare_share * 100.0;
+    eprintln!(
+        "torch-like: bare {bare_steps} steps (the card {}% busy), at 50: {steps} steps ({least:.1}-{most:.1}% of bare), the card {}% busy",
+        bare.card_util, limited.card_util
+    );
     assert!(
-        (ratio - 50.0).abs() <= 5.0,
-        "at 50: {ratio:.1}% of bare ({limited_share:.1}% vs {bare_share:.1}% of the card)"
+        bare_steps > 4.0 * slack && bare.card_util >= 90,
+        "the bare run kept the card busy: {bare:?}"
+    );
+    assert!(
+        limited.card_util <= 53,
+        "at 50 the card was {}% busy",
+        limited.card_util
+    );
+    assert!(
+        most >= 45.0 && least <= 55.0,
+        "at 50: {least:.1}-{most:.1}% of bare steps"
     );
 }
