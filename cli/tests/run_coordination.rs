@@ -14,21 +14,6 @@
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-/// Builds tests/gpu/limiter/streams.c (the GPU suite's workload) into `dir`.
-fn streams(dir: &Path) -> std::path::PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/gpu/limiter/streams.c");
-    let binary = dir.join("streams");
-    let status = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&binary)
-        .arg(&source)
-        .args(["-ldl", "-lpthread"])
-        .status()
-        .expect("run cc (a C compiler is needed)");
-    assert!(status.success(), "cc streams.c");
-    binary
-}
-
 fn container(dir: &Path, streams: &Path, cores: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_vgpu"))
         .args([
@@ -91,7 +76,7 @@ fn two_runs_on_one_card_find_each_others_processes_and_correct_their_charges() {
         }
     );
     let dir = tempfile::tempdir().expect("tempdir");
-    let streams = streams(dir.path());
+    let streams = vgpu_test_support::streams_workload(dir.path());
     let runs = [
         container(dir.path(), &streams, "30"),
         container(dir.path(), &streams, "60"),

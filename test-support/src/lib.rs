@@ -1,7 +1,8 @@
 //! Test plumbing shared by every crate's tests: where a Cargo build left the workspace's
 //! libraries and programs and where the repository is (`built`), Debian's driver packages the export checks read
 //! (`debian`), a client's `RESULT` line (`client_output`), kubelet's own gRPC client
-//! (`kubelet_dial`), a series of a metrics text (`exposition`), and the one policy for
+//! (`kubelet_dial`), a series of a metrics text (`exposition`), the GPU suite's C workload
+//! built for a test (`workload`), and the one policy for
 //! what a test needs from the
 //! machine (`prerequisites`, the `require!` macro).
 //!
@@ -19,6 +20,7 @@ pub mod debian;
 pub mod exposition;
 pub mod kubelet_dial;
 pub mod prerequisites;
+pub mod workload;
 
 pub use built::{built, in_profile_dir, profile_dir, repo_root};
 pub use client_output::result_line;
@@ -26,3 +28,4 @@ pub use debian::unpack_debian_driver;
 pub use exposition::metric_value;
 pub use kubelet_dial::kubelet_dial;
 pub use prerequisites::{Need, in_ci, present};
+pub use workload::streams_workload;

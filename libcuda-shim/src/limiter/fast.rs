@@ -10,10 +10,12 @@
 //! fetch-add). Anything else (a sample due, a hold, the publish tick, an unknown kernel)
 //! goes to `super::slow`.
 //!
-//! What it costs, measured (`tests/bench/launch_cost.sh` over the simulated driver, not a
-//! GPU figure): about 520 instructions in the shim per limited launch (callgrind; the
-//! hook's forwarding is 75 of them), five read-modify-writes and one clock read; about
-//! 0.1-0.15 us of wall time on the 2-core CI machine, within its noise. Sampling adds two
+//! What it costs, measured over the simulated driver (not a GPU figure): about 475
+//! instructions in the shim per limited launch (`tests/bench/launch_cost.sh` with
+//! callgrind; the hook's forwarding is 75 of them), five read-modify-writes and one clock
+//! read; 53-55 ns of wall time in one `--cores 99` process against the driver's own
+//! `cuLaunchKernel` in alternating blocks (`streams launch-ab` of the GPU suite; 5-7 ns
+//! with a memory quota only). Sampling adds two
 //! `cuEventRecord`s, a query and an elapsed time to one launch in about 220 at full speed
 //! (run 9 on the H200: 0.4 % of the driver-API loop).
 use std::sync::atomic::Ordering;

@@ -185,6 +185,26 @@ def launch_cost(kind, key, label):
 
 
 launch_cost("launch", "per_launch_us", "driver API, 200k launches")
+
+
+def launch_in_process():
+    """Issue 25's launch target judged where nothing but the shim differs: one --cores 99
+    process timing its cuLaunchKernel through the shim and straight into the real driver,
+    in 40 alternating blocks (ABBA) of bursts too short to fill the queue."""
+    res = result("launch-ab")
+    if not res or "ratio" not in res:
+        detail = res.get("error") if res else None
+        record("launch-cost-in-process", "FAIL", detail or why("launch-ab"))
+        return
+    ratio, shim, real = res["ratio"], res["shim_ns"], res["real_ns"]
+    record("launch-cost-in-process", "PASS" if ratio <= 1.05 else "FAIL",
+           f"driver API in one --cores 99 process: the shim's cuLaunchKernel {shim:.0f} ns, "
+           f"the real driver's {real:.0f} ns, {shim - real:+.0f} ns, {ratio:.3f}x (median of "
+           f"{res['blocks']} alternating blocks of {res['launches_per_block']}; target <=1.05)",
+           ratio=ratio, shim_ns=shim, real_ns=real, added_ns=shim - real)
+
+
+launch_in_process()
 if have_cudart:
     launch_cost("cudart", "per_op_us", "cudart <<<>>> (bench launch), 200k launches")
 else:

@@ -14,7 +14,8 @@
 #   4. two processes of one container (one --state-dir), 4 streams each, at 30;
 #   5. two containers at 30 and 60 at once; soft 30 alone, then a hard 60 joins;
 #   6. launch cost bare and under --cores 99, five interleaved pairs (driver API, and
-#      cudart's `bench launch` when nvcc is there);
+#      cudart's `bench launch` when nvcc is there), and in one --cores 99 process the
+#      shim's cuLaunchKernel against the real driver's (`streams launch-ab`);
 #   7. PyTorch (when there): whether an event on an idle stream waits while another
 #      process has the card (event_turns.py); the batch-1 decode loop bare, at 30 and
 #      60; training at 50.
@@ -152,6 +153,10 @@ if [ -n "$STREAMS" ]; then
         VGPU_LIMITER_TRACE= step "launch-99-$i" 60 99 $PIN "$STREAMS" launch 200000
     done
     step launch-99-trace 60 99 "$STREAMS" launch 200000
+    # The shim's own cost in one process: its cuLaunchKernel against the real driver's,
+    # in alternating blocks on one thread and stream (streams.c launch-ab), so no second
+    # process's CPU, clock frequency or neighbours differ.
+    VGPU_LIMITER_TRACE= step launch-ab 60 99 $PIN "$STREAMS" launch-ab 400000
 fi
 # (The bare `wait`s above reap the nvcc job too; `wait "$NVCC"` then fails although
 # bench was built: runs 10 and 11 skipped the runtime API's launch cost for that.)

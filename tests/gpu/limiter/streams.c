@@ -11,6 +11,9 @@
 //                                  one case, one JSON line: completed kernels (or graphs)
 //                                  per second, and with `windows` each 100 ms window's
 //   streams launch N               N launches of an empty kernel on one stream: ns each
+//   streams launch-ab N            in one process, the shim's cuLaunchKernel against the real
+//                                  driver's own (found among the loaded objects), in
+//                                  alternating blocks of N/40 launches: what the shim adds
 //
 // CASE: q<S>x<K>  S streams (one thread each) of quarter-card kernels of K (100us, 1ms)
 //       f<K>      one stream of full-card kernels of K (100us, 1ms, 10ms)
@@ -22,7 +25,10 @@
 // reads its results would; a kernel counts when its "done" event is waited on.
 //
 // Build: cc -O2 -o streams streams.c -ldl -lpthread
+#define _GNU_SOURCE
 #include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -280,6 +286,109 @@ static void run_case(const char *name, double seconds, int windows) {
     fflush(stdout);
 }
 
+/* The real driver beside the shim: a loaded object named libcuda.so* that is not the one
+ * `dlopen("libcuda.so.1")` gave (the shim loads the real driver by its full path). */
+struct other_libcuda {
+    char shim[PATH_MAX];
+    char found[PATH_MAX];
+};
+
+static int find_other_libcuda(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    struct other_libcuda *search = arg;
+    const char *name = info->dlpi_name, *base = strrchr(name, '/');
+    char resolved[PATH_MAX];
+    base = base ? base + 1 : name;
+    if (strncmp(base, "libcuda.so", 10) != 0 || !realpath(name, resolved)) return 0;
+    if (strcmp(resolved, search->shim) == 0) return 0;
+    snprintf(search->found, sizeof search->found, "%s", resolved);
+    return 1;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *values, int n) {
+    qsort(values, n, sizeof *values, compare_doubles);
+    return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+#define AB_BLOCKS 40
+#define AB_BURST 64
+
+/* Host time of `launches` launches of `function` through `launch_fn`, in bursts of
+ * AB_BURST with a synchronisation between them that is not timed: the queue never
+ * fills, so the time is the calls' own, not the GPU's pace. Seconds. */
+static double timed_launches(CUresult (*launch_fn)(H, unsigned, unsigned, unsigned, unsigned,
+                                                   unsigned, unsigned, unsigned, H, void **, void **),
+                             H function, H stream, long launches) {
+    unsigned long long ns = 0;
+    void *params[] = {&ns};
+    double spent = 0;
+    for (long done = 0; done < launches; done += AB_BURST) {
+        double t0 = now_s();
+        for (int i = 0; i < AB_BURST; i++)
+            CHECK(launch_fn(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+        spent += now_s() - t0;
+        CHECK(cuStreamSynchronize(stream));
+    }
+    return spent;
+}
+
+/* The shim's cost on the launch path, measured in one process: blocks of launches through
+ * the shim and straight into the real driver alternate (ABBA), on the same thread, CPU,
+ * context and stream, so what differs is the shim alone (a launch it does not see is
+ * neither limited nor charged: empty kernels, for a cost). Prints medians of both and the
+ * median of the blocks' pairwise ratios. */
+static int launch_ab(long n) {
+    struct other_libcuda search = {0};
+    Dl_info info;
+    if (!dladdr((void *)cuLaunchKernel, &info) || !realpath(info.dli_fname, search.shim)) {
+        fprintf(stderr, "launch-ab: cannot tell where cuLaunchKernel came from\n");
+        return 2;
+    }
+    dl_iterate_phdr(find_other_libcuda, &search);
+    if (!search.found[0]) {
+        printf("{\"case\": \"launch-ab\", \"error\": \"no second libcuda loaded (no shim?)\", "
+               "\"shim\": \"%s\"}\n", search.shim);
+        return 0;
+    }
+    void *real_lib = dlopen(search.found, RTLD_NOW | RTLD_NOLOAD);
+    CUresult (*real_launch)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, H, void **, void **) =
+        real_lib ? dlsym(real_lib, "cuLaunchKernel") : NULL;
+    if (!real_launch || (void *)real_launch == (void *)cuLaunchKernel) {
+        fprintf(stderr, "launch-ab: no cuLaunchKernel of its own in %s\n", search.found);
+        return 2;
+    }
+    H function, stream;
+    CHECK(cuStreamCreate(&stream, 1 /* NON_BLOCKING */));
+    CHECK(cuModuleGetFunction(&function, module, "empty_100ns"));
+    long block = n / (2 * AB_BLOCKS);
+    if (block < AB_BURST) block = AB_BURST;
+    /* Warm-up of 1.5 s through the shim (the limiter learns the kernel, the host's
+     * coordinator settles), and a little through the real driver. */
+    for (double w0 = now_s(); now_s() - w0 < 1.5;) timed_launches(cuLaunchKernel, function, stream, 1024);
+    timed_launches(real_launch, function, stream, 4096);
+    double shim_ns[AB_BLOCKS], real_ns[AB_BLOCKS], ratios[AB_BLOCKS];
+    for (int b = 0; b < AB_BLOCKS; b++) {
+        int shim_first = (b % 4 == 0 || b % 4 == 3); /* ABBA */
+        double first = timed_launches(shim_first ? cuLaunchKernel : real_launch, function, stream, block);
+        double second = timed_launches(shim_first ? real_launch : cuLaunchKernel, function, stream, block);
+        shim_ns[b] = (shim_first ? first : second) / block * 1e9;
+        real_ns[b] = (shim_first ? second : first) / block * 1e9;
+        ratios[b] = shim_ns[b] / real_ns[b];
+    }
+    double ratio = median(ratios, AB_BLOCKS);
+    printf("{\"case\": \"launch-ab\", \"blocks\": %d, \"launches_per_block\": %ld, "
+           "\"shim_ns\": %.1f, \"real_ns\": %.1f, \"ratio\": %.4f, \"shim\": \"%s\", \"real\": \"%s\"}\n",
+           AB_BLOCKS, block, median(shim_ns, AB_BLOCKS), median(real_ns, AB_BLOCKS), ratio,
+           search.shim, search.found);
+    return 0;
+}
+
 static const char *SWEEP[] = {"q1x100us", "q2x100us", "q4x100us", "q8x100us", "q1x1ms",
                               "q2x1ms",   "q4x1ms",   "q8x1ms",   "f100us",   "f1ms",
                               "f10ms",    "g100us",   "w1ms"};
@@ -294,6 +403,8 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof SWEEP / sizeof *SWEEP; i++) run_case(SWEEP[i], atof(argv[2]), 0);
     } else if (!strcmp(argv[1], "run") && argc >= 4) {
         run_case(argv[2], atof(argv[3]), argc > 4 && !strcmp(argv[4], "windows"));
+    } else if (!strcmp(argv[1], "launch-ab")) {
+        return launch_ab(atol(argv[2]));
     } else if (!strcmp(argv[1], "launch")) {
         long n = atol(argv[2]);
         H function, stream = stream_new();
