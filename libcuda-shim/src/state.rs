@@ -104,13 +104,6 @@ pub fn after_success(result: CUresult, then: impl FnOnce(&'static Enforcer)) -> 
     result
 }
 
-/// The enforcer, `Ok(None)` when the shim only forwards, or the error every hooked
-/// call returns when the shim fails closed. The older way of asking, kept for the
-/// limiter until it moves to [`enforcing`] and [`enforce`].
-pub fn enforcer() -> Result<Option<&'static Enforcer>, CUresult> {
-    policy().decide(|| Err(CUDA_ERROR_NO_DEVICE), || Ok(None), |e| Ok(Some(e)))
-}
-
 fn load() -> Shim {
     let start = runtime::Start {
         shim: "cuda",

@@ -61,7 +61,7 @@ use vgpu_contract::region::{Region, SLOT_LIMITER_WORDS, SlotId};
 
 use crate::cuda::*;
 use crate::current::PER_THREAD_KEY_BIT;
-use crate::state::{Visible, enforcer, real};
+use crate::state::{Visible, enforcing, real};
 use clock::GpuClock;
 pub(crate) use lifecycle::stand_down;
 use lifecycle::{EXITING, LIMITS, LIMITS_NONE, limiter};
@@ -195,7 +195,8 @@ fn current_limited() -> Option<&'static DeviceLimiter> {
     if EXITING.load(Ordering::Relaxed) {
         return None;
     }
-    let Ok(Some(enforcer)) = enforcer() else {
+    // Forwarding only or failing closed: nothing to limit, now or later.
+    let Some(enforcer) = enforcing() else {
         LIMITS.store(LIMITS_NONE, Ordering::Relaxed);
         return None;
     };
