@@ -126,13 +126,20 @@ pub enum Work {
     Graph(usize),
 }
 
+/// The cost-table key of a graph: its handle with this bit set, so that a graph and a
+/// kernel at the same address (user-space pointers never have it) are learned apart.
+const GRAPH_KEY_BIT: u64 = 1 << 63;
+/// The cost-table key of a null function handle (the table's keys are nonzero; the real
+/// launch rejects it, but it is counted like any other until then).
+const NULL_KERNEL_KEY: u64 = 1 << 61;
+
 impl Work {
     /// A nonzero key per kernel or graph.
     fn key(self) -> u64 {
         match self {
-            Work::Kernel(0) => 1 << 61,
+            Work::Kernel(0) => NULL_KERNEL_KEY,
             Work::Kernel(function) => function as u64,
-            Work::Graph(exec) => exec as u64 | (1 << 63),
+            Work::Graph(exec) => exec as u64 | GRAPH_KEY_BIT,
         }
     }
 }
