@@ -184,22 +184,32 @@ fn write_trace() {
 }
 
 impl DeviceLimiter {
-    /// One line for the trace: the device, its limit and rate, the host's factor, and
-    /// what its tables and queue hold (without waiting for the lock).
+    /// One line for the trace: the device, its limit and rate, the host's factor, what
+    /// its tables and queue hold (without waiting for the lock), and the learned cost of
+    /// its most-sampled kernels (`cost_ns/samples`, samples saturate at 255): against a
+    /// kernel of known length, whether samples timed more than the kernel (a neighbour's
+    /// slices, waits for SMs).
     pub(super) fn describe(&self) -> String {
         let pending = self
             .slow
             .try_lock()
             .map(|slow| slow.pending.len().to_string())
             .unwrap_or_else(|_| "busy".into());
+        let estimates: Vec<String> = self
+            .estimates
+            .best_known(4)
+            .iter()
+            .map(|estimate| format!("{}/{}", estimate.cost_ns, estimate.samples))
+            .collect();
         format!(
-            "device {} limit_ppm {} rate_ppm {} charge_permille {} soft {} pending {pending} unknown_in_flight {}",
+            "device {} limit_ppm {} rate_ppm {} charge_permille {} soft {} pending {pending} unknown_in_flight {} estimates {}",
             self.visible.uuid,
             self.limit_ppm,
             self.rate(),
             self.charge_permille.load(Ordering::Relaxed),
             self.soft as u8,
             self.unknown_in_flight.load(Ordering::Relaxed),
+            estimates.join(","),
         )
     }
 }

@@ -95,6 +95,22 @@ impl Estimates {
         Some((counted, won))
     }
 
+    /// Up to `most` learned estimates, those with the most samples first (for the trace:
+    /// what the limiter believes its busiest kernels cost).
+    pub fn best_known(&self, most: usize) -> Vec<Estimate> {
+        let mut known: Vec<Estimate> = self
+            .keys
+            .iter()
+            .zip(self.values.iter())
+            .filter(|(key, _)| key.load(Ordering::Relaxed) != 0)
+            .map(|(_, value)| Estimate::unpack(value.load(Ordering::Relaxed)))
+            .filter(|estimate| estimate.samples > 0)
+            .collect();
+        known.sort_by(|a, b| b.samples.cmp(&a.samples).then(b.cost_ns.cmp(&a.cost_ns)));
+        known.truncate(most);
+        known
+    }
+
     /// The estimate of `key` without counting a launch.
     pub fn get(&self, key: u64) -> Option<Estimate> {
         let index = self.find(key)?;
@@ -306,6 +322,23 @@ mod tests {
             table.record(key, key);
             assert_eq!(table.get(key).map(|e| e.cost_ns), Some(key));
         }
+    }
+
+    #[test]
+    fn the_trace_gets_the_most_sampled_estimates_first() {
+        let table = Estimates::new(64);
+        for (key, samples, cost) in [(1u64, 3, 100), (2, 9, 1_000), (3, 1, 50), (4, 9, 2_000)] {
+            for _ in 0..samples {
+                table.record(key, cost);
+            }
+        }
+        let costs: Vec<(u64, u32)> = table
+            .best_known(3)
+            .iter()
+            .map(|estimate| (estimate.cost_ns, estimate.samples))
+            .collect();
+        assert_eq!(costs, [(2_000, 9), (1_000, 9), (100, 3)]);
+        assert!(Estimates::new(8).best_known(3).is_empty());
     }
 
     #[test]
