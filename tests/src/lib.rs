@@ -65,6 +65,23 @@ impl SimHost {
             .env_remove("VGPU_DRIVER_DIR")
     }
 
+    /// A `vgpu install` folder of this build's artifacts in the host's folder, as the GPU
+    /// suite's scripts get one.
+    pub fn install(&self) -> PathBuf {
+        let prefix = self.dir.path().join("prefix");
+        let output = Command::new(vgpu())
+            .args(["install", "--prefix"])
+            .arg(&prefix)
+            .output()
+            .expect("run vgpu install");
+        assert!(
+            output.status.success(),
+            "vgpu install: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        prefix
+    }
+
     /// `vgpu run --simulate ARGS... -- CMD...`
     pub fn run(&self, vgpu_args: &[&str], command: &[&str]) -> Output {
         let mut cmd = Command::new(vgpu());

@@ -9,27 +9,11 @@ use std::time::{Duration, Instant};
 
 use vgpu_test_support::repo_root;
 use vgpu_test_support::{Need, require};
-use vgpu_tests::{SimHost, artifact, vgpu};
-
-/// A `vgpu install` folder of the built artifacts, as the GPU suite gets it.
-fn install(host: &SimHost) -> PathBuf {
-    let prefix = host.dir.path().join("prefix");
-    let output = Command::new(vgpu())
-        .args(["install", "--prefix"])
-        .arg(&prefix)
-        .output()
-        .expect("run vgpu install");
-    assert!(
-        output.status.success(),
-        "vgpu install: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    prefix
-}
+use vgpu_tests::{SimHost, artifact};
 
 /// `tests/compat/run.sh PREFIX OUT --simulate ARGS...` with the host's sim env.
 fn run_matrix(host: &SimHost, out: &Path, args: &[&str]) -> (Output, serde_json::Value) {
-    let prefix = install(host);
+    let prefix = host.install();
     let mut command = Command::new(repo_root().join("tests/compat/run.sh"));
     command.arg(&prefix).arg(out).arg("--simulate").args(args);
     let output = host
