@@ -99,6 +99,12 @@ pub(super) fn build_devices(
                 "compute limit {limit}% ({:?}) on {}",
                 visible.core_mode, visible.uuid
             );
+            // This process's own limiter words, which also hold its union horizon.
+            let mine = slot.map(|slot| enforcer.region.slot_limiter(slot, visible.region_index));
+            let shared = Shared::new(
+                enforcer.region.container_limiter(visible.region_index),
+                WINDOW_NS,
+            );
             let device = DeviceLimiter {
                 visible: visible.clone(),
                 limit_ppm: duty::percent_ppm(limit),
@@ -109,21 +115,12 @@ pub(super) fn build_devices(
                 },
                 soft,
                 region: &enforcer.region,
-                shared: {
-                    let shared = Shared::new(
-                        enforcer.region.container_limiter(visible.region_index),
-                        WINDOW_NS,
-                    );
-                    match slot {
-                        Some(slot) => shared.with_horizon(
-                            &enforcer.region.slot_limiter(slot, visible.region_index)
-                                [slot_words::HORIZON_NS],
-                        ),
-                        None => shared,
-                    }
+                shared: match mine {
+                    Some(words) => shared.with_horizon(&words[slot_words::HORIZON_NS]),
+                    None => shared,
                 },
                 slot,
-                mine: slot.map(|slot| enforcer.region.slot_limiter(slot, visible.region_index)),
+                mine,
                 estimates: Estimates::new(ESTIMATE_SLOTS),
                 streams: Streams::new(STREAM_SLOTS),
                 next_publish_ns: AtomicU64::new(0),
