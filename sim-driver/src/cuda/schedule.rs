@@ -364,48 +364,6 @@ mod tests {
         );
     }
 
-    /// Where two streams of one process start four quarter-card kernels of 100 ns each,
-    /// queued from `base` by a program whose first stream runs ahead (its thread queued
-    /// all four before the other's woke), beside a live neighbour whose only turn was
-    /// `neighbour` (start, end).
-    fn two_streams_one_ahead(neighbour: (u64, u64), base: u64) -> [Vec<u64>; 2] {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let state = SharedState::open(&dir.path().join("state")).expect("state");
-        let me = vgpu_contract::process::current();
-        let [mine, theirs] = [0u64, 1].map(|n| {
-            state
-                .claim(me.pid, me.start_time, me.pid_ns + n)
-                .expect("slot")
-        });
-        let (from, to) = neighbour;
-        let mut schedule = SmSchedule::default();
-        let start = place_on_card(
-            &state,
-            theirs,
-            0,
-            &mut schedule,
-            from,
-            to - from,
-            132,
-            132,
-            from,
-        );
-        state.record_busy(theirs, 0, start, to, from);
-        let mut schedule = SmSchedule::default();
-        [0, 1].map(|_| {
-            let mut ready = base;
-            (0..4)
-                .map(|_| {
-                    let start =
-                        place_on_card(&state, mine, 0, &mut schedule, ready, 100, 33, 132, base);
-                    state.record_busy(mine, 0, start, start + 100, base);
-                    ready = start + 100;
-                    start - base
-                })
-                .collect()
-        })
-    }
-
     /// A live neighbour whose turn ended before now (an idle process, or a killed one
     /// whose slot is not reclaimed yet) holds nothing: a process's streams overlap as on
     /// a card of its own. Before, any other live slot's turn, however old, put the
@@ -415,9 +373,44 @@ mod tests {
     /// bare, in a state file holding slots of processes killed earlier).
     #[test]
     fn a_neighbour_whose_turn_ended_does_not_serialize_a_process_s_streams() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = SharedState::open(&dir.path().join("state")).expect("state");
+        let me = vgpu_contract::process::current();
+        let [mine, theirs] = [0u64, 1].map(|n| {
+            state
+                .claim(me.pid, me.start_time, me.pid_ns + n)
+                .expect("slot")
+        });
+        // The neighbour's one turn, a full-card kernel over [1000, 2000), long ago.
+        let start = place_on_card(
+            &state,
+            theirs,
+            0,
+            &mut SmSchedule::default(),
+            1_000,
+            1_000,
+            132,
+            132,
+            1_000,
+        );
+        state.record_busy(theirs, 0, start, start + 1_000, 1_000);
+        // Now two streams of quarter-card kernels of 100 ns, the first running ahead (its
+        // thread queued all four before the other's woke).
         let base = 1_000_000;
-        let idle = two_streams_one_ahead((1_000, 2_000), base);
-        assert_eq!(idle, [[0, 100, 200, 300], [0, 100, 200, 300]]);
+        let mut schedule = SmSchedule::default();
+        let starts = [0, 1].map(|_| {
+            let mut ready = base;
+            (0..4)
+                .map(|_| {
+                    let start =
+                        place_on_card(&state, mine, 0, &mut schedule, ready, 100, 33, 132, base);
+                    state.record_busy(mine, 0, start, start + 100, base);
+                    ready = start + 100;
+                    start - base
+                })
+                .collect::<Vec<u64>>()
+        });
+        assert_eq!(starts, [[0, 100, 200, 300], [0, 100, 200, 300]]);
     }
 
     #[test]
