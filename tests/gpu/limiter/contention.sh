@@ -36,11 +36,8 @@ mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 export VGPU_HOST_DIR="$OUT/host"
 export VGPU_COORDINATOR_TRACE="$LOGS/coordinator.trace"
-SIM=()
-[ "${SIMULATE:-0}" = 1 ] && SIM=(--simulate)
-# A dry run's simulated card is its own: no slots left in the default state file by
-# other runs (a killed process's stays live there until slots run out).
-[ "${SIMULATE:-0}" = 1 ] && export VGPU_SIM_STATE="${VGPU_SIM_STATE:-$OUT/sim/state}"
+# shellcheck source=sim.sh
+. "$HERE/sim.sh"
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 if [ ! -x "$VGPU" ]; then echo "no $VGPU" >&2; exit 2; fi

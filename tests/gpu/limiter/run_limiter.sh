@@ -35,11 +35,8 @@ export PYTHONUNBUFFERED=1
 export VGPU_HOST_DIR="$OUT/host"
 # What the elected coordinator judged every tick (the charge factors' reasons).
 export VGPU_COORDINATOR_TRACE="$LOGS/coordinator.trace"
-SIM=()
-[ "${SIMULATE:-0}" = 1 ] && SIM=(--simulate)
-# A dry run's simulated card is its own: no slots left in the default state file by
-# other runs (a killed process's stays live there until slots run out).
-[ "${SIMULATE:-0}" = 1 ] && export VGPU_SIM_STATE="${VGPU_SIM_STATE:-$OUT/sim/state}"
+# shellcheck source=sim.sh
+. "$HERE/sim.sh"
 
 if [ ! -x "$VGPU" ]; then echo "no $VGPU" >&2; exit 2; fi
 STREAMS="$OUT/streams"
