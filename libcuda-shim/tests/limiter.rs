@@ -2477,7 +2477,7 @@ fn region_busy_ns(config: &str) -> u64 {
 /// steps, counted where the program synchronises: each count may be off by one sync's
 /// `TORCH_SYNC_EVERY` steps, so the ratio is judged as the range those allow. Was open
 /// at 58-59% of bare (the card 53-55% busy) while the limiter charged 48.9%: its
-/// estimates of grid-varying launches came out ~15% low; now 50-55% of bare, the card
+/// estimates of grid-varying launches came out ~15% low; now 52-56% of bare steps, the card
 /// 50-52% busy.
 #[test]
 fn training_like_pytorch_is_held_to_its_limit() {
