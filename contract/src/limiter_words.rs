@@ -2,11 +2,13 @@
 //!
 //! The region (layout: `region/layout.rs`) reserves per device a container-wide block of
 //! `CONTAINER_LIMITER_WORDS` atomics and, in every process slot, a block of
-//! `SLOT_LIMITER_WORDS`. The processes of one container share the first (their token
+//! `SLOT_LIMITER_WORDS`. The processes of one container share the first: their token
 //! bucket lives there, so the container's limit is one budget however many processes
-//! spend it); each process publishes its own activity in the second, and keeps its own
-//! union horizon there. The host-side coordinator (`coordinator.rs`) reads only the slot
-//! words, from a private copy, and believes nothing it has not checked. Every time is
+//! spend it, and so does their union horizon (a kernel's interval on a time-sliced card
+//! spans the slices another context took meanwhile, so the container's busy time is
+//! the union of its processes' kernels, not their sum). Each process publishes its own
+//! activity in the second. The host-side coordinator (`coordinator.rs`) reads only the
+//! slot words, from a private copy, and believes nothing it has not checked. Every time is
 //! [`crate::clock::monotonic_ns`]; zero means "never".
 
 /// Container-wide words (`Region::container_limiter(device)`), written with atomics by
@@ -16,9 +18,8 @@ pub mod container {
     /// ("generic cell rate"): a launch waits while this is in the future; a launch of
     /// union cost `c` at rate `r` moves it to `max(it, now - window) + c / r`.
     pub const PAID_UNTIL_NS: usize = 0;
-    /// The union horizon of a process without a slot of its own (see
-    /// [`super::slot::HORIZON_NS`], which every process with a slot uses): the latest
-    /// projected end of its queued kernels on this device. A launch that ends at `e`
+    /// The union horizon: the latest projected end of any queued kernel of the container
+    /// on this device. A launch that ends at `e`
     /// after starting at `s` adds `max(0, e - max(s, horizon))` of busy time.
     pub const HORIZON_NS: usize = 1;
     /// The rate in force, parts per million of the card (0: not set yet, use the limit).
@@ -39,10 +40,4 @@ pub mod slot {
     pub const WAITED_NS: usize = 1;
     /// The last time the process published (at most every publish interval).
     pub const HEARTBEAT_NS: usize = 2;
-    /// The process's union horizon: the latest projected end of its queued kernels on
-    /// this device. A context's streams overlap on the card, so a process's busy time is
-    /// the union of its kernels; a card without MPS runs one context at a time, so the
-    /// container's busy time is the sum over its processes, and each process keeps its
-    /// own horizon (the bucket stays the container's). Read by nobody else.
-    pub const HORIZON_NS: usize = 3;
 }

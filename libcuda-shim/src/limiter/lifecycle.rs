@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize,
 use vgpu_contract::CoreMode;
 use vgpu_contract::cardview;
 use vgpu_contract::clock::monotonic_ns;
-use vgpu_contract::limiter_words::slot as slot_words;
 
 use super::shared::Shared;
 use super::tables::{Estimates, Streams};
@@ -99,7 +98,7 @@ pub(super) fn build_devices(
                 "compute limit {limit}% ({:?}) on {}",
                 visible.core_mode, visible.uuid
             );
-            // This process's own limiter words, which also hold its union horizon.
+            // This process's own limiter words.
             let mine = slot.map(|slot| enforcer.region.slot_limiter(slot, visible.region_index));
             let shared = Shared::new(
                 enforcer.region.container_limiter(visible.region_index),
@@ -115,10 +114,7 @@ pub(super) fn build_devices(
                 },
                 soft,
                 region: &enforcer.region,
-                shared: match mine {
-                    Some(words) => shared.with_horizon(&words[slot_words::HORIZON_NS]),
-                    None => shared,
-                },
+                shared,
                 slot,
                 mine,
                 estimates: Estimates::new(ESTIMATE_SLOTS),
