@@ -96,10 +96,6 @@ const MIN_SLEEP_NS: u64 = 500_000;
 /// How long a launch waits for the first measurement of an unknown kernel before it
 /// goes ahead unmeasured.
 const FIRST_MEASURE_PATIENCE_NS: u64 = 2_000_000_000;
-/// Samples of short kernels on a device are at least this far apart (a long kernel is
-/// sampled every launch): with launches of a few microseconds, one in eight would cost
-/// more in event calls than the launch itself.
-const MIN_SAMPLE_GAP_NS: u64 = 200_000;
 /// Finished samples are read at most this often.
 const SETTLE_EVERY_NS: u64 = 200_000;
 /// The activity word is written at most this often.

@@ -13,8 +13,8 @@ use super::lifecycle::EXITING;
 use super::sample::{RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter};
 use super::{
-    DeviceLimiter, FIRST_MEASURE_PATIENCE_NS, MAX_PENDING, MAX_PENDING_KNOWN, MIN_SAMPLE_GAP_NS,
-    MIN_SLEEP_NS, POOL_TARGET, SLEEP_SLICE_NS, Slow, Target, Work, duty,
+    DeviceLimiter, FIRST_MEASURE_PATIENCE_NS, MAX_PENDING, MAX_PENDING_KNOWN, MIN_SLEEP_NS,
+    POOL_TARGET, SLEEP_SLICE_NS, Slow, Target, Work, duty,
 };
 use crate::cuda::*;
 use crate::state::real;
@@ -42,9 +42,12 @@ impl DeviceLimiter {
         unknown &= known.is_none();
         let due = unknown || estimate.is_some_and(|(_, due)| due);
         let now = monotonic_ns();
-        if due && !unknown && known.is_some_and(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS) {
+        if due
+            && !unknown
+            && let Some(known) = known.filter(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS)
+        {
             self.next_sample_ns
-                .store(now + MIN_SAMPLE_GAP_NS, Ordering::Relaxed);
+                .store(now + duty::sample_gap_ns(known.samples), Ordering::Relaxed);
         }
         let rate = self.rate();
         let cost = known.map(|k| k.cost_ns).unwrap_or(0);
