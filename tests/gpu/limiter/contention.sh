@@ -139,9 +139,11 @@ if has decode && [ "$HAVE_TORCH" = 1 ]; then
     echo "== decode beside a busy neighbour" >&2
     for split in bare:bare 50:50 70:30; do
         d=${split%:*} n=${split#*:}
-        ( as "decode-$d-$n-neighbour" 60 "$n" "$STREAMS" run f1ms 12 ) &
+        # The limiter's traces of both (longest wait, charges, learned costs).
+        ( VGPU_LIMITER_TRACE="$LOGS/decode-$d-$n-neighbour.trace.%p" \
+              as "decode-$d-$n-neighbour" 60 "$n" "$STREAMS" run f1ms 12 ) &
         sleep 1.5
-        as "decode-$d-$n" 60 "$d" python3 "$HERE/decode.py" 4
+        VGPU_LIMITER_TRACE="$LOGS/decode-$d-$n.trace.%p" as "decode-$d-$n" 60 "$d" python3 "$HERE/decode.py" 4
         wait
     done
 fi

@@ -22,10 +22,17 @@
 #
 # SIMULATE=1 runs it all over the simulated driver (`vgpu run --simulate`), which is how
 # the script is tested without a GPU: only the figures differ.
+#
+# PARTS (default "streams pair two launch cudart torch") picks what runs, for a call
+# with little device time left: streams = 1-3 (with the bare baselines), pair = 4,
+# two = 5, launch = 6 on the driver API, cudart = 6 on the runtime API, torch = 7. The
+# judge marks the checks of a part left out FAIL ("no result").
 set -u
 PREFIX=${1:?usage: run_limiter.sh PREFIX OUT}
 OUT=${2:?usage: run_limiter.sh PREFIX OUT}
 CASE_S=${CASE_S:-2}
+PARTS=${PARTS:-streams pair two launch cudart torch}
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 VGPU="$PREFIX/bin/vgpu"
 LOGS="$OUT/logs"
@@ -44,12 +51,12 @@ if ! timeout 60 cc -O2 -o "$STREAMS" "$HERE/streams.c" -ldl -lpthread >"$LOGS/cc
     echo "cc streams.c failed" >&2; cat "$LOGS/cc.log" >&2; STREAMS=""
 fi
 BENCH=""
-if [ "${SIMULATE:-0}" != 1 ] && command -v nvcc >/dev/null; then
+if has cudart && [ "${SIMULATE:-0}" != 1 ] && command -v nvcc >/dev/null; then
     ( timeout 120 nvcc -O2 -arch=sm_90 -o "$OUT/bench" "$HERE/../bench.cu" -lcuda >"$LOGS/nvcc.log" 2>&1 ) &
     NVCC=$!
 fi
 HAVE_TORCH=0
-[ "${SIMULATE:-0}" != 1 ] && python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1 && HAVE_TORCH=1
+has torch && [ "${SIMULATE:-0}" != 1 ] && python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1 && HAVE_TORCH=1
 
 # step NAME SECONDS bare|CORES CMD...: CMD on the bare driver (over the sim: through the
 # shim, forwarding only) or as one container at --cores CORES (extra `vgpu run` flags in
@@ -71,7 +78,7 @@ case_timeout=$(( ${CASE_S%.*} + 30 ))
 # shellcheck source=pin.sh
 . "$HERE/pin.sh"
 
-if [ -n "$STREAMS" ]; then
+if [ -n "$STREAMS" ] && has streams; then
     echo "== bare baselines" >&2
     step bare $(( 12 * (${CASE_S%.*} + 2) + 30 )) bare "$STREAMS" sweep "$CASE_S"
 
@@ -91,7 +98,9 @@ if [ -n "$STREAMS" ]; then
         done
     done
     step "g100us-30" "$case_timeout" 30 "$STREAMS" run g100us "$CASE_S"
+fi
 
+if [ -n "$STREAMS" ] && has pair; then
     echo "== two processes of one container" >&2
     ( step pair-bare-a "$case_timeout" bare "$STREAMS" run q4x100us "$CASE_S" ) &
     ( step pair-bare-b "$case_timeout" bare "$STREAMS" run q4x100us "$CASE_S" ) &
@@ -100,7 +109,9 @@ if [ -n "$STREAMS" ]; then
     ( RUN_FLAGS="--state-dir $PAIR_DIR" step pair-30-a "$case_timeout" 30 "$STREAMS" run q4x100us "$CASE_S" ) &
     ( RUN_FLAGS="--state-dir $PAIR_DIR" step pair-30-b "$case_timeout" 30 "$STREAMS" run q4x100us "$CASE_S" ) &
     wait
+fi
 
+if [ -n "$STREAMS" ] && has two; then
     echo "== two containers, soft mode" >&2
     # The card's own account of each container (NVML's per-process samples, asked from
     # here, the host) beside the throughput: kernels that spin on the GPU's clock finish
@@ -135,7 +146,9 @@ if [ -n "$STREAMS" ]; then
     ( step soft-other 40 60 "$STREAMS" run w1ms 3 windows ) & B=$!
     pid_of soft-other $B
     wait
+fi
 
+if [ -n "$STREAMS" ] && has launch; then
     echo "== launch cost" >&2
     # What the limiter's parts cost here, on the bare driver (a diagnostic, not judged).
     if timeout 60 cc -O2 -o "$OUT/costs" "$HERE/costs.c" -ldl >>"$LOGS/cc.log" 2>&1; then
