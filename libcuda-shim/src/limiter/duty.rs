@@ -141,24 +141,34 @@ pub fn sample_every(entropy: u64) -> u32 {
 pub const ALWAYS_SAMPLE_NS: u64 = 1_000_000;
 
 /// Samples of short kernels on a device are at least this far apart while the sampled
-/// kernel is still being learned: with launches of a few microseconds, one in eight
-/// would cost more in event calls than the launch itself.
+/// kernel is still being learned, and always in a process whose kernels overlap: with
+/// launches of a few microseconds, one in eight would cost more in event calls than the
+/// launch itself.
 pub const SAMPLE_GAP_NS: u64 = 200_000;
-/// The gap after a sample of a kernel measured `SETTLED_SAMPLES` times already. A
-/// sample costs two event records, a query and an elapsed time: on the H200 (run 12)
-/// one in 40 launches of a 4 us launch loop was sampled at the 200 us gap, most of the
-/// shim's +398 ns a launch; at 1 ms, one in 250.
+/// The gap after a sample of a kernel measured `SETTLED_SAMPLES` times already, in a
+/// process whose kernels have not overlapped lately (one stream at a time).
 pub const SETTLED_SAMPLE_GAP_NS: u64 = 1_000_000;
 /// Samples after which a kernel's cost counts as settled (`SETTLED_SAMPLE_GAP_NS`).
 pub const SETTLED_SAMPLES: u32 = 32;
 
 /// How long after sampling a kernel measured `samples` times the device's next sample
-/// of a short kernel may come.
-pub fn sample_gap_ns(samples: u32) -> u64 {
-    if samples >= SETTLED_SAMPLES {
-        SETTLED_SAMPLE_GAP_NS
-    } else {
+/// of a short kernel may come, in a process whose kernels have `overlapped` lately or
+/// not.
+///
+/// Where kernels overlap, settled samples correct the union for the process's own
+/// queueing on the SMs, and fewer of them charge too little: one container's two
+/// processes of four streams at 30 took 35.3 and 36.6 % of their bare pair with the
+/// 1 ms gap, 31.2 with 200 us (H200, BENCHMARKS run 12, one machine). One stream at a
+/// time, nothing of the process's own can hold a kernel, and beside a busy neighbour
+/// the 200 us gap taught a decode loop costs of 54-93 us for kernels it learned at
+/// 10-11 us with 1 ms, and its steps stalled (50/50: max 10.5 ms against 3.2 and 5.3;
+/// the bare pair's 2.7-3.6). Samples cost too: two event records, a query and an
+/// elapsed time; the 200 us gap sampled one launch in 40 of a 4 us launch loop.
+pub fn sample_gap_ns(samples: u32, overlapped: bool) -> u64 {
+    if overlapped || samples < SETTLED_SAMPLES {
         SAMPLE_GAP_NS
+    } else {
+        SETTLED_SAMPLE_GAP_NS
     }
 }
 
@@ -535,11 +545,14 @@ mod tests {
     }
 
     #[test]
-    fn a_settled_kernel_is_sampled_five_times_less_often() {
-        assert_eq!(sample_gap_ns(0), SAMPLE_GAP_NS);
-        assert_eq!(sample_gap_ns(SETTLED_SAMPLES - 1), SAMPLE_GAP_NS);
-        assert_eq!(sample_gap_ns(SETTLED_SAMPLES), SETTLED_SAMPLE_GAP_NS);
-        assert_eq!(sample_gap_ns(u32::MAX), SETTLED_SAMPLE_GAP_NS);
+    fn a_settled_kernel_of_one_stream_is_sampled_five_times_less_often() {
+        assert_eq!(sample_gap_ns(0, false), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(SETTLED_SAMPLES - 1, false), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(SETTLED_SAMPLES, false), SETTLED_SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(u32::MAX, false), SETTLED_SAMPLE_GAP_NS);
         assert_eq!(SETTLED_SAMPLE_GAP_NS, 5 * SAMPLE_GAP_NS);
+        // Overlapping kernels keep the short gap, settled or not.
+        assert_eq!(sample_gap_ns(0, true), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(u32::MAX, true), SAMPLE_GAP_NS);
     }
 }

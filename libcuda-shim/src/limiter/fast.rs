@@ -17,9 +17,10 @@
 //! `cuLaunchKernel` in alternating blocks (`streams launch-ab` of the GPU suite; 5-7 ns
 //! with a memory quota only). Sampling adds two
 //! `cuEventRecord`s, a query and an elapsed time to one launch of a short kernel per
-//! `duty::sample_gap_ns`: 200 us apart while the kernel is learned, 1 ms once it has 32
-//! samples (on the H200, run 12, the 200 us gap sampled one launch in 40 of a 4 us loop;
-//! 1 ms makes it one in about 250).
+//! `duty::sample_gap_ns`: 200 us apart while the kernel is learned or the process's
+//! kernels overlap, else 1 ms once it has 32 samples (on the H200, run 12, the 200 us gap
+//! sampled one launch in 40 of a 4 us loop, the 1 ms gap one in 205; the shim's cost in
+//! one process +398 and +353 ns).
 use std::sync::atomic::Ordering;
 
 use vgpu_contract::cardview;

@@ -46,8 +46,10 @@ impl DeviceLimiter {
             && !unknown
             && let Some(known) = known.filter(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS)
         {
-            self.next_sample_ns
-                .store(now + duty::sample_gap_ns(known.samples), Ordering::Relaxed);
+            self.next_sample_ns.store(
+                now + duty::sample_gap_ns(known.samples, self.overlapped_lately(now)),
+                Ordering::Relaxed,
+            );
         }
         let rate = self.rate();
         let cost = known.map(|k| k.cost_ns).unwrap_or(0);
