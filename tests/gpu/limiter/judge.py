@@ -197,11 +197,19 @@ def launch_in_process():
         record("launch-cost-in-process", "FAIL", detail or why("launch-ab"))
         return
     ratio, shim, real = res["ratio"], res["shim_ns"], res["real_ns"]
+    # The same measure with a memory quota only (no limiter): the hook's own share.
+    quota = result("launch-ab-quota")
+    quota_text, quota_fields = "", {}
+    if quota and "ratio" in quota:
+        added = quota["shim_ns"] - quota["real_ns"]
+        quota_text = f"; with a memory quota only {added:+.0f} ns, {quota['ratio']:.3f}x"
+        quota_fields = {"quota_ratio": quota["ratio"], "quota_added_ns": added}
     record("launch-cost-in-process", "PASS" if ratio <= 1.05 else "FAIL",
            f"driver API in one --cores 99 process: the shim's cuLaunchKernel {shim:.0f} ns, "
            f"the real driver's {real:.0f} ns, {shim - real:+.0f} ns, {ratio:.3f}x (median of "
-           f"{res['blocks']} alternating blocks of {res['launches_per_block']}; target <=1.05)",
-           ratio=ratio, shim_ns=shim, real_ns=real, added_ns=shim - real)
+           f"{res['blocks']} alternating blocks of {res['launches_per_block']}; target <=1.05)"
+           + quota_text,
+           ratio=ratio, shim_ns=shim, real_ns=real, added_ns=shim - real, **quota_fields)
 
 
 launch_in_process()
