@@ -1,0 +1,70 @@
+//! How often the compute limiter samples a launch loop on one stream, over the simulated
+//! driver: once a kernel's cost is settled (32 samples), at most one launch a
+//! millisecond, where the loop launches every microsecond or so (`duty::sample_gap_ns`
+//! in the shim). On the H200 (BENCHMARKS run 12) the 200 us gap sampled one launch in 40
+//! of a 4 us loop, and beside a busy neighbour it taught a one-stream decode loop kernel
+//! costs five to nine times too long, and the loop stalled. Judged by the limiter's own
+//! count (`VGPU_LIMITER_TRACE`) against the wall time of the whole run, which only
+//! loosens the bound on a slow machine: with the 200 us gap this loop was sampled 10127
+//! times in 3.8 s here (the bound 3822), with the 1 ms gap 2156 times in 3.5 s.
+//!
+//! Needs root (`vgpu run`'s namespaces) and a C compiler; the shims and the sim driver
+//! are built by `cargo test --workspace`.
+
+use std::process::Command;
+use std::time::Instant;
+
+/// Launches in the loop: a second or two through a debug build of the shim and the sim.
+const LAUNCHES: &str = "300000";
+
+#[test]
+fn a_one_stream_launch_loop_is_sampled_at_most_once_a_millisecond_once_its_kernel_is_known() {
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let streams = vgpu_test_support::streams_workload(dir.path());
+    let trace = dir.path().join("loop.trace");
+    let began = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_vgpu"))
+        .args([
+            "run",
+            "--simulate",
+            "--memory",
+            "1GiB",
+            "--cores",
+            "99",
+            "--",
+        ])
+        .arg(&streams)
+        .args(["launch", LAUNCHES])
+        .env("VGPU_HOST_DIR", dir.path().join("host"))
+        .env("VGPU_SIM_STATE", dir.path().join("sim-state"))
+        .env("VGPU_LIMITER_TRACE", &trace)
+        .env_remove("VGPU_CONFIG")
+        .env_remove("VGPU_LOG")
+        .output()
+        .expect("run vgpu");
+    let wall_ms = began.elapsed().as_millis() as u64;
+    assert!(
+        output.status.success(),
+        "{}\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(&trace).expect("the limiter's trace");
+    let counter = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    let (launches, sampled) = (counter("launches"), counter("sampled"));
+    assert!(launches >= 300_000, "{text}");
+    // The first 32 samples at 200 us, then one a millisecond at most.
+    let bound = wall_ms + 32;
+    assert!(
+        sampled >= 32 && sampled <= bound,
+        "{sampled} samples of {launches} launches in {wall_ms} ms (at most {bound}):\n{text}"
+    );
+    eprintln!("{sampled} samples of {launches} launches in {wall_ms} ms");
+}
