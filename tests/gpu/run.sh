@@ -49,7 +49,10 @@ done
 rm -rf "$WORK"
 python3 "$HERE/summarize.py" "$RESULTS"
 if [ -n "${PACK:-}" ]; then
-    tar czf "$PACK" -C "$OUT" --exclude=bench --exclude=streams --exclude=costs \
-        --exclude="$(basename "$PACK")" . \
-        || echo "PACK: could not pack $OUT into $PACK" >&2
+    # Packed outside $OUT first: a PACK inside it changes the folder tar is reading
+    # (run 12: "file changed as we read it", and no archive).
+    packed=$(mktemp /tmp/vgpu-gpu-pack.XXXXXX)
+    { tar czf "$packed" -C "$OUT" --exclude=bench --exclude=streams --exclude=costs \
+          --exclude="$(basename "$PACK")" . && mv "$packed" "$PACK"; } \
+        || { rm -f "$packed"; echo "PACK: could not pack $OUT into $PACK" >&2; }
 fi
