@@ -12,18 +12,12 @@
 use std::path::Path;
 use std::process::Command;
 
+mod common;
+
 /// The JSON line `streams launch-ab` printed under `vgpu run --simulate` with `flags`.
 fn launch_ab(dir: &Path, streams: &Path, flags: &[&str]) -> serde_json::Value {
-    let output = Command::new(env!("CARGO_BIN_EXE_vgpu"))
-        .args(["run", "--simulate"])
-        .args(flags)
-        .arg("--")
-        .arg(streams)
+    let output = common::simulated_run(dir, flags, streams)
         .args(["launch-ab", "20000"])
-        .env("VGPU_HOST_DIR", dir.join("host"))
-        .env("VGPU_SIM_STATE", dir.join("sim-state"))
-        .env_remove("VGPU_CONFIG")
-        .env_remove("VGPU_LOG")
         .output()
         .expect("run vgpu");
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -12,31 +12,20 @@
 //! --workspace` builds them).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
+
+mod common;
 
 fn container(dir: &Path, streams: &Path, cores: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_vgpu"))
-        .args([
-            "run",
-            "--simulate",
-            "--memory",
-            "1GiB",
-            "--cores",
-            cores,
-            "--",
-        ])
-        .arg(streams)
+    common::simulated_run(dir, &["--memory", "1GiB", "--cores", cores], streams)
         .args(["run", "f1ms", "3"])
-        .env("VGPU_HOST_DIR", dir.join("host"))
         .env("VGPU_COORDINATOR_TRACE", dir.join("coordinator.trace"))
-        .env("VGPU_SIM_STATE", dir.join("sim-state"))
-        // Events that fire at their record, so that each process's events time the
-        // other's slices too and its own figure runs over what the card gave it: there
-        // is something for the coordinator to correct (with the sim's default, events
-        // wait for their turn as the H200's do, and each figure is already right).
+        // Events that fire at their record, so that each process's kernels are timed
+        // with the other's turns and its own figure runs over what the card gave it:
+        // there is something for the coordinator to correct. (The sim's default makes
+        // events wait for their turn; the H200's do not, BENCHMARKS run 12, but the sim's
+        // turns are a kernel long: `cuda::schedule::event_on_card` says why it stays.)
         .env("VGPU_SIM_EVENT_TURNS", "0")
-        .env_remove("VGPU_CONFIG")
-        .env_remove("VGPU_LOG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

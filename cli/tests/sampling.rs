@@ -11,8 +11,9 @@
 //! Needs root (`vgpu run`'s namespaces) and a C compiler; the shims and the sim driver
 //! are built by `cargo test --workspace`.
 
-use std::process::Command;
 use std::time::Instant;
+
+mod common;
 
 /// Launches in the loop: a second or two through a debug build of the shim and the sim.
 const LAUNCHES: &str = "300000";
@@ -24,25 +25,12 @@ fn a_one_stream_launch_loop_is_sampled_at_most_once_a_millisecond_once_its_kerne
     let streams = vgpu_test_support::streams_workload(dir.path());
     let trace = dir.path().join("loop.trace");
     let began = Instant::now();
-    let output = Command::new(env!("CARGO_BIN_EXE_vgpu"))
-        .args([
-            "run",
-            "--simulate",
-            "--memory",
-            "1GiB",
-            "--cores",
-            "99",
-            "--",
-        ])
-        .arg(&streams)
-        .args(["launch", LAUNCHES])
-        .env("VGPU_HOST_DIR", dir.path().join("host"))
-        .env("VGPU_SIM_STATE", dir.path().join("sim-state"))
-        .env("VGPU_LIMITER_TRACE", &trace)
-        .env_remove("VGPU_CONFIG")
-        .env_remove("VGPU_LOG")
-        .output()
-        .expect("run vgpu");
+    let output =
+        common::simulated_run(dir.path(), &["--memory", "1GiB", "--cores", "99"], &streams)
+            .args(["launch", LAUNCHES])
+            .env("VGPU_LIMITER_TRACE", &trace)
+            .output()
+            .expect("run vgpu");
     let wall_ms = began.elapsed().as_millis() as u64;
     assert!(
         output.status.success(),
