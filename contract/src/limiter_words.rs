@@ -8,8 +8,8 @@
 //! spans the slices another context took meanwhile, so the container's busy time is
 //! the union of its processes' kernels, not their sum). Each process publishes its own
 //! activity in the second. The host-side coordinator (`coordinator.rs`) reads only the
-//! slot words, from a private copy, and believes nothing it has not checked. Every time is
-//! [`crate::clock::monotonic_ns`]; zero means "never".
+//! slot words, from a private copy, and believes nothing it has not checked. Every time
+//! is [`crate::clock::monotonic_ns`]; zero means "never".
 
 /// Container-wide words (`Region::container_limiter(device)`), written with atomics by
 /// every process of the container.
@@ -19,8 +19,8 @@ pub mod container {
     /// union cost `c` at rate `r` moves it to `max(it, now - window) + c / r`.
     pub const PAID_UNTIL_NS: usize = 0;
     /// The union horizon: the latest projected end of any queued kernel of the container
-    /// on this device. A launch that ends at `e`
-    /// after starting at `s` adds `max(0, e - max(s, horizon))` of busy time.
+    /// on this device. A launch that ends at `e` after starting at `s` adds
+    /// `max(0, e - max(s, horizon))` of busy time.
     pub const HORIZON_NS: usize = 1;
     /// The rate in force, parts per million of the card (0: not set yet, use the limit).
     pub const RATE_PPM: usize = 2;

@@ -1,8 +1,8 @@
 //! The container's compute budget on one device, shared by all its processes: the token
 //! bucket, the union horizon and the rate in force, in the container-wide limiter words
-//! of its usage region (`vgpu_contract::limiter_words::container`). Every update is one atomic (a
-//! compare-and-swap loop or a fetch-max), so threads and processes spend one budget
-//! without a lock, and a process that dies mid-update leaves a valid number.
+//! of its usage region (`vgpu_contract::limiter_words::container`). Every update is one
+//! atomic (a compare-and-swap loop or a fetch-max), so threads and processes spend one
+//! budget without a lock, and a process that dies mid-update leaves a valid number.
 //!
 //! The words are written only by the container's own processes, but the region is a
 //! file they can all scribble on: values that cannot be right (a bucket paid further
@@ -132,8 +132,7 @@ impl<'a> Shared<'a> {
         );
     }
 
-    /// The latest projected end of the process's queued work (of the container's, for a
-    /// process without a slot; a garbage word reads 0).
+    /// The latest projected end of the container's queued work (a garbage word reads 0).
     pub fn horizon(&self, now_ns: u64) -> u64 {
         let horizon = self.words[HORIZON_NS].load(Ordering::Acquire);
         if horizon > now_ns.saturating_add(HORIZON_SANE_NS) {

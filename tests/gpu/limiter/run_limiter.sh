@@ -58,7 +58,7 @@ fi
 HAVE_TORCH=0
 has torch && [ "${SIMULATE:-0}" != 1 ] && python3 -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1 && HAVE_TORCH=1
 
-# step NAME SECONDS bare|quota|CORES CMD...: CMD on the bare driver (over the sim: through
+# step NAME SECONDS bare|unlimited|CORES CMD...: CMD on the bare driver (over the sim: through
 # the shim, forwarding only), as one container with a memory quota only, or as one at
 # --cores CORES (extra `vgpu run` flags in RUN_FLAGS), under timeout, into
 # logs/NAME.out / .err / .rc
@@ -67,7 +67,7 @@ step() {
     local wrap=()
     if [ "$cores" = bare ]; then
         [ "${SIMULATE:-0}" = 1 ] && wrap=("$VGPU" run --simulate --)
-    elif [ "$cores" = quota ]; then
+    elif [ "$cores" = unlimited ]; then
         wrap=("$VGPU" run "${SIM[@]}" --memory 8GiB --)
     else
         # shellcheck disable=SC2206 # RUN_FLAGS is a list of words
@@ -172,7 +172,7 @@ if [ -n "$STREAMS" ] && has launch; then
     VGPU_LIMITER_TRACE= step launch-ab 60 99 $PIN "$STREAMS" launch-ab 400000
     # The same with a memory quota only: what of it is the hook's forwarding and what
     # the limiter (run 12: +353-398 ns at --cores 99 on the H200, +55 over the sim).
-    step launch-ab-quota 60 quota $PIN "$STREAMS" launch-ab 400000
+    step launch-ab-quota 60 unlimited $PIN "$STREAMS" launch-ab 400000
 fi
 # (The bare `wait`s above reap the nvcc job too; `wait "$NVCC"` then fails although
 # bench was built: runs 10 and 11 skipped the runtime API's launch cost for that.)
