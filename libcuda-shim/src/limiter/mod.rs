@@ -222,36 +222,44 @@ struct Limiter {
     only_device: bool,
 }
 
-/// One limited device.
+/// One limited device. `repr(C)`, with what an unsampled launch reads or writes first:
+/// those fields fill the first two cache lines (`fast_path_fields_fill_two_cache_lines`).
+/// The real driver's launch evicts the shim's lines between launches, so each line the
+/// fast path touches is a likely miss; the rest is for sampled launches and the publish
+/// tick.
+#[repr(C, align(64))]
 struct DeviceLimiter {
-    visible: Visible,
-    limit_ppm: u64,
-    ceiling: u32,
-    soft: bool,
-    region: &'static Region,
-    shared: Shared<'static>,
-    slot: Option<SlotId>,
-    /// This process's limiter words in its region slot.
-    mine: Option<&'static [AtomicU64; SLOT_LIMITER_WORDS]>,
+    // Read by every launch.
     estimates: Estimates,
     streams: Streams,
-    next_publish_ns: AtomicU64,
-    next_sample_ns: AtomicU64,
-    /// Until when held launches wait for the refill (`REFILL_NS`): a launch that
-    /// overlapped other queued work of this process moves it `CONCURRENT_LATELY_NS`
-    /// ahead.
-    concurrent_until_ns: AtomicU64,
+    shared: Shared<'static>,
+    limit_ppm: u64,
+    /// This process's limiter words in its region slot.
+    mine: Option<&'static [AtomicU64; SLOT_LIMITER_WORDS]>,
+    // Written by launches.
     /// Busy time and launches not yet added to the region (one atomic per launch on
     /// this process's own memory; the region gets them at each publish tick): busy ns
     /// in the low `BUSY_BITS`, launches above. Busy time is as measured (the host's
     /// coordinator compares it with what the card says), not scaled.
     unpublished: AtomicU64,
-    /// Busy ns that settled samples gave back, taken off the next publish.
-    given_back: AtomicU64,
+    next_sample_ns: AtomicU64,
+    next_publish_ns: AtomicU64,
     /// The host's correction of this container's charges on this card, per mille: what
     /// the card measured of the container's work against what the container measured
     /// itself (`cardview::charge_permille`); 1000 without a fresh view.
     charge_permille: AtomicU64,
+    /// Until when held launches wait for the refill (`REFILL_NS`): a launch that
+    /// overlapped other queued work of this process moves it `CONCURRENT_LATELY_NS`
+    /// ahead.
+    concurrent_until_ns: AtomicU64,
+    soft: bool,
+    ceiling: u32,
+    // The rest: sampled launches, settling, the publish tick.
+    visible: Visible,
+    region: &'static Region,
+    slot: Option<SlotId>,
+    /// Busy ns that settled samples gave back, taken off the next publish.
+    given_back: AtomicU64,
     /// Pending samples of kernels that had no estimate yet.
     unknown_in_flight: AtomicUsize,
     /// Where the host's card views are, and who this container is in them.
@@ -296,6 +304,32 @@ impl DeviceLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_path_fields_fill_two_cache_lines() {
+        use std::mem::offset_of;
+        assert_eq!(align_of::<DeviceLimiter>(), 64);
+        let read = [
+            offset_of!(DeviceLimiter, estimates),
+            offset_of!(DeviceLimiter, streams),
+            offset_of!(DeviceLimiter, shared),
+            offset_of!(DeviceLimiter, limit_ppm),
+            offset_of!(DeviceLimiter, mine),
+        ];
+        assert!(read.iter().all(|&offset| offset < 64), "{read:?}");
+        let written = [
+            offset_of!(DeviceLimiter, unpublished),
+            offset_of!(DeviceLimiter, next_sample_ns),
+            offset_of!(DeviceLimiter, next_publish_ns),
+            offset_of!(DeviceLimiter, charge_permille),
+            offset_of!(DeviceLimiter, concurrent_until_ns),
+            offset_of!(DeviceLimiter, soft),
+        ];
+        assert!(
+            written.iter().all(|&offset| (64..128).contains(&offset)),
+            "{written:?}"
+        );
+    }
 
     #[test]
     fn stream_keys_tell_the_default_streams_apart() {

@@ -11,6 +11,12 @@
 //! first slot (a forgotten estimate is learned again; a forgotten stream is projected as
 //! idle). Nothing allocates after creation, nothing blocks, and a thread that dies
 //! anywhere leaves nothing inconsistent that matters.
+//!
+//! A slot keeps its key beside its value, aligned so that it never straddles a cache
+//! line, and the lengths are powers of two (a mask, not a division, finds a slot): a
+//! launch that finds its kernel and its stream where it hashed them reads two lines of
+//! these tables. The real driver's launch path evicts the shim's lines between launches,
+//! so every line the fast path touches is a likely cache miss (see `super::fast`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -19,38 +25,60 @@ use super::duty::{Estimate, SINCE_SHIFT};
 /// How many slots a lookup probes.
 const PROBE: usize = 16;
 
+/// `len` is a power of two (`slots_for`).
 fn home(key: u64, len: usize) -> usize {
     // Fibonacci hashing: handles are aligned pointers, so their low bits are poor.
-    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % len
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & (len - 1)
 }
 
-/// The slots a lookup of `key` probes, in order.
+/// The slots a lookup of `key` probes, in order (`len` a power of two).
 fn probes(key: u64, len: usize) -> impl Iterator<Item = usize> {
     let start = home(key, len);
-    (0..PROBE.min(len)).map(move |step| (start + step) % len)
+    (0..PROBE.min(len)).map(move |step| (start + step) & (len - 1))
 }
 
-/// The slot holding `key`, if any.
-fn find(keys: &[AtomicU64], key: u64) -> Option<usize> {
-    probes(key, keys.len()).find(|&index| keys[index].load(Ordering::Acquire) == key)
+/// A table length for at least `asked` slots: the next power of two.
+fn slots_for(asked: usize) -> usize {
+    asked.max(1).next_power_of_two()
+}
+
+/// One learned cost: its key and its `duty::Estimate` word, on one cache line.
+#[repr(C, align(16))]
+struct EstimateSlot {
+    key: AtomicU64,
+    value: AtomicU64,
+}
+
+/// One stream's projection: its key, its "busy until" and whether it is blocking, on
+/// one cache line.
+#[repr(C, align(32))]
+struct StreamSlot {
+    key: AtomicU64,
+    busy_until: AtomicU64,
+    blocking: AtomicBool,
 }
 
 /// Learned costs by key (a nonzero u64).
 pub struct Estimates {
-    keys: Box<[AtomicU64]>,
-    values: Box<[AtomicU64]>,
+    slots: Box<[EstimateSlot]>,
 }
 
 impl Estimates {
+    /// A table of at least `slots` slots (rounded up to a power of two).
     pub fn new(slots: usize) -> Estimates {
         Estimates {
-            keys: (0..slots).map(|_| AtomicU64::new(0)).collect(),
-            values: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            slots: (0..slots_for(slots))
+                .map(|_| EstimateSlot {
+                    key: AtomicU64::new(0),
+                    value: AtomicU64::new(0),
+                })
+                .collect(),
         }
     }
 
     fn find(&self, key: u64) -> Option<usize> {
-        find(&self.keys, key)
+        probes(key, self.slots.len())
+            .find(|&index| self.slots[index].key.load(Ordering::Acquire) == key)
     }
 
     /// The estimate of `key`, counting this launch; and whether to measure it (see
@@ -63,7 +91,7 @@ impl Estimates {
         every: u32,
     ) -> Option<(Estimate, bool)> {
         let index = self.find(key)?;
-        let value = &self.values[index];
+        let value = &self.slots[index].value;
         // One add counts the launch (the counter is the word's top bits, so it can only
         // wrap around to zero, which is harmless); only a launch that finds a sample due
         // tries to claim it, so concurrent launches take it once.
@@ -99,11 +127,10 @@ impl Estimates {
     /// what the limiter believes its busiest kernels cost).
     pub fn best_known(&self, most: usize) -> Vec<Estimate> {
         let mut known: Vec<Estimate> = self
-            .keys
+            .slots
             .iter()
-            .zip(self.values.iter())
-            .filter(|(key, _)| key.load(Ordering::Relaxed) != 0)
-            .map(|(_, value)| Estimate::unpack(value.load(Ordering::Relaxed)))
+            .filter(|slot| slot.key.load(Ordering::Relaxed) != 0)
+            .map(|slot| Estimate::unpack(slot.value.load(Ordering::Relaxed)))
             .filter(|estimate| estimate.samples > 0)
             .collect();
         known.sort_by(|a, b| b.samples.cmp(&a.samples).then(b.cost_ns.cmp(&a.cost_ns)));
@@ -114,7 +141,7 @@ impl Estimates {
     /// The estimate of `key` without counting a launch.
     pub fn get(&self, key: u64) -> Option<Estimate> {
         let index = self.find(key)?;
-        let estimate = Estimate::unpack(self.values[index].load(Ordering::Acquire));
+        let estimate = Estimate::unpack(self.slots[index].value.load(Ordering::Acquire));
         (estimate.samples > 0).then_some(estimate)
     }
 
@@ -124,7 +151,7 @@ impl Estimates {
             Some(index) => index,
             None => self.claim(key),
         };
-        let value = &self.values[index];
+        let value = &self.slots[index].value;
         let mut current = value.load(Ordering::Relaxed);
         loop {
             let estimate = Estimate::unpack(current);
@@ -148,16 +175,21 @@ impl Estimates {
     /// A slot for a new key: an empty one near its home, else its home (evicted). Its
     /// value reads as "no samples" (zero), so `record` starts it afresh.
     fn claim(&self, key: u64) -> usize {
-        for index in probes(key, self.keys.len()) {
-            match self.keys[index].compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+        for index in probes(key, self.slots.len()) {
+            match self.slots[index].key.compare_exchange(
+                0,
+                key,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return index,
                 Err(existing) if existing == key => return index,
                 Err(_) => {}
             }
         }
-        let start = home(key, self.keys.len());
-        self.values[start].store(0, Ordering::Release);
-        self.keys[start].store(key, Ordering::Release);
+        let start = home(key, self.slots.len());
+        self.slots[start].value.store(0, Ordering::Release);
+        self.slots[start].key.store(key, Ordering::Release);
         start
     }
 }
@@ -173,20 +205,23 @@ pub struct Placed {
 
 /// The streams of this process on one device, by key (see `StreamKey`).
 pub struct Streams {
-    keys: Box<[AtomicU64]>,
-    busy_until: Box<[AtomicU64]>,
-    blocking: Box<[AtomicBool]>,
+    slots: Box<[StreamSlot]>,
 }
 
 /// A stream nobody queued on for this long may give its slot to another.
 const STALE_NS: u64 = 1_000_000_000;
 
 impl Streams {
+    /// A table of at least `slots` slots (rounded up to a power of two).
     pub fn new(slots: usize) -> Streams {
         Streams {
-            keys: (0..slots).map(|_| AtomicU64::new(0)).collect(),
-            busy_until: (0..slots).map(|_| AtomicU64::new(0)).collect(),
-            blocking: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+            slots: (0..slots_for(slots))
+                .map(|_| StreamSlot {
+                    key: AtomicU64::new(0),
+                    busy_until: AtomicU64::new(0),
+                    blocking: AtomicBool::new(false),
+                })
+                .collect(),
         }
     }
 
@@ -196,20 +231,23 @@ impl Streams {
         if let Some(index) = self.find(key) {
             return Some(index);
         }
-        for index in probes(key, self.keys.len()) {
-            let held = self.keys[index].load(Ordering::Acquire);
+        for index in probes(key, self.slots.len()) {
+            let slot = &self.slots[index];
+            let held = slot.key.load(Ordering::Acquire);
             let stale = held != 0
-                && self.busy_until[index]
+                && slot
+                    .busy_until
                     .load(Ordering::Acquire)
                     .saturating_add(STALE_NS)
                     < now_ns;
             if (held == 0 || stale)
-                && self.keys[index]
+                && slot
+                    .key
                     .compare_exchange(held, key, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
             {
-                self.busy_until[index].store(0, Ordering::Release);
-                self.blocking[index].store(is_blocking(), Ordering::Release);
+                slot.busy_until.store(0, Ordering::Release);
+                slot.blocking.store(is_blocking(), Ordering::Release);
                 return Some(index);
             }
         }
@@ -238,8 +276,9 @@ impl Streams {
                 was_idle: false,
             };
         };
-        let floor_ns = floor_of(self.blocking[index].load(Ordering::Acquire));
-        let busy = &self.busy_until[index];
+        let slot = &self.slots[index];
+        let floor_ns = floor_of(slot.blocking.load(Ordering::Acquire));
+        let busy = &slot.busy_until;
         let mut current = busy.load(Ordering::Acquire);
         loop {
             let start = now_ns.max(current).max(floor_ns);
@@ -261,9 +300,12 @@ impl Streams {
     /// it (`floor_of` as for `place`).
     pub fn would_start(&self, key: u64, now_ns: u64, floor_of: impl Fn(bool) -> u64) -> u64 {
         match self.find(key) {
-            Some(index) => now_ns
-                .max(self.busy_until[index].load(Ordering::Acquire))
-                .max(floor_of(self.blocking[index].load(Ordering::Acquire))),
+            Some(index) => {
+                let slot = &self.slots[index];
+                now_ns
+                    .max(slot.busy_until.load(Ordering::Acquire))
+                    .max(floor_of(slot.blocking.load(Ordering::Acquire)))
+            }
             None => now_ns.max(floor_of(true)),
         }
     }
@@ -272,7 +314,9 @@ impl Streams {
     /// ran longer than projected).
     pub fn extend(&self, key: u64, end_ns: u64) {
         if let Some(index) = self.find(key) {
-            self.busy_until[index].fetch_max(end_ns, Ordering::AcqRel);
+            self.slots[index]
+                .busy_until
+                .fetch_max(end_ns, Ordering::AcqRel);
         }
     }
 
@@ -280,7 +324,7 @@ impl Streams {
     /// since.
     pub fn pull_back(&self, key: u64, from: u64, to: u64) {
         if let Some(index) = self.find(key) {
-            let _ = self.busy_until[index].compare_exchange(
+            let _ = self.slots[index].busy_until.compare_exchange(
                 from,
                 to,
                 Ordering::AcqRel,
@@ -292,18 +336,39 @@ impl Streams {
     /// The projected end of `key`'s queued work (0 if unknown).
     pub fn busy_until(&self, key: u64) -> u64 {
         self.find(key)
-            .map(|index| self.busy_until[index].load(Ordering::Acquire))
+            .map(|index| self.slots[index].busy_until.load(Ordering::Acquire))
             .unwrap_or(0)
     }
 
     fn find(&self, key: u64) -> Option<usize> {
-        find(&self.keys, key)
+        probes(key, self.slots.len())
+            .find(|&index| self.slots[index].key.load(Ordering::Acquire) == key)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slot_never_straddles_a_cache_line_and_tables_are_powers_of_two() {
+        for (size, align) in [
+            (size_of::<EstimateSlot>(), align_of::<EstimateSlot>()),
+            (size_of::<StreamSlot>(), align_of::<StreamSlot>()),
+        ] {
+            assert!(size <= align && 64 % align == 0, "{size} bytes at {align}");
+        }
+        assert_eq!(Estimates::new(3000).slots.len(), 4096);
+        assert_eq!(Streams::new(256).slots.len(), 256);
+        assert_eq!(Streams::new(0).slots.len(), 1);
+        // Every probe stays inside a table of any length.
+        for len in [1, 2, 64, 4096] {
+            for key in [1u64, u64::MAX, 0x7f00_dead_beef] {
+                assert!(probes(key, len).all(|index| index < len));
+                assert_eq!(probes(key, len).count(), PROBE.min(len));
+            }
+        }
+    }
 
     #[test]
     fn estimates_are_learned_counted_and_evicted_without_locks() {
