@@ -218,12 +218,17 @@ impl DeviceLimiter {
         }
     }
 
+    /// Writes this process's activity word at most every `ACTIVE_STAMP_NS`; the
+    /// launches in between read only `next_stamp_ns`, on the limiter's own line, not
+    /// the region's.
     pub(super) fn stamp_active(&self, now_ns: u64) {
+        if now_ns < self.next_stamp_ns.load(Ordering::Relaxed) {
+            return;
+        }
+        self.next_stamp_ns
+            .store(now_ns.saturating_add(ACTIVE_STAMP_NS), Ordering::Relaxed);
         if let Some(words) = self.mine {
-            let word = &words[slot_words::ACTIVE_NS];
-            if now_ns >= word.load(Ordering::Relaxed).saturating_add(ACTIVE_STAMP_NS) {
-                word.store(now_ns, Ordering::Relaxed);
-            }
+            words[slot_words::ACTIVE_NS].store(now_ns, Ordering::Relaxed);
         }
     }
 }

@@ -122,6 +122,7 @@ pub(super) fn build_devices(
                 next_publish_ns: AtomicU64::new(0),
                 next_sample_ns: AtomicU64::new(0),
                 concurrent_until_ns: AtomicU64::new(0),
+                next_stamp_ns: AtomicU64::new(0),
                 unpublished: AtomicU64::new(0),
                 given_back: AtomicU64::new(0),
                 charge_permille: AtomicU64::new(cardview::CHARGE_UNIT),

@@ -234,8 +234,8 @@ struct DeviceLimiter {
     streams: Streams,
     shared: Shared<'static>,
     limit_ppm: u64,
-    /// This process's limiter words in its region slot.
-    mine: Option<&'static [AtomicU64; SLOT_LIMITER_WORDS]>,
+    ceiling: u32,
+    soft: bool,
     // Written by launches.
     /// Busy time and launches not yet added to the region (one atomic per launch on
     /// this process's own memory; the region gets them at each publish tick): busy ns
@@ -252,9 +252,11 @@ struct DeviceLimiter {
     /// overlapped other queued work of this process moves it `CONCURRENT_LATELY_NS`
     /// ahead.
     concurrent_until_ns: AtomicU64,
-    soft: bool,
-    ceiling: u32,
+    /// When this process's activity word in the region is written next.
+    next_stamp_ns: AtomicU64,
     // The rest: sampled launches, settling, the publish tick.
+    /// This process's limiter words in its region slot.
+    mine: Option<&'static [AtomicU64; SLOT_LIMITER_WORDS]>,
     visible: Visible,
     region: &'static Region,
     slot: Option<SlotId>,
@@ -314,7 +316,8 @@ mod tests {
             offset_of!(DeviceLimiter, streams),
             offset_of!(DeviceLimiter, shared),
             offset_of!(DeviceLimiter, limit_ppm),
-            offset_of!(DeviceLimiter, mine),
+            offset_of!(DeviceLimiter, ceiling),
+            offset_of!(DeviceLimiter, soft),
         ];
         assert!(read.iter().all(|&offset| offset < 64), "{read:?}");
         let written = [
@@ -323,7 +326,7 @@ mod tests {
             offset_of!(DeviceLimiter, next_publish_ns),
             offset_of!(DeviceLimiter, charge_permille),
             offset_of!(DeviceLimiter, concurrent_until_ns),
-            offset_of!(DeviceLimiter, soft),
+            offset_of!(DeviceLimiter, next_stamp_ns),
         ];
         assert!(
             written.iter().all(|&offset| (64..128).contains(&offset)),
