@@ -28,6 +28,7 @@ use vgpu_contract::clock::monotonic_ns;
 use vgpu_contract::limiter_words::slot as slot_words;
 
 use super::lifecycle::{LIMITS, LIMITS_NONE};
+use super::tables;
 use super::trace::{self, Counter};
 use super::{
     ACTIVE_STAMP_NS, BUSY_BITS, CONCURRENT_LATELY_NS, DeviceLimiter, LEGACY_KEY, REFILL_NS, Target,
@@ -69,6 +70,7 @@ pub(super) fn limited_launch(
         trace::count(Counter::NoDevice);
         return launch();
     };
+    device.prefetch(work, target);
     if capture::possible() && is_capturing(target) {
         trace::count(Counter::Captured);
         return launch();
@@ -110,6 +112,18 @@ pub(super) fn is_capturing(target: Target) -> bool {
 }
 
 impl DeviceLimiter {
+    /// Starts loading the lines an unsampled launch of `work` on `target` touches beyond
+    /// the limiter's first: the kernel's and the stream's slots, the container's words
+    /// and the limiter's written line. The real driver's launch evicts them between
+    /// launches; asked for together, their misses overlap.
+    #[inline]
+    fn prefetch(&self, work: Work, target: Target) {
+        self.estimates.prefetch(work.key());
+        self.streams.prefetch(target.key());
+        self.shared.prefetch();
+        tables::prefetch(&self.unpublished);
+    }
+
     /// Projects a launch of `cost_ns` on `target` at `now_ns` and charges what it adds
     /// to the container's union; returns its projected start and the horizon before it.
     pub(super) fn charge(

@@ -32,6 +32,12 @@ impl<'a> Shared<'a> {
         Shared { words, window_ns }
     }
 
+    /// Starts loading the line of the container's words (`tables::prefetch`).
+    #[inline]
+    pub fn prefetch(&self) {
+        super::tables::prefetch(&self.words[PAID_UNTIL_NS]);
+    }
+
     /// The rate in force, parts per million: the word if it holds a sane rate, else
     /// `fallback` (the limit).
     pub fn rate_ppm(&self, fallback: u64) -> u64 {
