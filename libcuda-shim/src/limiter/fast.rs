@@ -66,6 +66,7 @@ pub(super) fn limited_launch(
     target: Target,
     launch: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    let started = trace::ticks();
     let Some(device) = current_limited() else {
         trace::count(Counter::NoDevice);
         return launch();
@@ -87,10 +88,13 @@ pub(super) fn limited_launch(
             || device.rides_along(target, known.cost_ns, now, rate))
         && now < device.next_publish_ns.load(Ordering::Relaxed)
     {
+        let launching = trace::ticks();
         let result = launch();
+        let launched = trace::ticks();
         if result == CUDA_SUCCESS {
             trace::count(Counter::FastPath);
             device.charge(target, known.cost_ns, now, rate);
+            trace::own(started, launching, launched);
         }
         return result;
     }

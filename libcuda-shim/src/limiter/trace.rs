@@ -7,15 +7,25 @@
 //! The counters say which way launches went (fast path, slow path, measured, skipped for
 //! a capture, or without a limiter for their device), what was charged (as measured, and
 //! after the host's correction factor), what the bucket made the process wait, and how
-//! samples fared (settled, dropped, never taken and why).
+//! samples fared (settled, dropped, never taken and why), and what the fast path itself
+//! cost: `fast_path_own_ns`, the wall time of the shim's own work in fast-path launches
+//! with the real launch left out, read from the CPU's time-stamp counter (two reads per
+//! launch, only while tracing; the trace's own counting is in it).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use vgpu_contract::clock::monotonic_ns;
 
 /// The env var naming the file.
 pub const TRACE_ENV: &str = "VGPU_LIMITER_TRACE";
 
 static ON: AtomicBool = AtomicBool::new(false);
+/// Time-stamp ticks of the shim's own work in fast-path launches (see [`ticks`]).
+static OWN_TICKS: AtomicU64 = AtomicU64::new(0);
+/// When tracing began, on both clocks, to turn ticks into ns.
+static BEGAN_NS: AtomicU64 = AtomicU64::new(0);
+static BEGAN_TICKS: AtomicU64 = AtomicU64::new(0);
 
 /// One counter of [`COUNTERS`].
 #[derive(Clone, Copy)]
@@ -99,8 +109,54 @@ static COUNTERS: [AtomicU64; COUNTERS_LEN] = [const { AtomicU64::new(0) }; COUNT
 /// limiter is built).
 pub fn init() {
     if std::env::var_os(TRACE_ENV).is_some_and(|path| !path.is_empty()) {
+        BEGAN_NS.store(monotonic_ns(), Ordering::Relaxed);
+        BEGAN_TICKS.store(read_ticks(), Ordering::Relaxed);
         ON.store(true, Ordering::Relaxed);
     }
+}
+
+/// A time-stamp counter reading while tracing is on, else 0: the fast path reads it
+/// around its own work (`own`).
+#[inline]
+pub fn ticks() -> u64 {
+    if on() { read_ticks() } else { 0 }
+}
+
+/// Adds the shim's own work of one fast-path launch: from `started` to `launching`
+/// (before the real launch) and from `launched` to now (after it). Nothing when
+/// tracing is off (the readings are 0).
+#[inline]
+pub fn own(started: u64, launching: u64, launched: u64) {
+    if started != 0 {
+        let spent = launching
+            .wrapping_sub(started)
+            .wrapping_add(read_ticks().wrapping_sub(launched));
+        OWN_TICKS.fetch_add(spent, Ordering::Relaxed);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn read_ticks() -> u64 {
+    // SAFETY: rdtsc reads the time-stamp counter; it touches no memory.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+fn read_ticks() -> u64 {
+    monotonic_ns()
+}
+
+/// `OWN_TICKS` in ns, at the rate the ticks went since tracing began.
+fn own_ns() -> u64 {
+    let ticks = BEGAN_TICKS.load(Ordering::Relaxed);
+    let elapsed_ticks = read_ticks().wrapping_sub(ticks);
+    let elapsed_ns = monotonic_ns().saturating_sub(BEGAN_NS.load(Ordering::Relaxed));
+    if ticks == 0 || elapsed_ticks == 0 {
+        return 0;
+    }
+    (OWN_TICKS.load(Ordering::Relaxed) as u128 * elapsed_ns as u128 / elapsed_ticks as u128) as u64
 }
 
 /// Whether tracing is on.
@@ -137,6 +193,7 @@ pub fn render(device_lines: &[String]) -> String {
     for (name, value) in COUNTER_NAMES.iter().zip(&COUNTERS) {
         let _ = writeln!(text, "{name} {}", value.load(Ordering::Relaxed));
     }
+    let _ = writeln!(text, "fast_path_own_ns {}", own_ns());
     for line in device_lines {
         let _ = writeln!(text, "{line}");
     }
@@ -178,6 +235,32 @@ mod tests {
         assert!(text.contains("launches 1\n"), "{text}");
         assert!(text.contains("waited_ns 5000\n"), "{text}");
         assert!(text.contains("stale_context 0\n"), "{text}");
+        assert!(text.contains("fast_path_own_ns "), "{text}");
         assert!(text.ends_with("device GPU-1 limit 30\n"), "{text}");
+    }
+
+    #[test]
+    fn the_fast_path_own_time_leaves_the_real_launch_out_and_is_told_in_ns() {
+        BEGAN_NS.store(monotonic_ns(), Ordering::Relaxed);
+        BEGAN_TICKS.store(read_ticks(), Ordering::Relaxed);
+        let spin = |ns: u64| {
+            let until = monotonic_ns() + ns;
+            while monotonic_ns() < until {}
+        };
+        // 2 ms of "own work" around 50 ms of "real launch".
+        let started = read_ticks();
+        spin(1_000_000);
+        let launching = read_ticks();
+        spin(50_000_000);
+        let launched = read_ticks();
+        spin(1_000_000);
+        own(started, launching, launched);
+        let ns = own_ns();
+        // At least the 2 ms spun; a preempted thread only adds, and not the 50 ms.
+        assert!((2_000_000..50_000_000).contains(&ns), "{ns} ns");
+        // Readings of 0 (tracing off) add nothing.
+        let before = OWN_TICKS.load(Ordering::Relaxed);
+        own(0, 5, 7);
+        assert_eq!(OWN_TICKS.load(Ordering::Relaxed), before);
     }
 }

@@ -30,7 +30,12 @@ def trace_text(name):
     if not t.get("launches"):
         return f" [no limiter trace for {name}]"
     charged = t.get("charged_scaled_ns", 0) / 1e6
-    return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path, "
+    # The shim's own work per fast-path launch, the real launch left out (time-stamp
+    # counter, tracing's own counting included); absent from older traces.
+    own = ""
+    if t.get("fast_path") and "fast_path_own_ns" in t:
+        own = f" ({t['fast_path_own_ns'] / t['fast_path']:.0f} ns of its own each)"
+    return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path{own}, "
             f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
             f"{t.get('waits', 0)} waits for {t.get('waited_ns', 0) / 1e6:.0f} ms (longest "
