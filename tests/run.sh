@@ -22,7 +22,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        runc podman debootstrap binutils libc-bin gcc g++ python3 python3-pip >/dev/null
+        runc podman debootstrap binutils libc-bin gcc g++ python3 python3-pip strace >/dev/null
     # The version the checked-in export lists (symbols/*.535.261.03.txt) were made from.
     export VGPU_DEBIAN_DEBS=${VGPU_DEBIAN_DEBS:-$PWD/target/debian-debs}
     mkdir -p "$VGPU_DEBIAN_DEBS"

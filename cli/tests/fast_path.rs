@@ -1,0 +1,84 @@
+//! What a limited launch loop asks of the kernel and of the limiter's slow path, over the
+//! simulated driver: under a compute limit that never binds (`--cores 99`), nearly every
+//! launch takes the fast path (no lock, no syscall, no driver call beyond the launch),
+//! and the whole run makes a few hundred system calls, not one a launch (issue 25: "the
+//! fast path takes no lock, makes no syscall and no driver call"). Counted with `strace
+//! -f -c` around the workload inside `vgpu run`, and by the limiter's own trace
+//! (`VGPU_LIMITER_TRACE`: which way each launch went). A getpid, a clock_gettime that
+//! missed the vDSO or a file read per launch would be 300000 calls here.
+//!
+//! Needs root (`vgpu run`'s namespaces), a C compiler and strace; the shims and the sim
+//! driver are built by `cargo test --workspace`.
+
+mod common;
+
+/// Launches in the loop.
+const LAUNCHES: u64 = 300_000;
+
+/// The calls of `strace -c`'s table: its `total` line's count.
+fn total_calls(table: &str) -> Option<u64> {
+    let line = table
+        .lines()
+        .find(|line| line.trim_end().ends_with("total"))?;
+    // "100.00    0.000764           4       192        22 total": the 4th column.
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+#[test]
+fn a_limited_launch_loop_takes_the_fast_path_without_a_system_call_per_launch() {
+    vgpu_test_support::require!(
+        vgpu_test_support::Need::Root,
+        vgpu_test_support::Need::program("strace", "apt-get install strace")
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let streams = vgpu_test_support::streams_workload(dir.path());
+    let (trace, calls) = (dir.path().join("loop.trace"), dir.path().join("calls.txt"));
+    let strace = std::path::Path::new("strace");
+    let output = common::simulated_run(dir.path(), &["--memory", "1GiB", "--cores", "99"], strace)
+        .args(["-f", "-c", "-o"])
+        .arg(&calls)
+        .arg(&streams)
+        .args(["launch", &LAUNCHES.to_string()])
+        .env("VGPU_LIMITER_TRACE", &trace)
+        .output()
+        .expect("run vgpu");
+    assert!(
+        output.status.success(),
+        "{}\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(&trace).expect("the limiter's trace");
+    let counter = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    let (launches, fast) = (counter("launches"), counter("fast_path"));
+    assert!(launches >= LAUNCHES, "{text}");
+    assert!(
+        fast * 100 >= launches * 99,
+        "{fast} of {launches} launches on the fast path:\n{text}"
+    );
+    let table = std::fs::read_to_string(&calls).expect("strace's table");
+    let total = total_calls(&table).unwrap_or_else(|| panic!("no total in {table}"));
+    // Start-up, the publish tick every 20 ms and the samples' settling: a few hundred.
+    assert!(
+        total * 100 < launches,
+        "{total} system calls for {launches} launches:\n{table}"
+    );
+    eprintln!("{total} system calls, {fast} of {launches} launches on the fast path");
+}
+
+#[test]
+fn strace_tables_are_read_by_their_total_line() {
+    let table = "% time     seconds  usecs/call     calls    errors syscall\n\
+                 ------ ----------- ----------- --------- --------- ----------------\n \
+                 45.94    0.000351           5        64           read\n\
+                 ------ ----------- ----------- --------- --------- ----------------\n\
+                 100.00    0.000764           4       192        22 total\n";
+    assert_eq!(total_calls(table), Some(192));
+    assert_eq!(total_calls("no table"), None);
+}
