@@ -1,6 +1,6 @@
 //! The fast path: what every launch under a compute limit does when it is not sampled
 //! and the bucket is not in debt. It takes no lock and makes no syscall or driver call:
-//! one load of `LIMITS` and a branch for an unlimited process; under a limit, the
+//! one load of `SWITCHES.limits` and a branch for an unlimited process; under a limit, the
 //! current device (`crate::current`), a capture check (`hooks::capture::possible`), one
 //! clock read (the vDSO), the kernel's estimate (one fetch-add in `tables::Estimates`),
 //! the bucket's hold check (two loads), then after the real launch the stream's
@@ -27,7 +27,7 @@ use vgpu_contract::cardview;
 use vgpu_contract::clock::monotonic_ns;
 use vgpu_contract::limiter_words::slot as slot_words;
 
-use super::lifecycle::{LIMITS, LIMITS_NONE};
+use super::lifecycle::{LIMITS_NONE, SWITCHES};
 use super::tables;
 use super::trace::{self, Counter};
 use super::{
@@ -42,7 +42,7 @@ use crate::state::real;
 /// the current device has a compute limit; returns what the real launch returned.
 #[inline]
 pub fn launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult) -> CUresult {
-    if LIMITS.load(Ordering::Relaxed) == LIMITS_NONE {
+    if SWITCHES.limits.load(Ordering::Relaxed) == LIMITS_NONE {
         return launch();
     }
     limited_launch(work, target, launch)
@@ -51,7 +51,7 @@ pub fn launch(work: Work, target: Target, launch: impl FnOnce() -> CUresult) -> 
 /// Throttles only (no measurement): for launches that span devices or streams in a way
 /// events cannot bracket (cuLaunchCooperativeKernelMultiDevice).
 pub fn throttle_only(launch: impl FnOnce() -> CUresult) -> CUresult {
-    if LIMITS.load(Ordering::Relaxed) == LIMITS_NONE {
+    if SWITCHES.limits.load(Ordering::Relaxed) == LIMITS_NONE {
         return launch();
     }
     if let Some(device) = current_limited() {

@@ -3,7 +3,7 @@
 //! generation moves on; no lock is held across fork), and standing down at exit
 //! (`stand_down`, from the exit service `crate::exit`: nothing is throttled any more,
 //! and `VGPU_LIMITER_TRACE` is written). The process-wide switches the fast path reads
-//! (`LIMITS`, `EXITING`) live here.
+//! (`SWITCHES`) live here.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -22,26 +22,48 @@ use crate::state::{Enforcer, Visible};
 pub(super) const LIMITS_UNKNOWN: u8 = 0;
 pub(super) const LIMITS_NONE: u8 = 1;
 pub(super) const LIMITS_SOME: u8 = 2;
-/// Whether any visible device has a compute limit: the launch hooks' fast path is one
-/// load of this and a branch.
-pub(super) static LIMITS: AtomicU8 = AtomicU8::new(LIMITS_UNKNOWN);
-pub(super) static EXITING: AtomicBool = AtomicBool::new(false);
-pub(super) static LIMITER: AtomicPtr<Limiter> = AtomicPtr::new(std::ptr::null_mut());
+/// The process-wide switches every launch reads, on one cache line of their own (the
+/// real driver's launch evicts the shim's lines between launches: one line, one miss).
+#[repr(C, align(64))]
+pub(super) struct Switches {
+    /// Whether any visible device has a compute limit: the launch hooks' fast path is
+    /// one load of this and a branch.
+    pub limits: AtomicU8,
+    /// The process is exiting: nothing is throttled any more.
+    pub exiting: AtomicBool,
+    /// The limiter of the latest fork generation that built one (leaked, never freed).
+    pub limiter: AtomicPtr<Limiter>,
+}
+
+pub(super) static SWITCHES: Switches = Switches {
+    limits: AtomicU8::new(LIMITS_UNKNOWN),
+    exiting: AtomicBool::new(false),
+    limiter: AtomicPtr::new(std::ptr::null_mut()),
+};
+
+/// The limiter of this fork generation if it has been built (one load and a compare):
+/// a launch that finds it needs not read the policy, which a built limiter implies (the
+/// policy is fixed when the shim loads).
+#[inline]
+pub(super) fn built() -> Option<&'static Limiter> {
+    let current = SWITCHES.limiter.load(Ordering::Acquire);
+    // SAFETY: SWITCHES.limiter only holds leaked, never-freed Limiter boxes.
+    let limiter = unsafe { current.as_ref() }?;
+    (limiter.generation == crate::fork_epoch::generation()).then_some(limiter)
+}
 
 /// The limiter, built on first use (and again in a forked child); `None` when no
-/// visible device has a compute limit. Inlined: every limited launch asks, and once
-/// built it is two loads and a compare.
+/// visible device has a compute limit.
 #[inline]
 pub(super) fn limiter(enforcer: &'static Enforcer) -> Option<&'static Limiter> {
-    let generation = crate::fork_epoch::generation();
-    let current = LIMITER.load(Ordering::Acquire);
-    // SAFETY: LIMITER only holds leaked, never-freed Limiter boxes.
-    if let Some(limiter) = unsafe { current.as_ref() }
-        && limiter.generation == generation
-    {
+    if let Some(limiter) = built() {
         return (!limiter.devices.is_empty()).then_some(limiter);
     }
-    build(enforcer, generation, current)
+    build(
+        enforcer,
+        crate::fork_epoch::generation(),
+        SWITCHES.limiter.load(Ordering::Acquire),
+    )
 }
 
 /// Builds the limiter of this generation and installs it, unless another thread did.
@@ -61,18 +83,21 @@ fn build(
         devices,
     }));
     register_handlers();
-    let winner = match LIMITER.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire)
-    {
-        Ok(_) => fresh,
-        Err(other) => {
-            // SAFETY: `fresh` is ours alone and was never shared.
-            drop(unsafe { Box::from_raw(fresh) });
-            other
-        }
-    };
+    let winner =
+        match SWITCHES
+            .limiter
+            .compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => fresh,
+            Err(other) => {
+                // SAFETY: `fresh` is ours alone and was never shared.
+                drop(unsafe { Box::from_raw(fresh) });
+                other
+            }
+        };
     // SAFETY: as above, `winner` is a leaked, never-freed Limiter.
     let limiter = unsafe { &*winner };
-    LIMITS.store(
+    SWITCHES.limits.store(
         if limiter.devices.is_empty() {
             LIMITS_NONE
         } else {
@@ -155,7 +180,7 @@ fn register_handlers() {
 /// trace formats and writes a file): nothing is throttled any more, and
 /// `VGPU_LIMITER_TRACE` is written.
 pub(crate) fn stand_down() {
-    EXITING.store(true, Ordering::SeqCst);
+    SWITCHES.exiting.store(true, Ordering::SeqCst);
     write_trace();
 }
 
@@ -164,8 +189,8 @@ fn write_trace() {
     if !trace::on() {
         return;
     }
-    // SAFETY: LIMITER only holds leaked, never-freed Limiter boxes.
-    let lines: Vec<String> = unsafe { LIMITER.load(Ordering::Acquire).as_ref() }
+    // SAFETY: SWITCHES.limiter only holds leaked, never-freed Limiter boxes.
+    let lines: Vec<String> = unsafe { SWITCHES.limiter.load(Ordering::Acquire).as_ref() }
         .map(|limiter| {
             limiter
                 .devices

@@ -64,7 +64,7 @@ use crate::current::PER_THREAD_KEY_BIT;
 use crate::state::{Visible, enforcing, real};
 use clock::GpuClock;
 pub(crate) use lifecycle::stand_down;
-use lifecycle::{EXITING, LIMITS, LIMITS_NONE, limiter};
+use lifecycle::{LIMITS_NONE, SWITCHES, built, limiter};
 use sample::Sample;
 use shared::Shared;
 use tables::{Estimates, Streams};
@@ -195,15 +195,21 @@ pub use fast::{launch, throttle_only};
 /// The limiter of the calling thread's current device, when it has a compute limit and
 /// throttling is allowed now.
 fn current_limited() -> Option<&'static DeviceLimiter> {
-    if EXITING.load(Ordering::Relaxed) {
+    if SWITCHES.exiting.load(Ordering::Relaxed) {
         return None;
     }
-    // Forwarding only or failing closed: nothing to limit, now or later.
-    let Some(enforcer) = enforcing() else {
-        LIMITS.store(LIMITS_NONE, Ordering::Relaxed);
-        return None;
+    let limiter = match built() {
+        Some(limiter) if limiter.devices.is_empty() => return None,
+        Some(limiter) => limiter,
+        None => {
+            // Forwarding only or failing closed: nothing to limit, now or later.
+            let Some(enforcer) = enforcing() else {
+                SWITCHES.limits.store(LIMITS_NONE, Ordering::Relaxed);
+                return None;
+            };
+            limiter(enforcer)?
+        }
     };
-    let limiter = limiter(enforcer)?;
     if limiter.only_device {
         return limiter.devices.first();
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use vgpu_contract::clock::monotonic_ns;
 use vgpu_contract::limiter_words::slot as slot_words;
 
-use super::lifecycle::EXITING;
+use super::lifecycle::SWITCHES;
 use super::sample::{RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter};
 use super::{
@@ -134,7 +134,7 @@ impl DeviceLimiter {
             } else {
                 0
             };
-            if sleep == 0 || EXITING.load(Ordering::Relaxed) {
+            if sleep == 0 || SWITCHES.exiting.load(Ordering::Relaxed) {
                 trace::most(Counter::LongestWaitNs, waited);
                 return;
             }
