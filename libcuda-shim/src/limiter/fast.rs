@@ -15,12 +15,16 @@
 //! callgrind; the hook's forwarding is 75 of them), five read-modify-writes and one clock
 //! read; 53-55 ns of wall time in one `--cores 99` process against the driver's own
 //! `cuLaunchKernel` in alternating blocks (`streams launch-ab` of the GPU suite; 5-7 ns
-//! with a memory quota only). Sampling adds two
+//! with a memory quota only). On the H200 the same instructions took +353-398 ns (run
+//! 12): the real driver's launch evicts the shim's lines between launches, so what
+//! counts there is lines touched, and each structure on this path is laid out for that
+//! (docs/compute-limiter.md, "What a launch costs"); [`DeviceLimiter::prefetch`] asks for
+//! the lines after the device's first at once. `VGPU_LIMITER_TRACE` reports the path's
+//! own time (`fast_path_own_ns`, the real launch left out). Sampling adds two
 //! `cuEventRecord`s, a query and an elapsed time to one launch of a short kernel per
 //! `duty::sample_gap_ns`: 200 us apart while the kernel is learned or the process's
 //! kernels overlap, else 1 ms once it has 32 samples (on the H200, run 12, the 200 us gap
-//! sampled one launch in 40 of a 4 us loop, the 1 ms gap one in 205; the shim's cost in
-//! one process +398 and +353 ns).
+//! sampled one launch in 40 of a 4 us loop, the 1 ms gap one in 205).
 use std::sync::atomic::Ordering;
 
 use vgpu_contract::cardview;
