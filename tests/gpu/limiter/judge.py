@@ -182,10 +182,12 @@ def launch_cost(kind, key, label):
     ratio = statistics.median(l / b for b, l in pairs)
     b = statistics.median(b for b, _ in pairs)
     l = statistics.median(l for _, l in pairs)
-    record(f"launch-cost-{kind}", "PASS" if ratio <= 1.10 else "FAIL",
+    # Issue 25's target for both APIs; separate processes spread about +-15 % here, so
+    # the in-process figure (launch-cost-in-process) is the exact one for the driver API.
+    record(f"launch-cost-{kind}", "PASS" if ratio <= 1.05 else "FAIL",
            f"{label}: {ratio:.3f}x, the median of {len(pairs)} interleaved pairs "
            f"({', '.join(f'{l / b:.2f}' for b, l in pairs)}); medians bare {b:.3f} us, --cores 99 {l:.3f} us "
-           f"(target <=1.10; before 2.5x)" + trace_text(f"{kind}-99-trace"),
+           f"(target <=1.05; before 2.5x)" + trace_text(f"{kind}-99-trace"),
            ratio=ratio, bare_us=b, limited_us=l, pairs=pairs)
 
 
