@@ -42,21 +42,10 @@ fn a_limited_launch_loop_takes_the_fast_path_without_a_system_call_per_launch() 
         .env("VGPU_LIMITER_TRACE", &trace)
         .output()
         .expect("run vgpu");
-    assert!(
-        output.status.success(),
-        "{}\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = std::fs::read_to_string(&trace).expect("the limiter's trace");
-    let counter = |name: &str| {
-        text.lines()
-            .find_map(|line| line.strip_prefix(&format!("{name} ")))
-            .and_then(|value| value.trim().parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no {name} in {text}"))
-    };
-    let (launches, fast) = (counter("launches"), counter("fast_path"));
+    common::assert_succeeded(&output);
+    let trace = common::LimiterTrace::read(&trace);
+    let text = &trace.text;
+    let (launches, fast) = (trace.counter("launches"), trace.counter("fast_path"));
     assert!(launches >= LAUNCHES, "{text}");
     assert!(
         fast * 100 >= launches * 99,

@@ -32,21 +32,10 @@ fn a_one_stream_launch_loop_is_sampled_at_most_once_a_millisecond_once_its_kerne
             .output()
             .expect("run vgpu");
     let wall_ms = began.elapsed().as_millis() as u64;
-    assert!(
-        output.status.success(),
-        "{}\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = std::fs::read_to_string(&trace).expect("the limiter's trace");
-    let counter = |name: &str| {
-        text.lines()
-            .find_map(|line| line.strip_prefix(&format!("{name} ")))
-            .and_then(|value| value.trim().parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no {name} in {text}"))
-    };
-    let (launches, sampled) = (counter("launches"), counter("sampled"));
+    common::assert_succeeded(&output);
+    let trace = common::LimiterTrace::read(&trace);
+    let text = &trace.text;
+    let (launches, sampled) = (trace.counter("launches"), trace.counter("sampled"));
     assert!(launches >= 300_000, "{text}");
     // The first 32 samples at 200 us, then one a millisecond at most.
     let bound = wall_ms + 32;
