@@ -146,7 +146,9 @@ pub struct NodeConfig {
     /// change is sent to kubelet in ListAndWatch.
     pub health_interval_secs: u64,
     /// `kubelet_watch_interval_ms`: milliseconds between checks of `kubelet.sock` (a new
-    /// inode means kubelet restarted: register again) and of the device plugin's own sockets.
+    /// inode means kubelet restarted: register again) and of the device plugin's own
+    /// sockets; a change in the folder wakes the check at once where inotify works
+    /// (`crate::folder_watch`), so this is the fallback and the retry backoff's ceiling.
     pub kubelet_watch_interval_ms: u64,
     /// The host's `/proc`, to map containers' PIDs to host PIDs for NVML readers.
     pub host_proc: PathBuf,

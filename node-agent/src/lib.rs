@@ -19,6 +19,7 @@
 //! * [`persist`]: versioned JSON files read with a version check and written atomically;
 //! * [`devices`]: device discovery and health behind [`devices::DeviceSource`] (NVML or fake);
 //! * [`dial`]: a gRPC channel to a server on a unix socket;
+//! * [`folder_watch`]: wakes a supervisor when a folder's entries change (inotify);
 //! * [`serve`]: a gRPC server on a unix socket that a supervisor keeps served, every
 //!   connection's `:authority` mended;
 //! * [`health`]: what `/healthz` answers;
@@ -37,6 +38,7 @@ pub mod coordination;
 pub mod devices;
 pub mod dial;
 pub mod exposition;
+pub mod folder_watch;
 pub mod health;
 pub mod http;
 pub mod layout;

@@ -3,7 +3,9 @@
 //! resource in the device-plugin folder and Register each (serving before
 //! registering), watch that folder (kubelet deletes plugin sockets when it restarts:
 //! the socket is re-created and registered again; a new kubelet.sock also triggers
-//! re-registration), probe health, collect garbage, follow every usage region once a
+//! re-registration; inotify wakes the watch at once, the tick is the fallback, because
+//! kubelet rejects a pod that asks for our resources before we registered again),
+//! probe health, collect garbage, follow every usage region once a
 //! second (host PIDs, running totals; refusals and Events: [`vgpu_node_agent::quota_watch`]),
 //! serve metrics and `/healthz`, and on stop
 //! remove the sockets.
@@ -28,6 +30,7 @@ use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::container;
 use vgpu_node_agent::coordination;
 use vgpu_node_agent::devices::{DeviceSource, watch_health};
+use vgpu_node_agent::folder_watch::FolderWatch;
 use vgpu_node_agent::health::ServingStatus;
 use vgpu_node_agent::http;
 use vgpu_node_agent::persist::{self, Versioned};
@@ -100,7 +103,12 @@ fn serve_resource(
     })
 }
 
-/// Keeps both resources served and registered until `stop`.
+/// The first wait before a failed registration is tried again; it doubles up to the
+/// tick.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+
+/// Keeps both resources served and registered until `stop`: a pass each tick, and at
+/// once when the device-plugin folder changes ([`FolderWatch`]).
 async fn supervise(
     shared: Arc<Shared>,
     resources: Vec<(Kind, String, PathBuf)>,
@@ -110,10 +118,15 @@ async fn supervise(
     let config = shared.config.clone();
     let kubelet_socket = config.kubelet_socket_path();
     let tick = Duration::from_millis(config.kubelet_watch_interval_ms);
+    // Kubelet.sock and both plugin sockets live in this folder: a restarting kubelet's
+    // deletions and its new kubelet.sock wake the loop at once.
+    let mut folder = FolderWatch::new(&config.device_plugin_dir);
+    let mut retry = RETRY_FIRST;
     let mut servers: Vec<Option<ServedSocket>> = resources.iter().map(|_| None).collect();
     let mut registered = vec![false; resources.len()];
     let mut kubelet_inode = None;
     loop {
+        folder.arm();
         let inode_now = socket_inode(&kubelet_socket);
         if inode_now != kubelet_inode {
             if inode_now.is_some() {
@@ -165,8 +178,24 @@ async fn supervise(
             })
             .collect();
         status.record_pass(&states);
+        // A registration that failed (kubelet.sock bound but not yet listening, a
+        // kubelet still starting) is tried again soon, backing off to the tick.
+        let unregistered = kubelet_inode.is_some()
+            && servers
+                .iter()
+                .zip(&registered)
+                .any(|(server, registered)| server.is_some() && !registered);
+        let wait = if unregistered {
+            let wait = retry.min(tick);
+            retry = (retry * 2).min(tick);
+            wait
+        } else {
+            retry = RETRY_FIRST;
+            tick
+        };
         tokio::select! {
-            _ = tokio::time::sleep(tick) => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = folder.changed() => {}
             _ = stop.wait_for(|stopped| *stopped) => break,
         }
     }

@@ -15,6 +15,7 @@ use common::{
 use tonic::Code;
 use vgpu_contract::{ByteSize, Config, CoreMode};
 use vgpu_kubelet_api::deviceplugin::{ContainerAllocateResponse, Empty};
+use vgpu_node_agent::config::NodeConfig;
 use vgpu_node_agent::devices::FakeSource;
 
 const CARD_MEMORY: u64 = 4 << 30; // 16 memory units of 256MiB
@@ -394,12 +395,27 @@ async fn bad_requests_are_refused_with_clear_statuses() {
     plugin.stop().await;
 }
 
+/// A tick no test waits for: what these tests see happens without it.
+const TEN_MINUTES_MS: u64 = 600_000;
+
+/// A plugin whose tick never comes while the test runs.
+async fn started_without_a_tick(kubelet: &TestKubelet) -> vgpu_plugin::PluginHandle {
+    let config = NodeConfig {
+        kubelet_watch_interval_ms: TEN_MINUTES_MS,
+        ..kubelet.plugin_config()
+    };
+    vgpu_plugin::start(config, Arc::new(FakeSource::uniform(1, CARD_MEMORY)))
+        .await
+        .expect("plugin starts")
+}
+
+/// Kubelet rejects a pod that asks for our resources before we registered with the
+/// restarted kubelet; the plugin must not wait for its next tick to do so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn re_registers_after_kubelet_restart() {
+async fn re_registers_the_moment_kubelet_restarts_not_at_the_next_tick() {
     let mut kubelet = TestKubelet::start().await;
-    let (plugin, _cores, _memory) =
-        started(&kubelet, Arc::new(FakeSource::uniform(1, CARD_MEMORY))).await;
-    assert_eq!(kubelet.registrations().len(), 2);
+    let plugin = started_without_a_tick(&kubelet).await;
+    kubelet.wait_registrations(2).await;
     kubelet.restart().await;
     let seen = kubelet.wait_registrations(4).await;
     let mut again: Vec<_> = seen[2..].iter().map(|r| r.resource_name.clone()).collect();
@@ -414,6 +430,24 @@ async fn re_registers_after_kubelet_restart() {
         100,
         "the new socket serves"
     );
+    plugin.stop().await;
+}
+
+/// A kubelet that refuses a registration (still starting) is asked again soon, backing
+/// off, not a tick later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_is_tried_again_soon() {
+    let kubelet = TestKubelet::start().await;
+    kubelet.refuse_registrations(3);
+    let plugin = started_without_a_tick(&kubelet).await;
+    let mut seen: Vec<_> = kubelet
+        .wait_registrations(2)
+        .await
+        .iter()
+        .map(|r| r.resource_name.clone())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, vec![CORE.to_string(), MEMORY.to_string()]);
     plugin.stop().await;
 }
 

@@ -500,8 +500,8 @@ EOF
 # back, q30 and p60 still run, and a new pod of 20 cores is not put on their card (10
 # cores are left there). The kubelet walks the new pod's limits, a Go map, in random
 # order: whichever resource comes first, both land on one card.
-nothing_lost() { # NAME
-    local name=$1
+nothing_lost() { # NAME [NOTE]
+    local name=$1 note=${2:-}
     wait_until 120 allocatable_is vcuda-core $((CARDS * 100)) || fail "vcuda-core allocatable: $(allocatable vcuda-core)"
     phase_is q30 Running || fail "q30: $(phase q30)"
     phase_is p60 Running || fail "p60: $(phase p60)"
@@ -510,14 +510,51 @@ nothing_lost() { # NAME
     local shared card
     shared=$(cat "$WORK/shared-card" 2>/dev/null || cat /tmp/shared-card)
     card=$(card_of "$name")
-    echo "$name on $card; q30 and p60 on $shared"
+    echo "$name on $card; q30 and p60 on $shared$note"
     [ -n "$card" ] && [ "$card" != "$shared" ] || fail "$name was put on the card q30 and p60 fill (double-booked)"
     kubectl delete pod "$name" --wait --timeout 60s >/dev/null
 }
 
+# The node's Ready heartbeat: a kubelet posts it with each node status.
+heartbeat() { kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}'; }
+
+# How many times the running kubelet took our Register for tencent.com/RESOURCE (its
+# metrics, through the API server; a restarted kubelet counts from 0).
+kubelet_registrations() {
+    kubectl get --raw "/api/v1/nodes/$NODE/proxy/metrics" 2>/dev/null |
+        awk -v name="\"tencent.com/$1\"" '$1 ~ /^kubelet_device_plugin_registration_total/ && index($1, name) { print $2; found = 1 } END { if (!found) print 0 }'
+}
+
+# The restarted kubelet can admit our pods: it took both registrations, and a node
+# status it posted since its start says the whole node's cores are allocatable (a
+# kubelet's allocatable counts only devices a plugin listed to it; until then the API
+# still shows the old kubelet's figure, and a pod sent now is rejected with
+# "no healthy devices present").
+kubelet_serves_our_resources() { # HEARTBEAT_BEFORE
+    [ "$(kubelet_registrations vcuda-core)" -ge 1 ] && [ "$(kubelet_registrations vcuda-memory)" -ge 1 ] &&
+        [ "$(heartbeat)" != "$1" ] && allocatable_is vcuda-core $((CARDS * 100))
+}
+
+# Kubelet's restart deletes the plugin's sockets; the plugin serves and registers again
+# as soon as the new kubelet.sock appears (an inotify wake-up: the figure printed is
+# from kubelet's log, its registration server's start to our Register).
 dp_kubelet_restart() {
+    local before start_line started registered
+    before=$(heartbeat)
     bash "$HERE/cluster.sh" restart-kubelet || return 1
-    nothing_lost after-kubelet
+    wait_until 120 kubelet_serves_our_resources "$before" ||
+        fail "the restarted kubelet does not serve our resources: registrations $(kubelet_registrations vcuda-core)/$(kubelet_registrations vcuda-memory), allocatable $(allocatable vcuda-core)"
+    local log=${VGPU_K8S_STATE:-/var/lib/vgpu-k8s}/logs/kubelet.log latency=""
+    if [ -r "$log" ]; then
+        start_line=$(grep -n 'Starting device plugin registration server' "$log" | tail -1 | cut -d: -f1)
+        [ -n "$start_line" ] || start_line=1
+        started=$(sed -n "${start_line}p" "$log" | awk '{ print $2 }')
+        registered=$(tail -n +"$start_line" "$log" | grep -m1 'Registered client' | awk '{ print $2 }')
+        latency=$(echo "$started $registered" | awk '
+            function ms(t, p) { split(t, p, ":"); return (p[1] * 3600 + p[2] * 60 + p[3]) * 1000 }
+            NF == 2 { printf "; registered %d ms after the new kubelet.sock", ms($2) - ms($1) }')
+    fi
+    nothing_lost after-kubelet "$latency"
 }
 
 dp_plugin_restart() {

@@ -11,6 +11,7 @@ pub mod e2e;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,8 +39,10 @@ use vgpu_node_agent::dial::connect_unix;
 pub const CORE: &str = "tencent.com/vcuda-core";
 pub const MEMORY: &str = "tencent.com/vcuda-memory";
 
+/// The registrations kubelet accepted, and how many more it refuses first (as a
+/// kubelet that is still starting does).
 #[derive(Clone, Default)]
-struct RegistrationBook(Arc<Mutex<Vec<RegisterRequest>>>);
+struct RegistrationBook(Arc<Mutex<Vec<RegisterRequest>>>, Arc<AtomicUsize>);
 
 #[tonic::async_trait]
 impl Registration for RegistrationBook {
@@ -47,6 +50,16 @@ impl Registration for RegistrationBook {
         let request = request.into_inner();
         if request.version != "v1beta1" {
             return Err(Status::invalid_argument("unsupported version"));
+        }
+        let refuse = self
+            .1
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            });
+        if refuse.is_ok() {
+            return Err(Status::unavailable(
+                "the test kubelet refuses this registration",
+            ));
         }
         self.0.lock().expect("lock").push(request);
         Ok(Response::new(Empty {}))
@@ -160,6 +173,11 @@ impl TestKubelet {
             let _ = std::fs::remove_file(entry.path());
         }
         self.start_registration();
+    }
+
+    /// Makes the next `count` Register calls fail with UNAVAILABLE.
+    pub fn refuse_registrations(&self, count: usize) {
+        self.registrations.1.store(count, Ordering::SeqCst);
     }
 
     pub fn registrations(&self) -> Vec<RegisterRequest> {
