@@ -624,6 +624,31 @@ fn hard_30_with_100us_kernels_holds_30_percent() {
     assert!(report.launches > 1000, "{report:?}");
 }
 
+/// A launch the driver refuses ran nothing and costs the container nothing, on the fast
+/// path as on the slow. Charged, the four refused launches of a known kernel before each
+/// real one would hold the container to a fraction of its 30 (9 %, measured with a fast
+/// path that kept the charge of a refused launch).
+#[test]
+fn a_refused_launch_costs_the_container_nothing() {
+    let (report, trace) = run_traced(
+        "hard30-refused",
+        "    core_limit: 30\n",
+        Role::plain("k_100us", 1000).mode("refused"),
+    );
+    if let Err(wrong) = report.near(0, usize::MAX, 30.0) {
+        panic!("{wrong}: {report:?}");
+    }
+    let refused: u64 = report
+        .notes
+        .iter()
+        .find_map(|note| note.strip_prefix("refused=")?.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        refused > 1000 && trace.get("launches") >= refused,
+        "{refused} refused launches, all through the limiter: {trace:?}"
+    );
+}
+
 #[test]
 fn hard_limits_hold_in_every_window_with_10ms_kernels() {
     for limit in [10u32, 50, 70] {
@@ -1826,6 +1851,9 @@ const DEPTH: usize = 4;
 const CAPTURED_LAUNCHES: u64 = 200;
 /// Kernels of one step of the decode loop (`Role::mode("decode")`).
 const DECODE_KERNELS: usize = 8;
+/// Launches the driver refuses (a grid of 0 blocks) before each one it runs, in
+/// `Role::mode("refused")`.
+const REFUSED_PER_LAUNCH: usize = 4;
 
 /// A timed event recorded on an idle stream at `host_ns`: the card's timeline of every
 /// other event is read against it (`Cuda::fired_ns`).
@@ -2242,6 +2270,36 @@ fn child_process_entry() {
             notes.push(format!("step_p99_ns={}", at(0.99)));
             notes.push(format!("step_max_ns={}", at(1.0)));
             (times, 0)
+        }
+        "refused" => {
+            // One stream; before each launch that runs, launches of the same (known)
+            // kernel that the driver refuses, which the limiter charges ahead on its
+            // fast path and must take back.
+            let stream = cuda.stream();
+            fit = 1;
+            let ring: [H; DEPTH] = std::array::from_fn(|_| cuda.event());
+            let (mut times, mut max_call, mut launched, mut refused) = (Vec::new(), 0, 0u64, 0u64);
+            while monotonic_ns() < deadline {
+                let slot = (launched % DEPTH as u64) as usize;
+                if launched >= DEPTH as u64 {
+                    // SAFETY: our event.
+                    unsafe { (cuda.event_synchronize)(ring[slot]) };
+                }
+                for _ in 0..REFUSED_PER_LAUNCH {
+                    assert_ne!(cuda.kernel(function, 0, stream), 0, "a grid of 0 blocks");
+                    refused += 1;
+                }
+                let before = monotonic_ns();
+                assert_eq!(cuda.kernel(function, blocks, stream), 0, "cuLaunchKernel");
+                let after = monotonic_ns();
+                max_call = max_call.max(after - before);
+                // SAFETY: our event and stream.
+                unsafe { (cuda.event_record)(ring[slot], stream) };
+                launched += 1;
+                times.push(after);
+            }
+            notes.push(format!("refused={refused}"));
+            (times, max_call)
         }
         "torch" => {
             let step = TorchLike::load(&cuda);
