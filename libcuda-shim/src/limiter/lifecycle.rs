@@ -33,12 +33,16 @@ pub(super) struct Switches {
     pub exiting: AtomicBool,
     /// The limiter of the latest fork generation that built one (leaked, never freed).
     pub limiter: AtomicPtr<Limiter>,
+    /// `VGPU_LIMITER_TRACE` is on (`super::trace`): a launch asks several times, and
+    /// here that costs no line of its own.
+    pub tracing: AtomicBool,
 }
 
 pub(super) static SWITCHES: Switches = Switches {
     limits: AtomicU8::new(LIMITS_UNKNOWN),
     exiting: AtomicBool::new(false),
     limiter: AtomicPtr::new(std::ptr::null_mut()),
+    tracing: AtomicBool::new(false),
 };
 
 /// The limiter of this fork generation if it has been built (one load and a compare):

@@ -341,6 +341,17 @@ mod tests {
     }
 
     #[test]
+    fn the_switches_every_launch_reads_are_one_line() {
+        use lifecycle::Switches;
+        assert_eq!(align_of::<Switches>(), 64);
+        assert_eq!(
+            size_of::<Switches>(),
+            64,
+            "limits, exiting, limiter and tracing"
+        );
+    }
+
+    #[test]
     fn stream_keys_tell_the_default_streams_apart() {
         let legacy = Target {
             stream: std::ptr::null_mut(),

@@ -2,7 +2,8 @@
 //! workload that is not held to its limit (or held below it): `VGPU_LIMITER_TRACE=FILE`
 //! makes the process write a few counters to FILE when it exits (one `name value` line
 //! each, then one line per limited device). Off by default: without the variable no
-//! counter is touched, so the launch path pays one load of a static flag.
+//! counter is touched, so the launch path pays loads of a flag on the line of switches
+//! it reads anyway (`lifecycle::SWITCHES`).
 //!
 //! The counters say which way launches went (fast path, slow path, measured, skipped for
 //! a capture, or without a limiter for their device), what was charged (as measured, and
@@ -13,14 +14,15 @@
 //! launch, only while tracing; the trace's own counting is in it).
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_contract::clock::monotonic_ns;
+
+use super::lifecycle::SWITCHES;
 
 /// The env var naming the file.
 pub const TRACE_ENV: &str = "VGPU_LIMITER_TRACE";
 
-static ON: AtomicBool = AtomicBool::new(false);
 /// Time-stamp ticks of the shim's own work in fast-path launches (see [`ticks`]).
 static OWN_TICKS: AtomicU64 = AtomicU64::new(0);
 /// When tracing began, on both clocks, to turn ticks into ns.
@@ -111,7 +113,7 @@ pub fn init() {
     if std::env::var_os(TRACE_ENV).is_some_and(|path| !path.is_empty()) {
         BEGAN_NS.store(monotonic_ns(), Ordering::Relaxed);
         BEGAN_TICKS.store(read_ticks(), Ordering::Relaxed);
-        ON.store(true, Ordering::Relaxed);
+        SWITCHES.tracing.store(true, Ordering::Relaxed);
     }
 }
 
@@ -162,7 +164,7 @@ fn own_ns() -> u64 {
 /// Whether tracing is on.
 #[inline]
 pub fn on() -> bool {
-    ON.load(Ordering::Relaxed)
+    SWITCHES.tracing.load(Ordering::Relaxed)
 }
 
 /// Adds `by` to `counter` (nothing when tracing is off).
@@ -226,11 +228,11 @@ mod tests {
     fn counters_count_only_when_on_and_render_by_name() {
         count(Counter::Launches);
         assert!(render(&[]).contains("launches 0\n"), "off: nothing counted");
-        ON.store(true, Ordering::Relaxed);
+        SWITCHES.tracing.store(true, Ordering::Relaxed);
         count(Counter::Launches);
         add(Counter::WaitedNs, 5_000);
         let text = render(&["device GPU-1 limit 30".to_string()]);
-        ON.store(false, Ordering::Relaxed);
+        SWITCHES.tracing.store(false, Ordering::Relaxed);
         assert!(text.starts_with("vgpu-limiter-trace 1\n"), "{text}");
         assert!(text.contains("launches 1\n"), "{text}");
         assert!(text.contains("waited_ns 5000\n"), "{text}");
