@@ -51,6 +51,17 @@ fn a_limited_launch_loop_takes_the_fast_path_without_a_system_call_per_launch() 
         fast * 100 >= launches * 99,
         "{fast} of {launches} launches on the fast path:\n{text}"
     );
+    // The fast path's clock reads the time-stamp counter where the kernel keeps time
+    // with it, and the vDSO elsewhere.
+    let kernel_clock =
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .unwrap_or_default();
+    let counter = cfg!(target_arch = "x86_64") && kernel_clock.trim() == "tsc";
+    assert_eq!(
+        trace.counter("fast_clock_counter"),
+        counter as u64,
+        "clocksource {kernel_clock:?}:\n{text}"
+    );
     let table = std::fs::read_to_string(&calls).expect("strace's table");
     let total = total_calls(&table).unwrap_or_else(|| panic!("no total in {table}"));
     // Start-up, the publish tick every 20 ms and the samples' settling: a few hundred.

@@ -2,7 +2,8 @@
 //! and the bucket is not in debt. It takes no lock and makes no syscall or driver call:
 //! one load of `SWITCHES.limits` and a branch for an unlimited process; under a limit, the
 //! current device (`crate::current`), a capture check (`hooks::capture::possible`), one
-//! clock read (the vDSO), the kernel's estimate (one fetch-add in `tables::Estimates`),
+//! clock read (`super::fast_clock`: the time-stamp counter where the kernel keeps time
+//! with it, else the vDSO), the kernel's estimate (one fetch-add in `tables::Estimates`),
 //! the bucket's hold check (two loads), then after the real launch the stream's
 //! projection (one compare-and-swap in `tables::Streams`), the container's union (one
 //! fetch-max on the region's horizon when the launch extends it), the bucket (one
@@ -28,7 +29,6 @@
 use std::sync::atomic::Ordering;
 
 use vgpu_contract::cardview;
-use vgpu_contract::clock::monotonic_ns;
 use vgpu_contract::limiter_words::slot as slot_words;
 
 use super::lifecycle::{LIMITS_NONE, SWITCHES};
@@ -81,7 +81,7 @@ pub(super) fn limited_launch(
         return launch();
     }
     trace::count(Counter::Launches);
-    let now = monotonic_ns();
+    let now = SWITCHES.clock.now_ns();
     let rate = device.rate();
     let sample_open = now >= device.next_sample_ns.load(Ordering::Relaxed);
     let estimate = device

@@ -13,6 +13,7 @@ use vgpu_contract::CoreMode;
 use vgpu_contract::cardview;
 use vgpu_contract::clock::monotonic_ns;
 
+use super::fast_clock::FastClock;
 use super::shared::Shared;
 use super::tables::{Estimates, Streams};
 use super::{DeviceLimiter, ESTIMATE_SLOTS, Limiter, STREAM_SLOTS, Slow, WINDOW_NS, duty, trace};
@@ -36,6 +37,8 @@ pub(super) struct Switches {
     /// `VGPU_LIMITER_TRACE` is on (`super::trace`): a launch asks several times, and
     /// here that costs no line of its own.
     pub tracing: AtomicBool,
+    /// The fast path's clock (`super::fast_clock`): its anchor is read on this line too.
+    pub clock: FastClock,
 }
 
 pub(super) static SWITCHES: Switches = Switches {
@@ -43,6 +46,7 @@ pub(super) static SWITCHES: Switches = Switches {
     exiting: AtomicBool::new(false),
     limiter: AtomicPtr::new(std::ptr::null_mut()),
     tracing: AtomicBool::new(false),
+    clock: FastClock::new(),
 };
 
 /// The limiter of this fork generation if it has been built (one load and a compare):
@@ -175,6 +179,7 @@ fn register_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         trace::init();
+        FastClock::allow_where_the_kernel_keeps_time_with_it();
         crate::exit::register();
         crate::fork_epoch::register();
     });

@@ -26,12 +26,12 @@
 //! `PUBLISH_NS`: activity for the host's coordinator, and in soft mode the card's view)
 //! take the slow path.
 //!
-//! One job per file: `fast` (the unsampled launch), `slow` (waits and sampled launches),
-//! `settle` (what a finished sample teaches), `publish` (the tick that talks to the
-//! host), `lifecycle` (build, fork, exit), `clock` (event times on the host clock),
-//! `sample` (the events of one measurement), `shared` (the container's bucket, horizon
-//! and rate), `tables` (lock-free estimates and stream projections), `duty` (the pure
-//! arithmetic) and `trace` (opt-in counters).
+//! One job per file: `fast` (the unsampled launch), `fast_clock` (its clock), `slow`
+//! (waits and sampled launches), `settle` (what a finished sample teaches), `publish`
+//! (the tick that talks to the host), `lifecycle` (build, fork, exit), `clock` (event
+//! times on the host clock), `sample` (the events of one measurement), `shared` (the
+//! container's bucket, horizon and rate), `tables` (lock-free estimates and stream
+//! projections), `duty` (the pure arithmetic) and `trace` (opt-in counters).
 //!
 //! Safety rails: nothing is throttled or timed while the launch's stream captures a
 //! graph, in a forked child until it rebuilds, or once the process is exiting; our own
@@ -41,6 +41,7 @@
 mod clock;
 pub mod duty;
 mod fast;
+mod fast_clock;
 mod lifecycle;
 #[cfg(test)]
 mod model;

@@ -1,13 +1,15 @@
 //! Publishing: every `PUBLISH_NS` one thread of the process stamps its heartbeat, adds
 //! its measured busy time and launches to the usage region for the host's coordinator,
 //! and reads the host's card view: the charge factor for this container, and in soft
-//! mode the rate the card's contention allows.
+//! mode the rate the card's contention allows. The tick also steers the fast path's
+//! clock (`super::fast_clock`).
 
 use std::sync::atomic::Ordering;
 
 use vgpu_contract::cardview::{self, CardView};
 use vgpu_contract::limiter_words::slot as slot_words;
 
+use super::lifecycle::SWITCHES;
 use super::{BUSY_BITS, DeviceLimiter, PUBLISH_NS, duty};
 use crate::debug;
 
@@ -38,6 +40,7 @@ impl DeviceLimiter {
     /// the host's correction factor for this container's charges (1 without a fresh view
     /// that names it), and in soft mode the rate it grants (the limit without one).
     pub(super) fn publish(&self, now_ns: u64) {
+        SWITCHES.clock.steer();
         if let Some(words) = self.mine {
             words[slot_words::HEARTBEAT_NS].store(now_ns, Ordering::Relaxed);
         }

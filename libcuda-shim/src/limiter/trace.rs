@@ -11,7 +11,8 @@
 //! samples fared (settled, dropped, never taken and why), and what the fast path itself
 //! cost: `fast_path_own_ns`, the wall time of the shim's own work in fast-path launches
 //! with the real launch left out, read from the CPU's time-stamp counter (two reads per
-//! launch, only while tracing; the trace's own counting is in it).
+//! launch, only while tracing; the trace's own counting is in it), and whether the fast
+//! path's clock read the time-stamp counter (`fast_clock_counter 1`) or the vDSO (`0`).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -137,18 +138,7 @@ pub fn own(started: u64, launching: u64, launched: u64) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn read_ticks() -> u64 {
-    // SAFETY: rdtsc reads the time-stamp counter; it touches no memory.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline]
-fn read_ticks() -> u64 {
-    monotonic_ns()
-}
+use super::fast_clock::ticks as read_ticks;
 
 /// `OWN_TICKS` in ns, at the rate the ticks went since tracing began.
 fn own_ns() -> u64 {
@@ -196,6 +186,11 @@ pub fn render(device_lines: &[String]) -> String {
         let _ = writeln!(text, "{name} {}", value.load(Ordering::Relaxed));
     }
     let _ = writeln!(text, "fast_path_own_ns {}", own_ns());
+    let _ = writeln!(
+        text,
+        "fast_clock_counter {}",
+        SWITCHES.clock.reads_the_counter() as u8
+    );
     for line in device_lines {
         let _ = writeln!(text, "{line}");
     }
@@ -238,6 +233,7 @@ mod tests {
         assert!(text.contains("waited_ns 5000\n"), "{text}");
         assert!(text.contains("stale_context 0\n"), "{text}");
         assert!(text.contains("fast_path_own_ns "), "{text}");
+        assert!(text.contains("fast_clock_counter "), "{text}");
         assert!(text.ends_with("device GPU-1 limit 30\n"), "{text}");
     }
 
