@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -113,6 +113,9 @@ async fn supervise(
     let registration_socket = config.registration_socket();
     let mut dra: Option<ServedSocket> = None;
     let mut reg: Option<ServedSocket> = None;
+    // Kubelet's acceptances when the registration socket now served was made: the
+    // driver is registered once kubelet has accepted it since.
+    let mut accepted_before = registration.accepted.load(Ordering::Relaxed);
     loop {
         let alive = |served: &Option<ServedSocket>, path: &Path| {
             served.as_ref().is_some_and(|s| s.is_serving(path))
@@ -145,6 +148,7 @@ async fn supervise(
                     book: registration.clone(),
                 },
             ));
+            accepted_before = registration.accepted.load(Ordering::Relaxed);
             match serve(&registration_socket, router) {
                 Ok(served) => {
                     tracing::info!(socket = %registration_socket.display(), "waiting for kubelet's plugin watcher");
@@ -155,12 +159,19 @@ async fn supervise(
                 }
             }
         }
-        // Served counts; kubelet's plugin watcher registers on its own schedule.
-        let served = [(&dra, &dra_socket), (&reg, &registration_socket)]
+        // Ready once kubelet's plugin watcher has accepted the registration socket now
+        // served: until then kubelet fails every pod with a claim of ours ("DRA driver
+        // ... is not registered") and retries it only after a back-off of about a minute.
+        let [dra_served, reg_served] = [(&dra, &dra_socket), (&reg, &registration_socket)]
             .map(|(served, path)| alive(served, path));
-        status.record_pass(&served.map(|served| (served, served)));
+        let registered = registration.accepted.load(Ordering::Relaxed) > accepted_before;
+        status.record_pass(&[
+            (dra_served, dra_served),
+            (reg_served, reg_served && registered),
+        ]);
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
+            _ = registration.changed.notified() => {}
             _ = stop.wait_for(|stopped| *stopped) => break,
         }
     }

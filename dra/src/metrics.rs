@@ -16,9 +16,12 @@
 //!   `vgpu_container_memory_over_quota_total`), running totals that never step back;
 //! * `vgpu_build_info{version, commit}` (always 1).
 //!
-//! `/healthz` is 200 while the supervisor passes and both sockets (the DRA socket and
-//! the registration socket) are served; kubelet's plugin watcher registers on its own
-//! schedule, so registration is not required.
+//! `/healthz` is 200 while the supervisor passes, both sockets (the DRA socket and the
+//! registration socket) are served, and kubelet's plugin watcher has accepted the
+//! registration socket now served: until then kubelet fails every pod with one of our
+//! claims and retries it only after a back-off of about a minute, so the DaemonSet is
+//! not Ready before. A registration wakes the supervisor, so readiness follows it at
+//! once.
 
 use std::sync::Arc;
 

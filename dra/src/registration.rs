@@ -25,6 +25,9 @@ pub struct RegistrationBook {
     /// NotifyRegistrationStatus calls with `plugin_registered: false` (kubelet refused the
     /// plugin; its `error` is logged).
     pub refused: AtomicU64,
+    /// Woken by every NotifyRegistrationStatus, so that the supervisor's next pass (and
+    /// `/healthz`) sees a registration at once rather than at its next tick.
+    pub changed: tokio::sync::Notify,
 }
 
 /// The Registration service.
@@ -57,6 +60,7 @@ impl Registration for RegistrationService {
             self.book.refused.fetch_add(1, Ordering::Relaxed);
             tracing::error!(driver = %self.driver, error = %status.error, "kubelet refused the DRA plugin");
         }
+        self.book.changed.notify_one();
         Ok(Response::new(RegistrationStatusResponse {}))
     }
 }

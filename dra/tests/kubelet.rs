@@ -469,6 +469,53 @@ async fn an_unhealthy_card_is_tainted_and_recovers() {
     plugin.stop().await;
 }
 
+/// The DaemonSet's readiness (`/healthz`) waits for kubelet's plugin watcher: a pod
+/// with a claim of ours that reaches kubelet before the driver is registered fails ("DRA
+/// driver ... is not registered") and is retried only after a back-off of about a
+/// minute (seen on the real cluster: 82 s before c60 ran). Once registered it is ready
+/// at once, not a tick later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_only_once_kubelet_registered_the_driver() {
+    let server = StandInApiServer::start().await.expect("stand-in");
+    let kubelet = TestKubelet::new();
+    let config = vgpu_dra::DraConfig {
+        // A tick no test waits for: readiness follows the registration itself.
+        registration_watch_interval_ms: 600_000,
+        ..kubelet.config(&server.url())
+    };
+    let plugin = vgpu_dra::start(
+        config,
+        Arc::new(FakeSource::uniform(1, 16 * GIB)),
+        Arc::new(NoDetails),
+    )
+    .await
+    .expect("start");
+    let address = plugin.metrics_address().expect("metrics served");
+    let (code, body) = http_get(address, "/healthz").expect("healthz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("registration socket: not registered with kubelet"),
+        "{body}"
+    );
+    kubelet.register().await;
+    let mut answers = Vec::new();
+    for _ in 0..100 {
+        let answer = http_get(address, "/healthz").expect("healthz");
+        let ready = answer.0 == 200;
+        answers.push(answer);
+        if ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        answers.last().map(|(code, _)| *code),
+        Some(200),
+        "{answers:?}"
+    );
+    plugin.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_to_start_beside_the_device_plugin() {
     let server = StandInApiServer::start().await.expect("stand-in");
