@@ -515,15 +515,22 @@ nothing_lost() { # NAME [NOTE]
     kubectl delete pod "$name" --wait --timeout 60s >/dev/null
 }
 
+# A kubelet metric's value (the first series whose line has all of PATTERNS), 0 if none.
+kubelet_metric() { # NAME PATTERN...
+    local name=$1
+    shift
+    kubectl get --raw "/api/v1/nodes/$NODE/proxy/metrics" 2>/dev/null | awk -v name="$name" -v patterns="$*" '
+        BEGIN { n = split(patterns, want, " ") }
+        index($1, name "{") == 1 { ok = 1; for (i = 1; i <= n; i++) if (!index($0, want[i])) ok = 0; if (ok) { print $2; found = 1; exit } }
+        END { if (!found) print 0 }'
+}
+
 # The node's Ready heartbeat: a kubelet posts it with each node status.
 heartbeat() { kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}'; }
 
 # How many times the running kubelet took our Register for tencent.com/RESOURCE (its
 # metrics, through the API server; a restarted kubelet counts from 0).
-kubelet_registrations() {
-    kubectl get --raw "/api/v1/nodes/$NODE/proxy/metrics" 2>/dev/null |
-        awk -v name="\"tencent.com/$1\"" '$1 ~ /^kubelet_device_plugin_registration_total/ && index($1, name) { print $2; found = 1 } END { if (!found) print 0 }'
-}
+kubelet_registrations() { kubelet_metric kubelet_device_plugin_registration_total "\"tencent.com/$1\""; }
 
 # The restarted kubelet can admit our pods: it took both registrations, and a node
 # status it posted since its start says the whole node's cores are allocatable (a
@@ -774,6 +781,30 @@ dra_quota_refusal_event() {
     kubectl describe pod c50 | grep GPUMemoryQuotaRefused || fail "kubectl describe pod does not show the Event"
 }
 
+# The restarted kubelet's plugin manager registered our driver again (it finds the
+# registration socket in plugins_registry). Its dra_resource_claims_in_use counts only
+# claims it prepared itself, so it says 0 for pods that kept running across the restart.
+dra_kubelet_has_us() {
+    [ "$(kubelet_metric plugin_manager_total_plugins gpu.vgpu-shim.io 'state="actual_state_of_world"')" -ge 1 ]
+}
+
+# A kubelet restart loses nothing in DRA mode: the running pods keep their claims and
+# quotas, and a new claim is prepared by the re-registered driver.
+dra_kubelet_restart() {
+    bash "$HERE/cluster.sh" restart-kubelet || return 1
+    wait_until 120 dra_kubelet_has_us ||
+        fail "the restarted kubelet did not register gpu.vgpu-shim.io"
+    phase_is c60 Running || fail "c60: $(phase c60)"
+    phase_is c50 Running || fail "c50: $(phase c50)"
+    kubectl exec c50 -- cat /etc/vgpu/vgpu.yaml | grep -q "core_limit: 50" || fail "c50's config lost its 50 cores"
+    dra_pod c40 40 2Gi sleep infinity >/dev/null || return 1
+    wait_until 120 phase_is c40 Running || { describe_pod c40; fail "c40: $(phase c40)"; }
+    kubectl exec c40 -- cat /etc/vgpu/vgpu.yaml | grep -q "core_limit: 40" || fail "c40's config does not say 40 cores"
+    echo "c60 and c50 kept running with their claims; c40 prepared after the restart on $(device_of c40)"
+    kubectl delete pod c40 --wait --timeout 60s >/dev/null
+    kubectl delete resourceclaimtemplate c40 --ignore-not-found >/dev/null
+}
+
 # Deleting the pod unprepares its claim: the claim goes, its CDI spec goes.
 dra_unprepare() {
     local claim uid
@@ -789,8 +820,8 @@ dra_unprepare() {
 }
 
 dra_cleanup() {
-    kubectl delete pod c60 c50 --ignore-not-found --wait --timeout 60s >/dev/null
-    kubectl delete resourceclaimtemplate c60 c50 --ignore-not-found >/dev/null
+    kubectl delete pod c60 c50 c40 --ignore-not-found --wait --timeout 60s >/dev/null
+    kubectl delete resourceclaimtemplate c60 c50 c40 --ignore-not-found >/dev/null
 }
 
 dra_rbac() {
@@ -835,6 +866,7 @@ dra_run() {
     check "dra the kubelet registers the driver and the pods run" dra_pods_run
     check "dra NodePrepareResources + CDI: the container sees its quota" dra_quota_in_container
     check "dra a quota refusal is a GPUMemoryQuotaRefused Event on the pod" dra_quota_refusal_event
+    check "dra a kubelet restart loses nothing" dra_kubelet_restart
     check "dra deleting the pod unprepares the claim" dra_unprepare
     dra_cleanup
     check "dra RBAC: what the driver does and nothing more" dra_rbac
