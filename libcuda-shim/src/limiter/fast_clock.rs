@@ -54,6 +54,14 @@ pub fn ticks() -> u64 {
     monotonic_ns()
 }
 
+/// Whether this process may read the counter (`PR_GET_TSC` says `PR_TSC_ENABLE`).
+fn counter_readable() -> bool {
+    let mut mode: libc::c_int = 0;
+    // SAFETY: PR_GET_TSC writes one int through the pointer, which is ours.
+    let status = unsafe { libc::prctl(libc::PR_GET_TSC, &mut mode as *mut libc::c_int) };
+    status == 0 && mode == libc::PR_TSC_ENABLE
+}
+
 /// The clock's state: five words of the switches' line (`lifecycle::Switches`).
 pub struct FastClock {
     /// Even while the words below are stable, odd while a steer rewrites them.
@@ -114,14 +122,19 @@ impl FastClock {
     }
 
     /// Decides once, when the limiter is built, whether the counter may be used: on
-    /// x86_64, where the kernel's clocksource is `tsc`, unless `VGPU_LIMITER_CLOCK=vdso`.
+    /// x86_64, where the kernel's clocksource is `tsc` and the process may read the
+    /// counter (a process can make `rdtsc` fault with `PR_SET_TSC`, as record-and-replay
+    /// debuggers do), unless `VGPU_LIMITER_CLOCK=vdso`.
     pub fn allow_where_the_kernel_keeps_time_with_it() {
         let kernel = std::fs::read_to_string(
             "/sys/devices/system/clocksource/clocksource0/current_clocksource",
         )
         .unwrap_or_default();
         let vdso_asked = std::env::var(CLOCK_ENV).is_ok_and(|value| value == "vdso");
-        let allowed = cfg!(target_arch = "x86_64") && kernel.trim() == "tsc" && !vdso_asked;
+        let allowed = cfg!(target_arch = "x86_64")
+            && kernel.trim() == "tsc"
+            && counter_readable()
+            && !vdso_asked;
         ALLOWED.store(allowed as u64, Ordering::Relaxed);
     }
 
@@ -374,6 +387,37 @@ mod tests {
         let before = monotonic_ns();
         let read = clock.now_ns();
         assert!(read >= before && read <= monotonic_ns());
+    }
+
+    #[test]
+    fn a_process_that_may_not_read_the_counter_keeps_the_vdso() {
+        let _one = one_at_a_time();
+        assert!(counter_readable(), "a test process may read it");
+        // A child that turns rdtsc into a fault, as a record-and-replay debugger does.
+        // SAFETY: fork in a test; the child only calls prctl and _exit.
+        match unsafe { libc::fork() } {
+            0 => {
+                // SAFETY: PR_SET_TSC with a valid mode.
+                let set = unsafe { libc::prctl(libc::PR_SET_TSC, libc::PR_TSC_SIGSEGV) };
+                let code = if set == 0 && !counter_readable() {
+                    0
+                } else {
+                    1
+                };
+                // SAFETY: ends the child without running the parent's exit handlers.
+                unsafe { libc::_exit(code) }
+            }
+            child if child > 0 => {
+                let mut status = 0;
+                // SAFETY: waits for our own child.
+                unsafe { libc::waitpid(child, &mut status, 0) };
+                assert!(
+                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                    "status {status}"
+                );
+            }
+            _ => panic!("fork failed"),
+        }
     }
 
     #[test]
