@@ -140,6 +140,14 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
         figure.contains("the shim's cuLaunchKernel") && figure.contains("the real driver's"),
         "the in-process launch measurement found the real driver: {figure}"
     );
+    // The limiter's trace of the timed run reaches the figure, with the fast path's own
+    // time and which clock it read.
+    let (_, figure) = &found["launch-cost-launch"];
+    assert!(
+        figure.contains("ns of its own each, the counter's clock)")
+            || figure.contains("ns of its own each, the vDSO's clock)"),
+        "the launch cost's figure carries the trace: {figure}"
+    );
 }
 
 #[test]

@@ -34,7 +34,9 @@ def trace_text(name):
     # counter, tracing's own counting included); absent from older traces.
     own = ""
     if t.get("fast_path") and "fast_path_own_ns" in t:
-        own = f" ({t['fast_path_own_ns'] / t['fast_path']:.0f} ns of its own each)"
+        # Which clock the fast path read (absent from older traces).
+        clock = {1: ", the counter's clock", 0: ", the vDSO's clock"}.get(t.get("fast_clock_counter"), "")
+        own = f" ({t['fast_path_own_ns'] / t['fast_path']:.0f} ns of its own each{clock})"
     return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path{own}, "
             f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
