@@ -91,9 +91,13 @@ impl FastClock {
         }
     }
 
-    /// CLOCK_MONOTONIC nanoseconds: from the counter once steered, else the vDSO.
+    /// CLOCK_MONOTONIC nanoseconds: from the counter once steered, else the vDSO (after
+    /// one load: where the counter is not used, it is not read either).
     #[inline]
     pub fn now_ns(&self) -> u64 {
+        if self.scale.load(Ordering::Relaxed) == 0 {
+            return monotonic_ns();
+        }
         self.reading(ticks()).unwrap_or_else(monotonic_ns)
     }
 
