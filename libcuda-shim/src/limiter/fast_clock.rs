@@ -101,23 +101,20 @@ impl FastClock {
         self.reading(ticks()).unwrap_or_else(monotonic_ns)
     }
 
-    /// The clock at `now_ticks`, or `None` where the vDSO must answer.
+    /// The clock at `now_ticks`, or `None` where the vDSO must answer (a steer is
+    /// rewriting the anchor, or did while it was read).
     #[inline]
     fn reading(&self, now_ticks: u64) -> Option<u64> {
         let sequence = self.sequence.load(Ordering::Acquire);
-        let scale = self.scale.load(Ordering::Relaxed);
-        let anchor_ticks = self.anchor_ticks.load(Ordering::Relaxed);
-        let anchor_ns = self.anchor_ns.load(Ordering::Relaxed);
-        let max_ticks = self.max_ticks.load(Ordering::Relaxed);
+        if sequence & 1 == 1 {
+            return None;
+        }
+        let read = self.reading_unlocked(now_ticks);
         fence(Ordering::Acquire);
-        if scale == 0 || sequence & 1 == 1 || self.sequence.load(Ordering::Relaxed) != sequence {
+        if self.sequence.load(Ordering::Relaxed) != sequence {
             return None;
         }
-        let since = now_ticks.checked_sub(anchor_ticks)?;
-        if since > max_ticks {
-            return None;
-        }
-        Some(anchor_ns + ((since as u128 * scale as u128) >> 32) as u64)
+        read
     }
 
     /// Whether readings come from the counter now (steered, and allowed).
@@ -214,7 +211,9 @@ impl FastClock {
         }
     }
 
-    /// The clock at `now_ticks` as the writer sees it (no sequence check).
+    /// The clock at `now_ticks` from the anchor as it stands (no sequence check: the
+    /// writer's own view, and the reader's between its two sequence loads).
+    #[inline]
     fn reading_unlocked(&self, now_ticks: u64) -> Option<u64> {
         let scale = self.scale.load(Ordering::Relaxed);
         let since = now_ticks.checked_sub(self.anchor_ticks.load(Ordering::Relaxed))?;
@@ -242,7 +241,7 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
-    /// The steer's memory is process-wide: one test at a time.
+    /// One test at a time (the steer's memory is process-wide).
     fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -260,16 +259,19 @@ mod tests {
         }
     }
 
-    fn allowed() {
+    /// The steer's memory is process-wide: one test at a time, with the counter allowed
+    /// and the memory empty.
+    fn allowed() -> std::sync::MutexGuard<'static, ()> {
+        let one = one_at_a_time();
         ALLOWED.store(1, Ordering::Relaxed);
         LAST_TICKS.store(0, Ordering::Relaxed);
         LAST_NS.store(0, Ordering::Relaxed);
+        one
     }
 
     #[test]
     fn reads_the_vdso_until_steered_then_the_counter_within_a_few_ns() {
-        let _one = one_at_a_time();
-        allowed();
+        let _one = allowed();
         let clock = FastClock::new();
         let machine = Machine {
             ghz: 2.6,
@@ -305,8 +307,7 @@ mod tests {
 
     #[test]
     fn steering_follows_a_drifting_vdso_without_ever_going_back() {
-        let _one = one_at_a_time();
-        allowed();
+        let _one = allowed();
         let clock = FastClock::new();
         // The counter at 3 GHz; the vDSO's time runs 100 ppm faster than it for 2 s (the
         // kernel slews it), then 100 ppm slower.
@@ -346,8 +347,7 @@ mod tests {
 
     #[test]
     fn a_second_device_s_tick_right_after_the_first_changes_nothing() {
-        let _one = one_at_a_time();
-        allowed();
+        let _one = allowed();
         let clock = FastClock::new();
         clock.steer_at(1_000, 10 * MS);
         clock.steer_at(1_000 + 20 * MS, 30 * MS);
@@ -364,8 +364,7 @@ mod tests {
 
     #[test]
     fn a_jump_steps_to_the_vdso_and_garbage_turns_the_counter_off() {
-        let _one = one_at_a_time();
-        allowed();
+        let _one = allowed();
         let clock = FastClock::new();
         clock.steer_at(1_000, 10 * MS);
         clock.steer_at(1_000 + 60 * MS, 30 * MS);

@@ -348,7 +348,7 @@ mod tests {
         assert_eq!(
             size_of::<Switches>(),
             64,
-            "limits, exiting, limiter and tracing"
+            "limits, exiting, limiter, tracing and the fast clock"
         );
     }
 

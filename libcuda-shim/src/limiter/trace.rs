@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_contract::clock::monotonic_ns;
 
+use super::fast_clock::ticks as read_ticks;
 use super::lifecycle::SWITCHES;
 
 /// The env var naming the file.
@@ -137,8 +138,6 @@ pub fn own(started: u64, launching: u64, launched: u64) {
         OWN_TICKS.fetch_add(spent, Ordering::Relaxed);
     }
 }
-
-use super::fast_clock::ticks as read_ticks;
 
 /// `OWN_TICKS` in ns, at the rate the ticks went since tracing began.
 fn own_ns() -> u64 {

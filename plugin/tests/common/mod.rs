@@ -42,7 +42,10 @@ pub const MEMORY: &str = "tencent.com/vcuda-memory";
 /// The registrations kubelet accepted, and how many more it refuses first (as a
 /// kubelet that is still starting does).
 #[derive(Clone, Default)]
-struct RegistrationBook(Arc<Mutex<Vec<RegisterRequest>>>, Arc<AtomicUsize>);
+struct RegistrationBook {
+    accepted: Arc<Mutex<Vec<RegisterRequest>>>,
+    refuse_next: Arc<AtomicUsize>,
+}
 
 #[tonic::async_trait]
 impl Registration for RegistrationBook {
@@ -52,7 +55,7 @@ impl Registration for RegistrationBook {
             return Err(Status::invalid_argument("unsupported version"));
         }
         let refuse = self
-            .1
+            .refuse_next
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
                 left.checked_sub(1)
             });
@@ -61,7 +64,7 @@ impl Registration for RegistrationBook {
                 "the test kubelet refuses this registration",
             ));
         }
-        self.0.lock().expect("lock").push(request);
+        self.accepted.lock().expect("lock").push(request);
         Ok(Response::new(Empty {}))
     }
 }
@@ -177,11 +180,13 @@ impl TestKubelet {
 
     /// Makes the next `count` Register calls fail with UNAVAILABLE.
     pub fn refuse_registrations(&self, count: usize) {
-        self.registrations.1.store(count, Ordering::SeqCst);
+        self.registrations
+            .refuse_next
+            .store(count, Ordering::SeqCst);
     }
 
     pub fn registrations(&self) -> Vec<RegisterRequest> {
-        self.registrations.0.lock().expect("lock").clone()
+        self.registrations.accepted.lock().expect("lock").clone()
     }
 
     /// Waits until at least `count` registrations arrived.
