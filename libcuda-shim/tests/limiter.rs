@@ -91,6 +91,9 @@ struct Role {
     mode: &'static str,
     /// Host time the simulated driver's launch call takes (`VGPU_SIM_LAUNCH_CALL_NS`).
     launch_call_ns: u64,
+    /// How long a kernel right after an event waits on the simulated card
+    /// (`VGPU_SIM_KERNEL_AFTER_EVENT_NS`).
+    after_event_ns: u64,
 }
 
 impl Role {
@@ -103,12 +106,20 @@ impl Role {
             blocks: 1,
             mode: "plain",
             launch_call_ns: 0,
+            after_event_ns: 0,
         }
     }
 
     fn launch_call(self, launch_call_ns: u64) -> Role {
         Role {
             launch_call_ns,
+            ..self
+        }
+    }
+
+    fn after_event(self, after_event_ns: u64) -> Role {
+        Role {
+            after_event_ns,
             ..self
         }
     }
@@ -196,6 +207,10 @@ impl Machine {
             .env("VGPU_SIM_GPUS", "1")
             .env("VGPU_SIM_SMS", "132")
             .env("VGPU_SIM_LAUNCH_CALL_NS", role.launch_call_ns.to_string())
+            .env(
+                "VGPU_SIM_KERNEL_AFTER_EVENT_NS",
+                role.after_event_ns.to_string(),
+            )
             .env_remove("VGPU_LOG")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
@@ -646,6 +661,40 @@ fn a_refused_launch_costs_the_container_nothing() {
     assert!(
         refused > 1000 && trace.get("launches") >= refused,
         "{refused} refused launches, all through the limiter: {trace:?}"
+    );
+}
+
+/// Short kernels launched back to back should be charged what they kept the card busy,
+/// not what their samples timed: a sample's two events time the kernel's set-up as well
+/// (on the sim, 10 us behind each event, `VGPU_SIM_KERNEL_AFTER_EVENT_NS`; a real card
+/// sets a kernel up while the one before it runs, but not behind an event), so a 20 us
+/// kernel looks 30 us long and a hard 60 of them gets 40.5 % of the card. Open (issue
+/// 25, BENCHMARKS run 14): on one H100 the same held a `--cores 99` launch loop to
+/// 0.65x of bare (samples 4.46 us, launches 2.2 us apart). Learning the overlap from
+/// where the card ended each sample passed this test (55-58 %) but undercharged
+/// grid-varying kernels (`training_like_pytorch_is_held_to_its_limit`: the card 60-80 %
+/// busy at 50; on the H100 a decode loop at 30 ran faster than bare), so it did not
+/// land. Ignored until a fix holds both; judged from 52 (the set-up behind the test's
+/// marks and the samples is charged too) and never above the limit + 2.
+#[test]
+#[ignore = "issue 25: open, 40.5 % of the card at a hard 60 (see the comment)"]
+fn short_kernels_back_to_back_are_charged_what_the_card_ran_not_what_samples_timed() {
+    let (report, trace) = run_traced(
+        "hard60-back-to-back",
+        "    core_limit: 60\n",
+        Role::plain("k_20us", 1000)
+            .mode("back-to-back")
+            .after_event(10_000),
+    );
+    let share = report.mean(2, usize::MAX);
+    let least = 52.0 * (1.0 - report.starved(2, usize::MAX));
+    assert!(
+        (least..=62.0).contains(&share),
+        "{share:.1}% of the card under a hard 60 (at least {least:.1}): {report:?}\n{trace:?}"
+    );
+    assert!(
+        trace.get("sampled") > 100,
+        "the kernels were sampled: {trace:?}"
     );
 }
 
@@ -1751,7 +1800,7 @@ impl Cuda {
 
     /// cuInit, the primary context current, and `kernel` loaded: (context, function).
     fn start(&self, kernel: &str) -> (H, H) {
-        let image: &[u8] = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k_100us()\n{\n ret;\n}\n.visible .entry k_1ms()\n{\n ret;\n}\n.visible .entry k_10ms()\n{\n ret;\n}\n.visible .entry k_0ns()\n{\n ret;\n}\n\0";
+        let image: &[u8] = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k_20us()\n{\n ret;\n}\n.visible .entry k_100us()\n{\n ret;\n}\n.visible .entry k_1ms()\n{\n ret;\n}\n.visible .entry k_10ms()\n{\n ret;\n}\n.visible .entry k_0ns()\n{\n ret;\n}\n\0";
         let name = CString::new(kernel).expect("name");
         let (mut device, mut context, mut module, mut function) = (
             0,
@@ -1893,8 +1942,8 @@ struct Lane {
 unsafe impl Send for Lane {}
 
 /// Launches on `lanes` as fast as allowed until `deadline`; returns when each kernel
-/// counts and the longest launch call. With `wait`, at most `DEPTH` kernels are queued
-/// per lane, and a kernel counts when it ended on the simulated card's timeline (its
+/// counts and the longest launch call. With `wait`, at most `DEPTH` marks of `every`
+/// kernels each are queued per lane (a "done" event after every `every`-th kernel), and a kernel counts when it ended on the simulated card's timeline (its
 /// "done" event's time): the sim's own account, which a host thread descheduled by a
 /// busy machine can delay but never bunch up into a window. Without, when its launch
 /// call returned (the limit alone keeps the queue short).
@@ -1908,6 +1957,7 @@ fn drive(
     lanes: &mut [Lane],
     (t0, deadline): (u64, u64),
     wait: Option<Origin>,
+    every: u64,
 ) -> (Vec<u64>, u64, Starved) {
     let mut times = Vec::new();
     let mut max_call = 0;
@@ -1917,13 +1967,16 @@ fn drive(
         starved.observe(monotonic_ns());
         let lane = &mut lanes[next % lanes.len()];
         next += 1;
-        let slot = (lane.launched % DEPTH as u64) as usize;
+        let mark = lane.launched / every;
+        let slot = (mark % DEPTH as u64) as usize;
         if let Some(origin) = wait
-            && lane.launched >= DEPTH as u64
+            && lane.launched.is_multiple_of(every)
+            && mark >= DEPTH as u64
         {
             // SAFETY: an event we recorded on this lane's stream.
             unsafe { (cuda.event_synchronize)(lane.ring[slot]) };
-            times.push(cuda.fired_ns(origin, lane.ring[slot]));
+            let fired = cuda.fired_ns(origin, lane.ring[slot]);
+            times.extend(std::iter::repeat_n(fired, every as usize));
         }
         let before = monotonic_ns();
         assert_eq!(
@@ -1934,8 +1987,10 @@ fn drive(
         let after = monotonic_ns();
         max_call = max_call.max(after - before);
         if wait.is_some() {
-            // SAFETY: our event, our stream.
-            unsafe { (cuda.event_record)(lane.ring[slot], lane.stream) };
+            if (lane.launched + 1).is_multiple_of(every) {
+                // SAFETY: our event, our stream.
+                unsafe { (cuda.event_record)(lane.ring[slot], lane.stream) };
+            }
         } else {
             times.push(after);
         }
@@ -1944,11 +1999,13 @@ fn drive(
     if let Some(origin) = wait {
         // The kernels still queued count where they end (past the deadline: nowhere).
         for lane in lanes.iter() {
-            for queued in lane.launched.saturating_sub(DEPTH as u64)..lane.launched {
+            let marks = lane.launched / every;
+            for queued in marks.saturating_sub(DEPTH as u64)..marks {
                 let event = lane.ring[(queued % DEPTH as u64) as usize];
                 // SAFETY: an event we recorded on this lane's stream.
                 unsafe { (cuda.event_synchronize)(event) };
-                times.push(cuda.fired_ns(origin, event));
+                let fired = cuda.fired_ns(origin, event);
+                times.extend(std::iter::repeat_n(fired, every as usize));
             }
         }
     }
@@ -2169,6 +2226,7 @@ impl Sched {
 
 fn kernel_ns(kernel: &str) -> u64 {
     match kernel {
+        "k_20us" => 20_000,
         "k_100us" => 100_000,
         "k_1ms" => 1_000_000,
         "k_10ms" => 10_000_000,
@@ -2352,6 +2410,7 @@ fn child_process_entry() {
                     &mut lanes,
                     (t0, deadline),
                     None,
+                    1,
                 );
                 ((times, max_call), capturer.join().expect("capturer"))
             });
@@ -2368,6 +2427,9 @@ fn child_process_entry() {
             driven
         }
         _ => {
+            // "back-to-back": a done event after every 64th kernel only, so the kernels
+            // between run back to back as a launch loop's do.
+            let every = if *mode == "back-to-back" { 64 } else { 1 };
             let origin = Origin::record(&cuda);
             let lanes: Vec<Lane> = (0..streams)
                 .map(|_| Lane {
@@ -2394,6 +2456,7 @@ fn child_process_entry() {
                                 chunk,
                                 (t0, deadline),
                                 Some(origin),
+                                every,
                             )
                         })
                     })

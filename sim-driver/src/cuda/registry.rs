@@ -218,6 +218,8 @@ pub struct Registry {
     /// Per device: the SMs held by kernels that have not finished.
     pub sm_schedules: Vec<SmSchedule>,
     pub captures: HashMap<StreamKey, Capture>,
+    /// Streams whose last queued work is an event (`schedule::kernel_after_event_ns`).
+    after_event: HashSet<StreamKey>,
     pub graphs: HashMap<u64, Vec<Node>>,
     pub graph_execs: HashMap<u64, Vec<Node>>,
 }
@@ -282,6 +284,7 @@ impl Registry {
                 .map(|_| SmSchedule::default())
                 .collect(),
             captures: HashMap::new(),
+            after_event: HashSet::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
         };
@@ -760,7 +763,12 @@ impl Registry {
         blocks: u64,
     ) -> (u64, u64) {
         let now = now_ns();
-        let ready = self.ready_at(key).max(now);
+        let setup = if self.after_event.remove(&key) {
+            super::schedule::kernel_after_event_ns()
+        } else {
+            0
+        };
+        let ready = self.ready_at(key).max(now).saturating_add(setup);
         let card_sms = self
             .sim
             .config
@@ -787,6 +795,12 @@ impl Registry {
         let end = start.saturating_add(duration_ns);
         self.set_busy(key, end);
         (start, end)
+    }
+
+    /// Notes an event queued on `key`: the kernel queued next on it is set up only once
+    /// the event is done (`schedule::kernel_after_event_ns`).
+    pub fn event_queued(&mut self, key: StreamKey) {
+        self.after_event.insert(key);
     }
 
     /// When an event recorded on `key` of context `ctx` now fires: when the stream

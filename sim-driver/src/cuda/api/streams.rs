@@ -94,6 +94,9 @@ fn record_event(event: u64, stream: u64, per_thread: bool) -> Res {
         // Recorded into a capture, the event becomes a graph node.
         let captured = registry.capture_nodes(key, &[]);
         let at = registry.event_fires_at(key, ctx);
+        if !captured {
+            registry.event_queued(key);
+        }
         if let Some(e) = registry.events.get_mut(&event) {
             e.at = (!captured).then_some(at);
             e.captured = captured;
