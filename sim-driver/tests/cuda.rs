@@ -2543,3 +2543,97 @@ fn an_event_on_an_idle_stream_waits_while_another_process_has_the_card() {
         "VGPU_SIM_EVENT_TURNS=0: at once"
     );
 }
+
+/// What two events around one 100 us kernel, and around two, time on a stream with
+/// 200 ms queued ahead: `(ms, ms)`, from a child process with
+/// `VGPU_SIM_KERNEL_AFTER_EVENT_NS` as given.
+fn bracketed_kernels_ms(after_event_ns: &str) -> (f32, f32) {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("VGPU_SIM_GPUS", "1"),
+        ("VGPU_SIM_MEMORY", "8GiB"),
+        ("VGPU_SIM_KERNEL_AFTER_EVENT_NS", after_event_ns),
+    ];
+    let output = common::isolated_command("bracketed_kernels_inner", &env, dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // libtest may print the child's lines after its own "test ... " on one line.
+    let figure = |name: &str| {
+        stdout
+            .split_whitespace()
+            .skip_while(|word| *word != name)
+            .nth(1)
+            .and_then(|value| value.parse::<f32>().ok())
+            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+    };
+    (figure("one"), figure("two"))
+}
+
+#[test]
+#[ignore = "runs in a child process started by its outer test"]
+fn bracketed_kernels_inner() {
+    if !common::inner() {
+        return;
+    }
+    let sim = Sim::load();
+    init(&sim);
+    create_context(&sim, 0);
+    let (k_100us, k_20ms, _) = load_functions(&sim);
+    let stream = new_stream(&sim);
+    let [a, b, c] = [new_event(&sim), new_event(&sim), new_event(&sim)];
+    let record = |event: u64| {
+        assert_eq!(
+            call!(sim, "cuEventRecord", fn(u64, u64), event, stream),
+            SUCCESS
+        );
+    };
+    // Far enough ahead that the host's own pace cannot show in the events' times.
+    for _ in 0..10 {
+        assert_eq!(launch(&sim, k_20ms, stream), SUCCESS);
+    }
+    record(a);
+    assert_eq!(launch(&sim, k_100us, stream), SUCCESS);
+    record(b);
+    assert_eq!(launch(&sim, k_100us, stream), SUCCESS);
+    assert_eq!(launch(&sim, k_100us, stream), SUCCESS);
+    record(c);
+    assert_eq!(call!(sim, "cuEventSynchronize", fn(u64), c), SUCCESS);
+    let elapsed = |from: u64, to: u64| {
+        let mut ms = 0f32;
+        assert_eq!(
+            call!(
+                sim,
+                "cuEventElapsedTime",
+                fn(*mut f32, u64, u64),
+                &mut ms,
+                from,
+                to
+            ),
+            SUCCESS
+        );
+        ms
+    };
+    println!("one {}", elapsed(a, b));
+    println!("two {}", elapsed(b, c));
+}
+
+/// A kernel right after an event waits `VGPU_SIM_KERNEL_AFTER_EVENT_NS` (its set-up,
+/// which a real card overlaps with the kernel before it but not with an event): two
+/// events around one kernel time the set-up once, around two kernels back to back
+/// still once. Unset, the events time the kernels alone.
+#[test]
+fn a_kernel_right_after_an_event_waits_for_its_set_up_and_one_after_a_kernel_does_not() {
+    let near = |(one, two): (f32, f32), (want_one, want_two): (f32, f32)| {
+        (one - want_one).abs() < 0.01 && (two - want_two).abs() < 0.01
+    };
+    let set_up = bracketed_kernels_ms("5000000");
+    assert!(near(set_up, (5.1, 5.2)), "5 ms set-up: {set_up:?}");
+    let none = bracketed_kernels_ms("0");
+    assert!(near(none, (0.1, 0.2)), "no set-up: {none:?}");
+}
