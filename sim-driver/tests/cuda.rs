@@ -2443,6 +2443,19 @@ isolated!(
     }
 );
 
+/// What the inner test `inner` printed, run in a child process with `env` in `dir`; it
+/// must have passed.
+fn inner_stdout(inner: &str, env: &[(&str, &str)], dir: &std::path::Path) -> String {
+    let output = common::isolated_command(inner, env, dir).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
 /// The child of `an_event_on_an_idle_stream_waits_while_another_process_has_the_card`:
 /// queues 4 s of kernels on a stream of its own, says "ready", waits for stdin to close.
 #[test]
@@ -2482,17 +2495,10 @@ fn event_beside_a_busy_process(turns: &str, mps: &str) -> (bool, bool) {
         &env,
         dir.path(),
     ));
-    let output = common::isolated_command("event_beside_a_busy_process_inner", &env, dir.path())
-        .output()
-        .unwrap();
+    // On a panic here the child's stdin closes with it, and it ends.
+    let stdout = inner_stdout("event_beside_a_busy_process_inner", &env, dir.path());
     drop(child.stdin.take());
     child.wait().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("1 passed"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     let flag = |name: &str| stdout.contains(&format!("{name} true"));
     (flag("at-once"), flag("after-the-other"))
 }
@@ -2554,15 +2560,7 @@ fn bracketed_kernels_ms(after_event_ns: &str) -> (f32, f32) {
         ("VGPU_SIM_MEMORY", "8GiB"),
         ("VGPU_SIM_KERNEL_AFTER_EVENT_NS", after_event_ns),
     ];
-    let output = common::isolated_command("bracketed_kernels_inner", &env, dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("1 passed"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = inner_stdout("bracketed_kernels_inner", &env, dir.path());
     // libtest may print the child's lines after its own "test ... " on one line.
     let figure = |name: &str| {
         stdout
