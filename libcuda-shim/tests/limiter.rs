@@ -1944,10 +1944,11 @@ struct Lane {
 unsafe impl Send for Lane {}
 
 /// Launches on `lanes` as fast as allowed until `deadline`; returns when each kernel
-/// counts and the longest launch call. With `wait`, at most `DEPTH` marks of `every`
-/// kernels each are queued per lane (a "done" event after every `every`-th kernel), and a kernel counts when it ended on the simulated card's timeline (its
-/// "done" event's time): the sim's own account, which a host thread descheduled by a
-/// busy machine can delay but never bunch up into a window. Without, when its launch
+/// counts and the longest launch call. With `wait`, a "done" event follows every
+/// `every`-th kernel, at most `DEPTH` of them are queued per lane, and a kernel counts
+/// when its done event fired on the simulated card's timeline: the sim's own account,
+/// which a host thread descheduled by a busy machine can delay but never bunch up into
+/// a window. Without, when its launch
 /// call returned (the limit alone keeps the queue short).
 ///
 /// It also keeps what the scheduler did to it: its run-queue time in each 100 ms window
