@@ -35,6 +35,18 @@ fn init(sim: &Sim) {
     assert_eq!(call!(sim, "cuInit", fn(u32), 0), SUCCESS);
 }
 
+/// In a child test's process (`common::inner`): the simulator loaded, initialised and
+/// a context current on device 0; `None` when run as a test of its own.
+fn child_with_a_context() -> Option<Sim> {
+    if !common::inner() {
+        return None;
+    }
+    let sim = Sim::load();
+    init(&sim);
+    create_context(&sim, 0);
+    Some(sim)
+}
+
 fn create_context(sim: &Sim, dev: i32) -> u64 {
     let mut ctx = 0u64;
     assert_eq!(
@@ -640,12 +652,9 @@ isolated!(
 #[test]
 #[ignore = "child of two_processes"]
 fn holder_child() {
-    if !common::inner() {
+    let Some(sim) = child_with_a_context() else {
         return;
-    }
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
+    };
     let bytes: u64 = std::env::var("HOLD_BYTES").unwrap().parse().unwrap();
     let _ptr = alloc(&sim, bytes).unwrap();
     println!("ready {}", std::process::id());
@@ -712,13 +721,10 @@ fn two_processes_see_each_other_and_dead_ones_are_reclaimed() {
 #[test]
 #[ignore = "runs in a child process started by its outer test"]
 fn two_processes_parent() {
-    if !common::inner() {
+    let Some(sim) = child_with_a_context() else {
         return;
-    }
+    };
     let dir = std::path::PathBuf::from(std::env::var("SIM_DIR").unwrap());
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
     let (free_alone, _) = mem_info(&sim);
     assert_eq!(free_alone, (8 << 30) - 200 * MIB);
     let (mut child, pid) = spawn_holder(&dir, 1 << 30);
@@ -2461,12 +2467,9 @@ fn inner_stdout(inner: &str, env: &[(&str, &str)], dir: &std::path::Path) -> Str
 #[test]
 #[ignore = "child of an_event_on_an_idle_stream_waits_while_another_process_has_the_card"]
 fn turn_holder_child() {
-    if !common::inner() {
+    let Some(sim) = child_with_a_context() else {
         return;
-    }
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
+    };
     let (_, k_20ms, _) = load_functions(&sim);
     let stream = new_stream(&sim);
     for _ in 0..200 {
@@ -2506,12 +2509,9 @@ fn event_beside_a_busy_process(turns: &str, mps: &str) -> (bool, bool) {
 #[test]
 #[ignore = "runs in a child process started by its outer test"]
 fn event_beside_a_busy_process_inner() {
-    if !common::inner() {
+    let Some(sim) = child_with_a_context() else {
         return;
-    }
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
+    };
     let stream = new_stream(&sim);
     let event = new_event(&sim);
     let recorded = Instant::now();
@@ -2576,12 +2576,9 @@ fn bracketed_kernels_ms(after_event_ns: &str) -> (f32, f32) {
 #[test]
 #[ignore = "runs in a child process started by its outer test"]
 fn bracketed_kernels_inner() {
-    if !common::inner() {
+    let Some(sim) = child_with_a_context() else {
         return;
-    }
-    let sim = Sim::load();
-    init(&sim);
-    create_context(&sim, 0);
+    };
     let (k_100us, k_20ms, _) = load_functions(&sim);
     let stream = new_stream(&sim);
     let [a, b, c] = [new_event(&sim), new_event(&sim), new_event(&sim)];
