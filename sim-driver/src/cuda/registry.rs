@@ -798,9 +798,12 @@ impl Registry {
     }
 
     /// Notes an event queued on `key`: the kernel queued next on it is set up only once
-    /// the event is done (`schedule::kernel_after_event_ns`).
+    /// the event is done (`schedule::kernel_after_event_ns`; nothing is noted while that
+    /// is 0, the default, so streams are not tracked for nothing).
     pub fn event_queued(&mut self, key: StreamKey) {
-        self.after_event.insert(key);
+        if super::schedule::kernel_after_event_ns() > 0 {
+            self.after_event.insert(key);
+        }
     }
 
     /// When an event recorded on `key` of context `ctx` now fires: when the stream
