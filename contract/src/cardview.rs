@@ -344,6 +344,22 @@ pub fn charge_permille(view: Option<&CardView>, container_id: Option<&str>, now_
         .clamp(CHARGE_MIN_PERMILLE, CHARGE_MAX_PERMILLE)
 }
 
+/// Whether container `container_id` may share the card of `view` (`None`: missing or
+/// unreadable) with another container's work now: false only while the view is fresh,
+/// lists the container and names no other container active; anything the reader cannot
+/// tell counts as a neighbour (as a stale view means "assume contended").
+pub fn neighbours_active(view: Option<&CardView>, container_id: Option<&str>, now_ns: u64) -> bool {
+    let Some(view) = view.filter(|view| fresh(view, now_ns)) else {
+        return true;
+    };
+    let Some(id) = container_id.filter(|id| view.entry(id).is_some()) else {
+        return true;
+    };
+    view.containers
+        .iter()
+        .any(|entry| entry.active && entry.id != id)
+}
+
 /// Whether `view` was written within `STALE_NS` of `now_ns` (and not from the future).
 fn fresh(view: &CardView, now_ns: u64) -> bool {
     now_ns.saturating_sub(view.written_ns) <= STALE_NS
@@ -509,6 +525,29 @@ mod tests {
             charge_permille(Some(&forged), Some("alloc-1"), now),
             CHARGE_MAX_PERMILLE
         );
+    }
+
+    #[test]
+    fn a_neighbour_counts_unless_a_fresh_view_names_none_active() {
+        let now = 5_000_000_000;
+        // alloc-2 is idle: alloc-1 has the card to itself.
+        let alone = view(now);
+        assert!(!neighbours_active(Some(&alone), Some("alloc-1"), now));
+        // alloc-1's activity is alloc-2's neighbour, not its own.
+        assert!(neighbours_active(Some(&alone), Some("alloc-2"), now));
+        let mut both = view(now);
+        both.containers[1].active = true;
+        assert!(neighbours_active(Some(&both), Some("alloc-1"), now));
+        // What the reader cannot tell is a neighbour: no view, a stale one, one that
+        // does not list it, no id of its own.
+        assert!(neighbours_active(None, Some("alloc-1"), now));
+        assert!(neighbours_active(
+            Some(&alone),
+            Some("alloc-1"),
+            now + STALE_NS + 1
+        ));
+        assert!(neighbours_active(Some(&alone), Some("alloc-9"), now));
+        assert!(neighbours_active(Some(&alone), None, now));
     }
 
     #[test]
