@@ -110,6 +110,30 @@ pub fn settled_overrun(
     }
 }
 
+/// Whether a settled sample's run may include another context's slice, so that it
+/// neither teaches its kernel's cost nor is charged past its projection.
+///
+/// On a time-sliced card an event recorded on an idle stream fires at once although
+/// another context holds the card (the H200, BENCHMARKS run 12), and the kernel after it
+/// waits for the slice: such a sample times the neighbour's slice too. It is only
+/// believed over the process's own when nothing says so: the sample started on an idle
+/// stream (`started_idle`), the kernel was `known` (its launch was charged its
+/// estimate), the process's kernels have not `overlapped` each other lately (where they
+/// do, a kernel may have waited for SMs behind its own process's, which the card spent
+/// on it), another container may be active on the card (`neighbours`), and the kernel
+/// has been measured behind queued work before (`measured_backlogged`: those samples
+/// start when the kernel before them ends, with the context on the card, and teach its
+/// cost; a kernel only ever launched on an idle stream keeps learning from what it has).
+pub fn idle_sample_may_time_a_neighbour(
+    started_idle: bool,
+    known: bool,
+    overlapped: bool,
+    neighbours: bool,
+    measured_backlogged: bool,
+) -> bool {
+    started_idle && known && !overlapped && neighbours && measured_backlogged
+}
+
 /// Whether a launch of `cost_ns` that adds `added_ns` to the union may go while the
 /// bucket holds launches, with `owed_ns` of wall time owed at `rate_ppm`: it runs almost
 /// entirely within work already queued (it adds at most a quarter of its cost), and the
@@ -278,6 +302,26 @@ mod tests {
         // Streams that overlap: the kernel may have waited for SMs behind the process's
         // own kernels, which the card spent on it: the whole overrun.
         assert_eq!(settled_overrun(MS, MS, MS, true), MS);
+    }
+
+    #[test]
+    fn only_an_idle_start_beside_a_neighbour_with_a_backlogged_measure_is_discounted() {
+        assert!(idle_sample_may_time_a_neighbour(
+            true, true, false, true, true
+        ));
+        // Any one thing that says the run was the process's own keeps the sample.
+        for (idle, known, overlapped, neighbours, backlogged) in [
+            (false, true, false, true, true),
+            (true, false, false, true, true),
+            (true, true, true, true, true),
+            (true, true, false, false, true),
+            (true, true, false, true, false),
+        ] {
+            assert!(
+                !idle_sample_may_time_a_neighbour(idle, known, overlapped, neighbours, backlogged),
+                "{idle} {known} {overlapped} {neighbours} {backlogged}"
+            );
+        }
     }
 
     #[test]

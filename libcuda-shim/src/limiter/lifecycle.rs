@@ -5,7 +5,7 @@
 //! and `VGPU_LIMITER_TRACE` is written). The process-wide switches the fast path reads
 //! (`SWITCHES`) live here.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
@@ -160,6 +160,7 @@ pub(super) fn build_devices(
                 given_back: AtomicU64::new(0),
                 charge_permille: AtomicU64::new(cardview::CHARGE_UNIT),
                 unknown_in_flight: AtomicUsize::new(0),
+                neighbours_active: AtomicBool::new(true),
                 card_dir: enforcer.config.card_state_dir.clone(),
                 container_id: enforcer.config.container_id.clone(),
                 slow: Mutex::new(Slow {
@@ -167,6 +168,7 @@ pub(super) fn build_devices(
                     pools: HashMap::new(),
                     clocks: HashMap::new(),
                     last_settle_ns: 0,
+                    measured_backlogged: HashSet::new(),
                 }),
             };
             device.publish(now);

@@ -53,10 +53,10 @@ mod slow;
 mod tables;
 mod trace;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use vgpu_contract::region::{Region, SLOT_LIMITER_WORDS, SlotId};
 
@@ -271,6 +271,9 @@ struct DeviceLimiter {
     given_back: AtomicU64,
     /// Pending samples of kernels that had no estimate yet.
     unknown_in_flight: AtomicUsize,
+    /// Whether another container may have work on the card, from the last card view
+    /// (`cardview::neighbours_active`; true without one).
+    neighbours_active: AtomicBool,
     /// Where the host's card views are, and who this container is in them.
     card_dir: Option<PathBuf>,
     container_id: Option<String>,
@@ -285,7 +288,14 @@ struct Slow {
     /// Per context: how event times map to the host clock.
     clocks: HashMap<usize, GpuClock>,
     last_settle_ns: u64,
+    /// Kernels measured behind queued work at least once (at most
+    /// `BACKLOGGED_KERNELS`; `duty::idle_sample_may_time_a_neighbour`).
+    measured_backlogged: HashSet<u64>,
 }
+
+/// The most kernels `Slow::measured_backlogged` remembers (as many as the estimate table
+/// holds): past it, it starts again.
+const BACKLOGGED_KERNELS: usize = ESTIMATE_SLOTS;
 
 // SAFETY: the raw event and context handles are plain driver handles, valid from any thread.
 unsafe impl Send for Slow {}

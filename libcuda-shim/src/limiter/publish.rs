@@ -69,6 +69,10 @@ impl DeviceLimiter {
             .map_err(|error| debug!("{error}; assuming the card is contended"))
             .ok();
         let id = self.container_id.as_deref();
+        self.neighbours_active.store(
+            cardview::neighbours_active(view.as_ref(), id, now_ns),
+            Ordering::Relaxed,
+        );
         let factor = cardview::charge_permille(view.as_ref(), id, now_ns);
         let before = self.charge_permille.swap(factor, Ordering::Relaxed);
         if factor != before {

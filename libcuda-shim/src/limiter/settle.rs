@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use super::clock::{CLOCK_REFRESH_NS, GpuClock};
 use super::sample::{RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter};
-use super::{BUSY_BITS, DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
+use super::{BACKLOGGED_KERNELS, BUSY_BITS, DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
 use crate::cuda::*;
 use crate::state::real;
 
@@ -103,13 +103,36 @@ impl DeviceLimiter {
         };
         let (start_fired, end_fired) = (fired(sample.start), fired(sample.end));
         let gap = sample.idle_gap_ns(start_fired);
-        trace::count(if gap > 0 {
+        // Idle by the GPU's timestamps, or by the projection where the sample started
+        // inside the launch call's own time (inflated estimates project a stream busy
+        // that the card had finished).
+        let started_idle = gap > 0 || sample.projected_idle;
+        trace::count(if started_idle {
             Counter::SettledIdle
         } else {
             Counter::SettledBacklogged
         });
-        let ns = Sample::kernel_ns(elapsed_ns, gap);
-        self.estimates.record(sample.key, ns);
+        if !started_idle {
+            if slow.measured_backlogged.len() >= BACKLOGGED_KERNELS {
+                slow.measured_backlogged.clear();
+            }
+            slow.measured_backlogged.insert(sample.key);
+        }
+        let mut ns = Sample::kernel_ns(elapsed_ns, gap);
+        if duty::idle_sample_may_time_a_neighbour(
+            started_idle,
+            sample.known,
+            self.overlapped_lately(now_ns),
+            self.neighbours_active.load(Ordering::Relaxed),
+            slow.measured_backlogged.contains(&sample.key),
+        ) {
+            // Its run past the projection may be a neighbour's slice: not learned, not
+            // charged. A shorter run still gives back what it did not use.
+            trace::count(Counter::SettledIdleDiscounted);
+            ns = ns.min(sample.projected_ns);
+        } else {
+            self.estimates.record(sample.key, ns);
+        }
         // Where it really ended, else where its projection put it.
         let end = end_fired.unwrap_or(sample.projected_start.saturating_add(ns));
         let start = end.saturating_sub(ns);

@@ -56,10 +56,15 @@ pub enum Counter {
     /// Samples read back, and samples dropped (a failed measurement).
     Settled,
     Dropped,
-    /// Of the settled samples, how many started behind queued work (no idle gap) and how
-    /// many on an idle stream, as the GPU's own timestamps told.
+    /// Of the settled samples, how many started behind queued work and how many on an
+    /// idle stream: as the GPU's own timestamps told (an idle gap), or where they did not
+    /// show one, as the launch's projection had it.
     SettledBacklogged,
     SettledIdle,
+    /// Of the idle ones, how many were taken to have timed another context's slice:
+    /// they taught nothing and were charged no more than projected
+    /// (`duty::idle_sample_may_time_a_neighbour`).
+    SettledIdleDiscounted,
     /// Busy ns charged as measured (the union increments and corrections), and what the
     /// bucket was charged after the host's correction factor.
     ChargedNs,
@@ -94,6 +99,7 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "dropped",
     "settled_backlogged",
     "settled_idle",
+    "settled_idle_discounted",
     "charged_ns",
     "charged_scaled_ns",
     "corrected_up_ns",

@@ -38,7 +38,8 @@ def trace_text(name):
         clock = {1: ", the counter's clock", 0: ", the vDSO's clock"}.get(t.get("fast_clock_counter"), "")
         own = f" ({t['fast_path_own_ns'] / t['fast_path']:.0f} ns of its own each{clock})"
     return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path{own}, "
-            f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream), "
+            f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream, "
+            f"{t.get('settled_idle_discounted', 0)} of them taken to time a neighbour's slice), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
             f"{t.get('waits', 0)} waits for {t.get('waited_ns', 0) / 1e6:.0f} ms (longest "
             f"{t.get('longest_wait_ns', 0) / 1e6:.1f}), charged {charged:.0f} ms, clock references "
