@@ -103,36 +103,7 @@ impl DeviceLimiter {
         };
         let (start_fired, end_fired) = (fired(sample.start), fired(sample.end));
         let gap = sample.idle_gap_ns(start_fired);
-        // Idle by the GPU's timestamps, or by the projection where the sample started
-        // inside the launch call's own time (inflated estimates project a stream busy
-        // that the card had finished).
-        let started_idle = gap > 0 || sample.projected_idle;
-        trace::count(if started_idle {
-            Counter::SettledIdle
-        } else {
-            Counter::SettledBacklogged
-        });
-        if !started_idle {
-            if slow.measured_backlogged.len() >= BACKLOGGED_KERNELS {
-                slow.measured_backlogged.clear();
-            }
-            slow.measured_backlogged.insert(sample.key);
-        }
-        let mut ns = Sample::kernel_ns(elapsed_ns, gap);
-        if duty::idle_sample_may_time_a_neighbour(
-            started_idle,
-            sample.known,
-            self.overlapped_lately(now_ns),
-            self.neighbours_active.load(Ordering::Relaxed),
-            slow.measured_backlogged.contains(&sample.key),
-        ) {
-            // Its run past the projection may be a neighbour's slice: not learned, not
-            // charged. A shorter run still gives back what it did not use.
-            trace::count(Counter::SettledIdleDiscounted);
-            ns = ns.min(sample.projected_ns);
-        } else {
-            self.estimates.record(sample.key, ns);
-        }
+        let ns = self.learn(slow, &sample, elapsed_ns, gap, now_ns);
         // Where it really ended, else where its projection put it.
         let end = end_fired.unwrap_or(sample.projected_start.saturating_add(ns));
         let start = end.saturating_sub(ns);
@@ -180,5 +151,48 @@ impl DeviceLimiter {
             .entry(sample.context)
             .or_default()
             .extend([sample.start, sample.end]);
+    }
+
+    /// The kernel's own run from a settled sample that took `elapsed_ns` between its
+    /// events with `gap_ns` of it idle before submission, taught to the kernel's
+    /// estimate; unless the run may include another context's slice
+    /// (`duty::idle_sample_may_time_a_neighbour`): then it teaches nothing and counts
+    /// as no longer than projected (a shorter run still gives back what it did not use).
+    fn learn(
+        &self,
+        slow: &mut Slow,
+        sample: &Sample,
+        elapsed_ns: u64,
+        gap_ns: u64,
+        now_ns: u64,
+    ) -> u64 {
+        // Idle by the GPU's timestamps, or by the projection where the sample started
+        // inside the launch call's own time (inflated estimates project a stream busy
+        // that the card had finished).
+        let started_idle = gap_ns > 0 || sample.projected_idle;
+        trace::count(if started_idle {
+            Counter::SettledIdle
+        } else {
+            Counter::SettledBacklogged
+        });
+        if !started_idle {
+            if slow.measured_backlogged.len() >= BACKLOGGED_KERNELS {
+                slow.measured_backlogged.clear();
+            }
+            slow.measured_backlogged.insert(sample.key);
+        }
+        let ns = Sample::kernel_ns(elapsed_ns, gap_ns);
+        if duty::idle_sample_may_time_a_neighbour(
+            started_idle,
+            sample.known,
+            self.overlapped_lately(now_ns),
+            self.neighbours_active.load(Ordering::Relaxed),
+            slow.measured_backlogged.contains(&sample.key),
+        ) {
+            trace::count(Counter::SettledIdleDiscounted);
+            return ns.min(sample.projected_ns);
+        }
+        self.estimates.record(sample.key, ns);
+        ns
     }
 }
