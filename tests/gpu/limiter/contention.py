@@ -119,6 +119,17 @@ if "two" in parts:
         for name in (f"two30-60-{kernel}", f"two50-50-{kernel}"):
             pair(name, kernel, pair_limits(name))
 
+
+def trace_text(name):
+    """What the limiter's trace of run NAME says, for a figure ("" without one)."""
+    counters = LOGS.trace(name)
+    if not counters:
+        return ""
+    keys = ("launches", "fast_path", "sampled", "settled", "settled_idle", "settled_idle_discounted",
+            "waits", "waited_ns", "longest_wait_ns")
+    return "; traced: " + ", ".join(f"{k} {counters.get(k, '-')}" for k in keys)
+
+
 if "decode" in parts:
     alone = result("decode-alone")
     splits = {s: result(f"decode-{s}") for s in ("bare-bare", "50-50", "70-30")}
@@ -142,16 +153,9 @@ if "decode" in parts:
         text = lambda r: f"p50 {r['p50_ms']:.2f} / p99 {r['p99_ms']:.2f} / max {r['max_ms']:.2f} ms, {r['steps_per_s']:.0f} steps/s"
         record(name, "PASS" if ok else "FAIL",
                f"decode at {split.replace('-', ' beside a busy ')}: {text(res)}; the same pair bare: "
-               f"{text(splits['bare-bare'])}; alone: {text(alone) if alone else '-'} (target: max <= 2x the bare pair's)",
+               f"{text(splits['bare-bare'])}; alone: {text(alone) if alone else '-'} (target: max <= 2x the bare pair's)"
+               + trace_text(name),
                decode=res, bare_pair=splits["bare-bare"], alone=alone)
-
-
-def trace_text(name):
-    counters = LOGS.trace(name)
-    if not counters:
-        return ""
-    keys = ("launches", "fast_path", "sampled", "settled", "waits", "waited_ns", "longest_hold_ns")
-    return "; traced: " + ", ".join(f"{k} {counters.get(k, '-')}" for k in keys)
 
 
 def launch_cost(kind, key, label):
