@@ -1440,6 +1440,38 @@ fn a_one_stream_loop_is_charged_its_kernels_not_the_slices_its_idle_samples_wait
     assert!((0.9..=1.3).contains(&ratio), "{line}");
 }
 
+/// The other side of the rule above: a one-stream loop that the host's card view shows
+/// alone on the card learns from its idle-stream samples (no neighbour's slice can be in
+/// them). Judged by the limiter's trace: of its samples on an idle stream, at most a
+/// tenth taken to time a neighbour (room for those before the host's first view names
+/// it alone; none in practice: 0 of 508-520); with the view not read, 484 of 485 were.
+#[test]
+fn a_one_stream_loop_alone_on_the_card_learns_from_its_idle_samples() {
+    let _serial = serial();
+    let machine = Machine::new("decode-alone");
+    let decode = machine.container("decode", "    core_limit: 50\n");
+    let host = Host::start(&machine, vec![spec(&decode, 50, CoreMode::Hard, None)]);
+    let trace = machine.scratch.0.join("decode.trace");
+    let looped = machine
+        .command(&decode, Role::plain("k_100us", 2500).mode("decode"))
+        .env("VGPU_LIMITER_TRACE", &trace)
+        .spawn()
+        .expect("spawn decode loop");
+    finish(looped);
+    drop(host);
+    let trace = Trace::read(&trace);
+    let (idle, discounted) = (
+        trace.get("settled_idle"),
+        trace.get("settled_idle_discounted"),
+    );
+    eprintln!("decode alone at 50: {discounted} of {idle} idle samples discounted\n  {trace:?}");
+    assert!(idle >= 50, "too few idle samples to judge: {trace:?}");
+    assert!(
+        discounted * 10 <= idle,
+        "{discounted} of {idle} idle samples taken to time a neighbour, alone"
+    );
+}
+
 /// A one-stream container's kernels that wait for a neighbour's slice on the time-sliced
 /// card are not charged as its own busy time: a hard 30 on one stream of 1 ms kernels
 /// beside a hard 60 of four streams (whose refills hold the card for stretches of
