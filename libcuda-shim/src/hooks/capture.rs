@@ -7,7 +7,9 @@
 //! While no capture is under way, a limited launch needs no capture check at all;
 //! while one is, the limiter asks the driver whether the launch's stream is capturing
 //! (a captured launch is recorded into a graph, not run, so it is neither delayed nor
-//! timed) and puts its own event calls in relaxed capture mode. A capture this table
+//! timed). The limiter's own event calls run in relaxed capture mode whether or not a
+//! capture is known (`limiter::sample::RelaxedCapture`): one may begin on another
+//! thread between a check and the calls. A capture this table
 //! cannot follow (more than it holds) makes the check permanent, never absent.
 
 use std::ffi::c_void;

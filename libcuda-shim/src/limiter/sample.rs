@@ -1,12 +1,10 @@
 //! Measuring a launch: the two events that bracket a sampled launch (`Sample`, read
 //! back when the end event has fired) and the relaxed stream-capture mode the
-//! limiter's own event calls run in while a capture is under way anywhere in the
-//! process (`RelaxedCapture`). Where event times fall on the host's clock is
+//! limiter's own event calls run in (`RelaxedCapture`). Where event times fall on the host's clock is
 //! `super::clock`'s; what a settled sample does to the bucket is `super::settle`'s;
 //! this file only measures.
 
 use crate::cuda::*;
-use crate::hooks::capture;
 use crate::state::real;
 
 /// A bracketed launch whose end event has not been read yet.
@@ -69,16 +67,16 @@ pub(super) fn destroy_events(events: &[CUevent]) {
     }
 }
 
-/// Puts the calling thread in relaxed stream-capture mode for the guard's lifetime while
-/// a capture is under way anywhere in the process, so our event calls neither fail nor
-/// invalidate a global-mode capture on another thread. With no capture: nothing.
+/// Puts the calling thread in relaxed stream-capture mode for the guard's lifetime, so
+/// the limiter's event calls neither fail nor invalidate a global-mode capture on another
+/// thread. Always, not only while a capture is known: another thread may begin one
+/// between that check and the calls (a sampled launch's settle then invalidated a
+/// capture beside it, seen once in a fresh machine's test run). Two driver calls, made
+/// where samples are read or events made, never on the fast path.
 pub(super) struct RelaxedCapture(Option<u32>);
 
 impl RelaxedCapture {
-    pub(super) fn enter_if_needed() -> RelaxedCapture {
-        if !capture::possible() {
-            return RelaxedCapture(None);
-        }
+    pub(super) fn enter() -> RelaxedCapture {
         let exchange = real!(cuThreadExchangeStreamCaptureMode as fn(*mut u32) -> CUresult);
         let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: valid in/out pointer.

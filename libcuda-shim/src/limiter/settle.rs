@@ -26,7 +26,7 @@ impl DeviceLimiter {
         }
         slow.last_settle_ns = now_ns;
         let query = real!(cuEventQuery as fn(CUevent) -> CUresult);
-        let _relaxed = RelaxedCapture::enter_if_needed();
+        let _relaxed = RelaxedCapture::enter();
         let rate = self.rate();
         // Streams whose oldest pending sample is still running.
         let mut running: Vec<u64> = Vec::new();

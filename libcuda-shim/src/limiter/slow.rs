@@ -219,7 +219,7 @@ pub(super) fn take_event(slow: &mut Slow, context: usize) -> Option<CUevent> {
         return Some(event);
     }
     let create = real!(cuEventCreate as fn(*mut CUevent, u32) -> CUresult);
-    let _relaxed = RelaxedCapture::enter_if_needed();
+    let _relaxed = RelaxedCapture::enter();
     while pool.len() < POOL_TARGET / 2 {
         let mut event = std::ptr::null_mut();
         // SAFETY: valid out-pointer; default flags (timing on).
