@@ -42,12 +42,11 @@ pub struct MpsArgs {
 /// Set (to anything) to keep the host's `/dev/shm` for the daemon and the command.
 pub const HOST_SHM_ENV: &str = "VGPU_MPS_HOST_SHM";
 
-/// Whether the card's shm folder is the daemon's and the command's `/dev/shm`: as root,
-/// unless `VGPU_MPS_HOST_SHM` is set.
+/// Whether the card's shm folder is the daemon's and the command's `/dev/shm`: where
+/// this process may mount (`CAP_SYS_ADMIN`: root on a host, not root in an unprivileged
+/// container), unless `VGPU_MPS_HOST_SHM` is set.
 fn private_shm() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() == 0 };
-    root && std::env::var_os(HOST_SHM_ENV).is_none()
+    vgpu_contract::process::holds_cap_sys_admin() && std::env::var_os(HOST_SHM_ENV).is_none()
 }
 
 /// The card's folder name: the selector, checked to be one path component.

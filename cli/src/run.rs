@@ -254,10 +254,13 @@ fn bind(source: &Path, target: &Path) -> Result<()> {
     .with_context(|| format!("bind {} over {}", source.display(), target.display()))
 }
 
-/// A private mount namespace: as root directly, else inside a new user namespace.
+/// A private mount namespace: directly with `CAP_SYS_ADMIN` (root on a host), else
+/// inside a new user namespace that maps the caller to itself (any other user, and root
+/// in an unprivileged container, which has the uid but not the capability).
 fn enter_mount_namespace() -> Result<()> {
     let (uid, gid) = (geteuid(), getegid());
-    let flags = if uid.is_root() {
+    let direct = vgpu_contract::process::holds_cap_sys_admin();
+    let flags = if direct {
         CloneFlags::CLONE_NEWNS
     } else {
         CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS
@@ -268,7 +271,7 @@ fn enter_mount_namespace() -> Result<()> {
              (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0)"
         )
     })?;
-    if !uid.is_root() {
+    if !direct {
         std::fs::write("/proc/self/setgroups", "deny").context("user namespace: setgroups")?;
         std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))
             .context("user namespace: uid_map")?;

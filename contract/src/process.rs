@@ -6,6 +6,9 @@
 //! PID, another process under that PID, or a zombie, which holds no device memory any
 //! more); a `/proc` that cannot be read (hidepid, permissions) is "unknown", never
 //! "dead".
+//!
+//! And one thing the process may do: mount (`holds_cap_sys_admin`), which root in an
+//! unprivileged container may not.
 
 use std::path::Path;
 
@@ -135,9 +138,51 @@ pub fn ns_pids_in(proc_root: &Path, pid: i32) -> Option<Vec<i32>> {
         .collect()
 }
 
+/// `CAP_SYS_ADMIN`'s bit in a capability set (`linux/capability.h`).
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// Whether this process may make mount namespaces and mounts: its effective capability
+/// set holds `CAP_SYS_ADMIN` (root on a host does; root in an unprivileged container, a
+/// rootless sandbox or any other user does not). False where `/proc/self/status` cannot
+/// be read.
+pub fn holds_cap_sys_admin() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .is_ok_and(|status| holds_capability(&status, CAP_SYS_ADMIN))
+}
+
+/// Whether the effective set (`CapEff:`) of a `/proc/<pid>/status` text holds `bit`.
+pub fn holds_capability(status: &str, bit: u32) -> bool {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|set| bit < 64 && set >> bit & 1 == 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cap_sys_admin_is_read_from_the_effective_set() {
+        let status = |cap_eff: &str| format!("Name:\tvgpu\nUid:\t0\t0\t0\t0\nCapEff:\t{cap_eff}\n");
+        // Root on a host (every capability) and CAP_SYS_ADMIN alone.
+        assert!(holds_capability(&status("000001fffeffffff"), CAP_SYS_ADMIN));
+        assert!(holds_capability(&status("0000000000200000"), CAP_SYS_ADMIN));
+        // Root in an unprivileged podman container, and no capability at all.
+        assert!(!holds_capability(
+            &status("00000000a80425fb"),
+            CAP_SYS_ADMIN
+        ));
+        assert!(!holds_capability(
+            &status("0000000000000000"),
+            CAP_SYS_ADMIN
+        ));
+        // No such line, a broken one, a bit past the set.
+        assert!(!holds_capability("Name:\tx\n", CAP_SYS_ADMIN));
+        assert!(!holds_capability("CapEff:\tzz\n", CAP_SYS_ADMIN));
+        assert!(!holds_capability(&status("ffffffffffffffff"), 64));
+    }
 
     #[test]
     fn parses_stat_with_odd_comm() {

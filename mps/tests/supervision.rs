@@ -17,15 +17,15 @@ fn fake() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake/nvidia-cuda-mps-control")
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+/// Whether this process may give the daemon a private `/dev/shm` (`CAP_SYS_ADMIN`).
+fn may_mount() -> bool {
+    vgpu_contract::process::holds_cap_sys_admin()
 }
 
 fn options(control: PathBuf) -> DaemonOptions {
     let mut options = DaemonOptions::new(control);
     // The private /dev/shm needs CAP_SYS_ADMIN; without it that part is not tested.
-    options.private_shm = is_root();
+    options.private_shm = may_mount();
     options
 }
 
@@ -93,7 +93,7 @@ fn a_card_daemon_starts_with_its_own_folders_answers_and_stops_clean() {
         CARD,
         "CUDA_VISIBLE_DEVICES is the card"
     );
-    if is_root() {
+    if may_mount() {
         use std::os::unix::fs::MetadataExt;
         let inode = std::fs::metadata(&dirs.shm).expect("shm").ino();
         assert_eq!(

@@ -131,6 +131,8 @@ fn cdi_env(admitted: &Admitted, config: &NodeConfig) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_on_an_mps_card_is_a_client_of_that_cards_daemon_at_its_share() {
+    // The node agent gives each card's daemon a private /dev/shm: a mount.
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
     let kubelet = TestKubelet::start().await;
     let config = mps_config(&kubelet);
     let mut plugin = Plugin::start(
@@ -227,6 +229,8 @@ async fn a_container_on_an_mps_card_is_a_client_of_that_cards_daemon_at_its_shar
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_card_is_a_client_at_100_and_the_limiter_stays_when_asked() {
+    // The node agent gives each card's daemon a private /dev/shm: a mount.
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
     let kubelet = TestKubelet::start().await;
     let mut config = mps_config(&kubelet);
     config.mps.compute_limiter = true;

@@ -192,20 +192,7 @@ fn test_name() -> String {
 /// holds `CAP_SYS_ADMIN` (uid 0 in an unprivileged container does not).
 pub fn is_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0)
-        && std::fs::read_to_string("/proc/self/status")
-            .is_ok_and(|status| holds_capability(&status, CAP_SYS_ADMIN))
-}
-
-/// `CAP_SYS_ADMIN`'s bit in a capability set (`linux/capability.h`).
-const CAP_SYS_ADMIN: u32 = 21;
-
-/// Whether the effective set of a `/proc/<pid>/status` text holds capability `bit`.
-fn holds_capability(status: &str, bit: u32) -> bool {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|set| set >> bit & 1 == 1)
+        && vgpu_contract::process::holds_cap_sys_admin()
 }
 
 /// Whether `program ARGS` runs and succeeds.
@@ -254,27 +241,6 @@ fn missing_debs(folder: &std::path::Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn root_means_the_effective_capability_not_only_uid_0() {
-        let status =
-            |cap_eff: &str| format!("Name:\tcargo\nUid:\t0\t0\t0\t0\nCapEff:\t{cap_eff}\n");
-        // A privileged root (every capability) and one with CAP_SYS_ADMIN alone.
-        assert!(holds_capability(&status("000001ffffffffff"), CAP_SYS_ADMIN));
-        assert!(holds_capability(&status("0000000000200000"), CAP_SYS_ADMIN));
-        // Root in an unprivileged container (podman's default set) and no capability.
-        assert!(!holds_capability(
-            &status("00000000a80425fb"),
-            CAP_SYS_ADMIN
-        ));
-        assert!(!holds_capability(
-            &status("0000000000000000"),
-            CAP_SYS_ADMIN
-        ));
-        // A status without the line, or with a broken one.
-        assert!(!holds_capability("Name:\tx\n", CAP_SYS_ADMIN));
-        assert!(!holds_capability("CapEff:\tzz\n", CAP_SYS_ADMIN));
-    }
 
     #[test]
     fn nothing_missing_runs_in_and_out_of_ci() {
