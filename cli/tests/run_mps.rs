@@ -48,14 +48,10 @@ fn log_of(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("mps/0/log/control.log")).unwrap_or_default()
 }
 
-fn assert_root() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "vgpu run needs root here");
-}
-
 #[test]
 fn a_run_with_mps_starts_its_cards_daemon_and_is_its_client_at_its_share() {
-    assert_root();
+    // The card's daemon gets a private /dev/shm only where the run may mount.
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
     let dir = tempfile::tempdir().expect("tempdir");
     let output = run_mps(dir.path(), &["--cores", "30", "--memory", "2GiB"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -108,7 +104,8 @@ fn a_run_with_mps_starts_its_cards_daemon_and_is_its_client_at_its_share() {
 
 #[test]
 fn a_run_with_mps_limiter_keeps_the_time_limiter() {
-    assert_root();
+    // The card's daemon gets a private /dev/shm only where the run may mount.
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
     let dir = tempfile::tempdir().expect("tempdir");
     let output = run_mps(dir.path(), &["--cores", "40", "--mps-limiter"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -126,7 +123,8 @@ fn a_run_with_mps_limiter_keeps_the_time_limiter() {
 
 #[test]
 fn runs_join_the_daemon_vgpu_mps_keeps_and_leave_it_running() {
-    assert_root();
+    // The card's daemon gets a private /dev/shm only where the run may mount.
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut keeper = Command::new(env!("CARGO_BIN_EXE_vgpu"))
         .args(["mps", "--card", "0", "--interval", "1", "--dir"])

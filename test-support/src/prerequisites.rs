@@ -24,6 +24,12 @@ use std::process::{Command, Stdio};
 pub enum Need<'a> {
     /// Running as root (mount namespaces, `ldconfig -r`, runc, podman).
     Root,
+    /// What `vgpu run` makes for its command: a mount and a PID namespace with its own
+    /// `/proc`. Root with `CAP_SYS_ADMIN` has them; any other user (root in an
+    /// unprivileged container included) only where unprivileged user namespaces may
+    /// mount a `/proc`, as util-linux's `unshare` finds out (not inside a container
+    /// whose `/proc` has masked paths).
+    Namespaces,
     /// A program that runs `NAME PROBE` successfully (`podman --version`).
     Program {
         /// The program, looked up on `PATH`.
@@ -67,6 +73,24 @@ impl<'a> Need<'a> {
         match self {
             Need::Root => (!is_root()).then(|| {
                 "root with CAP_SYS_ADMIN (run the tests as root, not in an unprivileged container)"
+                    .to_string()
+            }),
+            Need::Namespaces => (!is_root()
+                && !runs(
+                    "unshare",
+                    &[
+                        "--user",
+                        "--map-root-user",
+                        "--mount",
+                        "--pid",
+                        "--fork",
+                        "--mount-proc",
+                        "true",
+                    ],
+                ))
+            .then(|| {
+                "mount and PID namespaces with a /proc of their own (root with CAP_SYS_ADMIN, or \
+                 unprivileged user namespaces on a host or VM, not in an unprivileged container)"
                     .to_string()
             }),
             Need::Program {

@@ -124,6 +124,7 @@ fn pynvml_sees_the_quota_the_usage_and_only_its_own_processes() {
 
 #[test]
 fn vgpu_smi_csv_reports_the_quota() {
+    vgpu_test_support::require!(vgpu_test_support::Need::Namespaces);
     let host = SimHost::new(2);
     let vgpu = vgpu_tests::vgpu();
     let output = host.run(

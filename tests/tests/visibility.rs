@@ -19,6 +19,7 @@ fn counters(state: &Path) -> vgpu_contract::region::QuotaCounters {
 
 #[test]
 fn a_refusal_is_counted_in_the_region_and_warned_only_when_asked() {
+    vgpu_test_support::require!(vgpu_test_support::Need::Namespaces);
     let host = SimHost::new(1);
     let state = host.dir.path().join("container");
     let state_arg = state.to_str().expect("utf-8");
@@ -77,6 +78,7 @@ fn a_refusal_is_counted_in_the_region_and_warned_only_when_asked() {
 /// their quotas, what they hold, their refusals and their processes.
 #[test]
 fn vgpu_top_shows_two_containers_on_one_simulated_card() {
+    vgpu_test_support::require!(vgpu_test_support::Need::Namespaces);
     let host = SimHost::new(1);
     let host_dir = host.dir.path().join("host");
     let vgpu = vgpu_tests::vgpu();
