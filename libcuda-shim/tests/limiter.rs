@@ -1402,10 +1402,14 @@ fn a_one_stream_loop_beside_a_busy_neighbour_waits_for_its_debt_not_a_refill() {
 /// neighbour's 1 ms kernel. Before, a loop at 70 beside a busy 30 was charged 1.70x
 /// what it ran (its estimate 1.5-4.6x the kernel's 100 us) and waited 1.0 s of 2.5.
 ///
-/// Judged by the limiter's own account against the sim's fixed kernels (each launch runs
-/// 100 us on the card), not by the wall clock: what it charged as measured (launches'
-/// charges and settled corrections, before the host's factor) over what its launches
-/// ran, within 0.9 and 1.3 (1.01-1.12 in 30 runs, most with the other core busy).
+/// Judged by the limiter's own account, not by the wall clock: most of its samples on an
+/// idle stream taken to time a neighbour (at least 80 %: 819-1040 of 830-1042 here; the
+/// old code took none), and what it charged as measured (launches' charges and settled
+/// corrections, before the host's factor) over what its launches ran (each runs 100 us
+/// on the sim's card) within 0.9 and 1.5: 1.01-1.12 in 30 release runs, most with the
+/// other core busy, 1.02-1.04 in the debug build, 1.39 once in the debug build under a
+/// full CI run's load (the kernel-long turns below let the neighbour between the loop's
+/// kernels more when its host runs slow); the old code 1.70-1.84.
 ///
 /// Not judged at 50 beside a busy 50: the sim's turns are a kernel long, so there the
 /// neighbour's kernels also run between the loop's own within a step and its samples
@@ -1437,7 +1441,11 @@ fn a_one_stream_loop_is_charged_its_kernels_not_the_slices_its_idle_samples_wait
         trace.get("launches") > 0 && trace.get("settled_idle") > 0,
         "{line}: no idle samples, nothing judged"
     );
-    assert!((0.9..=1.3).contains(&ratio), "{line}");
+    assert!(
+        trace.get("settled_idle_discounted") * 5 >= trace.get("settled_idle") * 4,
+        "{line}: its idle samples were learned and charged"
+    );
+    assert!((0.9..=1.5).contains(&ratio), "{line}");
 }
 
 /// The other side of the rule above: a one-stream loop that the host's card view shows
