@@ -1192,7 +1192,9 @@ impl Report {
 ///   limit + 2. Before, the coordinator set the card's one-second figure against half a
 ///   second of the starting container's own and kept a discount earned while a soft
 ///   neighbour still ran at its ceiling: 100 ms windows of 70-93 % at 60, and seconds
-///   of 62.3 at 60 and 44.1 at 40 beside the soft 30.
+///   of 62.3 at 60 and 44.1 at 40 beside the soft 30. Then its bucket started full, a
+///   window's burst on top of its rate: first seconds of 61.5-63.0 at 60 (CI of
+///   bddc3ae: 63.0 beside a hard 30); it starts empty now (60.1-60.6).
 /// - Any second of its run: never above its limit + 5. Open (issue 25): on this
 ///   project's loaded 2-core machine about one run in three has a second 2-4 points
 ///   over, with every neighbour kind (a neighbour's pause shorter than the host's tick

@@ -49,12 +49,26 @@ fn wall_of(cost_ns: u64, rate_ppm: u64) -> u64 {
     wall.min(u64::MAX as u128) as u64
 }
 
+/// Where a bucket that reads `paid_until` stands at `now_ns`: never fuller than one
+/// window, and empty if it was never charged (zero, as a container's usage region
+/// starts). A new container gets its rate from its first launch, not its rate plus a
+/// window's burst: with the burst a hard 60 beside a busy neighbour ran its first second
+/// at 61.5-63.0 of the card and its first 100 ms at 71 (the sim's limiter tests, CI of
+/// bddc3ae), where every later second held 60-61.
+fn bucket_at(paid_until: u64, now_ns: u64, window_ns: u64) -> u64 {
+    if paid_until == 0 {
+        now_ns
+    } else {
+        paid_until.max(now_ns.saturating_sub(window_ns))
+    }
+}
+
 /// The bucket after spending `cost_ns` of GPU time (negative: giving back an
-/// over-estimate) at `now_ns`: never fuller than one window, never deeper in debt than
-/// `MAX_DEBT_NS`.
+/// over-estimate) at `now_ns`: never fuller than one window (a bucket never charged
+/// starts empty, see `bucket_at`), never deeper in debt than `MAX_DEBT_NS`.
 pub fn charge(paid_until: u64, now_ns: u64, cost_ns: i64, rate_ppm: u64, window_ns: u64) -> u64 {
     let full = now_ns.saturating_sub(window_ns);
-    let from = paid_until.max(full);
+    let from = bucket_at(paid_until, now_ns, window_ns);
     let moved = if cost_ns >= 0 {
         from.saturating_add(wall_of(cost_ns as u64, rate_ppm))
     } else {
@@ -74,7 +88,7 @@ pub fn delay(paid_until: u64, now_ns: u64) -> u64 {
 /// in GPU time is kept; the burst becomes the new rate's window.
 pub fn rescale(paid_until: u64, now_ns: u64, old_ppm: u64, new_ppm: u64, window_ns: u64) -> u64 {
     let full = now_ns.saturating_sub(window_ns);
-    let from = paid_until.max(full);
+    let from = bucket_at(paid_until, now_ns, window_ns);
     let rescaled = if from >= now_ns {
         let owed_gpu = (from - now_ns) as u128 * old_ppm as u128 / FULL_PPM as u128;
         now_ns.saturating_add(wall_of(owed_gpu as u64, new_ppm))
@@ -463,9 +477,28 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_never_charged_starts_empty_and_fills_only_while_idle() {
+        let now = 100 * SECOND_NS;
+        let rate = percent_ppm(60);
+        // The first launch goes; its 6 ms at 60% is paid over the next 10 ms.
+        assert_eq!(delay(0, now), 0);
+        let paid = charge(0, now, 6 * MS as i64, rate, 20 * MS);
+        assert!(delay(paid, now).abs_diff(10 * MS) < 10, "(ns rounding)");
+        // A rate change of a bucket never charged keeps it empty.
+        assert_eq!(rescale(0, now, FULL_PPM, rate, 20 * MS), now);
+        // Idle for a second afterwards, it holds one window's burst: 12 ms at 60%.
+        let later = paid + SECOND_NS;
+        let paid = charge(paid, later, 12 * MS as i64, rate, 20 * MS);
+        assert_eq!(delay(paid, later), 0);
+        let paid = charge(paid, later, 6 * MS as i64, rate, 20 * MS);
+        assert!(delay(paid, later).abs_diff(10 * MS) < 10, "(ns rounding)");
+    }
+
+    #[test]
     fn a_kernel_longer_than_the_window_is_paid_after() {
         let now = 100 * SECOND_NS;
-        let paid = charge(0, now, 50 * MS as i64, percent_ppm(30), 20 * MS);
+        let full = now - 20 * MS;
+        let paid = charge(full, now, 50 * MS as i64, percent_ppm(30), 20 * MS);
         // 50 ms against a 6 ms burst at 30%: (50 - 6) / 0.3 ms of waiting.
         let wait = delay(paid, now);
         assert!(
@@ -479,7 +512,7 @@ mod tests {
     fn debt_is_bounded_and_idle_time_does_not_bank_beyond_the_burst() {
         let now = 100 * SECOND_NS;
         let rate = percent_ppm(10);
-        let paid = charge(0, now, 100 * SECOND_NS as i64, rate, 20 * MS);
+        let paid = charge(now - 20 * MS, now, 100 * SECOND_NS as i64, rate, 20 * MS);
         assert_eq!(delay(paid, now), MAX_DEBT_NS * 10);
         // A long idle spell refills only the burst: 10% of 20 ms = 2 ms of GPU time, so
         // 3 ms at once leaves 1 ms of debt (10 ms of wall time).
@@ -495,7 +528,7 @@ mod tests {
     fn rate_changes_keep_the_debt_and_shrink_the_burst() {
         let now = 100 * SECOND_NS;
         // Full at 100% (20 ms of GPU time); at 25% the burst is 5 ms.
-        let paid = rescale(0, now, FULL_PPM, percent_ppm(25), 20 * MS);
+        let paid = rescale(now - 20 * MS, now, FULL_PPM, percent_ppm(25), 20 * MS);
         let paid = charge(paid, now, 15 * MS as i64, percent_ppm(25), 20 * MS);
         // 15 ms spent of a 5 ms burst: 10 ms of GPU time owed, 40 ms at 25%.
         assert_eq!(delay(paid, now), 40 * MS);

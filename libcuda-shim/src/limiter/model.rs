@@ -170,7 +170,8 @@ mod tests {
     }
 
     /// The model can fail: without a limit's holds (a limit of 100) the same thread
-    /// fills the card.
+    /// fills the card (after its first window: the estimate, twice the kernel, is
+    /// charged from an empty bucket until the first samples settle).
     #[test]
     fn the_model_fills_the_card_without_a_limit() {
         let run = Run {
@@ -184,6 +185,6 @@ mod tests {
             run_ns: 500 * MS,
         };
         let windows = card_busy_percent(&run, 100 * MS);
-        assert!(windows.iter().all(|&w| w > 95.0), "{windows:.1?}");
+        assert!(windows[1..].iter().all(|&w| w > 95.0), "{windows:.1?}");
     }
 }

@@ -188,11 +188,19 @@ mod tests {
         std::array::from_fn(|_| AtomicU64::new(0))
     }
 
+    /// Words whose bucket is full at `now` (idle for a window or more): a container's
+    /// region starts empty instead (`duty::charge`).
+    fn words_full_at(now: u64, window_ns: u64) -> [AtomicU64; CONTAINER_LIMITER_WORDS] {
+        let words = words();
+        words[PAID_UNTIL_NS].store(now - window_ns, Ordering::Relaxed);
+        words
+    }
+
     #[test]
     fn one_budget_for_every_thread_and_the_union_of_their_work() {
-        let words = words();
-        let shared = Shared::new(&words, 10 * MS);
         let now = 100 * duty::SECOND_NS;
+        let words = words_full_at(now, 10 * MS);
+        let shared = Shared::new(&words, 10 * MS);
         let rate = shared.rate_ppm(duty::percent_ppm(30));
         assert_eq!(rate, 300_000, "an unset rate is the limit");
         // Four threads queue a 1 ms kernel each at once: charged once.
@@ -224,9 +232,9 @@ mod tests {
 
     #[test]
     fn a_bucket_in_debt_holds_every_launch_until_it_has_refilled() {
-        let words = words();
-        let shared = Shared::new(&words, 10 * MS);
         let now = 100 * duty::SECOND_NS;
+        let words = words_full_at(now, 10 * MS);
+        let shared = Shared::new(&words, 10 * MS);
         let rate = duty::percent_ppm(50);
         assert_eq!(shared.hold(now, rate, || 5 * MS), 0);
         // 10 ms spent of a 5 ms burst: 10 ms of wall time owed, then 5 ms to refill.
@@ -242,9 +250,9 @@ mod tests {
     #[test]
     fn without_a_refill_a_launch_waits_for_the_debt_alone() {
         // One stream's kernels (no refill asked): 10 ms owed, 10 ms held, not 15.
-        let words = words();
-        let shared = Shared::new(&words, 10 * MS);
         let now = 100 * duty::SECOND_NS;
+        let words = words_full_at(now, 10 * MS);
+        let shared = Shared::new(&words, 10 * MS);
         let rate = duty::percent_ppm(50);
         shared.charge(10 * MS as i64, now, rate);
         assert_eq!(shared.hold(now, rate, || 0), 10 * MS);
