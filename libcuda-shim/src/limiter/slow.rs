@@ -42,10 +42,9 @@ impl DeviceLimiter {
         unknown &= known.is_none();
         let due = unknown || estimate.is_some_and(|(_, due)| due);
         let now = monotonic_ns();
-        if due
-            && !unknown
-            && let Some(known) = known.filter(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS)
-        {
+        let gap_started =
+            due && !unknown && known.is_some_and(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS);
+        if gap_started && let Some(known) = known {
             self.next_sample_ns.store(
                 now + duty::sample_gap_ns(known.samples, self.overlapped_lately(now)),
                 Ordering::Relaxed,
@@ -66,6 +65,15 @@ impl DeviceLimiter {
         if result != CUDA_SUCCESS {
             if let Some((context, start, end, _)) = bracket {
                 self.give_back(context, &[start, end]);
+            }
+            // A refused launch measured nothing: the gap it started is reopened, or a
+            // program whose refused launches come first after each wait (a probe
+            // before every real launch) would give every due sample to one of them:
+            // 6 samples in a second of 3,700 real launches, the estimate left at its
+            // first sample's 81-87 us of a 100 us kernel and the container at 34-37 % of
+            // the card at 30.
+            if gap_started {
+                self.next_sample_ns.store(now, Ordering::Relaxed);
             }
             return result;
         }
