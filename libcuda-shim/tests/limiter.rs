@@ -1316,6 +1316,17 @@ fn decode_beside_a_busy_neighbour(
     busy_limit: u32,
     event_turns: &str,
 ) -> (Report, Trace) {
+    decode_with_launch_calls_beside_a_busy_neighbour(decode_limit, busy_limit, event_turns, 0)
+}
+
+/// `decode_beside_a_busy_neighbour` with the loop's launch calls taking `launch_call_ns`
+/// of host time each (`Role::launch_call`).
+fn decode_with_launch_calls_beside_a_busy_neighbour(
+    decode_limit: u32,
+    busy_limit: u32,
+    event_turns: &str,
+    launch_call_ns: u64,
+) -> (Report, Trace) {
     let _serial = serial();
     let machine = Machine::new(&format!(
         "decode{decode_limit}-beside-busy{busy_limit}-turns{event_turns}"
@@ -1336,7 +1347,12 @@ fn decode_beside_a_busy_neighbour(
         .expect("spawn neighbour");
     let trace = machine.scratch.0.join("decode.trace");
     let looped = machine
-        .command(&decode, Role::plain("k_100us", 2500).mode("decode"))
+        .command(
+            &decode,
+            Role::plain("k_100us", 2500)
+                .mode("decode")
+                .launch_call(launch_call_ns),
+        )
         .env("VGPU_LIMITER_TRACE", &trace)
         .env("VGPU_SIM_EVENT_TURNS", event_turns)
         .spawn()
@@ -1414,14 +1430,21 @@ fn a_one_stream_loop_beside_a_busy_neighbour_waits_for_its_debt_not_a_refill() {
 /// neighbour's 1 ms kernel. Before, a loop at 70 beside a busy 30 was charged 1.70x
 /// what it ran (its estimate 1.5-4.6x the kernel's 100 us) and waited 1.0 s of 2.5.
 ///
+/// Twice: with launch calls as fast as the sim's, and with each launch call taking 200 us
+/// of host time, longer than the kernel (a slow or loaded host: then every sample starts
+/// on an idle stream, and only those can correct an estimate). In CI's run of bddc3ae
+/// the first read 1.75x: the samples taken before the host's view named the neighbour
+/// taught the kernel 750 us, and the set-aside samples that would have brought it down
+/// taught nothing (the same with 200 us launch calls here: 1.45-2.03x, the estimate held
+/// at 144 us). Set-aside samples near the estimate now teach it
+/// (`duty::set_aside_sample_teaches`): 0.97-1.01x at both speeds.
+///
 /// Judged by the limiter's own account, not by the wall clock: most of its samples on an
 /// idle stream taken to time a neighbour (at least 80 %: 819-1040 of 830-1042 here; the
 /// old code took none), and what it charged as measured (launches' charges and settled
 /// corrections, before the host's factor) over what its launches ran (each runs 100 us
-/// on the sim's card) within 0.9 and 1.5: 1.01-1.12 in 30 release runs, most with the
-/// other core busy, 1.02-1.04 in the debug build, 1.39 once in the debug build under a
-/// full CI run's load (the kernel-long turns below let the neighbour between the loop's
-/// kernels more when its host runs slow); the old code 1.70-1.84.
+/// on the sim's card) within 0.9 and 1.3 (1.01-1.12 with the fast calls in 30 release
+/// runs before the band, 1.39 once under CI's load; the old code 1.70-1.84).
 ///
 /// Not judged at 50 beside a busy 50: the sim's turns are a kernel long, so there the
 /// neighbour's kernels also run between the loop's own within a step and its samples
@@ -1429,35 +1452,39 @@ fn a_one_stream_loop_beside_a_busy_neighbour_waits_for_its_debt_not_a_refill() {
 /// a step that happens only where a slice ends within one.
 #[test]
 fn a_one_stream_loop_is_charged_its_kernels_not_the_slices_its_idle_samples_waited_for() {
-    let (report, trace) = decode_beside_a_busy_neighbour(70, 30, "0");
-    let ran = trace.get("launches") as f64 * 100_000.0;
-    let charged = trace.get("charged_ns") as f64 + trace.get("corrected_up_ns") as f64
-        - trace.get("corrected_down_ns") as f64;
-    let ratio = charged / ran.max(1.0);
-    let step_max_ns = report
-        .note("step_max_ns")
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    let line = format!(
-        "decode at 70 beside a busy 30: charged {:.3} s for {:.3} s of its kernels ({ratio:.2}x); {} idle samples discounted of {}; waited {:.0} ms, longest {:.2} ms; step max {:.2} ms (wall)",
-        charged / 1e9,
-        ran / 1e9,
-        trace.get("settled_idle_discounted"),
-        trace.get("settled_idle"),
-        trace.get("waited_ns") as f64 / 1e6,
-        trace.get("longest_wait_ns") as f64 / 1e6,
-        step_max_ns / 1e6,
-    );
-    eprintln!("{line}\n  {trace:?}");
-    assert!(
-        trace.get("launches") > 0 && trace.get("settled_idle") > 0,
-        "{line}: no idle samples, nothing judged"
-    );
-    assert!(
-        trace.get("settled_idle_discounted") * 5 >= trace.get("settled_idle") * 4,
-        "{line}: its idle samples were learned and charged"
-    );
-    assert!((0.9..=1.5).contains(&ratio), "{line}");
+    let mut failures = Vec::new();
+    for launch_call_ns in [0u64, 200_000] {
+        let (report, trace) =
+            decode_with_launch_calls_beside_a_busy_neighbour(70, 30, "0", launch_call_ns);
+        let ran = trace.get("launches") as f64 * 100_000.0;
+        let charged = trace.get("charged_ns") as f64 + trace.get("corrected_up_ns") as f64
+            - trace.get("corrected_down_ns") as f64;
+        let ratio = charged / ran.max(1.0);
+        let step_max_ns = report
+            .note("step_max_ns")
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        let line = format!(
+            "decode at 70 beside a busy 30, launch calls of {} us: charged {:.3} s for {:.3} s of its kernels ({ratio:.2}x); {} idle samples discounted of {}; waited {:.0} ms, longest {:.2} ms; step max {:.2} ms (wall)",
+            launch_call_ns / 1000,
+            charged / 1e9,
+            ran / 1e9,
+            trace.get("settled_idle_discounted"),
+            trace.get("settled_idle"),
+            trace.get("waited_ns") as f64 / 1e6,
+            trace.get("longest_wait_ns") as f64 / 1e6,
+            step_max_ns / 1e6,
+        );
+        eprintln!("{line}\n  {trace:?}");
+        if trace.get("launches") == 0 || trace.get("settled_idle") == 0 {
+            failures.push(format!("{line}: no idle samples, nothing judged"));
+        } else if trace.get("settled_idle_discounted") * 5 < trace.get("settled_idle") * 4 {
+            failures.push(format!("{line}: its idle samples were learned and charged"));
+        } else if !(0.9..=1.3).contains(&ratio) {
+            failures.push(line);
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// The other side of the rule above: a one-stream loop that the host's card view shows

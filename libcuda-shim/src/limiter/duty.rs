@@ -148,6 +148,34 @@ pub fn idle_sample_may_time_a_neighbour(
     started_idle && known && !overlapped && neighbours && measured_backlogged
 }
 
+/// Set-aside samples of a kernel in a row, with none measured behind queued work
+/// between them, after which they teach its cost (`set_aside_sample_teaches`).
+pub const SET_ASIDE_RUN: u32 = 16;
+
+/// Whether a sample set aside by `idle_sample_may_time_a_neighbour` still teaches its
+/// kernel's cost: once the kernel's samples have all been set aside for a while
+/// (`set_aside_in_a_row`, at least `SET_ASIDE_RUN`: nothing measured behind queued work
+/// corrects the estimate any more), where its run was at most a quarter longer than the
+/// estimate (`estimate_ns`). A neighbour's slice that a sample waited for is longer than
+/// that (on the H200 milliseconds against a decode step's kernels of 10-100 us; on the
+/// sim a 1 ms kernel against 100 us), so the estimate comes to the kernel's own run.
+///
+/// Without it, an estimate learned before the host's view named a neighbour stayed where
+/// those samples put it wherever the process stopped queueing work: a decode loop whose
+/// launch calls outlast its kernels (a slow host: CI's of bddc3ae) kept a 100 us kernel
+/// at 144 us and was charged 1.5-2.0x what it ran. Not while samples behind queued work
+/// still come: those are the kernel's own, and set-aside samples, kept only when short,
+/// would pull the estimate of a kernel whose runs vary to its shorter ones (a
+/// training-like loop at 50 ran the card at 53-54 %).
+pub fn set_aside_sample_teaches(
+    measured_ns: u64,
+    estimate_ns: u64,
+    set_aside_in_a_row: u32,
+) -> bool {
+    set_aside_in_a_row >= SET_ASIDE_RUN
+        && measured_ns <= estimate_ns.saturating_add(estimate_ns / 4)
+}
+
 /// Whether a launch of `cost_ns` that adds `added_ns` to the union may go while the
 /// bucket holds launches, with `owed_ns` of wall time owed at `rate_ppm`: it runs almost
 /// entirely within work already queued (it adds at most a quarter of its cost), and the
@@ -339,6 +367,20 @@ mod tests {
     }
 
     #[test]
+    fn a_set_aside_sample_teaches_a_run_near_the_estimate_not_a_slice() {
+        let run = SET_ASIDE_RUN;
+        // An estimate too long or too short comes to the kernel's own run.
+        assert!(set_aside_sample_teaches(97 * US, 144 * US, run));
+        assert!(set_aside_sample_teaches(97 * US, 81 * US, run));
+        assert!(set_aside_sample_teaches(125 * US, 100 * US, run));
+        // A neighbour's slice does not.
+        assert!(!set_aside_sample_teaches(126 * US, 100 * US, run));
+        assert!(!set_aside_sample_teaches(MS + 100 * US, 100 * US, run));
+        // Nor anything while samples behind queued work still teach.
+        assert!(!set_aside_sample_teaches(97 * US, 144 * US, run - 1));
+    }
+
+    #[test]
     fn scaling_a_charge_matches_128_bit_arithmetic_everywhere() {
         for ns in [
             0,
@@ -365,6 +407,7 @@ mod tests {
     }
 
     const MS: u64 = 1_000_000;
+    const US: u64 = 1_000;
     const WINDOW: u64 = 10 * MS;
 
     /// A GPU with `streams` concurrent streams and a program that launches `kernel_ns`

@@ -5,7 +5,7 @@
 //! and `VGPU_LIMITER_TRACE` is written). The process-wide switches the fast path reads
 //! (`SWITCHES`) live here.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
@@ -168,7 +168,7 @@ pub(super) fn build_devices(
                     pools: HashMap::new(),
                     clocks: HashMap::new(),
                     last_settle_ns: 0,
-                    measured_backlogged: HashSet::new(),
+                    measured_backlogged: HashMap::new(),
                 }),
             };
             device.publish(now);

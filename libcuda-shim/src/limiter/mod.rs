@@ -53,7 +53,7 @@ mod slow;
 mod tables;
 mod trace;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -289,8 +289,10 @@ struct Slow {
     clocks: HashMap<usize, GpuClock>,
     last_settle_ns: u64,
     /// Kernels measured behind queued work at least once (at most
-    /// `BACKLOGGED_KERNELS`; `duty::idle_sample_may_time_a_neighbour`).
-    measured_backlogged: HashSet<u64>,
+    /// `BACKLOGGED_KERNELS`; `duty::idle_sample_may_time_a_neighbour`), each with the
+    /// number of its samples set aside since its last such measurement
+    /// (`duty::set_aside_sample_teaches`).
+    measured_backlogged: HashMap<u64, u32>,
 }
 
 /// The most kernels `Slow::measured_backlogged` remembers (as many as the estimate table

@@ -156,8 +156,9 @@ impl DeviceLimiter {
     /// The kernel's own run from a settled sample that took `elapsed_ns` between its
     /// events with `gap_ns` of it idle before submission, taught to the kernel's
     /// estimate; unless the run may include another context's slice
-    /// (`duty::idle_sample_may_time_a_neighbour`): then it teaches nothing and counts
-    /// as no longer than projected (a shorter run still gives back what it did not use).
+    /// (`duty::idle_sample_may_time_a_neighbour`): then it teaches only a run near the
+    /// estimate (`duty::set_aside_sample_teaches`) and counts as no longer than
+    /// projected (a shorter run still gives back what it did not use).
     fn learn(
         &self,
         slow: &mut Slow,
@@ -179,7 +180,7 @@ impl DeviceLimiter {
             if slow.measured_backlogged.len() >= BACKLOGGED_KERNELS {
                 slow.measured_backlogged.clear();
             }
-            slow.measured_backlogged.insert(sample.key);
+            slow.measured_backlogged.insert(sample.key, 0);
         }
         let ns = Sample::kernel_ns(elapsed_ns, gap_ns);
         if duty::idle_sample_may_time_a_neighbour(
@@ -187,9 +188,24 @@ impl DeviceLimiter {
             sample.known,
             self.overlapped_lately(now_ns),
             self.neighbours_active.load(Ordering::Relaxed),
-            slow.measured_backlogged.contains(&sample.key),
+            slow.measured_backlogged.contains_key(&sample.key),
         ) {
             trace::count(Counter::SettledIdleDiscounted);
+            let set_aside = slow
+                .measured_backlogged
+                .get_mut(&sample.key)
+                .map(|since| {
+                    *since = since.saturating_add(1);
+                    *since
+                })
+                .unwrap_or(0);
+            if self
+                .estimates
+                .get(sample.key)
+                .is_some_and(|known| duty::set_aside_sample_teaches(ns, known.cost_ns, set_aside))
+            {
+                self.estimates.record(sample.key, ns);
+            }
             return ns.min(sample.projected_ns);
         }
         self.estimates.record(sample.key, ns);
