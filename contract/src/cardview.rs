@@ -50,9 +50,13 @@ pub const CHARGE_UNIT: u64 = 1000;
 /// The least factor a reader takes: a container may be charged half of what it
 /// measured (its events also timed other containers' time slices), never less.
 pub const CHARGE_MIN_PERMILLE: u64 = 500;
-/// The most factor a reader takes: twice what it measured (the card saw more of its
-/// work than it counted).
-pub const CHARGE_MAX_PERMILLE: u64 = 2000;
+/// The most factor a reader takes: 16 times what it measured (the card saw more of its
+/// work than it counted: launches that escape its limiter, by as much as the card shows,
+/// up to this).
+pub const CHARGE_MAX_PERMILLE: u64 = 16_000;
+/// The most `charge_permille` a view may say and still parse (a reader then takes
+/// [`CHARGE_MAX_PERMILLE`] of it).
+const MAX_WRITTEN_CHARGE_PERMILLE: u32 = 1_000_000;
 
 /// One container on the card, as the coordinator judged it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -329,7 +333,7 @@ fn parse_entry(line: &str) -> Option<ViewEntry> {
         charge_permille: charge
             .parse::<u32>()
             .ok()
-            .filter(|c| (1..=10_000).contains(c))?,
+            .filter(|c| (1..=MAX_WRITTEN_CHARGE_PERMILLE).contains(c))?,
     })
 }
 
@@ -520,7 +524,7 @@ mod tests {
             charge_permille(Some(&forged), Some("alloc-1"), now),
             CHARGE_MIN_PERMILLE
         );
-        forged.containers[0].charge_permille = 9000;
+        forged.containers[0].charge_permille = 90_000;
         assert_eq!(
             charge_permille(Some(&forged), Some("alloc-1"), now),
             CHARGE_MAX_PERMILLE

@@ -120,6 +120,58 @@ if "two" in parts:
             pair(name, kernel, pair_limits(name))
 
 
+def hostile(name):
+    """Judges the hostile tenant (side a, streams.c h1ms at hard 30) beside a busy hard 30
+    (side b, w1ms): before the host can act (1-3 s in) and from 5 s in."""
+    a, b = result(f"{name}-a"), result(f"{name}-b")
+    refs = {"a": bare_share_per_window("f1ms"), "b": bare_share_per_window("w1ms")}
+    if not (a and b and all(refs.values()) and a.get("windows") and b.get("windows")):
+        record(name, "FAIL", f"{why(name + '-a')}; {why(name + '-b')}; bare {why('bare-f1ms')}, {why('bare-w1ms')}")
+        return
+    samples = nvml_probe.samples(os.path.join(logs, name + ".nvml.jsonl"))
+    # NVML stamps samples on the wall clock, the windows count on the monotonic one:
+    # contention.sh read both at once.
+    try:
+        with open(os.path.join(logs, name + ".clocks")) as f:
+            wall, monotonic = (float(x) for x in f.read().split())
+    except (OSError, ValueError):
+        wall = monotonic = None
+
+    def span(label, since, until):
+        """Side LABEL's windows from SINCE to UNTIL s after a's start, in percent of the
+        same kind of kernel bare (a: 1 ms spin, b: 1 ms fixed work)."""
+        side = a if label == "a" else b
+        first = max(0, int(round((a["t0"] + since - side["t0"]) * 10)))
+        last = int(round((a["t0"] + until - side["t0"]) * 10))
+        return [w / refs[label] * 100.0 for w in side["windows"][first:last]]
+
+    def card(label, since, until):
+        """The mean of NVML's samples of side LABEL from SINCE to UNTIL s after a's start."""
+        pid = PIDS.get(f"{name}-{label}")
+        if pid not in samples or wall is None:
+            return None
+        at = lambda s: int((a["t0"] + s - monotonic + wall) * 1e6)
+        return nvml_probe.mean(samples, pid, at(since), at(until))
+
+    before_a, after_a = span("a", 1.0, 3.0), span("a", 5.0, 9.3)
+    after_b = span("b", 5.0, 9.3)
+    mean = lambda wins: statistics.mean(wins) if wins else None
+    worst = (max(statistics.mean(after_a[i:i + 10]) for i in range(0, len(after_a) - 9))
+             if len(after_a) >= 10 else None)
+    ok = worst is not None and worst <= 32 and mean(after_b) is not None and abs(mean(after_b) - 30) <= 5
+    record(name, "PASS" if ok else "FAIL",
+           f"hostile hard 30 (taught short, launched 10x long into an idle stream) beside a busy "
+           f"hard 30: before the host acts (1-3 s) {fmt(mean(before_a))}% of bare, card "
+           f"{fmt(card('a', 1.0, 3.0))}%; from 5 s {fmt(mean(after_a))}% (worst 1 s {fmt(worst)}), "
+           f"card {fmt(card('a', 5.0, 9.3))}%; neighbour {fmt(mean(after_b))}%, card "
+           f"{fmt(card('b', 5.0, 9.3))}% (target: worst 1 s <= 32 from 5 s; neighbour 30+-5)",
+           before=mean(before_a), after=mean(after_a), worst_1s=worst, neighbour=mean(after_b))
+
+
+if "hostile" in parts:
+    hostile("hostile30-hard30")
+
+
 def trace_text(name):
     """What the limiter's trace of run NAME says, for a figure ("" without one)."""
     counters = LOGS.trace(name)

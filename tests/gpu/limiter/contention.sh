@@ -4,7 +4,7 @@
 #
 # PREFIX holds bin/vgpu (a `vgpu install` folder). OUT receives logs/, contention.json
 # (every figure) and records.tsv ("NAME<TAB>JSON fragment" per check, for
-# tests/gpu/sections/limiter.sh). PARTS (default "pairs two decode") picks what runs:
+# tests/gpu/sections/limiter.sh). PARTS (default "pairs two decode hostile") picks what runs:
 #   pairs   a hard container at 30, 40 and 60 beside a soft 30 (default ceiling) and
 #           beside an unlimited container (a memory quota only), each on spin kernels
 #           (f1ms: they end on the GPU's clock, so a time-sliced one still ends on time)
@@ -20,14 +20,20 @@
 #           `vgpu run`, its coordinator running) and under --cores 99, five interleaved
 #           triples, driver API (streams.c): the limiter's own cost is --cores 99 against
 #           the quota-only run; and one traced run (what the limiter did per launch);
-#   cudart  the same through the runtime API (bench.cu, when nvcc is there).
-# Parts run in the order pairs, launch, decode, two. About 100 s for the default parts on
-# an H200, 60 s more for launch. SIMULATE=1 runs it
+#   cudart  the same through the runtime API (bench.cu, when nvcc is there);
+#   hostile a hard 30 that teaches its 100 us kernel from one-block launches and launches
+#           it ten waves long into an idle stream (streams.c h1ms), beside a busy hard 30
+#           (w1ms): charged a tenth of what it runs until the host's coordinator sees it
+#           on the card (twice what it counted, for 2 s: coordinator.rs `escape_ratio`);
+#           judged from 5 s in (spin kernels: the card's per-process figure beside):
+#           its worst 1 s within its limit + 2, the neighbour within 5 of 30.
+# Parts run in the order pairs, launch, decode, two, hostile. About 100 s for the default
+# parts on an H200, 60 s more for launch, 12 s for hostile. SIMULATE=1 runs it
 # over the simulated driver (no decode, no NVML, no cudart).
 set -u
 PREFIX=${1:?usage: contention.sh PREFIX OUT}
 OUT=${2:?usage: contention.sh PREFIX OUT}
-PARTS=${PARTS:-pairs two decode}
+PARTS=${PARTS:-pairs two decode hostile}
 PAIR_S=${PAIR_S:-3}
 HERE=$(cd "$(dirname "$0")" && pwd)
 VGPU="$PREFIX/bin/vgpu"
@@ -88,7 +94,7 @@ limit_s=$(( ${PAIR_S%.*} + 30 ))
 # shellcheck source=pin.sh
 . "$HERE/pin.sh"
 
-if has pairs || has two; then
+if has pairs || has two || has hostile; then
     echo "== bare baselines" >&2
     as bare-f1ms "$limit_s" bare "$STREAMS" run f1ms "$PAIR_S"
     as bare-w1ms "$limit_s" bare "$STREAMS" run w1ms "$PAIR_S"
@@ -153,5 +159,17 @@ if has two; then
         pair "two30-60-$K" "$K" 30 60
         pair "two50-50-$K" "$K" 50 50
     done
+fi
+if has hostile; then
+    echo "== a hostile tenant beside a busy hard 30" >&2
+    probe hostile30-hard30 11
+    # Both clocks at once: the windows count on the monotonic one, NVML stamps its
+    # samples on the wall clock.
+    python3 -c 'import time; print(time.time(), time.monotonic())' > "$LOGS/hostile30-hard30.clocks"
+    ( as hostile30-hard30-b 45 30 "$STREAMS" run w1ms 10 windows ) &
+    sleep 0.5
+    # Over the sim, a kernel's duration is per wave only with VGPU_SIM_WAVES=1.
+    ( VGPU_SIM_WAVES=1 as hostile30-hard30-a 45 30 "$STREAMS" run h1ms 9 windows ) &
+    wait
 fi
 timeout 60 python3 "$HERE/contention.py" "$OUT" "$PARTS"

@@ -21,6 +21,12 @@
 //                 thread, about 1 ms bare on an H200): unlike a spin kernel, one that is
 //                 time-sliced out takes longer, so its throughput is the SM time it got
 //       g<K>      one stream of graphs of 8 full-card kernels of K, captured once
+//       h1ms      a hostile tenant (issue 25): the 100 us spin kernel taught from
+//                 HOSTILE_TEACHING one-block launches queued back to back, then launched
+//                 HOSTILE_WAVES full-card waves at a time (1 ms) into its idle stream, each
+//                 waited for, so that every sample of it beside a busy neighbour starts
+//                 idle (and may time the neighbour's slice: the limiter sets such samples
+//                 aside, charging no more than the 100 us it was taught)
 // Every thread keeps at most DEPTH kernels queued on its stream, as a program that
 // reads its results would; a kernel counts when its "done" event is waited on.
 //
@@ -39,6 +45,8 @@
 #define MAX_STREAMS 8
 #define MAX_WINDOWS 600
 #define GRAPH_NODES 8
+#define HOSTILE_TEACHING 200
+#define HOSTILE_WAVES 10
 
 typedef int CUresult;
 typedef void *H;
@@ -177,6 +185,7 @@ static CUresult launch(const struct kernel *k, H stream) {
 
 struct lane {
     struct kernel kernel;
+    int one_at_a_time; /* each launch waited for before the next (h1ms) */
     H graph; /* an executable graph, or NULL for kernels */
     H stream;
     H ring[DEPTH];
@@ -195,6 +204,11 @@ static void *drive(void *arg) {
     struct lane *lane = arg;
     CHECK(cuCtxSetCurrent(context));
     long launched = 0;
+    while (lane->one_at_a_time && now_s() < lane->end) {
+        CHECK(launch(&lane->kernel, lane->stream));
+        CHECK(cuStreamSynchronize(lane->stream));
+        count(lane, now_s());
+    }
     while (now_s() < lane->end) {
         int slot = launched % DEPTH;
         if (launched >= DEPTH) {
@@ -220,10 +234,13 @@ static H stream_new(void) {
 
 /* Runs one case for `seconds` (after a 0.3 s warm-up); prints its JSON line. */
 static void run_case(const char *name, double seconds, int windows) {
-    int streams = 1, quarter = 0, graph = 0, fixed_work = 0;
+    int streams = 1, quarter = 0, graph = 0, fixed_work = 0, hostile = 0;
     char duration[16] = "";
     if (name[0] == 'q' && sscanf(name, "q%dx%15s", &streams, duration) == 2) {
         quarter = 1;
+    } else if (!strcmp(name, "h1ms")) {
+        hostile = 1;
+        snprintf(duration, sizeof duration, "100us");
     } else if (!strcmp(name, "w1ms")) {
         fixed_work = 1;
         snprintf(duration, sizeof duration, "1ms");
@@ -244,6 +261,13 @@ static void run_case(const char *name, double seconds, int windows) {
         memset(lane, 0, sizeof *lane);
         lane->kernel = kernel_of(duration, blocks, fixed_work);
         lane->stream = stream_new();
+        if (hostile) {
+            lane->kernel.blocks = 1;
+            for (int n = 0; n < HOSTILE_TEACHING; n++) CHECK(launch(&lane->kernel, lane->stream));
+            CHECK(cuStreamSynchronize(lane->stream));
+            lane->kernel.blocks = blocks * HOSTILE_WAVES;
+            lane->one_at_a_time = 1;
+        }
         for (int j = 0; j < DEPTH; j++) CHECK(cuEventCreate(&lane->ring[j], 2 /* DISABLE_TIMING */));
         if (graph) {
             H g;
@@ -266,7 +290,7 @@ static void run_case(const char *name, double seconds, int windows) {
         completed += lanes[i].completed;
     }
     /* Work per completion, as a share of the card's time: what fits at once. */
-    double work_s = lanes[0].kernel.ns * 1e-9 * (graph ? GRAPH_NODES : 1);
+    double work_s = lanes[0].kernel.ns * 1e-9 * (graph ? GRAPH_NODES : hostile ? HOSTILE_WAVES : 1);
     int fit = quarter ? (streams < 4 ? streams : 4) : 1;
     printf("{\"case\": \"%s\", \"per_s\": %.3f, \"completed\": %ld, \"seconds\": %.3f, "
            "\"work_s\": %.6f, \"fit\": %d, \"t0\": %.6f",

@@ -5,9 +5,10 @@
 # 70, one container's two processes, launch cost, the decode loop and training, the
 # single-stream, graph, two-container and soft-mode checks. tests/gpu/limiter/run_limiter.sh
 # does the runs and judges them; each of its checks becomes one record here. Then issue
-# 25's (about 100 s; budget 150): hard containers beside soft and unlimited neighbours on
+# 25's (about 115 s; budget 170): hard containers beside soft and unlimited neighbours on
 # spin and fixed-work kernels, two containers at 30/60 and 50/50, the decode loop beside a
-# busy neighbour (tests/gpu/limiter/contention.sh), records `limiter contention-*`.
+# busy neighbour, a hostile tenant beside a busy hard 30 (tests/gpu/limiter/contention.sh),
+# records `limiter contention-*`.
 section_limiter() {
     local dir="$OUT/limiter"
     if [ ! -x "$HERE/limiter/run_limiter.sh" ]; then
@@ -34,7 +35,7 @@ section_limiter() {
 section_limiter_contention() {
     local dir="$OUT/limiter-contention" name fragment
     mkdir -p "$dir"
-    timeout -k 10 150 "$HERE/limiter/contention.sh" "$PREFIX" "$dir" > "$dir/run.txt" 2>&1
+    timeout -k 10 170 "$HERE/limiter/contention.sh" "$PREFIX" "$dir" > "$dir/run.txt" 2>&1
     local rc=$?
     if [ ! -s "$dir/records.tsv" ]; then
         record limiter contention "\"verdict\": \"FAIL\", \"figure\": \"contention.sh rc=$rc, no records (see $dir/run.txt)\""
