@@ -2176,7 +2176,6 @@ fn drive(
     every: u64,
 ) -> Driven {
     let mut times = Vec::new();
-    let mut max_call = 0;
     let mut calls = Vec::new();
     let mut next = 0;
     let mut starved = Starved::new(t0, deadline);
@@ -2202,7 +2201,6 @@ fn drive(
             "cuLaunchKernel"
         );
         let after = monotonic_ns();
-        max_call = max_call.max(after - before);
         calls.push(after - before);
         if wait.is_some() {
             if (lane.launched + 1).is_multiple_of(every) {
@@ -2230,7 +2228,6 @@ fn drive(
     starved.observe(deadline);
     Driven {
         times,
-        max_call,
         starved,
         calls,
     }
@@ -2240,12 +2237,17 @@ fn drive(
 struct Driven {
     /// When each kernel ended on the card (or its launch returned, without an origin).
     times: Vec<u64>,
-    /// Its longest launch call, ns.
-    max_call: u64,
     /// What the host's scheduler took from it.
     starved: Starved,
     /// Each launch call's time, ns (those the limiter held included).
     calls: Vec<u64>,
+}
+
+impl Driven {
+    /// Its longest launch call, ns.
+    fn max_call(&self) -> u64 {
+        self.calls.iter().copied().max().unwrap_or(0)
+    }
 }
 
 /// The median of `calls` (0 if none): what a launch call takes the host when the
@@ -2682,10 +2684,8 @@ fn child_process_entry() {
                     None,
                     1,
                 );
-                (
-                    (driven.times, driven.max_call),
-                    capturer.join().expect("capturer"),
-                )
+                let max_call = driven.max_call();
+                ((driven.times, max_call), capturer.join().expect("capturer"))
             });
             let (driven, (began, ended, slowest)) = outcome;
             notes.push(format!(
@@ -2739,7 +2739,7 @@ fn child_process_entry() {
                     .map(|h| h.join().expect("thread"))
                     .collect()
             });
-            let max_call = results.iter().map(|d| d.max_call).max().unwrap_or(0);
+            let max_call = results.iter().map(Driven::max_call).max().unwrap_or(0);
             let starved: Vec<Starved> = results.iter().map(|d| d.starved.clone()).collect();
             let mut calls: Vec<u64> = results.iter().flat_map(|d| d.calls.clone()).collect();
             notes.push(format!("median_call_ns={}", median_call_ns(&mut calls)));

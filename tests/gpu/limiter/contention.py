@@ -47,6 +47,18 @@ def bare_share_per_window(kernel):
     return bare["per_s"] * bare["work_s"] * 100.0 / bare["fit"]
 
 
+def mean_of(wins):
+    """The mean of 100 ms windows' shares, or None without any."""
+    return statistics.mean(wins) if wins else None
+
+
+def worst_second(wins):
+    """The highest mean of ten consecutive windows (a second), or None with fewer."""
+    if len(wins) < 10:
+        return None
+    return max(statistics.mean(wins[i:i + 10]) for i in range(len(wins) - 9))
+
+
 def pair(name, kernel, limits):
     """Judges pair NAME; limits: (limit or None, hard?) of side a and b."""
     a, b = result(f"{name}-a"), result(f"{name}-b")
@@ -68,9 +80,7 @@ def pair(name, kernel, limits):
     texts = []
     for side, (limit, hard), label in ((a, limits[0], "a"), (b, limits[1], "b")):
         wins = span(side)
-        mean = statistics.mean(wins) if wins else None
-        worst = max((statistics.mean(wins[i:i + 10]) for i in range(0, max(1, len(wins) - 9))),
-                    default=None) if len(wins) >= 10 else None
+        mean, worst = mean_of(wins), worst_second(wins)
         pid = PIDS.get(f"{name}-{label}")
         card = None
         if pid in samples:
@@ -155,17 +165,15 @@ def hostile(name):
 
     before_a, after_a = span("a", 1.0, 3.0), span("a", 5.0, 9.3)
     after_b = span("b", 5.0, 9.3)
-    mean = lambda wins: statistics.mean(wins) if wins else None
-    worst = (max(statistics.mean(after_a[i:i + 10]) for i in range(0, len(after_a) - 9))
-             if len(after_a) >= 10 else None)
-    ok = worst is not None and worst <= 32 and mean(after_b) is not None and abs(mean(after_b) - 30) <= 5
+    worst, neighbour = worst_second(after_a), mean_of(after_b)
+    ok = worst is not None and worst <= 32 and neighbour is not None and abs(neighbour - 30) <= 5
     record(name, "PASS" if ok else "FAIL",
            f"hostile hard 30 (taught short, launched 10x long into an idle stream) beside a busy "
-           f"hard 30: before the host acts (1-3 s) {fmt(mean(before_a))}% of bare, card "
-           f"{fmt(card('a', 1.0, 3.0))}%; from 5 s {fmt(mean(after_a))}% (worst 1 s {fmt(worst)}), "
-           f"card {fmt(card('a', 5.0, 9.3))}%; neighbour {fmt(mean(after_b))}%, card "
+           f"hard 30: before the host acts (1-3 s) {fmt(mean_of(before_a))}% of bare, card "
+           f"{fmt(card('a', 1.0, 3.0))}%; from 5 s {fmt(mean_of(after_a))}% (worst 1 s {fmt(worst)}), "
+           f"card {fmt(card('a', 5.0, 9.3))}%; neighbour {fmt(neighbour)}%, card "
            f"{fmt(card('b', 5.0, 9.3))}% (target: worst 1 s <= 32 from 5 s; neighbour 30+-5)",
-           before=mean(before_a), after=mean(after_a), worst_1s=worst, neighbour=mean(after_b))
+           before=mean_of(before_a), after=mean_of(after_a), worst_1s=worst, neighbour=neighbour)
 
 
 if "hostile" in parts:
