@@ -557,7 +557,7 @@ impl Coordinator {
                             since_ns: streak.map_or(now_ns, |streak| streak.since_ns),
                             seen_ns: now_ns,
                             cleared_since_ns: None,
-                            peak: streak.map_or((ratio, now_ns), |streak| streak.peak_with(ratio, now_ns)),
+                            peak: streak.map_or(ratio, |streak| streak.peak.max(ratio)),
                         }),
                         // The card's sparse samples list a busy process in none of
                         // them now and then: the streak stands until a figure says
@@ -591,7 +591,7 @@ impl Coordinator {
                     let target = match escape {
                         Some(escape) if escape.believed(now_ns) => {
                             match ratio {
-                                Some(ratio) => Some((clamp_factor(escape.peak.0), ratio >= FAR_BEYOND)),
+                                Some(ratio) => Some((clamp_factor(escape.peak), ratio >= FAR_BEYOND)),
                                 // Unseen or within its count this tick: the factor stays.
                                 None => Some((self.factors.get(&key).copied().unwrap_or(1.0), false)),
                             }
@@ -1076,24 +1076,16 @@ struct Escape {
     /// Since when the card has shown a believed escape no more (its end, once that has
     /// lasted [`ESCAPE_PERSIST_NS`]).
     cleared_since_ns: Option<u64>,
-    /// The highest ratio the card showed lately, and when: what the container is charged.
-    /// A lower one replaces it only once the peak is [`ESCAPE_PERSIST_NS`] old, so that a
-    /// sample that reads the container low does not free it (H100, run 15: ratios of 4-6
-    /// between ones of 11-16, and the tenant ran at 95 % of the card's work for a moment).
-    peak: (f64, u64),
+    /// The highest ratio the card showed in the streak: what the container is charged.
+    /// Held near its share, the container counts a fraction of its work and the card's
+    /// samples read it anywhere from a third of it up (H100, run 15: ratios of 4-6
+    /// between ones of 11-16); a factor that followed them down let it run the card to
+    /// 95 % for a moment. The streak ends, and the peak with it, once the card has shown
+    /// the container within its count for [`ESCAPE_PERSIST_NS`].
+    peak: f64,
 }
 
 impl Escape {
-    /// The peak after a tick that showed `ratio` at `now_ns`.
-    fn peak_with(&self, ratio: f64, now_ns: u64) -> (f64, u64) {
-        let (peak, at_ns) = self.peak;
-        if ratio >= peak || now_ns.saturating_sub(at_ns) >= ESCAPE_PERSIST_NS {
-            (ratio, now_ns)
-        } else {
-            (peak, at_ns)
-        }
-    }
-
     /// Whether the card has shown it long enough to charge for it.
     fn believed(&self, now_ns: u64) -> bool {
         now_ns.saturating_sub(self.since_ns) >= ESCAPE_PERSIST_NS
@@ -1866,7 +1858,7 @@ mod tests {
     /// went back to 1, it ran free at 80 % of the card until the escape was believed
     /// again two seconds later, and over the part it took 45 % against its 30. With the
     /// escape kept, a factor that followed each tick's ratio still fell to 4-5 on the
-    /// low readings (worst second 47 %): it keeps the peak of the last two seconds.
+    /// low readings (worst second 47 %): it keeps the streak's peak.
     #[test]
     fn a_believed_escape_holds_through_the_cards_swings_and_ends_when_the_card_says_so() {
         // Escaping (6 % counted, 70 % on the card) for 4 s; then held near its share, at
