@@ -568,7 +568,14 @@ dp_plugin_restart() {
     local old
     old=$(kubectl -n "$NS" get pods -l app=vgpu-plugin -o jsonpath='{.items[0].metadata.name}')
     kubectl -n "$NS" delete pod "$old" --wait --timeout 60s || return 1
-    kubectl -n "$NS" rollout status daemonset/vgpu-plugin --timeout 180s || return 1
+    kubectl -n "$NS" rollout status daemonset/vgpu-plugin --timeout 180s || {
+        # Why the new pod is not available (a local CI run of f2e5f2a timed out here once,
+        # with nothing to say why): its phase, its events, and what it printed.
+        kubectl -n "$NS" get pods -l app=vgpu-plugin -o wide
+        kubectl -n "$NS" describe pods -l app=vgpu-plugin | tail -18
+        kubectl -n "$NS" logs -l app=vgpu-plugin --all-containers --tail 12
+        return 1
+    }
     nothing_lost after-plugin
 }
 
