@@ -549,6 +549,11 @@ impl Trace {
 
 /// `run_one` with the limiter's trace on: the report and what the limiter says it did.
 fn run_traced(name: &str, quota: &str, role: Role) -> (Report, Trace) {
+    run_traced_with(name, quota, role, &[])
+}
+
+/// `run_traced` with `env` set for the child.
+fn run_traced_with(name: &str, quota: &str, role: Role, env: &[(&str, &str)]) -> (Report, Trace) {
     let _serial = serial();
     let machine = Machine::new(name);
     let config = machine.container("a", quota);
@@ -556,6 +561,7 @@ fn run_traced(name: &str, quota: &str, role: Role) -> (Report, Trace) {
     let child = machine
         .command(&config, role)
         .env("VGPU_LIMITER_TRACE", &trace)
+        .envs(env.iter().copied())
         .spawn()
         .expect("spawn child");
     let mut report = finish(child);
@@ -692,6 +698,52 @@ fn a_refused_launch_costs_the_container_nothing() {
 /// 1 run of 3 with the other core busy: BENCHMARKS run 14). Ignored until a fix holds
 /// both; judged from 52 (the set-up behind the test's marks and the samples is charged
 /// too) and never above the limit + 2.
+/// A loop of short kernels below its limit runs on its thread's tabs (`limiter::tab`):
+/// most launches then touch no line the container shares, and settling each tab still
+/// charges the bucket, and tells the region, what the per-launch path would have. The
+/// same loop with `VGPU_LIMITER_TABS=off` is the judge (the sim's idle samples time a
+/// 20 us kernel short, 15-16 us, on either path). A tab settled with the wrong sign, or
+/// never, shows as a charge far from that; a tab that never opens, as launches off it.
+#[test]
+fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
+    // Below, not far below: the bucket lends each tab its credit, and a tab that kept
+    // it would hold the loop.
+    let quota = "    core_limit: 90\n";
+    let role = || Role::plain("k_20us", 1000);
+    let (tabs, tabs_trace) = run_traced("tabs-on", quota, role());
+    let (per_launch, per_launch_trace) =
+        run_traced_with("tabs-off", quota, role(), &[("VGPU_LIMITER_TABS", "off")]);
+    let (launches, tabbed) = (tabs_trace.get("launches"), tabs_trace.get("tabbed"));
+    assert!(
+        tabbed * 10 >= launches * 8,
+        "{tabbed} of {launches} launches on tabs: {tabs_trace:?}"
+    );
+    assert_eq!(per_launch_trace.get("tabbed"), 0, "{per_launch_trace:?}");
+    assert!(
+        tabs.mean(0, usize::MAX) >= per_launch.mean(0, usize::MAX) - 5.0,
+        "held by its tabs:\n{tabs:?} {tabs_trace:?}\n{per_launch:?} {per_launch_trace:?}"
+    );
+    // Charged, and recorded in the region, per completed launch: within 10 %.
+    let per = |ns: u64, report: &Report| ns as f64 / report.launches.max(1) as f64;
+    for (what, with, without) in [
+        (
+            "charged",
+            per(tabs_trace.get("charged_scaled_ns"), &tabs),
+            per(per_launch_trace.get("charged_scaled_ns"), &per_launch),
+        ),
+        (
+            "recorded",
+            per(tabs.region_busy_ns, &tabs),
+            per(per_launch.region_busy_ns, &per_launch),
+        ),
+    ] {
+        assert!(
+            (with / without - 1.0).abs() <= 0.10,
+            "{what}: {with:.0} ns a launch on tabs, {without:.0} without:\n{tabs:?} {tabs_trace:?}\n{per_launch:?} {per_launch_trace:?}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "issue 25: open, 40.5 % of the card at a hard 60 (see the comment)"]
 fn short_kernels_back_to_back_are_charged_what_the_card_ran_not_what_samples_timed() {

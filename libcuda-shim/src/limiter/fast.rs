@@ -11,6 +11,13 @@
 //! fetch-add). Anything else (a sample due, a hold, the publish tick, an unknown kernel)
 //! goes to `super::slow`.
 //!
+//! Before all that, a launch the calling thread's tab covers (`super::tab`: the same
+//! short kernel on the same stream, on busy time borrowed from the bucket) reads one
+//! line of the tab and runs; the device, the capture check and the clock come after the
+//! real launch, and it is projected on the tab alone: no read-modify-write and no line
+//! of the tables or the region. A launch the tab does not cover settles it first; a
+//! fast-path launch that finds the bucket with credit to lend opens the next.
+//!
 //! What it costs, measured over the simulated driver (not a GPU figure): about 475
 //! instructions in the shim per limited launch (`tests/bench/launch_cost.sh` with
 //! callgrind; the hook's forwarding is 75 of them), five read-modify-writes and one clock
@@ -32,12 +39,12 @@ use vgpu_contract::cardview;
 use vgpu_contract::limiter_words::slot as slot_words;
 
 use super::lifecycle::{LIMITS_NONE, SWITCHES};
-use super::tables;
 use super::trace::{self, Counter};
 use super::{
     ACTIVE_STAMP_NS, BUSY_BITS, CONCURRENT_LATELY_NS, DeviceLimiter, LEGACY_KEY, REFILL_NS, Target,
     Work, current_limited, duty,
 };
+use super::{tab, tables};
 use crate::cuda::*;
 use crate::hooks::capture;
 use crate::state::real;
@@ -71,6 +78,11 @@ pub(super) fn limited_launch(
     launch: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let started = trace::ticks();
+    let (key, stream) = (work.key(), target.key());
+    let launch = match tab::run(key, target, stream, started, launch) {
+        Ok(result) => return result,
+        Err(launch) => launch,
+    };
     let Some(device) = current_limited() else {
         trace::count(Counter::NoDevice);
         return launch();
@@ -86,7 +98,7 @@ pub(super) fn limited_launch(
     let sample_open = now >= device.next_sample_ns.load(Ordering::Relaxed);
     let estimate = device
         .estimates
-        .count_launch(work.key(), sample_open, duty::sample_every(now));
+        .count_launch(key, sample_open, duty::sample_every(now));
     if let Some((known, false)) = estimate
         && (device.shared.hold(now, rate, || device.refill_ns(now)) == 0
             || device.rides_along(target, known.cost_ns, now, rate))
@@ -97,7 +109,8 @@ pub(super) fn limited_launch(
         let launched = trace::ticks();
         if result == CUDA_SUCCESS {
             trace::count(Counter::FastPath);
-            device.charge(target, known.cost_ns, now, rate);
+            let charged = device.charge(target, known.cost_ns, now, rate);
+            device.open_tab(key, stream, known.cost_ns, charged, now, rate);
             trace::own(started, launching, launched);
         }
         return result;
@@ -214,7 +227,7 @@ impl DeviceLimiter {
 
     /// A launch at `now_ns` overlapped other queued work of this process: held launches
     /// wait for the refill for `CONCURRENT_LATELY_NS` (written at most twice a second).
-    fn note_concurrent(&self, now_ns: u64) {
+    pub(super) fn note_concurrent(&self, now_ns: u64) {
         let until = &self.concurrent_until_ns;
         if now_ns.saturating_add(CONCURRENT_LATELY_NS / 2) > until.load(Ordering::Relaxed) {
             until.store(

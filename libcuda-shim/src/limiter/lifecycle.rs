@@ -122,6 +122,7 @@ pub(super) fn build_devices(
 ) -> Vec<DeviceLimiter> {
     let now = monotonic_ns();
     let slot = enforcer.slot();
+    let tabs = super::tab::allowed();
     devices
         .iter()
         .filter_map(|visible| {
@@ -146,6 +147,8 @@ pub(super) fn build_devices(
                     limit
                 },
                 soft,
+                tabs,
+                index: 0,
                 region: &enforcer.region,
                 shared,
                 slot,
@@ -174,6 +177,8 @@ pub(super) fn build_devices(
             device.publish(now);
             Some(device)
         })
+        .enumerate()
+        .map(|(index, device)| DeviceLimiter { index, ..device })
         .collect()
 }
 

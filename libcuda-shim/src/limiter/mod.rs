@@ -26,7 +26,8 @@
 //! `PUBLISH_NS`: activity for the host's coordinator, and in soft mode the card's view)
 //! take the slow path.
 //!
-//! One job per file: `fast` (the unsampled launch), `fast_clock` (its clock), `slow`
+//! One job per file: `fast` (the unsampled launch), `tab` (a thread's run of launches on
+//! borrowed credit), `fast_clock` (the fast path's clock), `slow`
 //! (waits and sampled launches), `settle` (what a finished sample teaches), `publish`
 //! (the tick that talks to the host), `lifecycle` (build, fork, exit), `clock` (event
 //! times on the host clock), `sample` (the events of one measurement), `shared` (the
@@ -50,6 +51,7 @@ mod sample;
 mod settle;
 mod shared;
 mod slow;
+mod tab;
 mod tables;
 mod trace;
 
@@ -243,6 +245,8 @@ struct DeviceLimiter {
     limit_ppm: u64,
     ceiling: u32,
     soft: bool,
+    /// Whether fast-path launches may open a tab (`tab`; `VGPU_LIMITER_TABS=off`).
+    tabs: bool,
     // Written by launches.
     /// Busy time and launches not yet added to the region (one atomic per launch on
     /// this process's own memory; the region gets them at each publish tick): busy ns
@@ -261,7 +265,9 @@ struct DeviceLimiter {
     concurrent_until_ns: AtomicU64,
     /// When this process's activity word in the region is written next.
     next_stamp_ns: AtomicU64,
-    // The rest: sampled launches, settling, the publish tick.
+    // The rest: sampled launches, settling, the publish tick, tabs.
+    /// Where it is in `Limiter::devices` (a tab finds it again by it).
+    index: usize,
     /// This process's limiter words in its region slot.
     mine: Option<&'static [AtomicU64; SLOT_LIMITER_WORDS]>,
     visible: Visible,
@@ -337,6 +343,7 @@ mod tests {
             offset_of!(DeviceLimiter, limit_ppm),
             offset_of!(DeviceLimiter, ceiling),
             offset_of!(DeviceLimiter, soft),
+            offset_of!(DeviceLimiter, tabs),
         ];
         assert!(read.iter().all(|&offset| offset < 64), "{read:?}");
         let written = [

@@ -138,6 +138,17 @@ impl<'a> Shared<'a> {
         );
     }
 
+    /// Spends `cost_ns` of GPU time ahead, if the bucket holds it without going into
+    /// debt (a thread's tab, `super::tab`); whether it did.
+    pub fn borrow(&self, cost_ns: i64, now_ns: u64, rate_ppm: u64) -> bool {
+        self.words[PAID_UNTIL_NS]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                let paid = duty::charge(current, now_ns, cost_ns, rate_ppm, self.window_ns);
+                (duty::delay(paid, now_ns) == 0).then_some(paid)
+            })
+            .is_ok()
+    }
+
     /// The latest projected end of the container's queued work (a garbage word reads 0).
     pub fn horizon(&self, now_ns: u64) -> u64 {
         let horizon = self.words[HORIZON_NS].load(Ordering::Acquire);
@@ -228,6 +239,32 @@ mod tests {
         shared.set_rate(600_000, now, rate);
         assert_eq!(shared.rate_ppm(rate), 600_000);
         assert!(shared.delay(now, 600_000).abs_diff(5 * MS) < 10);
+    }
+
+    #[test]
+    fn a_tab_borrows_only_what_the_bucket_holds_and_gets_back_what_it_did_not_use() {
+        let now = 100 * duty::SECOND_NS;
+        let words = words_full_at(now, 10 * MS);
+        let shared = Shared::new(&words, 10 * MS);
+        let rate = duty::percent_ppm(50);
+        // A full bucket at 50 % of a 10 ms window holds 5 ms of GPU time.
+        assert!(shared.borrow(4 * MS as i64, now, rate));
+        assert!(!shared.borrow(2 * MS as i64, now, rate), "1 ms left");
+        assert_eq!(
+            shared.delay(now, rate),
+            0,
+            "a refused borrow spends nothing"
+        );
+        assert!(shared.borrow(MS as i64, now, rate));
+        assert_eq!(
+            shared.delay(now, rate),
+            0,
+            "borrowed to the last ns, not beyond"
+        );
+        // Giving back 3 ms unused leaves 3 ms to borrow again.
+        shared.charge(-3 * MS as i64, now, rate);
+        assert!(shared.borrow(3 * MS as i64, now, rate));
+        assert!(!shared.borrow(1_000, now, rate), "empty again");
     }
 
     #[test]

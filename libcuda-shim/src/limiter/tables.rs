@@ -145,6 +145,27 @@ impl Estimates {
         Some((counted, won))
     }
 
+    /// Adds `launches` made on a thread's tab (`super::tab`) to `key`'s launches since
+    /// its last sample (saturating), as if each had been counted.
+    pub fn count_launches(&self, key: u64, launches: u64) {
+        let Some(index) = self.find(key) else {
+            return;
+        };
+        let _ = self.slots[index]
+            .value
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |word| {
+                let estimate = Estimate::unpack(word);
+                let since = (estimate.since_sample as u64).saturating_add(launches);
+                Some(
+                    Estimate {
+                        since_sample: since.min(u32::MAX as u64) as u32,
+                        ..estimate
+                    }
+                    .pack(),
+                )
+            });
+    }
+
     /// Up to `most` learned estimates, those with the most samples first (for the trace:
     /// what the limiter believes its busiest kernels cost).
     pub fn best_known(&self, most: usize) -> Vec<Estimate> {
@@ -396,6 +417,26 @@ mod tests {
                 assert_eq!(probes(key, len).count(), PROBE.min(len));
             }
         }
+    }
+
+    #[test]
+    fn launches_made_on_a_tab_count_towards_the_next_sample() {
+        let table = Estimates::new(64);
+        table.count_launches(7, 5);
+        assert_eq!(table.get(7), None, "an unknown key stays unknown");
+        table.record(7, 4_000);
+        table.count_launches(7, 5);
+        // Five counted already: the sixth launch is due when samples come every 6.
+        let (counted, due) = table.count_launch(7, true, 6).expect("known");
+        assert_eq!((counted.since_sample, due), (0, true));
+        // Far more than the counter holds saturates; it does not wrap to a fresh count.
+        table.count_launches(7, 1 << 40);
+        assert_eq!(table.get(7).map(|e| e.since_sample), Some(0xffff));
+        assert_eq!(
+            table.get(7).map(|e| e.cost_ns),
+            Some(4_000),
+            "the cost is kept"
+        );
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub enum Counter {
     Launches,
     /// Of those, how many took the fast path (no lock, no driver call).
     FastPath,
+    /// Of the fast path's, how many went on a thread's tab (`super::tab`), and how many
+    /// tabs were opened.
+    Tabbed,
+    TabsOpened,
     /// Launches that found no limiter for their thread's device (no current context, or
     /// a device without a limit).
     NoDevice,
@@ -88,6 +92,8 @@ pub enum Counter {
 const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "launches",
     "fast_path",
+    "tabbed",
+    "tabs_opened",
     "no_device",
     "captured",
     "unknown",

@@ -1,0 +1,425 @@
+//! The thread's tab: a run of launches of one known short kernel on one stream, made on
+//! busy time the thread borrowed from the container's bucket when the tab opened, and
+//! settled in one go when it closes. A launch the tab covers touches only the thread's
+//! own tab besides the switches: no atomic read-modify-write, no line of the region,
+//! the cost table or the stream table, which the real driver's launch evicts between
+//! two launches (`super::fast`: those lines were what a limited launch cost on a card).
+//!
+//! A tab opens after a fast-path launch of a kernel whose cost is known and below
+//! `MOST_COST_NS`, in a process whose kernels have not overlapped lately (one stream at
+//! a time: its launches' union is its stream's projection), when the bucket can lend
+//! `CREDIT_NS` of busy time (scaled by the host's factor) without going into debt. It
+//! covers the thread's next launches of that kernel on that stream until the earliest
+//! of `TAB_NS` after it opened, the device's next sample and its next publish tick, or
+//! until the busy time its launches add would pass the credit. Each covered launch is
+//! projected on the tab's own copy of its stream (`ran`), as the stream table would
+//! have placed it.
+//!
+//! Settling (the thread's next launch the tab does not cover) does what the covered
+//! launches skipped: the stream's projection and the container's union move to the
+//! tab's end, the bucket gets back the credit the launches did not use, the process's
+//! busy time and launch count and the kernel's launches since its last sample are
+//! added. Work another thread or process queued meanwhile beyond what the tab opened on
+//! is counted once, as the union would have, and marks the process as overlapping (its
+//! next launches take no tab).
+//!
+//! What it costs: a tab that is never settled (its thread stops launching, or exits)
+//! leaves its whole credit charged, at most `CREDIT_NS` a thread, never less than its
+//! launches used; its stream's projection lags until that stream's next launch. A tab
+//! opened in a parent is dropped, not settled, in a forked child (its limiter is
+//! another). `VGPU_LIMITER_TABS=off` keeps every launch on the per-launch fast path.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
+use super::fast::is_capturing;
+use super::lifecycle::{SWITCHES, built};
+use super::trace::{self, Counter};
+use super::{BUSY_BITS, DeviceLimiter, LEGACY_KEY, Target, current_limited, duty};
+use crate::cuda::*;
+use crate::hooks::capture;
+
+/// The env var that turns tabs off (`off`).
+pub const TABS_ENV: &str = "VGPU_LIMITER_TABS";
+
+/// The longest a tab stays open, wall time.
+const TAB_NS: u64 = 1_000_000;
+/// The busy time a tab borrows from the bucket when it opens (before the host's factor).
+const CREDIT_NS: u64 = 500_000;
+/// Kernels estimated at this or more take no tab: their launches are few, and what the
+/// per-launch path costs is small beside them.
+const MOST_COST_NS: u64 = 50_000;
+
+/// One thread's tab. `device == 0`: closed. `repr(C)`, what a covered launch reads and
+/// writes on its first line (`a_covered_launch_touches_one_line_of_its_tab`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, align(64))]
+struct Tab {
+    /// The address of its `DeviceLimiter` (compared, never dereferenced).
+    device: usize,
+    kernel: u64,
+    stream: u64,
+    cost_ns: u32,
+    launches: u32,
+    /// The first launch at or after this time closes the tab.
+    until_ns: u64,
+    /// The stream's projected end, as the tab's launches left it.
+    busy_until_ns: u64,
+    /// The union's end after the launch that opened the tab (on the legacy stream,
+    /// which waits for all the context's work, launches start no earlier).
+    horizon_ns: u64,
+    /// Busy time the tab's launches added (before the host's factor).
+    added_ns: u64,
+    // Read when the tab settles: where to find its limiter again (its generation and
+    // the device's index), and the host's factor when it opened, per mille.
+    generation: u64,
+    index: usize,
+    permille: u64,
+}
+
+impl Tab {
+    const CLOSED: Tab = Tab {
+        device: 0,
+        kernel: 0,
+        stream: 0,
+        cost_ns: 0,
+        launches: 0,
+        until_ns: 0,
+        busy_until_ns: 0,
+        horizon_ns: 0,
+        added_ns: 0,
+        generation: 0,
+        index: 0,
+        permille: 0,
+    };
+
+    fn is_open(&self) -> bool {
+        self.device != 0
+    }
+
+    /// Whether a launch of `kernel` on `stream` goes on this tab: its kernel, its stream,
+    /// and credit left for the most it can add. (Time and device are checked after the
+    /// launch, see [`run`].)
+    #[inline]
+    fn covers(&self, kernel: u64, stream: u64) -> bool {
+        self.kernel == kernel
+            && self.stream == stream
+            && self.added_ns + self.cost_ns as u64 <= CREDIT_NS
+    }
+
+    /// Projects one covered launch at `now_ns` on the tab's stream and adds what it adds
+    /// to the union.
+    #[inline]
+    fn ran(&mut self, now_ns: u64) {
+        let floor = if self.stream == LEGACY_KEY {
+            self.horizon_ns
+        } else {
+            0
+        };
+        let start = now_ns.max(self.busy_until_ns).max(floor);
+        let end = start.saturating_add(self.cost_ns as u64);
+        let horizon = self.horizon_ns.max(self.busy_until_ns);
+        self.added_ns += duty::union_increment(start, end, horizon);
+        self.busy_until_ns = end;
+        self.launches += 1;
+    }
+
+    /// What the launches used, given the union's end `before` settling wrote the tab's:
+    /// beyond the horizon the tab opened on, another thread or process queued work
+    /// meanwhile, and the part of the tab's span it covers is counted once.
+    fn used_ns(&self, before: u64) -> u64 {
+        let overlap = before
+            .min(self.busy_until_ns)
+            .saturating_sub(self.horizon_ns)
+            .min(self.added_ns);
+        self.added_ns - overlap
+    }
+}
+
+thread_local! {
+    static TAB: Cell<Tab> = const { Cell::new(Tab::CLOSED) };
+}
+
+/// Runs `launch` on the calling thread's tab if the tab covers a launch of `kernel` on
+/// `stream` (`Ok`: the real launch's result); otherwise settles the tab, if one is
+/// open, and gives `launch` back for the per-launch path.
+///
+/// Before the real launch only the tab's line is read. Everything else a launch must
+/// know is asked after it, where the CPU overlaps it with the driver's work (the
+/// limiter's work moved after the launch cost 1.008-1.024x on an H100, before it
+/// 1.05-1.10x: BENCHMARKS run 14): the clock (the launch that finds the tab's time up
+/// is its last), the device (a launch that went to another limiter, as in a forked
+/// child before its own is built, closes the tab uncharged), and a capture (a launch
+/// recorded into a graph ran nothing and is not charged).
+#[inline]
+pub(super) fn run<F: FnOnce() -> CUresult>(
+    kernel: u64,
+    target: Target,
+    stream: u64,
+    started: u64,
+    launch: F,
+) -> Result<CUresult, F> {
+    TAB.with(|cell| {
+        let mut tab = cell.get();
+        if !tab.is_open() {
+            return Err(launch);
+        }
+        if !tab.covers(kernel, stream) {
+            cell.set(Tab::CLOSED);
+            settle(&tab, SWITCHES.clock.now_ns());
+            return Err(launch);
+        }
+        let launching = trace::ticks();
+        let result = launch();
+        let launched = trace::ticks();
+        if result != CUDA_SUCCESS {
+            return Ok(result);
+        }
+        let now_ns = SWITCHES.clock.now_ns();
+        if current_limited().is_none_or(|device| address(device) != tab.device) {
+            cell.set(Tab::CLOSED);
+            settle(&tab, now_ns);
+            trace::count(Counter::NoDevice);
+            return Ok(result);
+        }
+        if capture::possible() && is_capturing(target) {
+            trace::count(Counter::Captured);
+            return Ok(result);
+        }
+        tab.ran(now_ns);
+        if now_ns >= tab.until_ns {
+            cell.set(Tab::CLOSED);
+            settle(&tab, now_ns);
+        } else {
+            cell.set(tab);
+        }
+        trace::count(Counter::Launches);
+        trace::count(Counter::FastPath);
+        trace::count(Counter::Tabbed);
+        trace::own(started, launching, launched);
+        Ok(result)
+    })
+}
+
+fn address(device: &DeviceLimiter) -> usize {
+    device as *const DeviceLimiter as usize
+}
+
+/// Settles `tab` into its device's limiter, if that is still this process's (a tab
+/// inherited through fork is dropped).
+fn settle(tab: &Tab, now_ns: u64) {
+    let Some(device) = built()
+        .filter(|limiter| limiter.generation == tab.generation)
+        .and_then(|limiter| limiter.devices.get(tab.index))
+        .filter(|device| address(device) == tab.device)
+    else {
+        return;
+    };
+    device.settle_tab(tab, now_ns);
+}
+
+impl DeviceLimiter {
+    /// Opens a tab on the calling thread after a fast-path launch of `kernel` (`cost_ns`)
+    /// on `stream` at `now_ns`, charged as `charged` says (`DeviceLimiter::charge`: its
+    /// projected start, and the union's end before it); see the module's header for when.
+    pub(super) fn open_tab(
+        &self,
+        kernel: u64,
+        stream: u64,
+        cost_ns: u64,
+        (start_ns, horizon_before): (u64, u64),
+        now_ns: u64,
+        rate: u64,
+    ) {
+        if !self.tabs || cost_ns == 0 || cost_ns >= MOST_COST_NS || self.overlapped_lately(now_ns) {
+            return;
+        }
+        let until_ns = now_ns
+            .saturating_add(TAB_NS)
+            .min(self.next_sample_ns.load(Ordering::Relaxed))
+            .min(self.next_publish_ns.load(Ordering::Relaxed));
+        if until_ns <= now_ns {
+            return;
+        }
+        let Some(limiter) = built() else {
+            return;
+        };
+        let permille = self.charge_permille.load(Ordering::Relaxed);
+        if !self
+            .shared
+            .borrow(scaled(CREDIT_NS, permille), now_ns, rate)
+        {
+            return;
+        }
+        let busy_until_ns = start_ns.saturating_add(cost_ns);
+        let horizon_ns = horizon_before.max(busy_until_ns);
+        TAB.with(|cell| {
+            cell.set(Tab {
+                device: address(self),
+                kernel,
+                stream,
+                cost_ns: cost_ns as u32,
+                launches: 0,
+                until_ns,
+                busy_until_ns,
+                horizon_ns,
+                added_ns: 0,
+                generation: limiter.generation,
+                index: self.index,
+                permille,
+            })
+        });
+        trace::count(Counter::TabsOpened);
+    }
+
+    /// Does what `tab`'s launches skipped (see the module's header).
+    fn settle_tab(&self, tab: &Tab, now_ns: u64) {
+        self.streams.extend(tab.stream, tab.busy_until_ns);
+        let (_, before) = self
+            .shared
+            .extend(tab.busy_until_ns, tab.busy_until_ns, now_ns);
+        if before > tab.horizon_ns {
+            self.note_concurrent(now_ns);
+        }
+        let used = tab.used_ns(before);
+        let used_scaled = scaled(used, tab.permille);
+        self.shared.charge(
+            used_scaled - scaled(CREDIT_NS, tab.permille),
+            now_ns,
+            self.rate(),
+        );
+        trace::add(Counter::ChargedNs, used);
+        trace::add(Counter::ChargedScaledNs, used_scaled as u64);
+        if tab.launches > 0 {
+            self.unpublished.fetch_add(
+                used.min((1 << BUSY_BITS) - 1) + ((tab.launches as u64) << BUSY_BITS),
+                Ordering::Relaxed,
+            );
+            self.estimates
+                .count_launches(tab.kernel, tab.launches as u64);
+            self.stamp_active(now_ns);
+        }
+    }
+}
+
+/// `ns` of busy time as the bucket is charged it under the factor `permille`.
+fn scaled(ns: u64, permille: u64) -> i64 {
+    duty::scale_permille(ns.min(i64::MAX as u64) as i64, permille)
+}
+
+/// Whether `VGPU_LIMITER_TABS` leaves tabs on (anything but `off`).
+pub(super) fn allowed() -> bool {
+    std::env::var_os(TABS_ENV).is_none_or(|value| value != "off")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: u64 = 1_000;
+
+    fn open_at(now: u64, cost: u64) -> Tab {
+        Tab {
+            device: 0x1000,
+            generation: 1,
+            kernel: 7,
+            stream: 9,
+            cost_ns: cost as u32,
+            until_ns: now + TAB_NS,
+            horizon_ns: now + cost,
+            busy_until_ns: now + cost,
+            permille: 1000,
+            ..Tab::CLOSED
+        }
+    }
+
+    #[test]
+    fn a_covered_launch_touches_one_line_of_its_tab() {
+        use std::mem::offset_of;
+        assert_eq!(align_of::<Tab>(), 64);
+        let covered = [
+            offset_of!(Tab, device),
+            offset_of!(Tab, kernel),
+            offset_of!(Tab, stream),
+            offset_of!(Tab, cost_ns),
+            offset_of!(Tab, launches),
+            offset_of!(Tab, until_ns),
+            offset_of!(Tab, busy_until_ns),
+            offset_of!(Tab, horizon_ns),
+            offset_of!(Tab, added_ns),
+        ];
+        assert!(covered.iter().all(|&offset| offset < 64), "{covered:?}");
+    }
+
+    #[test]
+    fn a_tab_covers_only_its_kernel_and_stream() {
+        let now = 1_000_000 * US;
+        let tab = open_at(now, 4 * US);
+        assert!(tab.covers(7, 9));
+        assert!(!tab.covers(8, 9), "another kernel");
+        assert!(!tab.covers(7, 10), "another stream");
+        assert!(tab.is_open() && !Tab::CLOSED.is_open());
+    }
+
+    #[test]
+    fn launches_behind_each_other_add_their_cost_and_an_idle_gap_adds_nothing() {
+        let now = 1_000_000 * US;
+        let mut tab = open_at(now, 4 * US);
+        // Launched every 2 us, each 4 us long: they queue, and each adds its 4 us.
+        for step in 1..=10 {
+            tab.ran(now + step * 2 * US);
+        }
+        assert_eq!(tab.added_ns, 40 * US);
+        assert_eq!(tab.busy_until_ns, now + 44 * US);
+        // The stream runs dry; the next launch starts when it comes.
+        tab.ran(now + 100 * US);
+        assert_eq!(tab.added_ns, 44 * US);
+        assert_eq!(tab.busy_until_ns, now + 104 * US);
+        assert_eq!(tab.launches, 11);
+    }
+
+    #[test]
+    fn a_tab_stops_covering_before_its_launches_pass_the_credit() {
+        let now = 1_000_000 * US;
+        let mut tab = open_at(now, 40 * US);
+        let mut covered = 0;
+        while tab.covers(7, 9) {
+            tab.ran(now + US);
+            covered += 1;
+        }
+        assert_eq!(covered, CREDIT_NS / (40 * US));
+        assert!(tab.added_ns <= CREDIT_NS);
+    }
+
+    #[test]
+    fn a_legacy_stream_tab_starts_its_launches_behind_the_union() {
+        let now = 1_000_000 * US;
+        let behind = |stream| {
+            let mut tab = Tab {
+                stream,
+                horizon_ns: now + 50 * US,
+                ..open_at(now, 4 * US)
+            };
+            tab.ran(now + US);
+            tab.busy_until_ns
+        };
+        assert_eq!(behind(LEGACY_KEY), now + 54 * US);
+        assert_eq!(behind(9), now + 8 * US, "another stream does not wait");
+    }
+
+    #[test]
+    fn work_queued_by_others_meanwhile_is_counted_once() {
+        let now = 1_000_000 * US;
+        let mut tab = open_at(now, 10 * US);
+        for _ in 0..10 {
+            tab.ran(now);
+        }
+        // The tab's span: now + 10 us .. now + 110 us, 100 us added.
+        assert_eq!(tab.used_ns(now + 10 * US), 100 * US, "nobody else");
+        assert_eq!(tab.used_ns(now), 100 * US, "a horizon pulled back");
+        // Another stream's work reached now + 40 us: 30 us of the span were its too.
+        assert_eq!(tab.used_ns(now + 40 * US), 70 * US);
+        // Beyond the whole span: nothing is the tab's alone.
+        assert_eq!(tab.used_ns(now + 500 * US), 0);
+    }
+}
