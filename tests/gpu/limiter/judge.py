@@ -37,7 +37,9 @@ def trace_text(name):
         # Which clock the fast path read (absent from older traces).
         clock = {1: ", the counter's clock", 0: ", the vDSO's clock"}.get(t.get("fast_clock_counter"), "")
         own = f" ({t['fast_path_own_ns'] / t['fast_path']:.0f} ns of its own each{clock})"
-    return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path{own}, "
+    # How many of them went on a thread's tab (absent from older traces).
+    tabs = f", {t['tabbed']} on tabs" if "tabbed" in t else ""
+    return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path{own}{tabs}, "
             f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream, "
             f"{t.get('settled_idle_discounted', 0)} of them taken to time a neighbour's slice), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
