@@ -744,6 +744,42 @@ fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
     }
 }
 
+/// A thread's tab is settled when the thread exits: short-lived threads that each launch
+/// a burst of short kernels (fewer than one tab holds) and exit are charged, and
+/// recorded in the region, as on the per-launch path. Left unsettled, each thread's
+/// launches would never reach the region (about none recorded) and its credit would
+/// stay charged.
+#[test]
+fn a_thread_that_exits_settles_its_tab() {
+    let quota = "    core_limit: 90\n";
+    let role = || Role::plain("k_20us", 1000).mode("bursts");
+    let (tabs, tabs_trace) = run_traced("bursts-tabs-on", quota, role());
+    let (per_launch, per_launch_trace) = run_traced_with(
+        "bursts-tabs-off",
+        quota,
+        role(),
+        &[("VGPU_LIMITER_TABS", "off")],
+    );
+    // A thread's first launch and its sampled ones go per launch: 45 % on tabs here.
+    assert!(
+        tabs_trace.get("tabbed") * 3 >= tabs_trace.get("launches"),
+        "a third of the launches or more on tabs: {tabs_trace:?}"
+    );
+    let per = |ns: u64, trace: &Trace| ns as f64 / trace.get("launches").max(1) as f64;
+    let (with, without) = (
+        per(tabs.region_busy_ns, &tabs_trace),
+        per(per_launch.region_busy_ns, &per_launch_trace),
+    );
+    assert!(
+        (with / without - 1.0).abs() <= 0.15,
+        "recorded {with:.0} ns a launch on tabs, {without:.0} without:\n{tabs:?} {tabs_trace:?}\n{per_launch:?} {per_launch_trace:?}"
+    );
+    assert!(
+        tabs.mean(0, usize::MAX) >= per_launch.mean(0, usize::MAX) - 5.0,
+        "held by credit its threads kept:\n{tabs:?}\n{per_launch:?}"
+    );
+}
+
 #[test]
 #[ignore = "issue 25: open, 40.5 % of the card at a hard 60 (see the comment)"]
 fn short_kernels_back_to_back_are_charged_what_the_card_ran_not_what_samples_timed() {
@@ -2204,6 +2240,8 @@ const DEPTH: usize = 4;
 const CAPTURED_LAUNCHES: u64 = 200;
 /// Kernels of one step of the decode loop (`Role::mode("decode")`).
 const DECODE_KERNELS: usize = 8;
+/// Kernels each short-lived thread of `Role::mode("bursts")` launches.
+const BURST_KERNELS: usize = 16;
 /// One-wave launches that teach `Role::mode("hostile")`'s kernel short before its
 /// long ones.
 const HOSTILE_TEACHING_LAUNCHES: usize = 200;
@@ -2666,6 +2704,32 @@ fn child_process_entry() {
             notes.push(format!("step_p50_ns={}", at(0.5)));
             notes.push(format!("step_p99_ns={}", at(0.99)));
             notes.push(format!("step_max_ns={}", at(1.0)));
+            (times, 0)
+        }
+        "bursts" => {
+            // Short-lived threads, one after another: each makes the context current,
+            // launches `BURST_KERNELS` kernels on the legacy stream, waits for them and
+            // exits (as a pool of request threads does). A thread's tab must be settled
+            // when it exits, or its launches are never published.
+            per_launch_ns = BURST_KERNELS as u64 * duration_ns;
+            fit = 1;
+            let mut times = Vec::new();
+            while monotonic_ns() < deadline {
+                let (cuda, context, function) = (&cuda, context as usize, function as usize);
+                std::thread::scope(|scope| {
+                    scope.spawn(move || {
+                        // SAFETY: making our context current on this thread.
+                        unsafe { (cuda.set_current)(context as H) };
+                        for _ in 0..BURST_KERNELS {
+                            let legacy = std::ptr::null_mut();
+                            assert_eq!(cuda.kernel(function as H, blocks, legacy), 0);
+                        }
+                        // SAFETY: our context is current.
+                        assert_eq!(unsafe { (cuda.ctx_synchronize)() }, 0);
+                    });
+                });
+                times.push(monotonic_ns());
+            }
             (times, 0)
         }
         "refused" => {

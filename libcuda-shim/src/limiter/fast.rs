@@ -227,7 +227,7 @@ impl DeviceLimiter {
 
     /// A launch at `now_ns` overlapped other queued work of this process: held launches
     /// wait for the refill for `CONCURRENT_LATELY_NS` (written at most twice a second).
-    pub(super) fn note_concurrent(&self, now_ns: u64) {
+    fn note_concurrent(&self, now_ns: u64) {
         let until = &self.concurrent_until_ns;
         if now_ns.saturating_add(CONCURRENT_LATELY_NS / 2) > until.load(Ordering::Relaxed) {
             until.store(

@@ -19,15 +19,21 @@
 //! launches skipped: the stream's projection and the container's union move to the
 //! tab's end, the bucket gets back the credit the launches did not use, the process's
 //! busy time and launch count and the kernel's launches since its last sample are
-//! added. Work another thread or process queued meanwhile beyond what the tab opened on
-//! is counted once, as the union would have, and marks the process as overlapping (its
-//! next launches take no tab).
+//! added. A tab does not see work another thread or process queues meanwhile (nor they
+//! its launches, until it settles): its launches are charged in full, as if nothing
+//! overlapped them, so concurrent work is charged twice for at most one tab's credit;
+//! the next launch placed per launch that starts before the other work's end marks the
+//! process as overlapping, and it opens no tab for a while. (Settling cannot tell
+//! overlapping work from work queued after the tab's, as a thread that takes over from
+//! one that exits queues it.)
 //!
-//! What it costs: a tab that is never settled (its thread stops launching, or exits)
-//! leaves its whole credit charged, at most `CREDIT_NS` a thread, never less than its
-//! launches used; its stream's projection lags until that stream's next launch. A tab
-//! opened in a parent is dropped, not settled, in a forked child (its limiter is
-//! another). `VGPU_LIMITER_TABS=off` keeps every launch on the per-launch fast path.
+//! What it costs: a thread that stops launching keeps its whole credit charged (at most
+//! `CREDIT_NS` a thread, never less than its launches used) and its stream's projection
+//! behind, until its next launch or its exit (the tab is settled when the thread's
+//! storage is dropped). A tab opened in a parent is dropped, not settled, in a forked
+//! child (its limiter is another), and the child's launches on it before its own
+//! limiter is built go uncharged (at most the credit). `VGPU_LIMITER_TABS=off` keeps
+//! every launch on the per-launch fast path.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -123,26 +129,29 @@ impl Tab {
         self.busy_until_ns = end;
         self.launches += 1;
     }
+}
 
-    /// What the launches used, given the union's end `before` settling wrote the tab's:
-    /// beyond the horizon the tab opened on, another thread or process queued work
-    /// meanwhile, and the part of the tab's span it covers is counted once.
-    fn used_ns(&self, before: u64) -> u64 {
-        let overlap = before
-            .min(self.busy_until_ns)
-            .saturating_sub(self.horizon_ns)
-            .min(self.added_ns);
-        self.added_ns - overlap
+/// The thread's tab, settled when the thread exits (a thread that stops launching
+/// otherwise keeps its credit charged until its next launch).
+struct ThreadTab(Cell<Tab>);
+
+impl Drop for ThreadTab {
+    fn drop(&mut self) {
+        let tab = self.0.get();
+        if tab.is_open() {
+            settle(&tab, SWITCHES.clock.now_ns());
+        }
     }
 }
 
 thread_local! {
-    static TAB: Cell<Tab> = const { Cell::new(Tab::CLOSED) };
+    static TAB: ThreadTab = const { ThreadTab(Cell::new(Tab::CLOSED)) };
 }
 
 /// Runs `launch` on the calling thread's tab if the tab covers a launch of `kernel` on
 /// `stream` (`Ok`: the real launch's result); otherwise settles the tab, if one is
-/// open, and gives `launch` back for the per-launch path.
+/// open, and gives `launch` back for the per-launch path (as it does while the thread's
+/// storage is being torn down).
 ///
 /// Before the real launch only the tab's line is read. Everything else a launch must
 /// know is asked after it, where the CPU overlaps it with the driver's work (the
@@ -159,46 +168,69 @@ pub(super) fn run<F: FnOnce() -> CUresult>(
     started: u64,
     launch: F,
 ) -> Result<CUresult, F> {
-    TAB.with(|cell| {
-        let mut tab = cell.get();
-        if !tab.is_open() {
-            return Err(launch);
-        }
-        if !tab.covers(kernel, stream) {
-            cell.set(Tab::CLOSED);
-            settle(&tab, SWITCHES.clock.now_ns());
-            return Err(launch);
-        }
-        let launching = trace::ticks();
-        let result = launch();
-        let launched = trace::ticks();
-        if result != CUDA_SUCCESS {
-            return Ok(result);
-        }
-        let now_ns = SWITCHES.clock.now_ns();
-        if current_limited().is_none_or(|device| address(device) != tab.device) {
-            cell.set(Tab::CLOSED);
-            settle(&tab, now_ns);
-            trace::count(Counter::NoDevice);
-            return Ok(result);
-        }
-        if capture::possible() && is_capturing(target) {
-            trace::count(Counter::Captured);
-            return Ok(result);
-        }
-        tab.ran(now_ns);
-        if now_ns >= tab.until_ns {
-            cell.set(Tab::CLOSED);
-            settle(&tab, now_ns);
-        } else {
-            cell.set(tab);
-        }
-        trace::count(Counter::Launches);
-        trace::count(Counter::FastPath);
-        trace::count(Counter::Tabbed);
-        trace::own(started, launching, launched);
-        Ok(result)
-    })
+    let mut launch = Some(launch);
+    let ran = TAB
+        .try_with(|tab| on_tab(&tab.0, kernel, target, stream, started, &mut launch))
+        .ok()
+        .flatten();
+    match (ran, launch) {
+        (Some(result), _) => Ok(result),
+        (None, Some(launch)) => Err(launch),
+        // Not reached: the tab takes the launch only to run it.
+        (None, None) => Ok(CUDA_ERROR_UNKNOWN),
+    }
+}
+
+/// [`run`] on the thread's tab `cell`: `Some` with the result when it ran the launch
+/// (taking it out of `launch`).
+#[inline]
+fn on_tab<F: FnOnce() -> CUresult>(
+    cell: &Cell<Tab>,
+    kernel: u64,
+    target: Target,
+    stream: u64,
+    started: u64,
+    launch: &mut Option<F>,
+) -> Option<CUresult> {
+    let mut tab = cell.get();
+    if !tab.is_open() {
+        return None;
+    }
+    if !tab.covers(kernel, stream) {
+        cell.set(Tab::CLOSED);
+        settle(&tab, SWITCHES.clock.now_ns());
+        return None;
+    }
+    let launch = launch.take()?;
+    let launching = trace::ticks();
+    let result = launch();
+    let launched = trace::ticks();
+    if result != CUDA_SUCCESS {
+        return Some(result);
+    }
+    let now_ns = SWITCHES.clock.now_ns();
+    if current_limited().is_none_or(|device| address(device) != tab.device) {
+        cell.set(Tab::CLOSED);
+        settle(&tab, now_ns);
+        trace::count(Counter::NoDevice);
+        return Some(result);
+    }
+    if capture::possible() && is_capturing(target) {
+        trace::count(Counter::Captured);
+        return Some(result);
+    }
+    tab.ran(now_ns);
+    if now_ns >= tab.until_ns {
+        cell.set(Tab::CLOSED);
+        settle(&tab, now_ns);
+    } else {
+        cell.set(tab);
+    }
+    trace::count(Counter::Launches);
+    trace::count(Counter::FastPath);
+    trace::count(Counter::Tabbed);
+    trace::own(started, launching, launched);
+    Some(result)
 }
 
 fn address(device: &DeviceLimiter) -> usize {
@@ -253,8 +285,8 @@ impl DeviceLimiter {
         }
         let busy_until_ns = start_ns.saturating_add(cost_ns);
         let horizon_ns = horizon_before.max(busy_until_ns);
-        TAB.with(|cell| {
-            cell.set(Tab {
+        let opened = TAB.try_with(|cell| {
+            cell.0.set(Tab {
                 device: address(self),
                 kernel,
                 stream,
@@ -269,19 +301,21 @@ impl DeviceLimiter {
                 permille,
             })
         });
+        if opened.is_err() {
+            // The thread's storage is being torn down: no tab, the credit goes back.
+            self.shared
+                .charge(-scaled(CREDIT_NS, permille), now_ns, rate);
+            return;
+        }
         trace::count(Counter::TabsOpened);
     }
 
     /// Does what `tab`'s launches skipped (see the module's header).
     fn settle_tab(&self, tab: &Tab, now_ns: u64) {
         self.streams.extend(tab.stream, tab.busy_until_ns);
-        let (_, before) = self
-            .shared
+        self.shared
             .extend(tab.busy_until_ns, tab.busy_until_ns, now_ns);
-        if before > tab.horizon_ns {
-            self.note_concurrent(now_ns);
-        }
-        let used = tab.used_ns(before);
+        let used = tab.added_ns;
         let used_scaled = scaled(used, tab.permille);
         self.shared.charge(
             used_scaled - scaled(CREDIT_NS, tab.permille),
@@ -405,21 +439,5 @@ mod tests {
         };
         assert_eq!(behind(LEGACY_KEY), now + 54 * US);
         assert_eq!(behind(9), now + 8 * US, "another stream does not wait");
-    }
-
-    #[test]
-    fn work_queued_by_others_meanwhile_is_counted_once() {
-        let now = 1_000_000 * US;
-        let mut tab = open_at(now, 10 * US);
-        for _ in 0..10 {
-            tab.ran(now);
-        }
-        // The tab's span: now + 10 us .. now + 110 us, 100 us added.
-        assert_eq!(tab.used_ns(now + 10 * US), 100 * US, "nobody else");
-        assert_eq!(tab.used_ns(now), 100 * US, "a horizon pulled back");
-        // Another stream's work reached now + 40 us: 30 us of the span were its too.
-        assert_eq!(tab.used_ns(now + 40 * US), 70 * US);
-        // Beyond the whole span: nothing is the tab's alone.
-        assert_eq!(tab.used_ns(now + 500 * US), 0);
     }
 }
