@@ -699,10 +699,10 @@ fn a_refused_launch_costs_the_container_nothing() {
 /// both; judged from 52 (the set-up behind the test's marks and the samples is charged
 /// too) and never above the limit + 2.
 /// A loop of short kernels below its limit runs on its thread's tabs (`limiter::tab`):
-/// most launches then touch no line the container shares, and settling each tab still
+/// most launches then touch no line the container shares, and paying each tab still
 /// charges the bucket, and tells the region, what the per-launch path would have. The
 /// same loop with `VGPU_LIMITER_TABS=off` is the judge (the sim's idle samples time a
-/// 20 us kernel short, 15-16 us, on either path). A tab settled with the wrong sign, or
+/// 20 us kernel short, 15-16 us, on either path). A tab paid with the wrong sign, or
 /// never, shows as a charge far from that; a tab that never opens, as launches off it.
 #[test]
 fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
@@ -744,13 +744,13 @@ fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
     }
 }
 
-/// A thread's tab is settled when the thread exits: short-lived threads that each launch
+/// A thread's tab is paid when the thread exits: short-lived threads that each launch
 /// a burst of short kernels (fewer than one tab holds) and exit are charged, and
-/// recorded in the region, as on the per-launch path. Left unsettled, each thread's
+/// recorded in the region, as on the per-launch path. Left unpaid, each thread's
 /// launches would never reach the region (about none recorded) and its credit would
 /// stay charged.
 #[test]
-fn a_thread_that_exits_settles_its_tab() {
+fn a_thread_that_exits_pays_its_tab() {
     let quota = "    core_limit: 90\n";
     let role = || Role::plain("k_20us", 1000).mode("bursts");
     let (tabs, tabs_trace) = run_traced("bursts-tabs-on", quota, role());
@@ -2711,7 +2711,7 @@ fn child_process_entry() {
         "bursts" => {
             // Short-lived threads, one after another: each makes the context current,
             // launches `BURST_KERNELS` kernels on the legacy stream, waits for them and
-            // exits (as a pool of request threads does). A thread's tab must be settled
+            // exits (as a pool of request threads does). A thread's tab must be paid
             // when it exits, or its launches are never published.
             per_launch_ns = BURST_KERNELS as u64 * duration_ns;
             fit = 1;

@@ -15,7 +15,7 @@
 //! short kernel on the same stream, on busy time borrowed from the bucket) reads one
 //! line of the tab and runs; the device, the capture check and the clock come after the
 //! real launch, and it is projected on the tab alone: no read-modify-write and no line
-//! of the tables or the region. A launch the tab does not cover settles it first; a
+//! of the tables or the region. A launch the tab does not cover pays it first; a
 //! fast-path launch that finds the bucket with credit to lend opens the next.
 //!
 //! What it costs, measured over the simulated driver (not a GPU figure): about 475

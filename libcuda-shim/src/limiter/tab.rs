@@ -1,6 +1,6 @@
 //! The thread's tab: a run of launches of one known short kernel on one stream, made on
 //! busy time the thread borrowed from the container's bucket when the tab opened, and
-//! settled in one go when it closes. A launch the tab covers touches only the thread's
+//! paid in one go when it closes. A launch the tab covers touches only the thread's
 //! own tab besides the switches: no atomic read-modify-write, no line of the region,
 //! the cost table or the stream table, which the real driver's launch evicts between
 //! two launches (`super::fast`: those lines were what a limited launch cost on a card).
@@ -15,22 +15,22 @@
 //! projected on the tab's own copy of its stream (`ran`), as the stream table would
 //! have placed it.
 //!
-//! Settling (the thread's next launch the tab does not cover) does what the covered
+//! Paying it (at the thread's next launch the tab does not cover) does what the covered
 //! launches skipped: the stream's projection and the container's union move to the
 //! tab's end, the bucket gets back the credit the launches did not use, the process's
 //! busy time and launch count and the kernel's launches since its last sample are
 //! added. A tab does not see work another thread or process queues meanwhile (nor they
-//! its launches, until it settles): its launches are charged in full, as if nothing
+//! its launches, until it is paid): its launches are charged in full, as if nothing
 //! overlapped them, so concurrent work is charged twice for at most one tab's credit;
 //! the next launch placed per launch that starts before the other work's end marks the
-//! process as overlapping, and it opens no tab for a while. (Settling cannot tell
+//! process as overlapping, and it opens no tab for a while. (Paying cannot tell
 //! overlapping work from work queued after the tab's, as a thread that takes over from
 //! one that exits queues it.)
 //!
 //! What it costs: a thread that stops launching keeps its whole credit charged (at most
 //! `CREDIT_NS` a thread, never less than its launches used) and its stream's projection
-//! behind, until its next launch or its exit (the tab is settled when the thread's
-//! storage is dropped). A tab opened in a parent is dropped, not settled, in a forked
+//! behind, until its next launch or its exit (the tab is paid when the thread's
+//! storage is dropped). A tab opened in a parent is dropped, not paid, in a forked
 //! child (its limiter is another), and the child's launches on it before its own
 //! limiter is built go uncharged (at most the credit). `VGPU_LIMITER_TABS=off` keeps
 //! every launch on the per-launch fast path.
@@ -76,7 +76,7 @@ struct Tab {
     horizon_ns: u64,
     /// Busy time the tab's launches added (before the host's factor).
     added_ns: u64,
-    // Read when the tab settles: where to find its limiter again (its generation and
+    // Read when the tab is paid: where to find its limiter again (its generation and
     // the device's index), and the host's factor when it opened, per mille.
     generation: u64,
     index: usize,
@@ -131,7 +131,7 @@ impl Tab {
     }
 }
 
-/// The thread's tab, settled when the thread exits (a thread that stops launching
+/// The thread's tab, paid when the thread exits (a thread that stops launching
 /// otherwise keeps its credit charged until its next launch).
 struct ThreadTab(Cell<Tab>);
 
@@ -139,7 +139,7 @@ impl Drop for ThreadTab {
     fn drop(&mut self) {
         let tab = self.0.get();
         if tab.is_open() {
-            settle(&tab, SWITCHES.clock.now_ns());
+            pay(&tab, SWITCHES.clock.now_ns());
         }
     }
 }
@@ -149,7 +149,7 @@ thread_local! {
 }
 
 /// Runs `launch` on the calling thread's tab if the tab covers a launch of `kernel` on
-/// `stream` (`Ok`: the real launch's result); otherwise settles the tab, if one is
+/// `stream` (`Ok`: the real launch's result); otherwise pays the tab, if one is
 /// open, and gives `launch` back for the per-launch path (as it does while the thread's
 /// storage is being torn down).
 ///
@@ -198,7 +198,7 @@ fn on_tab<F: FnOnce() -> CUresult>(
     }
     if !tab.covers(kernel, stream) {
         cell.set(Tab::CLOSED);
-        settle(&tab, SWITCHES.clock.now_ns());
+        pay(&tab, SWITCHES.clock.now_ns());
         return None;
     }
     let launch = launch.take()?;
@@ -211,7 +211,7 @@ fn on_tab<F: FnOnce() -> CUresult>(
     let now_ns = SWITCHES.clock.now_ns();
     if current_limited().is_none_or(|device| address(device) != tab.device) {
         cell.set(Tab::CLOSED);
-        settle(&tab, now_ns);
+        pay(&tab, now_ns);
         trace::count(Counter::NoDevice);
         return Some(result);
     }
@@ -222,7 +222,7 @@ fn on_tab<F: FnOnce() -> CUresult>(
     tab.ran(now_ns);
     if now_ns >= tab.until_ns {
         cell.set(Tab::CLOSED);
-        settle(&tab, now_ns);
+        pay(&tab, now_ns);
     } else {
         cell.set(tab);
     }
@@ -237,9 +237,9 @@ fn address(device: &DeviceLimiter) -> usize {
     device as *const DeviceLimiter as usize
 }
 
-/// Settles `tab` into its device's limiter, if that is still this process's (a tab
+/// Pays `tab` into its device's limiter, if that is still this process's (a tab
 /// inherited through fork is dropped).
-fn settle(tab: &Tab, now_ns: u64) {
+fn pay(tab: &Tab, now_ns: u64) {
     let Some(device) = built()
         .filter(|limiter| limiter.generation == tab.generation)
         .and_then(|limiter| limiter.devices.get(tab.index))
@@ -247,7 +247,7 @@ fn settle(tab: &Tab, now_ns: u64) {
     else {
         return;
     };
-    device.settle_tab(tab, now_ns);
+    device.pay_tab(tab, now_ns);
 }
 
 impl DeviceLimiter {
@@ -311,7 +311,7 @@ impl DeviceLimiter {
     }
 
     /// Does what `tab`'s launches skipped (see the module's header).
-    fn settle_tab(&self, tab: &Tab, now_ns: u64) {
+    fn pay_tab(&self, tab: &Tab, now_ns: u64) {
         self.streams.extend(tab.stream, tab.busy_until_ns);
         self.shared
             .extend(tab.busy_until_ns, tab.busy_until_ns, now_ns);
