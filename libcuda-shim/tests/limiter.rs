@@ -745,10 +745,13 @@ fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
 }
 
 /// A thread's tab is paid when the thread exits: short-lived threads that each launch
-/// a burst of short kernels (fewer than one tab holds) and exit are charged, and
-/// recorded in the region, as on the per-launch path. Left unpaid, each thread's
-/// launches would never reach the region (about none recorded) and its credit would
-/// stay charged.
+/// a burst of short kernels (fewer than one tab holds) and exit have every launch
+/// recorded in the region, as on the per-launch path, and are not held by credit they
+/// kept. Left unpaid, each thread's launches on its tab would never reach the region
+/// (checked: the region recorded 18042 of 31841 launches) and its credit would stay
+/// charged. Judged by launches, not busy time: what a launch is charged follows each
+/// run's estimate, 15.5-19.7 us for the sim's 20 us kernel from one run to the next
+/// (busy time a launch within 15 % of the per-launch run's failed once in 8).
 #[test]
 fn a_thread_that_exits_pays_its_tab() {
     let quota = "    core_limit: 90\n";
@@ -765,15 +768,22 @@ fn a_thread_that_exits_pays_its_tab() {
         tabs_trace.get("tabbed") * 3 >= tabs_trace.get("launches"),
         "a third of the launches or more on tabs: {tabs_trace:?}"
     );
-    let per = |ns: u64, trace: &Trace| ns as f64 / trace.get("launches").max(1) as f64;
-    let (with, without) = (
-        per(tabs.region_busy_ns, &tabs_trace),
-        per(per_launch.region_busy_ns, &per_launch_trace),
-    );
-    assert!(
-        (with / without - 1.0).abs() <= 0.15,
-        "recorded {with:.0} ns a launch on tabs, {without:.0} without:\n{tabs:?} {tabs_trace:?}\n{per_launch:?} {per_launch_trace:?}"
-    );
+    // Every launch reaches the region, on tabs as without (all but those after the last
+    // publish tick, and the run's one more launch after it publishes).
+    for (what, report, trace) in [
+        ("on tabs", &tabs, &tabs_trace),
+        ("per launch", &per_launch, &per_launch_trace),
+    ] {
+        let recorded = report
+            .note("region_launches")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        let launches = trace.get("launches");
+        assert!(
+            recorded * 100 >= launches * 98,
+            "{what}: the region recorded {recorded} of {launches} launches:\n{report:?} {trace:?}"
+        );
+    }
     assert!(
         tabs.mean(0, usize::MAX) >= per_launch.mean(0, usize::MAX) - 5.0,
         "held by credit its threads kept:\n{tabs:?}\n{per_launch:?}"
@@ -2933,7 +2943,9 @@ fn child_process_entry() {
     cuda.kernel(function, 1, tail);
     // SAFETY: our stream.
     unsafe { (cuda.synchronize)(tail) };
-    let region_busy = region_busy_ns(&std::env::var("VGPU_CONFIG").expect("config"));
+    let (region_busy, region_launches) =
+        region_counts(&std::env::var("VGPU_CONFIG").expect("config"));
+    notes.push(format!("region_launches={region_launches}"));
     if *mode == "fork" {
         notes.push(format!("fork={}", fork_and_launch(&cuda, kernel)));
     }
@@ -3026,18 +3038,23 @@ fn sim_card_util() -> u32 {
 }
 
 /// The busy time recorded in the usage region beside the config, for this process.
-fn region_busy_ns(config: &str) -> u64 {
+/// What this process's slots of the container's region record on the first device:
+/// busy ns and launches (0 and 0 without a region).
+fn region_counts(config: &str) -> (u64, u64) {
     let region_path = Path::new(config).with_file_name("usage.region");
     let Ok(region) = vgpu_contract::snapshot::RegionSnapshot::read(&region_path) else {
-        return 0;
+        return (0, 0);
     };
     let me = std::process::id() as i32;
     region
         .processes()
         .iter()
         .filter(|p| p.pid == me)
-        .map(|p| p.busy_ns.first().copied().unwrap_or(0))
-        .sum()
+        .map(|p| {
+            let first = |counts: &[u64]| counts.first().copied().unwrap_or(0);
+            (first(&p.busy_ns), first(&p.launches))
+        })
+        .fold((0, 0), |(busy, launches), (b, l)| (busy + b, launches + l))
 }
 
 /// Issue 14 on the H200: PyTorch training at 50 ran at 102% of bare. The same shape of
