@@ -41,8 +41,8 @@ use vgpu_contract::limiter_words::slot as slot_words;
 use super::lifecycle::{LIMITS_NONE, SWITCHES};
 use super::trace::{self, Counter};
 use super::{
-    ACTIVE_STAMP_NS, BUSY_BITS, CONCURRENT_LATELY_NS, DeviceLimiter, LEGACY_KEY, REFILL_NS, Target,
-    Work, current_limited, duty,
+    ACTIVE_STAMP_NS, CONCURRENT_LATELY_NS, DeviceLimiter, LEGACY_KEY, REFILL_NS, Target, Work,
+    current_limited, duty,
 };
 use super::{tab, tables};
 use crate::cuda::*;
@@ -87,7 +87,7 @@ pub(super) fn limited_launch(
         trace::count(Counter::NoDevice);
         return launch();
     };
-    device.prefetch(work, target);
+    device.prefetch(key, stream);
     if capture::possible() && is_capturing(target) {
         trace::count(Counter::Captured);
         return launch();
@@ -133,14 +133,14 @@ pub(super) fn is_capturing(target: Target) -> bool {
 }
 
 impl DeviceLimiter {
-    /// Starts loading the lines an unsampled launch of `work` on `target` touches beyond
-    /// the limiter's first: the kernel's and the stream's slots, the container's words
-    /// and the limiter's written line. The real driver's launch evicts them between
-    /// launches; asked for together, their misses overlap.
+    /// Starts loading the lines an unsampled launch of the kernel `key` on the stream
+    /// `stream` (their table keys) touches beyond the limiter's first: their slots, the
+    /// container's words and the limiter's written line. The real driver's launch evicts
+    /// them between launches; asked for together, their misses overlap.
     #[inline]
-    fn prefetch(&self, work: Work, target: Target) {
-        self.estimates.prefetch(work.key());
-        self.streams.prefetch(target.key());
+    fn prefetch(&self, key: u64, stream: u64) {
+        self.estimates.prefetch(key);
+        self.streams.prefetch(stream);
         self.shared.prefetch();
         tables::prefetch(&self.unpublished);
     }
@@ -170,10 +170,7 @@ impl DeviceLimiter {
         self.shared.charge(scaled, now_ns, rate);
         trace::add(Counter::ChargedNs, added);
         trace::add(Counter::ChargedScaledNs, scaled as u64);
-        self.unpublished.fetch_add(
-            added.min((1 << BUSY_BITS) - 1) + (1 << BUSY_BITS),
-            Ordering::Relaxed,
-        );
+        self.add_unpublished(added, 1);
         self.stamp_active(now_ns);
         (placed.start, before)
     }

@@ -35,6 +35,15 @@ impl DeviceLimiter {
         }
     }
 
+    /// Adds `busy_ns` of measured busy time and `launches` to what the next tick gives
+    /// the region (`unpublished`: busy ns in the low `BUSY_BITS`, launches above).
+    pub(super) fn add_unpublished(&self, busy_ns: u64, launches: u64) {
+        self.unpublished.fetch_add(
+            busy_ns.min((1 << BUSY_BITS) - 1) + (launches << BUSY_BITS),
+            Ordering::Relaxed,
+        );
+    }
+
     /// Stamps this process's heartbeat, adds its busy time (as measured, net of what
     /// settled samples gave back) and launches to the region, and reads the card's view:
     /// the host's correction factor for this container's charges (1 without a fresh view

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use super::clock::{CLOCK_REFRESH_NS, GpuClock};
 use super::sample::{RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter};
-use super::{BACKLOGGED_KERNELS, BUSY_BITS, DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
+use super::{BACKLOGGED_KERNELS, DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
 use crate::cuda::*;
 use crate::state::real;
 
@@ -138,10 +138,7 @@ impl DeviceLimiter {
         self.streams.extend(sample.stream_key, end);
         if correction > 0 {
             trace::add(Counter::CorrectedUpNs, correction as u64);
-            self.unpublished.fetch_add(
-                (correction as u64).min((1 << BUSY_BITS) - 1),
-                Ordering::Relaxed,
-            );
+            self.add_unpublished(correction as u64, 0);
         } else if correction < 0 {
             trace::add(Counter::CorrectedDownNs, correction.unsigned_abs());
             self.given_back

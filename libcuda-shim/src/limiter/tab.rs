@@ -41,7 +41,7 @@ use std::sync::atomic::Ordering;
 use super::fast::is_capturing;
 use super::lifecycle::{SWITCHES, built};
 use super::trace::{self, Counter};
-use super::{BUSY_BITS, DeviceLimiter, LEGACY_KEY, Target, current_limited, duty};
+use super::{DeviceLimiter, LEGACY_KEY, Target, current_limited, duty};
 use crate::cuda::*;
 use crate::hooks::capture;
 
@@ -325,10 +325,7 @@ impl DeviceLimiter {
         trace::add(Counter::ChargedNs, used);
         trace::add(Counter::ChargedScaledNs, used_scaled as u64);
         if tab.launches > 0 {
-            self.unpublished.fetch_add(
-                used.min((1 << BUSY_BITS) - 1) + ((tab.launches as u64) << BUSY_BITS),
-                Ordering::Relaxed,
-            );
+            self.add_unpublished(used, tab.launches as u64);
             self.estimates
                 .count_launches(tab.kernel, tab.launches as u64);
             self.stamp_active(now_ns);
