@@ -60,6 +60,18 @@ pub fn thread_tag() -> u64 {
     })
 }
 
+/// [`thread_tag`], or `None` while the thread's storage is being torn down.
+pub fn try_thread_tag() -> Option<u64> {
+    THREAD_TAG
+        .try_with(|tag| {
+            if tag.get() == 0 {
+                tag.set(NEXT_THREAD_TAG.fetch_add(1, Ordering::Relaxed));
+            }
+            tag.get()
+        })
+        .ok()
+}
+
 /// Bumped whenever a context may have gone away anywhere in the process.
 static CONTEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 

@@ -105,6 +105,89 @@ pub fn union_increment(start: u64, end: u64, horizon: u64) -> u64 {
     end.saturating_sub(start.max(horizon))
 }
 
+/// The most set-up a launch placed behind queued work is taken to hide (real cards take
+/// 1-4 us to set a short kernel up, BENCHMARKS run 14; a sample of two launches that
+/// says more timed something else, such as a grid-varying kernel's short run).
+pub const SETUP_MOST_NS: u64 = 16_000;
+
+/// What a launch estimated at `cost_ns` adds to the card's busy time when it is placed
+/// behind its stream's own queued work: the card sets a kernel up while the one before
+/// it runs, so the set-up `setup_ns` that samples time (a sample's start event makes the
+/// kernel after it wait for its set-up) is hidden there. Never less than a quarter of
+/// the estimate, as a settled sample never makes a kernel cheaper than that.
+pub fn behind_cost(cost_ns: u64, setup_ns: u64) -> u64 {
+    cost_ns - setup_ns.min(cost_ns - cost_ns / 4)
+}
+
+/// The set-up a sample of two launches shows: a sample of one times a kernel's set-up
+/// with it, so two launches whose single estimates are `first_ns` and `second_ns`, the
+/// second set up while the first ran, take `pair_ns` between the events, and the
+/// difference is the second's set-up (none where the pair took longer, as it does when
+/// the second launch found the stream idle). `None` where the difference is more than
+/// [`SETUP_MOST_NS`] or three quarters of the shorter estimate: no set-up is that long,
+/// and the pair timed something else (on an H100, BENCHMARKS run 17, training's pairs
+/// said 16 us and more of kernels estimated at 7-15 us).
+pub fn pair_setup(first_ns: u64, second_ns: u64, pair_ns: u64) -> Option<u64> {
+    let setup = first_ns.saturating_add(second_ns).saturating_sub(pair_ns);
+    let shorter = first_ns.min(second_ns);
+    (setup <= SETUP_MOST_NS && setup <= shorter - shorter / 4).then_some(setup)
+}
+
+/// How far apart a kernel's single samples may lie, on average, from its estimate (per
+/// mille) for its pairs to teach a set-up: a kernel whose cost varies from launch to
+/// launch (its grid does, as a training step's do) makes a pair's difference from its
+/// estimates say that, not a set-up (over the sim's training-like launches, pairs of
+/// such kernels taught 16 us, and the card ran 61 % busy at 50).
+pub const STEADY_PERMILLE: u64 = 200;
+/// Single samples a kernel needs, after its first, before it can count as steady.
+pub const STEADY_SAMPLES: u32 = 3;
+
+/// What a kernel's single samples say of how steady its cost is: the mean deviation of
+/// a sample from the estimate it was folded into (per mille, an exponential average of
+/// a quarter) and how many deviations are in it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Steadiness {
+    pub deviation_permille: u64,
+    pub samples: u32,
+}
+
+impl Steadiness {
+    /// Folds in a sample that measured `measured_ns` of a kernel estimated at
+    /// `estimate_ns`.
+    pub fn fold(self, measured_ns: u64, estimate_ns: u64) -> Steadiness {
+        let deviation = (measured_ns.abs_diff(estimate_ns))
+            .saturating_mul(1000)
+            .checked_div(estimate_ns)
+            .unwrap_or(1000)
+            .min(10_000);
+        Steadiness {
+            deviation_permille: if self.samples == 0 {
+                deviation
+            } else {
+                (self.deviation_permille * 3 + deviation) / 4
+            },
+            samples: self.samples.saturating_add(1),
+        }
+    }
+
+    /// Whether pairs of this kernel may teach a set-up.
+    pub fn is_steady(self) -> bool {
+        self.samples >= STEADY_SAMPLES && self.deviation_permille <= STEADY_PERMILLE
+    }
+}
+
+/// The set-up a process's launches behind queued work are taken to hide: the median of
+/// its recent samples of two launches (`recent`; none without any), so that one pair
+/// that timed a neighbour's slice or a kernel's unusually short run moves nothing.
+pub fn setup_from(recent: &[u64]) -> u64 {
+    let mut sorted = recent.to_vec();
+    sorted.sort_unstable();
+    match sorted.len() {
+        0 => 0,
+        len => sorted[(len - 1) / 2],
+    }
+}
+
 /// What a settled sample of a known kernel is charged for running past everything queued
 /// since: `beyond_ns`, what its real run added beyond the horizon. In a process whose
 /// kernels have not `overlapped` each other lately, nothing of its own can have held the
@@ -331,6 +414,63 @@ pub fn scale_permille(ns: i64, permille: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_launch_behind_queued_work_is_charged_without_the_set_up_the_card_hides() {
+        // A 30 us estimate of which 10 us was the set-up its samples timed: 20 us.
+        assert_eq!(behind_cost(30 * US, 10 * US), 20 * US);
+        // No set-up learned: the estimate.
+        assert_eq!(behind_cost(30 * US, 0), 30 * US);
+        // Never below a quarter of the estimate, whatever the set-up says.
+        assert_eq!(behind_cost(4 * US, 16 * US), US);
+        assert_eq!(behind_cost(0, 10 * US), 0);
+    }
+
+    #[test]
+    fn a_pair_of_launches_shows_the_second_ones_set_up() {
+        // Single samples time 30 us each (10 us of set-up behind the start event); the
+        // pair took 50: the second's 10 us of set-up ran beside the first.
+        assert_eq!(pair_setup(30 * US, 30 * US, 50 * US), Some(10 * US));
+        // The second found the stream idle (its set-up exposed, and host time between):
+        // nothing is hidden.
+        assert_eq!(pair_setup(30 * US, 30 * US, 70 * US), Some(0));
+        // A pair that says more than any card's set-up timed something else.
+        assert_eq!(pair_setup(500 * US, 500 * US, 100 * US), None);
+        // As does one that would hide most of a kernel: 20 us of a 15 us estimate.
+        assert_eq!(pair_setup(15 * US, 30 * US, 25 * US), None);
+        // An empty kernel's: 4.4 us samples of launches that add 1.5 us each.
+        assert_eq!(pair_setup(4_400, 4_400, 5_900), Some(2_900));
+    }
+
+    #[test]
+    fn only_a_kernel_whose_samples_agree_with_its_estimate_is_steady() {
+        let fold = |samples: &[(u64, u64)]| {
+            samples
+                .iter()
+                .fold(Steadiness::default(), |s, &(measured, estimate)| {
+                    s.fold(measured, estimate)
+                })
+        };
+        // Within 10 %: steady once it has three deviations.
+        let steady = fold(&[(30, 30), (33, 30), (28, 30)]);
+        assert!(steady.is_steady(), "{steady:?}");
+        assert!(!fold(&[(30, 30), (33, 30)]).is_steady(), "too few");
+        // A training step's kernel: one grid in four six times the others'.
+        let varying = fold(&[(10, 22), (60, 22), (10, 22), (10, 22), (60, 22), (10, 22)]);
+        assert!(!varying.is_steady(), "{varying:?}");
+        // An estimate of zero says nothing steady.
+        assert!(!fold(&[(5, 0), (5, 0), (5, 0)]).is_steady());
+    }
+
+    #[test]
+    fn the_set_up_is_the_median_of_recent_pairs_so_one_odd_pair_moves_nothing() {
+        assert_eq!(setup_from(&[]), 0);
+        assert_eq!(setup_from(&[7]), 7);
+        assert_eq!(setup_from(&[2, 3, 16_000]), 3);
+        assert_eq!(setup_from(&[0, 3, 3, 3, 0]), 3);
+        // Even counts take the lower middle: on the side of charging more.
+        assert_eq!(setup_from(&[1, 5]), 1);
+    }
 
     #[test]
     fn a_one_stream_kernel_delayed_by_another_context_is_charged_only_its_longer_run() {

@@ -99,7 +99,10 @@ pub(super) fn limited_launch(
     let estimate = device
         .estimates
         .count_launch(key, sample_open, duty::sample_every(now));
+    // A sample of two launches waiting for its second keeps the sample slot open.
+    let pair_open = sample_open && device.pair_open.load(Ordering::Relaxed);
     if let Some((known, false)) = estimate
+        && !pair_open
         && (device.shared.hold(now, rate, || device.refill_ns(now)) == 0
             || device.rides_along(target, known.cost_ns, now, rate))
         && now < device.next_publish_ns.load(Ordering::Relaxed)
@@ -109,7 +112,7 @@ pub(super) fn limited_launch(
         let launched = trace::ticks();
         if result == CUDA_SUCCESS {
             trace::count(Counter::FastPath);
-            let charged = device.charge(target, known.cost_ns, now, rate);
+            let charged = device.charge(target, known.cost_ns, device.setup_ns(), now, rate);
             device.open_tab(key, stream, known.cost_ns, charged, now, rate);
             trace::own(started, launching, launched);
         }
@@ -147,17 +150,19 @@ impl DeviceLimiter {
 
     /// Projects a launch of `cost_ns` on `target` at `now_ns` and charges what it adds
     /// to the container's union; returns its projected start and the horizon before it.
+    /// Placed behind queued work, it is projected without `setup_ns` (`super::pair`).
     pub(super) fn charge(
         &self,
         target: Target,
         cost_ns: u64,
+        setup_ns: u64,
         now_ns: u64,
         rate: u64,
     ) -> (u64, u64) {
         let placed = self.streams.place(
             target.key(),
             now_ns,
-            cost_ns,
+            (cost_ns, setup_ns),
             self.floor(target, now_ns),
             self.shared.horizon(now_ns),
             || target.is_blocking(),

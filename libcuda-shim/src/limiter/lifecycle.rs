@@ -123,6 +123,7 @@ pub(super) fn build_devices(
     let now = monotonic_ns();
     let slot = enforcer.slot();
     let tabs = super::tab::allowed();
+    let pairs = super::pair::allowed();
     devices
         .iter()
         .filter_map(|visible| {
@@ -148,6 +149,7 @@ pub(super) fn build_devices(
                 },
                 soft,
                 tabs,
+                pairs,
                 index: 0,
                 region: &enforcer.region,
                 shared,
@@ -159,6 +161,8 @@ pub(super) fn build_devices(
                 next_sample_ns: AtomicU64::new(0),
                 concurrent_until_ns: AtomicU64::new(0),
                 next_stamp_ns: AtomicU64::new(0),
+                setup_ns: AtomicU64::new(0),
+                pair_open: AtomicBool::new(false),
                 unpublished: AtomicU64::new(0),
                 given_back: AtomicU64::new(0),
                 charge_permille: AtomicU64::new(cardview::CHARGE_UNIT),
@@ -172,6 +176,10 @@ pub(super) fn build_devices(
                     clocks: HashMap::new(),
                     last_settle_ns: 0,
                     measured_backlogged: HashMap::new(),
+                    pair: None,
+                    pair_next: false,
+                    setups: VecDeque::new(),
+                    steadiness: HashMap::new(),
                 }),
             };
             device.publish(now);
@@ -237,13 +245,14 @@ impl DeviceLimiter {
             .map(|estimate| format!("{}/{}", estimate.cost_ns, estimate.samples))
             .collect();
         format!(
-            "device {} limit_ppm {} rate_ppm {} charge_permille {} soft {} pending {pending} unknown_in_flight {} estimates {}",
+            "device {} limit_ppm {} rate_ppm {} charge_permille {} soft {} pending {pending} unknown_in_flight {} setup_ns {} estimates {}",
             self.visible.uuid,
             self.limit_ppm,
             self.rate(),
             self.charge_permille.load(Ordering::Relaxed),
             self.soft as u8,
             self.unknown_in_flight.load(Ordering::Relaxed),
+            self.setup_ns.load(Ordering::Relaxed),
             estimates.join(","),
         )
     }

@@ -28,7 +28,8 @@
 //!
 //! One job per file: `fast` (the unsampled launch), `tab` (a thread's run of launches on
 //! borrowed credit), `fast_clock` (the fast path's clock), `slow`
-//! (waits and sampled launches), `settle` (what a finished sample teaches), `publish`
+//! (waits and sampled launches), `pair` (samples of two launches, which show the
+//! set-up a launch behind queued work hides), `settle` (what a finished sample teaches), `publish`
 //! (the tick that talks to the host), `lifecycle` (build, fork, exit), `clock` (event
 //! times on the host clock), `sample` (the events of one measurement), `shared` (the
 //! container's bucket, horizon and rate), `tables` (lock-free estimates and stream
@@ -46,6 +47,7 @@ mod fast_clock;
 mod lifecycle;
 #[cfg(test)]
 mod model;
+mod pair;
 mod publish;
 mod sample;
 mod settle;
@@ -247,6 +249,9 @@ struct DeviceLimiter {
     soft: bool,
     /// Whether fast-path launches may open a tab (`tab`; `VGPU_LIMITER_TABS=off`).
     tabs: bool,
+    /// Whether samples of short kernels may bracket two launches (`pair`;
+    /// `VGPU_LIMITER_PAIRS=off`).
+    pairs: bool,
     // Written by launches.
     /// Busy time and launches not yet added to the region (one atomic per launch on
     /// this process's own memory; the region gets them at each publish tick): busy ns
@@ -265,6 +270,13 @@ struct DeviceLimiter {
     concurrent_until_ns: AtomicU64,
     /// When this process's activity word in the region is written next.
     next_stamp_ns: AtomicU64,
+    /// The set-up a launch placed behind its stream's queued work is not charged
+    /// (`duty::behind_cost`), from this process's samples of two launches
+    /// (`duty::setup_from`); written when one settles.
+    setup_ns: AtomicU64,
+    /// Whether a sample of two launches waits for its second (`Slow::pair`): launches
+    /// that find a sample slot open then take the slow path.
+    pair_open: AtomicBool,
     // The rest: sampled launches, settling, the publish tick, tabs.
     /// Where it is in `Limiter::devices` (a tab finds it again by it).
     index: usize,
@@ -299,6 +311,15 @@ struct Slow {
     /// number of its samples set aside since its last such measurement
     /// (`duty::set_aside_sample_teaches`).
     measured_backlogged: HashMap<u64, u32>,
+    /// A sample of two launches waiting for its second launch (`super::pair`).
+    pair: Option<pair::OpenPair>,
+    /// Whether the next sample of a short kernel opens a pair (every other one does).
+    pair_next: bool,
+    /// The set-ups recent pairs showed (at most `pair::RECENT`), oldest first.
+    setups: VecDeque<u64>,
+    /// Per kernel (at most `BACKLOGGED_KERNELS`), how steady its single samples are:
+    /// only pairs of steady kernels teach a set-up.
+    steadiness: HashMap<u64, duty::Steadiness>,
 }
 
 /// The most kernels `Slow::measured_backlogged` remembers (as many as the estimate table
@@ -353,6 +374,8 @@ mod tests {
             offset_of!(DeviceLimiter, charge_permille),
             offset_of!(DeviceLimiter, concurrent_until_ns),
             offset_of!(DeviceLimiter, next_stamp_ns),
+            offset_of!(DeviceLimiter, setup_ns),
+            offset_of!(DeviceLimiter, pair_open),
         ];
         assert!(
             written.iter().all(|&offset| (64..128).contains(&offset)),

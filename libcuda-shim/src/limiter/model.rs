@@ -90,7 +90,7 @@ pub fn card_busy_percent(run: &Run, window_ns: u64) -> Vec<f64> {
         queued[lane].push_back(ends);
         runs.push((begins, ends));
         // The limiter's charge.
-        let placed = streams.place(key, now, run.estimate_ns, not_blocking, 0, || false);
+        let placed = streams.place(key, now, (run.estimate_ns, 0), not_blocking, 0, || false);
         let (added, _) = shared.extend(placed.start, placed.end, now);
         shared.charge(added as i64, now, rate);
         // A launch call's time varies (an LCG: the model stays deterministic).

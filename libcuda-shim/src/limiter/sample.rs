@@ -4,6 +4,7 @@
 //! `super::clock`'s; what a settled sample does to the bucket is `super::settle`'s;
 //! this file only measures.
 
+use super::pair::PairTail;
 use crate::cuda::*;
 use crate::state::real;
 
@@ -27,6 +28,9 @@ pub(super) struct Sample {
     pub(super) returned_ns: u64,
     /// Whether the projection had the stream idle at the launch.
     pub(super) projected_idle: bool,
+    /// Set when the events bracket two launches (`super::pair`); the fields above are
+    /// the first's.
+    pub(super) pair: Option<PairTail>,
 }
 
 impl Sample {
@@ -115,6 +119,7 @@ mod tests {
             recorded_ns: 1_000,
             returned_ns: 7_000,
             projected_idle,
+            pair: None,
         }
     }
 

@@ -103,7 +103,16 @@ impl DeviceLimiter {
         };
         let (start_fired, end_fired) = (fired(sample.start), fired(sample.end));
         let gap = sample.idle_gap_ns(start_fired);
-        let ns = self.learn(slow, &sample, elapsed_ns, gap, now_ns);
+        // A pair teaches the set-up, not a kernel's cost; it is corrected as one known
+        // launch over its projection's span.
+        let ns = match sample.pair {
+            Some(tail) => {
+                let ns = Sample::kernel_ns(elapsed_ns, gap);
+                self.learn_setup(slow, sample.key, tail, ns);
+                ns
+            }
+            None => self.learn(slow, &sample, elapsed_ns, gap, now_ns),
+        };
         // Where it really ended, else where its projection put it.
         let end = end_fired.unwrap_or(sample.projected_start.saturating_add(ns));
         let start = end.saturating_sub(ns);
@@ -204,6 +213,9 @@ impl DeviceLimiter {
                 self.estimates.record(sample.key, ns);
             }
             return ns.min(sample.projected_ns);
+        }
+        if let Some(known) = self.estimates.get(sample.key) {
+            self.note_steadiness(slow, sample.key, ns, known.cost_ns);
         }
         self.estimates.record(sample.key, ns);
         ns

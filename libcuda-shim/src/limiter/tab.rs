@@ -66,7 +66,10 @@ struct Tab {
     kernel: u64,
     stream: u64,
     cost_ns: u32,
-    launches: u32,
+    /// The set-up a launch behind the tab's last is not charged (`super::pair`; at most
+    /// `duty::SETUP_MOST_NS`, which fits).
+    setup_ns: u16,
+    launches: u16,
     /// The first launch at or after this time closes the tab.
     until_ns: u64,
     /// The stream's projected end, as the tab's launches left it.
@@ -89,6 +92,7 @@ impl Tab {
         kernel: 0,
         stream: 0,
         cost_ns: 0,
+        setup_ns: 0,
         launches: 0,
         until_ns: 0,
         busy_until_ns: 0,
@@ -123,11 +127,17 @@ impl Tab {
             0
         };
         let start = now_ns.max(self.busy_until_ns).max(floor);
-        let end = start.saturating_add(self.cost_ns as u64);
+        let cost = if start > now_ns {
+            duty::behind_cost(self.cost_ns as u64, self.setup_ns as u64)
+        } else {
+            self.cost_ns as u64
+        };
+        let end = start.saturating_add(cost);
         let horizon = self.horizon_ns.max(self.busy_until_ns);
         self.added_ns += duty::union_increment(start, end, horizon);
         self.busy_until_ns = end;
-        self.launches += 1;
+        // A tab lasts 1 ms of launches that each take microseconds: never saturates.
+        self.launches = self.launches.saturating_add(1);
     }
 }
 
@@ -291,6 +301,7 @@ impl DeviceLimiter {
                 kernel,
                 stream,
                 cost_ns: cost_ns as u32,
+                setup_ns: self.setup_ns().min(u16::MAX as u64) as u16,
                 launches: 0,
                 until_ns,
                 busy_until_ns,
@@ -373,6 +384,7 @@ mod tests {
             offset_of!(Tab, kernel),
             offset_of!(Tab, stream),
             offset_of!(Tab, cost_ns),
+            offset_of!(Tab, setup_ns),
             offset_of!(Tab, launches),
             offset_of!(Tab, until_ns),
             offset_of!(Tab, busy_until_ns),
@@ -407,6 +419,24 @@ mod tests {
         assert_eq!(tab.added_ns, 44 * US);
         assert_eq!(tab.busy_until_ns, now + 104 * US);
         assert_eq!(tab.launches, 11);
+    }
+
+    #[test]
+    fn launches_behind_the_tabs_last_are_charged_without_their_set_up() {
+        let now = 1_000_000 * US;
+        let mut tab = Tab {
+            setup_ns: (2 * US) as u16,
+            ..open_at(now, 4 * US)
+        };
+        // Every 1 us, 4 us estimates of which 2 us is the set-up hidden behind the last.
+        for step in 1..=10 {
+            tab.ran(now + step * US);
+        }
+        assert_eq!(tab.added_ns, 20 * US);
+        assert_eq!(tab.busy_until_ns, now + 24 * US);
+        // On the idle stream, the whole estimate.
+        tab.ran(now + 100 * US);
+        assert_eq!(tab.busy_until_ns, now + 104 * US);
     }
 
     #[test]

@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::duty::{Estimate, SINCE_SHIFT};
+use super::duty::{self, Estimate, SINCE_SHIFT};
 
 /// How many slots a lookup probes.
 const PROBE: usize = 16;
@@ -303,16 +303,17 @@ impl Streams {
         prefetch(&self.slots[home(key, self.slots.len())]);
     }
 
-    /// Places `cost_ns` of work queued on `key` at `now_ns`: it starts when the stream's
-    /// queued work ends, and not before `floor_of(blocking)` (what a stream that waits on
-    /// others waits for).
+    /// Places `cost_ns` of work (of which `setup_ns` its samples timed as set-up) queued
+    /// on `key` at `now_ns`: it starts when the stream's queued work ends, and not before
+    /// `floor_of(blocking)` (what a stream that waits on others waits for). Placed behind queued work, it runs without the set-up
+    /// `setup_ns` its samples timed (`duty::behind_cost`), which the card hides there.
     /// A stream without a slot is projected from `fallback_ns` (the container's horizon:
     /// after everything, so it is charged in full).
     pub fn place(
         &self,
         key: u64,
         now_ns: u64,
-        cost_ns: u64,
+        (cost_ns, setup_ns): (u64, u64),
         floor_of: impl Fn(bool) -> u64,
         fallback_ns: u64,
         is_blocking: impl FnOnce() -> bool,
@@ -331,7 +332,12 @@ impl Streams {
         let mut current = busy.load(Ordering::Acquire);
         loop {
             let start = now_ns.max(current).max(floor_ns);
-            let end = start.saturating_add(cost_ns);
+            let cost = if start > now_ns {
+                duty::behind_cost(cost_ns, setup_ns)
+            } else {
+                cost_ns
+            };
+            let end = start.saturating_add(cost);
             match busy.compare_exchange_weak(current, end, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     return Placed {
@@ -505,10 +511,28 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_behind_its_streams_work_is_placed_without_its_set_up() {
+        let streams = Streams::new(32);
+        let now = 10_000_000_000;
+        // On an idle stream a 30 us kernel runs its whole estimate (set-up and all).
+        let first = streams.place(1, now, (30_000, 10_000), |_| 0, 0, || false);
+        assert_eq!((first.start, first.end), (now, now + 30_000));
+        // Queued behind it, its set-up runs beside the first: 20 us.
+        let second = streams.place(1, now + 5_000, (30_000, 10_000), |_| 0, 0, || false);
+        assert_eq!((second.start, second.end), (now + 30_000, now + 50_000));
+        // Behind a floor (the legacy stream's work) as well.
+        let floored = streams.place(2, now, (30_000, 10_000), |_| now + 1_000, 0, || true);
+        assert_eq!(floored.end, now + 21_000);
+        // Once the stream has run dry, the next is set up on an idle card again.
+        let later = streams.place(1, now + 60_000, (30_000, 10_000), |_| 0, 0, || false);
+        assert_eq!(later.end, now + 90_000);
+    }
+
+    #[test]
     fn streams_queue_their_own_work_and_forget_idle_ones() {
         let streams = Streams::new(32);
         let now = 10_000_000_000;
-        let first = streams.place(1, now, 100, |_| 0, 0, || true);
+        let first = streams.place(1, now, (100, 0), |_| 0, 0, || true);
         assert_eq!(
             first,
             Placed {
@@ -517,7 +541,7 @@ mod tests {
                 was_idle: true
             }
         );
-        let second = streams.place(1, now + 10, 100, |_| 0, 0, || unreachable!());
+        let second = streams.place(1, now + 10, (100, 0), |_| 0, 0, || unreachable!());
         assert_eq!(
             second,
             Placed {
@@ -526,35 +550,41 @@ mod tests {
                 was_idle: false
             }
         );
-        let other = streams.place(2, now + 10, 100, |_| 0, 0, || false);
+        let other = streams.place(2, now + 10, (100, 0), |_| 0, 0, || false);
         assert_eq!(other.start, now + 10, "another stream runs beside it");
         // A blocking stream waits for the floor (the legacy stream's work); a
         // non-blocking one does not.
         let legacy = |blocking: bool| if blocking { now + 500 } else { 0 };
         assert_eq!(
-            streams.place(1, now + 20, 50, legacy, 0, || false).start,
+            streams
+                .place(1, now + 20, (50, 0), legacy, 0, || false)
+                .start,
             now + 500
         );
         assert_eq!(
-            streams.place(2, now + 20, 50, legacy, 0, || false).start,
+            streams
+                .place(2, now + 20, (50, 0), legacy, 0, || false)
+                .start,
             now + 110
         );
         streams.extend(1, now + 1_000);
         assert_eq!(streams.busy_until(1), now + 1_000);
         // Fill the table; stale streams give their slots up.
         for key in 100..200u64 {
-            streams.place(key, now, 1, |_| 0, 0, || false);
+            streams.place(key, now, (1, 0), |_| 0, 0, || false);
         }
         let later = now + 2 * STALE_NS;
         for key in 200..230u64 {
-            let placed = streams.place(key, later, 1, |_| 0, 0, || false);
+            let placed = streams.place(key, later, (1, 0), |_| 0, 0, || false);
             assert_eq!(placed.start, later);
         }
         // A stream that finds no slot is placed after the fallback horizon.
         let crowded = Streams::new(1);
-        crowded.place(1, now, 100, |_| 0, 0, || false);
+        crowded.place(1, now, (100, 0), |_| 0, 0, || false);
         assert_eq!(
-            crowded.place(2, now, 100, |_| 0, now + 700, || false).start,
+            crowded
+                .place(2, now, (100, 0), |_| 0, now + 700, || false)
+                .start,
             now + 700
         );
     }

@@ -65,6 +65,12 @@ pub enum Counter {
     /// show one, as the launch's projection had it.
     SettledBacklogged,
     SettledIdle,
+    /// Samples of two launches (`super::pair`) that settled, those of them that taught
+    /// a set-up (the second behind the first, both kernels steady), and those whose
+    /// second launch did not come (another stream, an unknown kernel, or too late).
+    Paired,
+    PairsTaught,
+    PairsDropped,
     /// Of the idle ones, how many were taken to have timed another context's slice:
     /// they taught nothing and were charged no more than projected
     /// (`duty::idle_sample_may_time_a_neighbour`).
@@ -105,6 +111,9 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "dropped",
     "settled_backlogged",
     "settled_idle",
+    "paired",
+    "pairs_taught",
+    "pairs_dropped",
     "settled_idle_discounted",
     "charged_ns",
     "charged_scaled_ns",
