@@ -730,6 +730,26 @@ fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
     }
 }
 
+/// A tab serves a run of one kernel, so it opens only for a launch that repeats the
+/// thread's last: kernels that take turns (the training-like program's 120, each
+/// launched once in a row) open none, where each fast-path launch opened one before
+/// (1027 tabs for 30721 launches and none used: a borrow and a pay per launch for
+/// nothing, `limiter::tab`). A loop of one kernel still runs on tabs
+/// (`a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them`).
+#[test]
+fn kernels_that_take_turns_open_no_tabs() {
+    let (report, trace) = run_traced(
+        "turns-no-tabs",
+        "    core_limit: 90\n",
+        Role::plain("k_1ms", 1000).mode("torch"),
+    );
+    let (launches, opened) = (trace.get("launches"), trace.get("tabs_opened"));
+    assert!(
+        launches > 1000 && opened * 1000 <= launches,
+        "{opened} tabs opened for {launches} launches:\n{report:?}\n{trace:?}"
+    );
+}
+
 /// A thread's tab is paid when the thread exits: short-lived threads that each launch
 /// a burst of short kernels (fewer than one tab holds) and exit have every launch
 /// recorded in the region, as on the per-launch path, and are not held by credit they
