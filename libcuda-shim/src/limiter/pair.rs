@@ -19,8 +19,9 @@
 //! and a pair that timed a neighbour's slice shows less, so errors lean towards
 //! charging more. While a pair waits for its second launch, launches that find a sample
 //! slot open take the slow path (`DeviceLimiter::pair_open`), where the thread whose
-//! pair it is closes it; a launch of that thread on another stream, or of an unknown
-//! kernel, drops it, and so does any launch after `PATIENCE_NS`.
+//! pair it is closes it; a launch of that thread on another stream, of an unknown
+//! kernel, or after another launch went on the stream between (its projection moved),
+//! drops it, and so does any launch after `PATIENCE_NS`.
 
 use std::sync::atomic::Ordering;
 
@@ -55,6 +56,9 @@ pub(super) struct OpenPair {
     sample: Sample,
     /// When the next sample is due once the pair closes (the first launch's gap).
     next_sample_ns: u64,
+    /// The stream's projected end after the first launch: a launch that finds it moved
+    /// is not the stream's next (another went between, on this thread or another).
+    stream_end_ns: u64,
 }
 
 /// What a settled sample of two launches needs to know besides its events.
@@ -99,6 +103,7 @@ impl DeviceLimiter {
             stream_key: target.key(),
             sample,
             next_sample_ns: self.next_sample_ns.load(Ordering::Relaxed),
+            stream_end_ns: self.streams.busy_until(target.key()),
         });
         // Launches that find a sample slot open come to the slow path until it closes.
         self.next_sample_ns.store(0, Ordering::Relaxed);
@@ -114,7 +119,10 @@ impl DeviceLimiter {
         let mut slow = self.lock();
         let open = slow.pair.as_ref()?;
         let mine = crate::current::try_thread_tag() == Some(open.thread);
-        let second = mine && known && open.stream_key == target.key();
+        let second = mine
+            && known
+            && open.stream_key == target.key()
+            && self.streams.busy_until(open.stream_key) == open.stream_end_ns;
         let late = now_ns.saturating_sub(open.sample.returned_ns) > PATIENCE_NS;
         if !(second || mine || late) {
             return None;
