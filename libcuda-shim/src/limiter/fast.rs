@@ -16,7 +16,9 @@
 //! line of the tab and runs; the device, the capture check and the clock come after the
 //! real launch, and it is projected on the tab alone: no read-modify-write and no line
 //! of the tables or the region. A launch the tab does not cover pays it first; a
-//! fast-path launch that finds the bucket with credit to lend opens the next.
+//! fast-path launch that repeats the thread's last and finds the bucket with credit to
+//! lend opens the next. Placed behind its stream's queued work, a launch is projected
+//! without the set-up its samples timed (`super::pair`).
 //!
 //! What it costs, measured over the simulated driver (not a GPU figure): about 475
 //! instructions in the shim per limited launch (`tests/bench/launch_cost.sh` with
