@@ -2558,23 +2558,29 @@ fn an_event_on_an_idle_stream_waits_while_another_process_has_the_card() {
 /// 200 ms queued ahead: `(ms, ms)`, from a child process with
 /// `VGPU_SIM_KERNEL_AFTER_EVENT_NS` as given.
 fn bracketed_kernels_ms(after_event_ns: &str) -> (f32, f32) {
-    let dir = tempfile::tempdir().unwrap();
-    let env = [
-        ("VGPU_SIM_GPUS", "1"),
-        ("VGPU_SIM_MEMORY", "8GiB"),
+    let [one, two] = child_figures(
+        "bracketed_kernels_inner",
         ("VGPU_SIM_KERNEL_AFTER_EVENT_NS", after_event_ns),
-    ];
-    let stdout = inner_stdout("bracketed_kernels_inner", &env, dir.path());
+        ["one", "two"],
+    );
+    (one, two)
+}
+
+/// The figures `names` that the child test `inner` prints (`NAME VALUE`), run on one
+/// simulated GPU with `setting` in its environment.
+fn child_figures<const N: usize>(inner: &str, setting: (&str, &str), names: [&str; N]) -> [f32; N] {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("VGPU_SIM_GPUS", "1"), ("VGPU_SIM_MEMORY", "8GiB"), setting];
+    let stdout = inner_stdout(inner, &env, dir.path());
     // libtest may print the child's lines after its own "test ... " on one line.
-    let figure = |name: &str| {
+    names.map(|name| {
         stdout
             .split_whitespace()
             .skip_while(|word| *word != name)
             .nth(1)
             .and_then(|value| value.parse::<f32>().ok())
             .unwrap_or_else(|| panic!("no {name} in {stdout}"))
-    };
-    (figure("one"), figure("two"))
+    })
 }
 
 #[test]
@@ -2615,4 +2621,66 @@ fn a_kernel_right_after_an_event_waits_for_its_set_up_and_one_after_a_kernel_doe
     assert!(near(set_up, (5.1, 5.2)), "5 ms set-up: {set_up:?}");
     let none = bracketed_kernels_ms("0");
     assert!(near(none, (0.1, 0.2)), "no set-up: {none:?}");
+}
+
+/// How long (ms of host time) an event recorded on an idle stream takes to fire, a
+/// 100 us kernel launched there to finish, and the second of two 100 us kernels
+/// launched back to back (queued behind the first: `(ms, ms, ms)`), from a child
+/// process with `VGPU_SIM_IDLE_SUBMIT_NS` as given.
+fn idle_submit_ms(idle_submit_ns: &str) -> (f32, f32, f32) {
+    let [event, kernel, behind] = child_figures(
+        "idle_submit_inner",
+        ("VGPU_SIM_IDLE_SUBMIT_NS", idle_submit_ns),
+        ["event", "kernel", "behind"],
+    );
+    (event, kernel, behind)
+}
+
+#[test]
+#[ignore = "runs in a child process started by its outer test"]
+fn idle_submit_inner() {
+    let Some(sim) = child_with_a_context() else {
+        return;
+    };
+    let (k_100us, _, _) = load_functions(&sim);
+    let stream = new_stream(&sim);
+    let [a, b, c] = [new_event(&sim), new_event(&sim), new_event(&sim)];
+    let ms = |since: std::time::Instant| since.elapsed().as_secs_f32() * 1000.0;
+    let began = std::time::Instant::now();
+    record_event(&sim, a, stream);
+    assert_eq!(call!(sim, "cuEventSynchronize", fn(u64), a), SUCCESS);
+    println!("event {}", ms(began));
+    let began = std::time::Instant::now();
+    assert_eq!(launch(&sim, k_100us, stream), SUCCESS);
+    assert_eq!(call!(sim, "cuStreamSynchronize", fn(u64), stream), SUCCESS);
+    println!("kernel {}", ms(began));
+    // Two back to back: the second's end event against the first's.
+    assert_eq!(launch(&sim, k_100us, stream), SUCCESS);
+    record_event(&sim, b, stream);
+    assert_eq!(launch(&sim, k_100us, stream), SUCCESS);
+    record_event(&sim, c, stream);
+    println!("behind {}", elapsed_ms(&sim, b, c));
+}
+
+/// Work submitted to an idle stream starts `VGPU_SIM_IDLE_SUBMIT_NS` after it is
+/// submitted (a real card fetches and sets it up first), and work queued behind other
+/// work does not wait for it. Unset, neither waits.
+#[test]
+fn work_on_an_idle_stream_waits_for_its_submission_and_work_behind_other_work_does_not() {
+    let (event, kernel, behind) = idle_submit_ms("5000000");
+    assert!(event >= 5.0, "an event on an idle stream: {event} ms");
+    assert!(
+        kernel >= 5.1,
+        "a 100 us kernel on an idle stream: {kernel} ms"
+    );
+    assert!(
+        (behind - 0.1).abs() < 0.01,
+        "a kernel behind another: {behind} ms"
+    );
+    let (event, kernel, behind) = idle_submit_ms("0");
+    assert!(
+        event < 5.0 && kernel < 5.0,
+        "no latency: {event} / {kernel} ms"
+    );
+    assert!((behind - 0.1).abs() < 0.01, "{behind} ms");
 }

@@ -768,7 +768,15 @@ impl Registry {
         } else {
             0
         };
-        let ready = self.ready_at(key).max(now).saturating_add(setup);
+        let queued_until = self.ready_at(key);
+        // On an idle stream the card fetches and sets the kernel up first
+        // (`schedule::idle_submit_ns`); behind queued work, beside it.
+        let delay = if queued_until <= now {
+            setup.max(super::schedule::idle_submit_ns())
+        } else {
+            setup
+        };
+        let ready = queued_until.max(now).saturating_add(delay);
         let card_sms = self
             .sim
             .config
@@ -809,7 +817,14 @@ impl Registry {
     /// When an event recorded on `key` of context `ctx` now fires: when the stream
     /// reaches it, and not before the card is the process's (`schedule::event_on_card`).
     pub fn event_fires_at(&self, key: StreamKey, ctx: u64) -> u64 {
-        let at = self.ready_at(key).max(now_ns());
+        let (queued_until, now) = (self.ready_at(key), now_ns());
+        // Recorded on an idle stream, it fires once the card has fetched it
+        // (`schedule::idle_submit_ns`).
+        let at = if queued_until <= now {
+            now.saturating_add(super::schedule::idle_submit_ns())
+        } else {
+            queued_until
+        };
         match self.contexts.get(&ctx).map(|context| context.device) {
             Some(device) if device < self.sm_schedules.len() => {
                 super::schedule::event_on_card(&self.sim.state, self.slot, device, at)

@@ -72,13 +72,32 @@ pub const KERNEL_AFTER_EVENT_ENV: &str = "VGPU_SIM_KERNEL_AFTER_EVENT_NS";
 /// `VGPU_SIM_KERNEL_AFTER_EVENT_NS`, read once.
 pub fn kernel_after_event_ns() -> u64 {
     static NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *NS.get_or_init(|| {
-        std::env::var(KERNEL_AFTER_EVENT_ENV)
-            .ok()
-            .and_then(|value| value.parse::<u64>().ok())
-            .unwrap_or(0)
-            .min(1_000_000_000)
-    })
+    *NS.get_or_init(|| env_ns(KERNEL_AFTER_EVENT_ENV))
+}
+
+/// Nanoseconds from the env var `name`: 0 unset or unreadable, at most a second.
+fn env_ns(name: &str) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(1_000_000_000)
+}
+
+/// Env: nanoseconds between a launch or event record on an idle stream and the card
+/// starting it; 0 by default. A real card fetches and sets up work submitted to an idle
+/// stream before it runs, without being busy meanwhile, and overlaps that with the work
+/// ahead on a busy stream: so a sample of a kernel launched into an idle stream times
+/// the latency too (from the launch call's return to the end event; about 3.8 us for an
+/// empty kernel on an H100, BENCHMARKS run 17), though the card's busy time is the
+/// kernel's alone. Kernels right after an event on an idle stream wait the longer of
+/// this and `VGPU_SIM_KERNEL_AFTER_EVENT_NS`.
+pub const IDLE_SUBMIT_ENV: &str = "VGPU_SIM_IDLE_SUBMIT_NS";
+
+/// `VGPU_SIM_IDLE_SUBMIT_NS`, read once.
+pub fn idle_submit_ns() -> u64 {
+    static NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NS.get_or_init(|| env_ns(IDLE_SUBMIT_ENV))
 }
 
 /// How long a kernel of `blocks` blocks takes on a card of `card_sms` SMs whose name
