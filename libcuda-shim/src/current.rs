@@ -52,24 +52,20 @@ pub const PER_THREAD_KEY_BIT: u64 = 1 << 62;
 
 /// A small nonzero number naming the calling thread (its per-thread default stream).
 pub fn thread_tag() -> u64 {
-    THREAD_TAG.with(|tag| {
-        if tag.get() == 0 {
-            tag.set(NEXT_THREAD_TAG.fetch_add(1, Ordering::Relaxed));
-        }
-        tag.get()
-    })
+    THREAD_TAG.with(tag_of)
 }
 
 /// [`thread_tag`], or `None` while the thread's storage is being torn down.
 pub fn try_thread_tag() -> Option<u64> {
-    THREAD_TAG
-        .try_with(|tag| {
-            if tag.get() == 0 {
-                tag.set(NEXT_THREAD_TAG.fetch_add(1, Ordering::Relaxed));
-            }
-            tag.get()
-        })
-        .ok()
+    THREAD_TAG.try_with(tag_of).ok()
+}
+
+/// The tag in `cell`, drawn on first use.
+fn tag_of(cell: &Cell<u64>) -> u64 {
+    if cell.get() == 0 {
+        cell.set(NEXT_THREAD_TAG.fetch_add(1, Ordering::Relaxed));
+    }
+    cell.get()
 }
 
 /// Bumped whenever a context may have gone away anywhere in the process.

@@ -121,6 +121,16 @@ pub fn behind_cost(cost_ns: u64, setup_ns: u64) -> u64 {
     cost_ns - setup_ns.min(cost_ns - cost_ns / 4)
 }
 
+/// What a launch estimated at `cost_ns` and placed to start at `start_ns` by a call at
+/// `now_ns` runs for: [`behind_cost`] when it starts behind queued work, else all of it.
+pub fn placed_cost(start_ns: u64, now_ns: u64, cost_ns: u64, setup_ns: u64) -> u64 {
+    if start_ns > now_ns {
+        behind_cost(cost_ns, setup_ns)
+    } else {
+        cost_ns
+    }
+}
+
 /// The set-up a sample of two launches shows: a sample of one times a kernel's set-up
 /// with it, so two launches whose single estimates are `first_ns` and `second_ns`, the
 /// second set up while the first ran, take `pair_ns` between the events, and the

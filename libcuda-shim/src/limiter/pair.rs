@@ -139,6 +139,7 @@ impl DeviceLimiter {
         None
     }
 
+    /// Puts a sample's events back in its context's pool, under the `Slow` lock held.
     fn drop_sample(&self, slow: &mut Slow, sample: Sample) {
         slow.pools
             .entry(sample.context)
@@ -166,21 +167,17 @@ impl DeviceLimiter {
         let result = launch();
         let mut sample = open.sample;
         if result != CUDA_SUCCESS {
-            self.drop_sample(&mut self.lock(), sample);
+            self.give_back(sample.context, &[sample.start, sample.end]);
             return Ok(result);
         }
         let setup = self.setup_ns();
         let (start, _) = self.charge(target, cost, setup, now, rate);
-        let charged = if start > now {
-            duty::behind_cost(cost, setup)
-        } else {
-            cost
-        };
+        let charged = duty::placed_cost(start, now, cost, setup);
         let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
         // SAFETY: the pair's end event, of the current context (the first launch's, on
         // the same thread and stream), recorded on the caller's stream.
         if unsafe { record(sample.end, target.stream()) } != CUDA_SUCCESS {
-            self.drop_sample(&mut self.lock(), sample);
+            self.give_back(sample.context, &[sample.start, sample.end]);
             return Ok(result);
         }
         let first_ns = sample.projected_ns;

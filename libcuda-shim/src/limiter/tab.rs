@@ -137,11 +137,7 @@ impl Tab {
             0
         };
         let start = now_ns.max(self.busy_until_ns).max(floor);
-        let cost = if start > now_ns {
-            duty::behind_cost(self.cost_ns as u64, self.setup_ns as u64)
-        } else {
-            self.cost_ns as u64
-        };
+        let cost = duty::placed_cost(start, now_ns, self.cost_ns as u64, self.setup_ns as u64);
         let end = start.saturating_add(cost);
         let horizon = self.horizon_ns.max(self.busy_until_ns);
         self.added_ns += duty::union_increment(start, end, horizon);

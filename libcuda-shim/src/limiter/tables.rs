@@ -303,10 +303,10 @@ impl Streams {
         prefetch(&self.slots[home(key, self.slots.len())]);
     }
 
-    /// Places `cost_ns` of work (of which `setup_ns` its samples timed as set-up) queued
-    /// on `key` at `now_ns`: it starts when the stream's queued work ends, and not before
-    /// `floor_of(blocking)` (what a stream that waits on others waits for). Placed behind queued work, it runs without the set-up
-    /// `setup_ns` its samples timed (`duty::behind_cost`), which the card hides there.
+    /// Places `cost_ns` of work queued on `key` at `now_ns`: it starts when the stream's
+    /// queued work ends, and not before `floor_of(blocking)` (what a stream that waits on
+    /// others waits for). Placed behind queued work, it runs without the set-up
+    /// `setup_ns` its samples timed (`duty::placed_cost`), which the card hides there.
     /// A stream without a slot is projected from `fallback_ns` (the container's horizon:
     /// after everything, so it is charged in full).
     pub fn place(
@@ -332,12 +332,7 @@ impl Streams {
         let mut current = busy.load(Ordering::Acquire);
         loop {
             let start = now_ns.max(current).max(floor_ns);
-            let cost = if start > now_ns {
-                duty::behind_cost(cost_ns, setup_ns)
-            } else {
-                cost_ns
-            };
-            let end = start.saturating_add(cost);
+            let end = start.saturating_add(duty::placed_cost(start, now_ns, cost_ns, setup_ns));
             match busy.compare_exchange_weak(current, end, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     return Placed {
