@@ -29,6 +29,57 @@ fn believed_at(recorded_ns: u64, seen_ns: u64) -> Option<u64> {
     (gap <= FIRED_WITHIN_NS).then_some(recorded_ns + gap / 2)
 }
 
+/// A believed reference event of one context (`GpuClock`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reference {
+    event: CUevent,
+    /// When its record call began, on the host's clock.
+    recorded_ns: u64,
+    /// When it is believed to have fired (`believed_at`).
+    fired_ns: u64,
+}
+
+impl Reference {
+    /// When `event` fired, on the host's clock.
+    pub(super) fn fired(self, event: CUevent) -> Option<u64> {
+        Some(self.fired_ns.saturating_add_signed(self.since(event)?))
+    }
+
+    /// When `event` would have been recorded had it fired as soon after its record call
+    /// as the reference did after its own, on the host's clock. An event recorded on an
+    /// idle stream comes out at its record call (the card's fetch of it, the latency from
+    /// the record to the firing, is the reference's too and cancels), whatever the
+    /// reference's query loop made of the moment it fired; an event that waited for work
+    /// queued before it comes out that latency before the work ended.
+    ///
+    /// This, not [`Reference::fired`], says how long a sampled kernel's stream stood idle
+    /// before the kernel was submitted (`Sample::idle_gap_ns`). Measured by the firing
+    /// time, the gap leaves out the latency, and every sample on an idle stream was
+    /// charged the card's fetch of its kernel besides the kernel: on an H100 an empty
+    /// kernel's samples came to 3.76 us for launches 3.05 us apart, and a `--cores 99`
+    /// launch loop ran at 1.13-1.23x of bare (BENCHMARKS run 17).
+    pub(super) fn as_if_recorded(self, event: CUevent) -> Option<u64> {
+        Some(as_if_recorded(self.recorded_ns, self.since(event)?))
+    }
+
+    /// GPU time from the reference to `event`, ns.
+    fn since(self, event: CUevent) -> Option<i64> {
+        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer; two events of one context, both complete.
+        if unsafe { elapsed(&mut ms, self.event, event) } != CUDA_SUCCESS || !ms.is_finite() {
+            return None;
+        }
+        Some((ms as f64 * 1e6) as i64)
+    }
+}
+
+/// `Reference::as_if_recorded` for a reference whose record call began at
+/// `reference_recorded_ns`, of an event that fired `since_reference_ns` after it.
+fn as_if_recorded(reference_recorded_ns: u64, since_reference_ns: i64) -> u64 {
+    reference_recorded_ns.saturating_add_signed(since_reference_ns)
+}
+
 /// Maps one context's event times to the host clock: an event recorded on a stream of
 /// our own, which never has work queued, and seen to fire within [`FIRED_WITHIN_NS`] of
 /// its record, so the host time of that record plus `cuEventElapsedTime(reference, e)`
@@ -43,8 +94,8 @@ fn believed_at(recorded_ns: u64, seen_ns: u64) -> Option<u64> {
 /// by their projections.
 pub(super) struct GpuClock {
     stream: CUstream,
-    /// The reference in use: (event, host time it fired).
-    current: Option<(CUevent, u64)>,
+    /// The reference in use.
+    current: Option<Reference>,
     /// No new reference is tried before this host time.
     retry_at_ns: u64,
 }
@@ -71,15 +122,15 @@ impl GpuClock {
         &mut self,
         slow_pool: &mut Vec<CUevent>,
         now_ns: u64,
-    ) -> Option<(CUevent, u64)> {
+    ) -> Option<Reference> {
         let stale = self
             .current
-            .is_none_or(|(_, host_ns)| now_ns.saturating_sub(host_ns) > CLOCK_REFRESH_NS);
+            .is_none_or(|current| now_ns.saturating_sub(current.fired_ns) > CLOCK_REFRESH_NS);
         if stale && now_ns >= self.retry_at_ns {
             self.retry_at_ns = now_ns.saturating_add(RETRY_NS);
             if let Some(fresh) = self.try_reference(slow_pool) {
-                if let Some((old, _)) = self.current.replace(fresh) {
-                    slow_pool.push(old);
+                if let Some(old) = self.current.replace(fresh) {
+                    slow_pool.push(old.event);
                 }
                 trace::count(Counter::ClockTaken);
             } else {
@@ -92,7 +143,7 @@ impl GpuClock {
     /// Records a reference on the clock's own stream and watches it fire; `None` when
     /// it did not within [`FIRED_WITHIN_NS`] (the event goes back to the pool: a later
     /// record of it supersedes this one).
-    fn try_reference(&self, slow_pool: &mut Vec<CUevent>) -> Option<(CUevent, u64)> {
+    fn try_reference(&self, slow_pool: &mut Vec<CUevent>) -> Option<Reference> {
         let event = slow_pool.pop().or_else(|| {
             let create = real!(cuEventCreate as fn(*mut CUevent, u32) -> CUresult);
             let mut event = std::ptr::null_mut();
@@ -111,8 +162,12 @@ impl GpuClock {
             // SAFETY: an event we recorded.
             let fired = unsafe { query(event) } == CUDA_SUCCESS;
             let seen_ns = monotonic_ns();
-            if fired && let Some(at) = believed_at(recorded_ns, seen_ns) {
-                return Some((event, at));
+            if fired && let Some(fired_ns) = believed_at(recorded_ns, seen_ns) {
+                return Some(Reference {
+                    event,
+                    recorded_ns,
+                    fired_ns,
+                });
             }
             if fired || seen_ns.saturating_sub(recorded_ns) > FIRED_WITHIN_NS {
                 slow_pool.push(event);
@@ -120,18 +175,6 @@ impl GpuClock {
             }
             std::hint::spin_loop();
         }
-    }
-
-    /// When `event` fired, on the host clock.
-    pub(super) fn host_time(reference: (CUevent, u64), event: CUevent) -> Option<u64> {
-        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
-        let mut ms = 0f32;
-        // SAFETY: valid out-pointer; two events of one context, both complete.
-        if unsafe { elapsed(&mut ms, reference.0, event) } != CUDA_SUCCESS || !ms.is_finite() {
-            return None;
-        }
-        let offset = (ms as f64 * 1e6) as i64;
-        Some(reference.1.saturating_add_signed(offset))
     }
 }
 
@@ -144,6 +187,33 @@ mod tests {
         assert_eq!(believed_at(1_000, 1_000), Some(1_000));
         assert_eq!(believed_at(1_000, 9_000), Some(5_000));
         assert_eq!(believed_at(1_000, 1_000 + FIRED_WITHIN_NS), Some(11_000));
+    }
+
+    #[test]
+    fn an_event_on_an_idle_stream_maps_to_its_record_whatever_the_references_query_saw() {
+        // The card fetches an event `latency` after its record call begins; the
+        // reference's query loop first sees it fired `poll` after that.
+        for (latency, poll) in [(1_500, 300), (2_500, 4_000), (900, 12_000)] {
+            let reference_recorded = 1_000_000;
+            let reference_fired = reference_recorded + latency;
+            let believed = believed_at(reference_recorded, reference_fired + poll).unwrap();
+            // A start event recorded 5 ms later on an idle stream.
+            let recorded = reference_recorded + 5_000_000;
+            let since = (recorded + latency - reference_fired) as i64;
+            assert_eq!(as_if_recorded(reference_recorded, since), recorded);
+            // Its firing time on the host's clock is off by the query's guess instead.
+            let fired = believed as i64 + since;
+            assert_ne!(fired, (recorded + latency) as i64, "{latency} {poll}");
+        }
+        // One that waited for work queued before it, ending 40 us after its record:
+        // the reference's latency before the work ended.
+        let (reference_recorded, latency) = (1_000_000, 1_500);
+        let work_ended = reference_recorded + 5_000_000 + 40_000;
+        let since = (work_ended - (reference_recorded + latency)) as i64;
+        assert_eq!(
+            as_if_recorded(reference_recorded, since),
+            work_ended - latency
+        );
     }
 
     #[test]

@@ -37,19 +37,21 @@ impl Sample {
     /// The host time from the start event to the kernel's submission that the GPU spent
     /// idle on this stream, which must not be charged: on a stream with nothing queued
     /// the start event fires at once, and the kernel only runs once the launch call has
-    /// submitted it. `start_fired_ns` is when the start event fired on the host's clock
-    /// (from the context's reference event); where that is unknown, the projection's
-    /// guess stands in. A stream with work queued fires the start event when that work
-    /// ends, after the launch returned: no gap.
+    /// submitted it, and the card spends the same fetch latency on the kernel after the
+    /// launch returned as on the event after its record. `start_ns` is when the start
+    /// event would have been recorded had it fired at once (`Reference::as_if_recorded`:
+    /// on an idle stream, at its record call, so the gap is the whole launch call); where
+    /// that is unknown, the projection's guess stands in. A stream with work queued fires
+    /// the start event when that work ends, after the launch returned: no gap.
     ///
     /// The GPU's own timestamp, not the projection, must decide: a projection that ran
     /// behind the card would make every backlogged sample look idle and cut its cost,
     /// shortening the projection further (and the other way round), until the estimates
     /// stand at a quarter of the truth or include every launch's host time.
-    pub(super) fn idle_gap_ns(&self, start_fired_ns: Option<u64>) -> u64 {
+    pub(super) fn idle_gap_ns(&self, start_ns: Option<u64>) -> u64 {
         let most = self.returned_ns.saturating_sub(self.recorded_ns);
-        match start_fired_ns {
-            Some(fired) => self.returned_ns.saturating_sub(fired).min(most),
+        match start_ns {
+            Some(start) => self.returned_ns.saturating_sub(start).min(most),
             None if self.projected_idle => most,
             None => 0,
         }

@@ -96,13 +96,13 @@ impl DeviceLimiter {
         let pool = slow.pools.entry(sample.context).or_default();
         let reference = clock.and_then(|clock| clock.reference(pool, now_ns));
         let sane = |at: &u64| *at <= now_ns && at.saturating_add(CLOCK_REFRESH_NS * 4) >= now_ns;
-        let fired = |event| {
-            reference
-                .and_then(|reference| GpuClock::host_time(reference, event))
-                .filter(sane)
-        };
-        let (start_fired, end_fired) = (fired(sample.start), fired(sample.end));
-        let gap = sample.idle_gap_ns(start_fired);
+        let end_fired = reference
+            .and_then(|reference| reference.fired(sample.end))
+            .filter(sane);
+        let start_as_if_recorded = reference
+            .and_then(|reference| reference.as_if_recorded(sample.start))
+            .filter(sane);
+        let gap = sample.idle_gap_ns(start_as_if_recorded);
         // A pair teaches the set-up, not a kernel's cost; it is corrected as one known
         // launch over its projection's span.
         let ns = match sample.pair {

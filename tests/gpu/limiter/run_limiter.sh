@@ -157,6 +157,13 @@ if [ -n "$STREAMS" ] && has launch; then
     if timeout 60 cc -O2 -o "$OUT/costs" "$HERE/costs.c" -ldl >>"$LOGS/cc.log" 2>&1; then
         step costs 60 bare "$OUT/costs"
     fi
+    # What a sample of a launch into an idle stream times, and the kernel's time as the
+    # limiter takes it from the reference event's record (and, as before run 18, from
+    # its query loop's guess of the firing), beside the card's time per kernel back to
+    # back (a diagnostic, not judged; the sim has no %globaltimer to spin on).
+    if [ "${SIMULATE:-0}" != 1 ] && timeout 60 cc -O2 -o "$OUT/idle_sample" "$HERE/idle_sample.c" -ldl >>"$LOGS/cc.log" 2>&1; then
+        step idle-sample 60 bare "$OUT/idle_sample"
+    fi
     # Timed runs without the trace (its counters cost a few atomics per launch); one
     # traced run after them says what the limiter did.
     # Each run on the same two CPUs (PIN): unpinned, runs of one kind spread 3.26-4.29 us
