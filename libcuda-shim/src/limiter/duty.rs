@@ -188,6 +188,19 @@ impl Steadiness {
     }
 }
 
+/// The class of a grid of `blocks` blocks that a kernel's cost is learned for
+/// (`Work::key`): every count up to 16 apart, then eight classes an octave, so that two
+/// grids of one class differ by at most an eighth and a kernel launched with grids of
+/// every size has at most 255 classes. Under 256.
+pub fn grid_class(blocks: u64) -> u64 {
+    if blocks <= 16 {
+        return blocks;
+    }
+    let octave = u64::from(63 - blocks.leading_zeros());
+    let eighth = (blocks >> (octave - 3)) & 7;
+    (17 + (octave - 4) * 8 + eighth).min(255)
+}
+
 /// The set-up a process's launches behind queued work are taken to hide: the median of
 /// its recent samples of two launches (`recent`; none without any), so that one pair
 /// that timed a neighbour's slice or a kernel's unusually short run moves nothing.
@@ -497,6 +510,26 @@ mod tests {
         // Streams that overlap: the kernel may have waited for SMs behind the process's
         // own kernels, which the card spent on it: the whole overrun.
         assert_eq!(settled_overrun(MS, MS, MS, true), MS);
+    }
+
+    #[test]
+    fn grids_within_an_eighth_share_a_class_and_larger_ones_do_not() {
+        assert_eq!(grid_class(0), 0);
+        assert_eq!(grid_class(7), 7);
+        assert_ne!(grid_class(16), grid_class(17));
+        // 1024 and 1151 are within an eighth of 1024; 1152 is the next class.
+        assert_eq!(grid_class(1024), grid_class(1151));
+        assert_ne!(grid_class(1151), grid_class(1152));
+        // Classes rise with the grid and stay under 256.
+        let mut last = 0;
+        for shift in 0..64 {
+            for blocks in [1u64 << shift, (1u64 << shift) | ((1u64 << shift) / 2)] {
+                let class = grid_class(blocks);
+                assert!(class >= last && class < 256, "{blocks}: {class}");
+                last = class;
+            }
+        }
+        assert_eq!(grid_class(u64::MAX), 255);
     }
 
     #[test]

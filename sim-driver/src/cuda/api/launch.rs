@@ -41,7 +41,26 @@ fn launch_function(
     }
 }
 
+/// How many times its named duration a kernel of `name` launched with `params` runs: a
+/// kernel whose name has `_scaled_` in it (`k_scaled_100us`) runs its first parameter's
+/// (a `u32`) times, at least once, as a real kernel's work follows its arguments (a loop
+/// count) with the function and grid the same; any other, once.
+fn times_of(name: &str, params: *mut *mut c_void) -> u64 {
+    if !name.contains("_scaled_") || params.is_null() {
+        return 1;
+    }
+    // SAFETY: the caller passes the kernel's parameter array; a `_scaled_` kernel's first
+    // parameter is a `u32` (the sim's own test kernels, nothing else has the name).
+    let first = unsafe { *params };
+    if first.is_null() {
+        return 1;
+    }
+    // SAFETY: as above.
+    u64::from(unsafe { first.cast::<u32>().read_unaligned() }).max(1)
+}
+
 /// Validates and queues one launch; the kernel occupies its stream for its duration.
+#[allow(clippy::too_many_arguments)]
 fn launch(
     function: u64,
     grid: [u32; 3],
@@ -50,12 +69,14 @@ fn launch(
     stream: u64,
     per_thread: bool,
     cooperative: bool,
+    params: *mut *mut c_void,
 ) -> Res {
     crate::cuda::schedule::spend_launch_call();
     let current = current_context();
     with_registry(|registry| {
         let (key, ctx) = registry.stream_key(stream, per_thread, current)?;
         let (name, duration) = launch_function(registry, function, ctx)?;
+        let duration = duration.saturating_mul(times_of(&name, params));
         if grid.contains(&0) || block.contains(&0) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -144,7 +165,12 @@ pub struct LaunchConfig {
 }
 const _: () = assert!(std::mem::size_of::<LaunchConfig>() == 56);
 
-fn launch_ex(config: *const LaunchConfig, function: u64, per_thread: bool) -> Res {
+fn launch_ex(
+    config: *const LaunchConfig,
+    function: u64,
+    per_thread: bool,
+    params: *mut *mut c_void,
+) -> Res {
     let c = read_in(config).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if c.num_attrs > 0 && c.attrs.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -157,6 +183,7 @@ fn launch_ex(config: *const LaunchConfig, function: u64, per_thread: bool) -> Re
         c.stream,
         per_thread,
         false,
+        params,
     )
 }
 
@@ -165,32 +192,54 @@ cuda! {
     fn cuGraphLaunch_ptsz(exec: u64, stream: u64) { graph_launch(exec, stream, true) }
 
     fn cuLaunchKernel(f: u64, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32, stream: u64, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        let _ = (params, extra);
-        launch(f, [gx, gy, gz], [bx, by, bz], shared, stream, false, false)
+        let _ = extra;
+        launch(f, [gx, gy, gz], [bx, by, bz], shared, stream, false, false, params)
     }
 
     fn cuLaunchKernel_ptsz(f: u64, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32, stream: u64, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        let _ = (params, extra);
-        launch(f, [gx, gy, gz], [bx, by, bz], shared, stream, true, false)
+        let _ = extra;
+        launch(f, [gx, gy, gz], [bx, by, bz], shared, stream, true, false, params)
     }
 
     fn cuLaunchCooperativeKernel(f: u64, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32, stream: u64, params: *mut *mut c_void) {
-        let _ = params;
-        launch(f, [gx, gy, gz], [bx, by, bz], shared, stream, false, true)
+        launch(f, [gx, gy, gz], [bx, by, bz], shared, stream, false, true, params)
     }
 
     fn cuLaunchCooperativeKernel_ptsz(f: u64, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32, stream: u64, params: *mut *mut c_void) {
-        let _ = params;
-        launch(f, [gx, gy, gz], [bx, by, bz], shared, stream, true, true)
+        launch(f, [gx, gy, gz], [bx, by, bz], shared, stream, true, true, params)
     }
 
     fn cuLaunchKernelEx(config: *const LaunchConfig, f: u64, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        let _ = (params, extra);
-        launch_ex(config, f, false)
+        let _ = extra;
+        launch_ex(config, f, false, params)
     }
 
     fn cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: u64, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        let _ = (params, extra);
-        launch_ex(config, f, true)
+        let _ = extra;
+        launch_ex(config, f, true, params)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scaled_kernel_runs_its_first_arguments_times_its_work_and_no_other_does() {
+        let mut times = 10u32;
+        let mut params = [(&raw mut times).cast::<c_void>()];
+        let params = params.as_mut_ptr();
+        assert_eq!(times_of("k_scaled_100us", params), 10);
+        assert_eq!(times_of("k_100us", params), 1, "not a scaled kernel");
+        assert_eq!(times_of("k_scaled_100us", std::ptr::null_mut()), 1);
+        let mut zero = 0u32;
+        let mut params = [(&raw mut zero).cast::<c_void>()];
+        assert_eq!(
+            times_of("k_scaled_100us", params.as_mut_ptr()),
+            1,
+            "at least once"
+        );
+        let mut params = [std::ptr::null_mut::<c_void>()];
+        assert_eq!(times_of("k_scaled_100us", params.as_mut_ptr()), 1);
     }
 }
