@@ -52,13 +52,16 @@ fn a_limited_launch_loop_takes_the_fast_path_without_a_system_call_per_launch() 
     let (launches, fast) = (trace.counter("launches"), trace.counter("fast_path"));
     assert!(launches >= LAUNCHES, "{text}");
     // Off the fast path: the samples (one a millisecond once settled, the first few 200 us
-    // apart), the first launch of the kernel and a wait or two. A slow host launches
-    // fewer times a millisecond, and more of its launches are sampled (a debug build
-    // under strace on a loaded 2-core AMD EPYC host: 11 us a launch, 4759 samples, 98.9 %
-    // on the fast path); a slow path taken per launch would be hundreds of thousands.
+    // apart), the second launch of a sample of two (every other sample placed behind
+    // queued work, `limiter::pair`, and a launch that finds its slot open meanwhile), the
+    // first launch of the kernel and a wait or two. A slow host launches fewer times a
+    // millisecond, and more of its launches are sampled (a debug build under strace on a
+    // loaded 2-core AMD EPYC host: 11 us a launch, 4759 samples, 98.9 % on the fast
+    // path; with the sim built optimised, 2143 samples and 937 pairs, 4991 launches off
+    // it in 2211 ms); a slow path taken per launch would be hundreds of thousands.
     let off = launches - fast;
     assert!(
-        off <= run_ms * 3 / 2 + 500,
+        off <= run_ms * 3 + 500,
         "{off} of {launches} launches off the fast path in {run_ms} ms:\n{text}"
     );
     // The fast path's clock reads the time-stamp counter where the kernel keeps time

@@ -168,15 +168,19 @@ impl Estimates {
 
     /// Up to `most` learned estimates, those with the most samples first (for the trace:
     /// what the limiter believes its busiest kernels cost).
-    pub fn best_known(&self, most: usize) -> Vec<Estimate> {
-        let mut known: Vec<Estimate> = self
+    pub fn best_known(&self, most: usize) -> Vec<(u64, Estimate)> {
+        let mut known: Vec<(u64, Estimate)> = self
             .slots
             .iter()
-            .filter(|slot| slot.key.load(Ordering::Relaxed) != 0)
-            .map(|slot| Estimate::unpack(slot.value.load(Ordering::Relaxed)))
-            .filter(|estimate| estimate.samples > 0)
+            .map(|slot| {
+                (
+                    slot.key.load(Ordering::Relaxed),
+                    Estimate::unpack(slot.value.load(Ordering::Relaxed)),
+                )
+            })
+            .filter(|(key, estimate)| *key != 0 && estimate.samples > 0)
             .collect();
-        known.sort_by(|a, b| b.samples.cmp(&a.samples).then(b.cost_ns.cmp(&a.cost_ns)));
+        known.sort_by(|(_, a), (_, b)| b.samples.cmp(&a.samples).then(b.cost_ns.cmp(&a.cost_ns)));
         known.truncate(most);
         known
     }
@@ -467,12 +471,12 @@ mod tests {
                 table.record(key, cost);
             }
         }
-        let costs: Vec<(u64, u32)> = table
+        let costs: Vec<(u64, u64, u32)> = table
             .best_known(3)
             .iter()
-            .map(|estimate| (estimate.cost_ns, estimate.samples))
+            .map(|(key, estimate)| (*key, estimate.cost_ns, estimate.samples))
             .collect();
-        assert_eq!(costs, [(2_000, 9), (1_000, 9), (100, 3)]);
+        assert_eq!(costs, [(4, 2_000, 9), (2, 1_000, 9), (1, 100, 3)]);
         assert!(Estimates::new(8).best_known(3).is_empty());
     }
 

@@ -5,54 +5,18 @@
 // check of tests/gpu/limiter/run_limiter.sh.
 //
 //   cc -O2 -o costs costs.c -ldl && ./costs PTX_FILE
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "driver.h"
+
 #include <string.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
-
-typedef int CUresult;
-typedef void *H;
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGet)(int *, int);
-static CUresult (*cuCtxCreate)(H *, unsigned, int);
-static CUresult (*cuCtxGetCurrent)(H *);
-static CUresult (*cuStreamCreate)(H *, unsigned);
-static CUresult (*cuStreamIsCapturing)(H, int *);
-static CUresult (*cuStreamSynchronize)(H);
-static CUresult (*cuEventCreate)(H *, unsigned);
-static CUresult (*cuEventRecord)(H, H);
-static CUresult (*cuEventQuery)(H);
-static CUresult (*cuEventElapsedTime)(float *, H, H);
-static CUresult (*cuModuleLoadData)(H *, const void *);
-static CUresult (*cuModuleGetFunction)(H *, H, const char *);
-static CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                  unsigned, H, void **, void **);
 
 static const char PTX[] =
     ".version 7.0\n.target sm_50\n.address_size 64\n"
     ".visible .entry empty(.param .u64 p) { ret; }\n";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return now_ns() * 1e-9; }
 
-#define LOAD(name)                                                        \
-    do {                                                                  \
-        *(void **)&name = dlsym(cuda, #name);                             \
-        if (!name) *(void **)&name = dlsym(cuda, #name "_v2");            \
-        if (!name) { fprintf(stderr, "no %s\n", #name); return 1; }       \
-    } while (0)
-#define CHECK(call)                                                       \
-    do {                                                                  \
-        CUresult r_ = (call);                                             \
-        if (r_) { fprintf(stderr, "%s: %d\n", #call, r_); return 1; }     \
-    } while (0)
 #define TIME(label, n, body)                                              \
     do {                                                                  \
         double t0_ = now_s();                                             \
@@ -62,12 +26,7 @@ static double now_s(void) {
     } while (0)
 
 int main(void) {
-    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
-    if (!cuda) { fprintf(stderr, "%s\n", dlerror()); return 1; }
-    LOAD(cuInit); LOAD(cuDeviceGet); LOAD(cuCtxCreate); LOAD(cuCtxGetCurrent);
-    LOAD(cuStreamCreate); LOAD(cuStreamIsCapturing); LOAD(cuStreamSynchronize);
-    LOAD(cuEventCreate); LOAD(cuEventRecord); LOAD(cuEventQuery); LOAD(cuEventElapsedTime);
-    LOAD(cuModuleLoadData); LOAD(cuModuleGetFunction); LOAD(cuLaunchKernel);
+    if (load_driver()) return 1;
     char source[128] = "?";
     FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
     if (f) { if (fscanf(f, "%127s", source) != 1) strcpy(source, "?"); fclose(f); }

@@ -6,32 +6,16 @@
 // kernel's submission) with the reference event's host time taken two ways: the middle
 // of its wait (record call to first query that saw it fired) and the start of its
 // record call. Beside them what the card spends per kernel queued back to back (behind
-// a 3 ms spin) and the bare launch loop's time per launch. One JSON line per figure.
+// a 3 ms spin) and the bare launch loop's time per launch. Then what the card's own
+// account (NVML's utilization samples) makes of 2 s of each kind launched one at a time
+// and 2 s queued back to back: its busy time per kernel, to set beside the samples' and
+// the back-to-back figures. One JSON line per figure.
 // Diagnostic for the launch-cost check of tests/gpu/limiter/run_limiter.sh.
 //
 //   cc -O2 -o idle_sample idle_sample.c -ldl && ./idle_sample
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
+#include "driver.h"
 
-typedef int CUresult;
-typedef void *H;
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGet)(int *, int);
-static CUresult (*cuCtxCreate)(H *, unsigned, int);
-static CUresult (*cuStreamCreate)(H *, unsigned);
-static CUresult (*cuStreamSynchronize)(H);
-static CUresult (*cuEventCreate)(H *, unsigned);
-static CUresult (*cuEventRecord)(H, H);
-static CUresult (*cuEventQuery)(H);
-static CUresult (*cuEventElapsedTime)(float *, H, H);
-static CUresult (*cuModuleLoadData)(H *, const void *);
-static CUresult (*cuModuleGetFunction)(H *, H, const char *);
-static CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                  unsigned, H, void **, void **);
+#include <string.h>
 
 static const char PTX[] =
     ".version 7.0\n.target sm_50\n.address_size 64\n"
@@ -42,25 +26,41 @@ static const char PTX[] =
     "SPIN:\n mov.u64 %rd3, %globaltimer;\n sub.u64 %rd4, %rd3, %rd2;\n"
     " setp.lt.u64 %p1, %rd4, %rd1;\n @%p1 bra SPIN;\n ret;\n}\n";
 
-static long long now_ns(void) {
+static H empty_fn, spin_fn;
+
+typedef struct {
+    unsigned long long timestamp;
+    unsigned long long value;
+} NvmlSample;
+static int (*nvmlInit_v2)(void);
+static int (*nvmlDeviceGetHandleByIndex_v2)(unsigned, H *);
+static int (*nvmlDeviceGetSamples)(H, int, unsigned long long, int *, unsigned *, NvmlSample *);
+static H nvml_device;
+
+static unsigned long long wall_us(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec * 1000000ULL + ts.tv_nsec / 1000;
 }
 
-#define LOAD(name)                                                        \
-    do {                                                                  \
-        *(void **)&name = dlsym(cuda, #name);                             \
-        if (!name) *(void **)&name = dlsym(cuda, #name "_v2");            \
-        if (!name) { fprintf(stderr, "no %s\n", #name); return 1; }       \
-    } while (0)
-#define CHECK(call)                                                       \
-    do {                                                                  \
-        CUresult r_ = (call);                                             \
-        if (r_) { fprintf(stderr, "%s: %d\n", #call, r_); exit(1); }      \
-    } while (0)
-
-static H empty_fn, spin_fn;
+// The mean of NVML's GPU utilization samples taken within (`since_us`, `until_us`]
+// (wall clock), or -1.
+static double nvml_busy_between(unsigned long long since_us, unsigned long long until_us) {
+    static NvmlSample samples[4096];
+    unsigned count = 4096;
+    int type = 0;
+    if (!nvmlDeviceGetSamples || nvmlDeviceGetSamples(nvml_device, 1, since_us, &type, &count,
+                                                      samples) != 0 || count == 0)
+        return -1;
+    double sum = 0;
+    unsigned used = 0;
+    for (unsigned i = 0; i < count && i < 4096; i++) {
+        if (samples[i].timestamp <= since_us || samples[i].timestamp > until_us) continue;
+        sum += type == 1 ? (double)(unsigned)samples[i].value : (double)samples[i].value;
+        used++;
+    }
+    return used ? sum / used : -1;
+}
 
 static void launch(long long spin_ns, H stream) {
     unsigned long long arg = (unsigned long long)spin_ns;
@@ -105,12 +105,7 @@ static void take_reference(H event, H stream, long long *recorded, long long *se
 static double most[N], elapsed[N], k_mid[N], k_rec[N], window[N], call[N];
 
 int main(void) {
-    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
-    if (!cuda) { fprintf(stderr, "%s\n", dlerror()); return 1; }
-    LOAD(cuInit); LOAD(cuDeviceGet); LOAD(cuCtxCreate); LOAD(cuStreamCreate);
-    LOAD(cuStreamSynchronize); LOAD(cuEventCreate); LOAD(cuEventRecord); LOAD(cuEventQuery);
-    LOAD(cuEventElapsedTime); LOAD(cuModuleLoadData); LOAD(cuModuleGetFunction);
-    LOAD(cuLaunchKernel);
+    if (load_driver()) return 1;
     int device;
     H context, stream, clock_stream, module, start, end, reference;
     CHECK(cuInit(0));
@@ -187,6 +182,47 @@ int main(void) {
                q[4][0], q[4][1], q[4][2], back_to_back, (double)(t1 - t0) / loop,
                (double)(now_ns() - t0) / loop);
         fflush(stdout);
+    }
+    // The card's own account: 2 s of each kind one at a time, then 2 s back to back.
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (nvml) {
+        *(void **)&nvmlInit_v2 = dlsym(nvml, "nvmlInit_v2");
+        *(void **)&nvmlDeviceGetHandleByIndex_v2 = dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
+        *(void **)&nvmlDeviceGetSamples = dlsym(nvml, "nvmlDeviceGetSamples");
+    }
+    if (!nvmlInit_v2 || nvmlInit_v2() != 0 || nvmlDeviceGetHandleByIndex_v2(0, &nvml_device) != 0) {
+        printf("{\"nvml\": \"unavailable\"}\n");
+        return 0;
+    }
+    for (int k = 0; k < 4; k++) {
+        long long spin = kinds[k];
+        for (int queued = 0; queued < 2; queued++) {
+            CHECK(cuStreamSynchronize(stream));
+            // NVML's samples from 0.3 s in (each covers the period before it) to the end.
+            unsigned long long since = wall_us() + 300000;
+            long long t0 = now_ns(), deadline = t0 + 2000000000LL;
+            long n = 0;
+            while (now_ns() < deadline) {
+                launch(spin, stream);
+                n++;
+                if (!queued) CHECK(cuStreamSynchronize(stream));
+                else if (n % 256 == 0) {
+                    // Keep at most a few thousand queued.
+                    CHECK(cuEventRecord(end, stream));
+                    if (n % 4096 == 0) CHECK(cuStreamSynchronize(stream));
+                }
+            }
+            unsigned long long until = wall_us();
+            CHECK(cuStreamSynchronize(stream));
+            double span = (double)(now_ns() - t0);
+            double busy = nvml_busy_between(since, until);
+            printf("{\"nvml_spin_ns\": %lld, \"mode\": \"%s\", \"kernels\": %ld, "
+                   "\"period_ns\": %.0f, \"nvml_busy_percent\": %.1f, "
+                   "\"nvml_busy_per_kernel_ns\": %.0f}\n",
+                   spin, queued ? "back_to_back" : "one_at_a_time", n, span / n, busy,
+                   busy < 0 ? -1.0 : busy / 100.0 * span / n);
+            fflush(stdout);
+        }
     }
     return 0;
 }

@@ -14,7 +14,6 @@ import torch
 
 from cardutil import CardUtil
 
-seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 6.0
 torch.manual_seed(0)
 layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
 model = torch.nn.TransformerEncoder(layer, 6).cuda()
@@ -30,20 +29,26 @@ def step():
     optimizer.step()
 
 
-for _ in range(5):
-    step()
-torch.cuda.synchronize()
-card = CardUtil()
-card.start()
-start = time.perf_counter()
-steps = 0
-while time.perf_counter() - start < seconds:
-    step()
-    steps += 1
-    if steps % 4 == 0:
-        torch.cuda.synchronize()
-torch.cuda.synchronize()
-wall = time.perf_counter() - start
-card_util = card.stop()
-print("RESULT " + json.dumps({"steps_per_s": round(steps / wall, 3), "steps": steps, "wall_s": round(wall, 3),
-                              "card_util": card_util}))
+def main():
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 6.0
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    card = CardUtil()
+    card.start()
+    start = time.perf_counter()
+    steps = 0
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += 1
+        if steps % 4 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    card_util = card.stop()
+    print("RESULT " + json.dumps({"steps_per_s": round(steps / wall, 3), "steps": steps, "wall_s": round(wall, 3),
+                                  "card_util": card_util}))
+
+
+if __name__ == "__main__":
+    main()
