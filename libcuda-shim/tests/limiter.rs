@@ -516,14 +516,39 @@ fn finish(child: std::process::Child) -> Report {
     }
 }
 
-/// The limiter's own account of one run (`VGPU_LIMITER_TRACE`): counter name to value.
+/// The limiter's own account of one run (`VGPU_LIMITER_TRACE`): counter name to value,
+/// and its learned kernels' lines.
 #[derive(Debug, Default)]
-struct Trace(std::collections::HashMap<String, u64>);
+struct Trace(std::collections::HashMap<String, u64>, Vec<TracedKernel>);
+
+/// One `kernel COST SAMPLES LAUNCHES CLASS NAME` line of a trace.
+#[derive(Debug)]
+struct TracedKernel {
+    cost_ns: u64,
+    launches: u64,
+    class: u64,
+    name: String,
+}
 
 impl Trace {
     /// The trace written at `path`, or an empty one where none was written.
     fn read(path: &Path) -> Trace {
         let text = std::fs::read_to_string(path).unwrap_or_default();
+        let kernels = text
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.strip_prefix("kernel ")?.split(' ').collect();
+                let [cost, _samples, launches, class, name] = fields.as_slice() else {
+                    return None;
+                };
+                Some(TracedKernel {
+                    cost_ns: cost.parse().ok()?,
+                    launches: launches.parse().ok()?,
+                    class: class.parse().ok()?,
+                    name: name.to_string(),
+                })
+            })
+            .collect();
         Trace(
             text.lines()
                 .filter_map(|line| {
@@ -531,6 +556,7 @@ impl Trace {
                     Some((name.to_string(), value.parse().ok()?))
                 })
                 .collect(),
+            kernels,
         )
     }
 
@@ -901,6 +927,26 @@ fn a_kernel_launched_with_two_grids_is_charged_each_its_own() {
         - trace.get("corrected_down_ns") as f64;
     let per_pair = charged / (trace.get("launches") / 2).max(1) as f64;
     eprintln!("two grids at 50: {share:.1}% of the card, charged {per_pair:.0} ns a pair");
+    // The trace names the kernel once for each class of grid, with what each learned and
+    // how often it ran (the first measurements were of the one-wave grid, the ten-wave
+    // grid's are 200 us; each ran as often as the other).
+    let lines: Vec<&TracedKernel> = trace.1.iter().filter(|k| k.name == "k_20us").collect();
+    let (long, short) = (
+        lines
+            .iter()
+            .find(|k| (180_000..=220_000).contains(&k.cost_ns)),
+        lines
+            .iter()
+            .find(|k| (15_000..=25_000).contains(&k.cost_ns)),
+    );
+    assert!(
+        lines.len() == 2
+            && long.zip(short).is_some_and(|(l, s)| {
+                l.class != s.class && l.launches.abs_diff(s.launches) <= 2 && l.launches > 100
+            }),
+        "the trace's kernels: {:?}",
+        trace.1
+    );
     assert!(
         (187_000.0..=253_000.0).contains(&per_pair),
         "charged {per_pair:.0} ns for 220 us of work: {report:?}\n{trace:?}"

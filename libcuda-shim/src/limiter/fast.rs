@@ -101,6 +101,9 @@ pub(super) fn limited_launch(
     let estimate = device
         .estimates
         .count_launch(key, sample_open, duty::sample_every(now));
+    if trace::on() {
+        device.traced.count(&device.estimates, key, 1);
+    }
     // A sample of two launches waiting for its second keeps the sample slot open.
     let pair_open = sample_open && device.pair_open.load(Ordering::Relaxed);
     if let Some((known, false)) = estimate

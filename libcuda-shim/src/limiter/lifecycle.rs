@@ -15,11 +15,9 @@ use vgpu_contract::clock::monotonic_ns;
 
 use super::fast_clock::FastClock;
 use super::shared::Shared;
-use super::tables::{Estimates, Streams};
+use super::tables::{Estimates, Streams, Traced};
 use super::{DeviceLimiter, ESTIMATE_SLOTS, Limiter, STREAM_SLOTS, Slow, WINDOW_NS, duty, trace};
-use crate::cuda::*;
 use crate::debug;
-use crate::state::real;
 use crate::state::{Enforcer, Visible};
 
 pub(super) const LIMITS_UNKNOWN: u8 = 0;
@@ -183,6 +181,7 @@ pub(super) fn build_devices(
                     setups: VecDeque::new(),
                     steadiness: HashMap::new(),
                 }),
+                traced: Traced::new(ESTIMATE_SLOTS),
             };
             device.publish(now);
             Some(device)
@@ -240,21 +239,23 @@ impl DeviceLimiter {
             .try_lock()
             .map(|slow| slow.pending.len().to_string())
             .unwrap_or_else(|_| "busy".into());
-        let known = self.estimates.best_known(ESTIMATE_SLOTS);
+        let known = self.estimates.best_known(ESTIMATE_SLOTS, &self.traced);
         let estimates: Vec<String> = known
             .iter()
             .take(4)
-            .map(|(_, estimate)| format!("{}/{}", estimate.cost_ns, estimate.samples))
+            .map(|k| format!("{}/{}", k.estimate.cost_ns, k.estimate.samples))
             .collect();
-        // Every learned kernel on a line of its own (`kernel COST SAMPLES CLASS NAME`).
+        // Every learned kernel on a line of its own
+        // (`kernel COST SAMPLES LAUNCHES CLASS NAME`).
         let kernels: String = known
             .iter()
-            .map(|(key, estimate)| {
+            .map(|k| {
                 format!(
-                    "\nkernel {} {} {}",
-                    estimate.cost_ns,
-                    estimate.samples,
-                    kernel_name(*key)
+                    "\nkernel {} {} {} {}",
+                    k.estimate.cost_ns,
+                    k.estimate.samples,
+                    k.launches,
+                    trace::kernel_label(k.key)
                 )
             })
             .collect();
@@ -270,29 +271,4 @@ impl DeviceLimiter {
             estimates.join(","),
         ) + &kernels
     }
-}
-
-/// A learned kernel for the trace: its grid class (`duty::grid_class`) and the driver's
-/// name for its function (`cuFuncGetName`, mangled), else the handle.
-fn kernel_name(key: u64) -> String {
-    if key & super::GRAPH_KEY_BIT != 0 {
-        return "- graph".into();
-    }
-    if key == super::NULL_KERNEL_KEY {
-        return "- null".into();
-    }
-    let (class, function) = (
-        key >> super::GRID_CLASS_SHIFT,
-        key & ((1 << super::GRID_CLASS_SHIFT) - 1),
-    );
-    let get_name = real!(cuFuncGetName as fn(*mut *const std::ffi::c_char, CUfunction) -> CUresult);
-    let mut name = std::ptr::null();
-    // SAFETY: valid out-pointer; a function handle the process launched (a stale one only
-    // returns an error).
-    if unsafe { get_name(&mut name, function as CUfunction) } != CUDA_SUCCESS || name.is_null() {
-        return format!("{class} {function:#x}");
-    }
-    // SAFETY: the driver returned a NUL-terminated name it owns.
-    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
-    format!("{class} {name}")
 }

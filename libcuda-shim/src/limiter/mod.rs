@@ -317,6 +317,8 @@ struct DeviceLimiter {
     card_dir: Option<PathBuf>,
     container_id: Option<String>,
     slow: Mutex<Slow>,
+    /// Launches of each learned kernel while the trace is on (`trace::on`).
+    traced: tables::Traced,
 }
 
 /// What only sampled launches and settling touch.

@@ -214,8 +214,9 @@ impl DeviceLimiter {
             }
             return ns.min(sample.projected_ns);
         }
-        if let Some(known) = self.estimates.get(sample.key) {
-            self.note_steadiness(slow, sample.key, ns, known.cost_ns);
+        match self.estimates.get(sample.key) {
+            Some(known) => self.note_steadiness(slow, sample.key, ns, known.cost_ns),
+            None => trace::remember_name(sample.key),
         }
         self.estimates.record(sample.key, ns);
         ns

@@ -367,6 +367,10 @@ impl DeviceLimiter {
             self.add_unpublished(used, tab.launches as u64);
             self.estimates
                 .count_launches(tab.kernel, tab.launches as u64);
+            if trace::on() {
+                self.traced
+                    .count(&self.estimates, tab.kernel, tab.launches as u64);
+            }
             self.stamp_active(now_ns);
         }
     }

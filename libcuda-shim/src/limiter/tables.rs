@@ -79,6 +79,35 @@ pub struct Estimates {
     slots: Box<[EstimateSlot]>,
 }
 
+/// Launches of each key of an [`Estimates`], counted only while the trace is on, in a
+/// table of its own so that the launch path's lines stay as they are: slot for slot with
+/// the estimates (a key's count follows its slot; a slot taken over by another key
+/// carries the old count, which only a table of 4096 kernels full to its probes does).
+pub struct Traced(Box<[AtomicU64]>);
+
+impl Traced {
+    /// Counters for an [`Estimates`] made with `slots`.
+    pub fn new(slots: usize) -> Traced {
+        Traced((0..slots_for(slots)).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// Counts `launches` of `key` in `estimates`.
+    pub fn count(&self, estimates: &Estimates, key: u64, launches: u64) {
+        if let Some(counter) = estimates.find(key).and_then(|index| self.0.get(index)) {
+            counter.fetch_add(launches, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A learned estimate for the trace: its key, the estimate, and the launches counted for
+/// it while tracing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Known {
+    pub key: u64,
+    pub estimate: Estimate,
+    pub launches: u64,
+}
+
 impl Estimates {
     /// A table of at least `slots` slots (rounded up to a power of two).
     pub fn new(slots: usize) -> Estimates {
@@ -166,21 +195,27 @@ impl Estimates {
             });
     }
 
-    /// Up to `most` learned estimates, those with the most samples first (for the trace:
-    /// what the limiter believes its busiest kernels cost).
-    pub fn best_known(&self, most: usize) -> Vec<(u64, Estimate)> {
-        let mut known: Vec<(u64, Estimate)> = self
+    /// Up to `most` learned estimates, those with the most samples first, with the
+    /// launches `traced` counted for them (for the trace: what the limiter believes its
+    /// busiest kernels cost).
+    pub fn best_known(&self, most: usize, traced: &Traced) -> Vec<Known> {
+        let mut known: Vec<Known> = self
             .slots
             .iter()
-            .map(|slot| {
-                (
-                    slot.key.load(Ordering::Relaxed),
-                    Estimate::unpack(slot.value.load(Ordering::Relaxed)),
-                )
+            .zip(traced.0.iter())
+            .map(|(slot, launches)| Known {
+                key: slot.key.load(Ordering::Relaxed),
+                estimate: Estimate::unpack(slot.value.load(Ordering::Relaxed)),
+                launches: launches.load(Ordering::Relaxed),
             })
-            .filter(|(key, estimate)| *key != 0 && estimate.samples > 0)
+            .filter(|known| known.key != 0 && known.estimate.samples > 0)
             .collect();
-        known.sort_by(|(_, a), (_, b)| b.samples.cmp(&a.samples).then(b.cost_ns.cmp(&a.cost_ns)));
+        known.sort_by(|a, b| {
+            b.estimate
+                .samples
+                .cmp(&a.estimate.samples)
+                .then(b.estimate.cost_ns.cmp(&a.estimate.cost_ns))
+        });
         known.truncate(most);
         known
     }
@@ -471,13 +506,24 @@ mod tests {
                 table.record(key, cost);
             }
         }
-        let costs: Vec<(u64, u64, u32)> = table
-            .best_known(3)
+        let traced = Traced::new(64);
+        traced.count(&table, 2, 40);
+        traced.count(&table, 99, 1);
+        let costs: Vec<(u64, u64, u32, u64)> = table
+            .best_known(3, &traced)
             .iter()
-            .map(|(key, estimate)| (*key, estimate.cost_ns, estimate.samples))
+            .map(|known| {
+                (
+                    known.key,
+                    known.estimate.cost_ns,
+                    known.estimate.samples,
+                    known.launches,
+                )
+            })
             .collect();
-        assert_eq!(costs, [(4, 2_000, 9), (2, 1_000, 9), (1, 100, 3)]);
-        assert!(Estimates::new(8).best_known(3).is_empty());
+        assert_eq!(costs, [(4, 2_000, 9, 0), (2, 1_000, 9, 40), (1, 100, 3, 0)]);
+        let empty = Estimates::new(8);
+        assert!(empty.best_known(3, &Traced::new(8)).is_empty());
     }
 
     #[test]

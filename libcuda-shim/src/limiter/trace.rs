@@ -13,14 +13,23 @@
 //! with the real launch left out, read from the CPU's time-stamp counter (two reads per
 //! launch, only while tracing; the trace's own counting is in it), and whether the fast
 //! path's clock read the time-stamp counter (`fast_clock_counter 1`) or the vDSO (`0`).
+//! Each device's line is followed by a `kernel COST SAMPLES LAUNCHES CLASS NAME` line per
+//! learned kernel: its cost, its samples (saturating at 255), its launches while tracing,
+//! its class of grid and its function's name, asked of the driver when it was first
+//! measured (`remember_name`; at exit the driver may no longer say).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_contract::clock::monotonic_ns;
 
 use super::fast_clock::ticks as read_ticks;
 use super::lifecycle::SWITCHES;
+use super::{GRAPH_KEY_BIT, GRID_CLASS_SHIFT, NULL_KERNEL_KEY};
+use crate::cuda::*;
+use crate::state::real;
 
 /// The env var naming the file.
 pub const TRACE_ENV: &str = "VGPU_LIMITER_TRACE";
@@ -215,6 +224,63 @@ pub fn render(device_lines: &[String]) -> String {
         let _ = writeln!(text, "{line}");
     }
     text
+}
+
+/// Function names of learned kernels, by key, noted while tracing (`remember_name`).
+static NAMES: Mutex<Option<HashMap<u64, String>>> = Mutex::new(None);
+
+/// Notes the name of `key`'s function, once, while tracing: called where a kernel is
+/// first measured (a settle, in its context), when the driver still names it.
+pub fn remember_name(key: u64) {
+    if !on() {
+        return;
+    }
+    // Never waits (a fork may have left the lock held in a child): a name missed is
+    // asked again at exit.
+    let Ok(mut names) = NAMES.try_lock() else {
+        return;
+    };
+    let names = names.get_or_insert_with(HashMap::new);
+    names
+        .entry(key)
+        .or_insert_with(|| function_name(key).unwrap_or_default());
+}
+
+/// A learned kernel for its trace line: its class of grid (`duty::grid_class`) and its
+/// function's name (noted when it was first measured, else asked now), else its handle.
+pub fn kernel_label(key: u64) -> String {
+    if key & GRAPH_KEY_BIT != 0 {
+        return "- graph".into();
+    }
+    if key == NULL_KERNEL_KEY {
+        return "- null".into();
+    }
+    let (class, function) = (key >> GRID_CLASS_SHIFT, key & ((1 << GRID_CLASS_SHIFT) - 1));
+    // Never waits: a fork may have left the lock held in a child.
+    let noted = NAMES
+        .try_lock()
+        .ok()
+        .and_then(|names| names.as_ref()?.get(&key).cloned())
+        .filter(|name| !name.is_empty());
+    match noted.or_else(|| function_name(key)) {
+        Some(name) => format!("{class} {name}"),
+        None => format!("{class} {function:#x}"),
+    }
+}
+
+/// The driver's (mangled) name of the function behind kernel `key` (`cuFuncGetName`).
+fn function_name(key: u64) -> Option<String> {
+    let function = key & ((1 << GRID_CLASS_SHIFT) - 1);
+    let get_name = real!(cuFuncGetName as fn(*mut *const std::ffi::c_char, CUfunction) -> CUresult);
+    let mut name = std::ptr::null();
+    // SAFETY: valid out-pointer; a function handle the process launched (a stale one only
+    // returns an error).
+    if unsafe { get_name(&mut name, function as CUfunction) } != CUDA_SUCCESS || name.is_null() {
+        return None;
+    }
+    // SAFETY: the driver returned a NUL-terminated name it owns.
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+    Some(name.into_owned())
 }
 
 /// Writes the trace to the file `VGPU_LIMITER_TRACE` names (at exit), with the process
