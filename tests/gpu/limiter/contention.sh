@@ -21,8 +21,9 @@
 #           triples, driver API (streams.c): the limiter's own cost is --cores 99 against
 #           the quota-only run; and one traced run (what the limiter did per launch);
 #   cudart  the same through the runtime API (bench.cu, when nvcc is there);
-#   hostile a hard 30 that teaches its 100 us kernel from one-block launches and launches
-#           it ten waves long into an idle stream (streams.c h1ms), beside a busy hard 30
+#   hostile a hard 30 that teaches its 100 us kernel and then launches it with ten times
+#           the work (a loop count in its parameter, the same grid) into an idle stream
+#           (streams.c h1ms), beside a busy hard 30
 #           (w1ms): charged a tenth of what it runs until the host's coordinator sees it
 #           on the card (twice what it counted, for 2 s: coordinator.rs `escape_ratio`);
 #           judged from 5 s in (spin kernels: the card's per-process figure beside):

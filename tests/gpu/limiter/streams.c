@@ -21,9 +21,11 @@
 //                 thread, about 1 ms bare on an H200): unlike a spin kernel, one that is
 //                 time-sliced out takes longer, so its throughput is the SM time it got
 //       g<K>      one stream of graphs of 8 full-card kernels of K, captured once
-//       h1ms      a hostile tenant (issue 25): the 100 us spin kernel taught from
-//                 HOSTILE_TEACHING one-block launches queued back to back, then launched
-//                 HOSTILE_WAVES full-card waves at a time (1 ms) into its idle stream, each
+//       h1ms      a hostile tenant (issue 25): a full-card spin kernel taught at 100 us
+//                 from HOSTILE_TEACHING launches queued back to back, then launched with
+//                 HOSTILE_TIMES that work (1 ms: a loop count in its first parameter, the
+//                 function and grid the same, `spin_scaled_100us`; the simulated driver
+//                 reads the same parameter) into its idle stream, each
 //                 waited for, so that every sample of it beside a busy neighbour starts
 //                 idle (and may time the neighbour's slice: the limiter sets such samples
 //                 aside, charging no more than the 100 us it was taught)
@@ -46,7 +48,7 @@
 #define MAX_WINDOWS 600
 #define GRAPH_NODES 8
 #define HOSTILE_TEACHING 200
-#define HOSTILE_WAVES 10
+#define HOSTILE_TIMES 10
 
 typedef int CUresult;
 typedef void *H;
@@ -76,6 +78,14 @@ static CUresult (*cuGraphLaunch)(H, H);
     "{\n .reg .u64 %t0, %t1, %d, %n;\n .reg .pred %p;\n ld.param.u64 %n, [ns];\n"             \
     " mov.u64 %t0, %globaltimer;\nLOOP:\n mov.u64 %t1, %globaltimer;\n"                       \
     " sub.u64 %d, %t1, %t0;\n setp.lt.u64 %p, %d, %n;\n @%p bra LOOP;\n ret;\n}\n"
+/* A spin of `times` x `ns` (`times` first: the simulated driver runs a `_scaled_` kernel's
+ * named duration its first parameter's times). */
+#define SPIN_SCALED(name)                                                                     \
+    ".visible .entry " name "(.param .u32 times, .param .u64 ns)\n"                          \
+    "{\n .reg .u64 %t0, %t1, %d, %n, %k;\n .reg .u32 %m;\n .reg .pred %p;\n"                  \
+    " ld.param.u32 %m, [times];\n ld.param.u64 %n, [ns];\n cvt.u64.u32 %k, %m;\n"             \
+    " mul.lo.u64 %n, %n, %k;\n mov.u64 %t0, %globaltimer;\nLOOP:\n mov.u64 %t1, %globaltimer;\n" \
+    " sub.u64 %d, %t1, %t0;\n setp.lt.u64 %p, %d, %n;\n @%p bra LOOP;\n ret;\n}\n"
 /* Fixed work: `n` dependent multiply-adds a thread; the result is stored only when `n` is
  * all ones (never), so the loop cannot be compiled away. */
 #define WORK(name)                                                                            \
@@ -89,7 +99,8 @@ static CUresult (*cuGraphLaunch)(H, H);
  * the same kernel bare in the same call, so only the order of magnitude matters). */
 #define WORK_ITERS 250000ULL
 static const char PTX[] = ".version 7.8\n.target sm_80\n.address_size 64\n" SPIN("spin_100us")
-    SPIN("spin_1ms") SPIN("spin_10ms") SPIN("empty_100ns") WORK("work_1ms");
+    SPIN("spin_1ms") SPIN("spin_10ms") SPIN("empty_100ns") WORK("work_1ms")
+    SPIN_SCALED("spin_scaled_100us");
 
 static H context;
 static int sms = 132;
@@ -163,6 +174,8 @@ struct kernel {
     unsigned long long ns;
     unsigned blocks;
     int fixed_work;
+    /* A `spin_scaled_` kernel's first parameter (its work `times` its ns); 0 otherwise. */
+    unsigned times;
 };
 
 static struct kernel kernel_of(const char *duration, unsigned blocks, int fixed_work) {
@@ -170,6 +183,7 @@ static struct kernel kernel_of(const char *duration, unsigned blocks, int fixed_
     char name[64];
     snprintf(name, sizeof name, "%s_%s", fixed_work ? "work" : "spin", duration);
     k.fixed_work = fixed_work;
+    k.times = 0;
     CHECK(cuModuleGetFunction(&k.function, module, name));
     CHECK(cuFuncSetAttribute(k.function, 8 /* MAX_DYNAMIC_SHARED_SIZE_BYTES */, shared_bytes));
     k.ns = !strcmp(duration, "100us") ? 100000ULL : !strcmp(duration, "1ms") ? 1000000ULL : 10000000ULL;
@@ -179,8 +193,22 @@ static struct kernel kernel_of(const char *duration, unsigned blocks, int fixed_
 
 static CUresult launch(const struct kernel *k, H stream) {
     unsigned long long ns = k->fixed_work ? WORK_ITERS : k->ns, out = 0;
+    unsigned times = k->times;
     void *params[] = {&ns, &out};
-    return cuLaunchKernel(k->function, k->blocks, 1, 1, 128, 1, 1, shared_bytes, stream, params, NULL);
+    void *scaled[] = {&times, &ns};
+    return cuLaunchKernel(k->function, k->blocks, 1, 1, 128, 1, 1, shared_bytes, stream,
+                          k->times ? scaled : params, NULL);
+}
+
+/* The hostile tenant's kernel (h1ms): `spin_scaled_100us` at its taught work. */
+static struct kernel scaled_kernel(unsigned blocks) {
+    struct kernel k = {0};
+    CHECK(cuModuleGetFunction(&k.function, module, "spin_scaled_100us"));
+    CHECK(cuFuncSetAttribute(k.function, 8 /* MAX_DYNAMIC_SHARED_SIZE_BYTES */, shared_bytes));
+    k.ns = 100000ULL;
+    k.blocks = blocks;
+    k.times = 1;
+    return k;
 }
 
 struct lane {
@@ -259,13 +287,12 @@ static void run_case(const char *name, double seconds, int windows) {
     for (int i = 0; i < streams; i++) {
         struct lane *lane = &lanes[i];
         memset(lane, 0, sizeof *lane);
-        lane->kernel = kernel_of(duration, blocks, fixed_work);
+        lane->kernel = hostile ? scaled_kernel(blocks) : kernel_of(duration, blocks, fixed_work);
         lane->stream = stream_new();
         if (hostile) {
-            lane->kernel.blocks = 1;
             for (int n = 0; n < HOSTILE_TEACHING; n++) CHECK(launch(&lane->kernel, lane->stream));
             CHECK(cuStreamSynchronize(lane->stream));
-            lane->kernel.blocks = blocks * HOSTILE_WAVES;
+            lane->kernel.times = HOSTILE_TIMES;
             lane->one_at_a_time = 1;
         }
         for (int j = 0; j < DEPTH; j++) CHECK(cuEventCreate(&lane->ring[j], 2 /* DISABLE_TIMING */));
@@ -290,7 +317,7 @@ static void run_case(const char *name, double seconds, int windows) {
         completed += lanes[i].completed;
     }
     /* Work per completion, as a share of the card's time: what fits at once. */
-    double work_s = lanes[0].kernel.ns * 1e-9 * (graph ? GRAPH_NODES : hostile ? HOSTILE_WAVES : 1);
+    double work_s = lanes[0].kernel.ns * 1e-9 * (graph ? GRAPH_NODES : hostile ? HOSTILE_TIMES : 1);
     int fit = quarter ? (streams < 4 ? streams : 4) : 1;
     printf("{\"case\": \"%s\", \"per_s\": %.3f, \"completed\": %ld, \"seconds\": %.3f, "
            "\"work_s\": %.6f, \"fit\": %d, \"t0\": %.6f",
