@@ -6,6 +6,9 @@
 //!   ("busy until"), and whether it is a blocking stream (one that waits for the legacy
 //!   default stream, which waits for it).
 //!
+//! Beside them, `Traced` counts each estimate's launches for the trace, only while it is
+//! on, slot for slot with `Estimates` and apart from it (a launch touches it only then).
+//!
 //! Both are fixed arrays of atomics with open addressing: a key is claimed with a
 //! compare-and-swap, a lookup probes a few slots, and a full neighbourhood evicts its
 //! first slot (a forgotten estimate is learned again; a forgotten stream is projected as
