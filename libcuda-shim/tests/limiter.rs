@@ -564,6 +564,13 @@ impl Trace {
         self.0.get(counter).copied().unwrap_or(0)
     }
 
+    /// What the limiter charged for its launches, ns: its charges before the host's
+    /// factor and its settled samples' corrections.
+    fn charged_ns(&self) -> f64 {
+        self.get("charged_ns") as f64 + self.get("corrected_up_ns") as f64
+            - self.get("corrected_down_ns") as f64
+    }
+
     /// What the limiter charged the bucket over a run of `run_ms` (its charges and its
     /// settled samples' corrections, after the host's factor), as a percent of the run.
     fn charged_percent(&self, run_ms: u64) -> f64 {
@@ -890,8 +897,7 @@ fn a_loop_that_waits_for_each_kernel_is_charged_its_kernels_not_their_submission
     );
     let share = report.mean(2, usize::MAX);
     let least = 13.5 * (1.0 - report.starved(2, usize::MAX));
-    let charged = trace.get("charged_ns") as f64 + trace.get("corrected_up_ns") as f64
-        - trace.get("corrected_down_ns") as f64;
+    let charged = trace.charged_ns();
     let per_launch = charged / trace.get("launches").max(1) as f64;
     eprintln!("one at a time at 15: {share:.1}% of the card, charged {per_launch:.0} ns a launch");
     assert!(
@@ -923,8 +929,7 @@ fn a_kernel_launched_with_two_grids_is_charged_each_its_own() {
         .mode("two-grids");
     let (report, trace) = run_traced("hard50-two-grids", "    core_limit: 50\n", role);
     let share = report.mean(2, usize::MAX);
-    let charged = trace.get("charged_ns") as f64 + trace.get("corrected_up_ns") as f64
-        - trace.get("corrected_down_ns") as f64;
+    let charged = trace.charged_ns();
     let per_pair = charged / (trace.get("launches") / 2).max(1) as f64;
     eprintln!("two grids at 50: {share:.1}% of the card, charged {per_pair:.0} ns a pair");
     // The trace names the kernel once for each class of grid, with what each learned and
@@ -1825,8 +1830,7 @@ fn a_one_stream_loop_is_charged_its_kernels_not_the_slices_its_idle_samples_wait
         let (report, trace) =
             decode_with_launch_calls_beside_a_busy_neighbour(70, 30, "0", launch_call_ns);
         let ran = trace.get("launches") as f64 * 100_000.0;
-        let charged = trace.get("charged_ns") as f64 + trace.get("corrected_up_ns") as f64
-            - trace.get("corrected_down_ns") as f64;
+        let charged = trace.charged_ns();
         let ratio = charged / ran.max(1.0);
         let step_max_ns = report
             .note("step_max_ns")

@@ -166,6 +166,13 @@ impl Work {
     }
 }
 
+/// What a kernel's cost-table key ([`Work::key`]) holds: its class of grid and its
+/// function handle; `None` for a graph's key or the null kernel's.
+fn kernel_of_key(key: u64) -> Option<(u64, u64)> {
+    (key & GRAPH_KEY_BIT == 0 && key != NULL_KERNEL_KEY)
+        .then_some((key >> GRID_CLASS_SHIFT, key & ((1 << GRID_CLASS_SHIFT) - 1)))
+}
+
 /// The stream a launch goes to; `per_thread` for the `_ptsz` entry points, where a null
 /// stream means the calling thread's default stream.
 #[derive(Clone, Copy, Debug)]
@@ -466,7 +473,12 @@ mod tests {
                 0,
                 "{blocks}: {key:#x}"
             );
-            assert_eq!(key & 0xffff_ffff_ffff, 0x7fff_ffff_f000);
+            assert_eq!(
+                kernel_of_key(key),
+                Some((duty::grid_class(u64::from(blocks)), 0x7fff_ffff_f000))
+            );
         }
+        assert_eq!(kernel_of_key(Work::Graph(0x7000).key()), None);
+        assert_eq!(kernel_of_key(kernel(0, 1)), None);
     }
 }

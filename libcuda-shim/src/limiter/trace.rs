@@ -27,7 +27,7 @@ use vgpu_contract::clock::monotonic_ns;
 
 use super::fast_clock::ticks as read_ticks;
 use super::lifecycle::SWITCHES;
-use super::{GRAPH_KEY_BIT, GRID_CLASS_SHIFT, NULL_KERNEL_KEY};
+use super::{NULL_KERNEL_KEY, kernel_of_key};
 use crate::cuda::*;
 use crate::state::real;
 
@@ -240,37 +240,40 @@ pub fn remember_name(key: u64) {
     let Ok(mut names) = NAMES.try_lock() else {
         return;
     };
+    let Some((_, function)) = kernel_of_key(key) else {
+        return;
+    };
     let names = names.get_or_insert_with(HashMap::new);
     names
         .entry(key)
-        .or_insert_with(|| function_name(key).unwrap_or_default());
+        .or_insert_with(|| function_name(function).unwrap_or_default());
 }
 
 /// A learned kernel for its trace line: its class of grid (`duty::grid_class`) and its
 /// function's name (noted when it was first measured, else asked now), else its handle.
 pub fn kernel_label(key: u64) -> String {
-    if key & GRAPH_KEY_BIT != 0 {
-        return "- graph".into();
-    }
-    if key == NULL_KERNEL_KEY {
-        return "- null".into();
-    }
-    let (class, function) = (key >> GRID_CLASS_SHIFT, key & ((1 << GRID_CLASS_SHIFT) - 1));
+    let Some((class, function)) = kernel_of_key(key) else {
+        return if key == NULL_KERNEL_KEY {
+            "- null"
+        } else {
+            "- graph"
+        }
+        .into();
+    };
     // Never waits: a fork may have left the lock held in a child.
     let noted = NAMES
         .try_lock()
         .ok()
         .and_then(|names| names.as_ref()?.get(&key).cloned())
         .filter(|name| !name.is_empty());
-    match noted.or_else(|| function_name(key)) {
+    match noted.or_else(|| function_name(function)) {
         Some(name) => format!("{class} {name}"),
         None => format!("{class} {function:#x}"),
     }
 }
 
-/// The driver's (mangled) name of the function behind kernel `key` (`cuFuncGetName`).
-fn function_name(key: u64) -> Option<String> {
-    let function = key & ((1 << GRID_CLASS_SHIFT) - 1);
+/// The driver's (mangled) name of `function` (`cuFuncGetName`).
+fn function_name(function: u64) -> Option<String> {
     let get_name = real!(cuFuncGetName as fn(*mut *const std::ffi::c_char, CUfunction) -> CUresult);
     let mut name = std::ptr::null();
     // SAFETY: valid out-pointer; a function handle the process launched (a stale one only

@@ -36,11 +36,8 @@ int main(void) {
     TIME("clock_gettime_coarse", 1000000, clock_gettime(CLOCK_MONOTONIC_COARSE, &ts));
     TIME("syscall_getppid", 200000, syscall(SYS_getppid));
 
-    int device;
-    H context, stream, module, function, start, end;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuCtxCreate(&context, 0, device));
+    H stream, module, function, start, end;
+    create_context();
     CHECK(cuStreamCreate(&stream, 1));
     CHECK(cuEventCreate(&start, 0));
     CHECK(cuEventCreate(&end, 0));

@@ -1,8 +1,8 @@
 // The CUDA driver API as the limiter's C diagnostics (costs.c, idle_sample.c) call it:
 // loaded with dlopen from whatever libcuda.so.1 the loader finds, so the same program
 // runs on the bare driver and through the shim. `load_driver()` fills the pointers
-// below (1 and a line on stderr where one is missing); `CHECK` ends the program on an
-// error, naming the call.
+// below (1 and a line on stderr where one is missing), `create_context()` makes device
+// 0's context current; `CHECK` ends the program on an error, naming the call.
 #ifndef VGPU_LIMITER_DRIVER_H
 #define VGPU_LIMITER_DRIVER_H
 #define _GNU_SOURCE
@@ -51,6 +51,16 @@ static int load_driver(void) {
     LOAD(cuModuleLoadData); LOAD(cuModuleGetFunction); LOAD(cuLaunchKernel);
 #undef LOAD
     return 0;
+}
+
+// Initialises the driver and makes a context of device 0 current: the context.
+static H create_context(void) {
+    int device;
+    H context;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&device, 0));
+    CHECK(cuCtxCreate(&context, 0, device));
+    return context;
 }
 
 // Monotonic nanoseconds.

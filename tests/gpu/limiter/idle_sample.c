@@ -106,11 +106,8 @@ static double most[N], elapsed[N], k_mid[N], k_rec[N], window[N], call[N];
 
 int main(void) {
     if (load_driver()) return 1;
-    int device;
-    H context, stream, clock_stream, module, start, end, reference;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&device, 0));
-    CHECK(cuCtxCreate(&context, 0, device));
+    H stream, clock_stream, module, start, end, reference;
+    create_context();
     CHECK(cuStreamCreate(&stream, 1));
     CHECK(cuStreamCreate(&clock_stream, 1));
     CHECK(cuEventCreate(&start, 0));
