@@ -139,11 +139,14 @@ const NULL_KERNEL_KEY: u64 = 1 << 61;
 const GRID_CLASS_SHIFT: u32 = 48;
 
 impl Work {
-    /// A kernel of `function` launched with a grid of `grid` blocks.
+    /// A kernel of `function` launched with a grid of `grid` blocks (saturating: a grid
+    /// the driver will reject, of three dimensions near `u32::MAX`, must not panic here).
     pub fn kernel(function: usize, grid: [u32; 3]) -> Work {
         Work::Kernel {
             function,
-            blocks: grid.iter().map(|&d| u64::from(d)).product(),
+            blocks: grid
+                .iter()
+                .fold(1u64, |blocks, &d| blocks.saturating_mul(u64::from(d))),
         }
     }
 
@@ -478,6 +481,9 @@ mod tests {
                 Some((duty::grid_class(u64::from(blocks)), 0x7fff_ffff_f000))
             );
         }
+        // A grid no driver takes still has a key (the largest class), never a panic.
+        let huge = Work::kernel(0x7000, [u32::MAX; 3]).key();
+        assert_eq!(kernel_of_key(huge), Some((255, 0x7000)));
         assert_eq!(kernel_of_key(Work::Graph(0x7000).key()), None);
         assert_eq!(kernel_of_key(kernel(0, 1)), None);
     }
