@@ -321,15 +321,16 @@ impl DeviceLimiter {
         {
             return;
         }
-        let busy_until_ns = start_ns.saturating_add(cost_ns);
-        let horizon_ns = horizon_before.max(busy_until_ns);
+        let setup_ns = self.setup_ns();
+        let (busy_until_ns, horizon_ns) =
+            opening_projection(start_ns, now_ns, cost_ns, setup_ns, horizon_before);
         let opened = TAB.try_with(|cell| {
             cell.0.set(Tab {
                 device: address(self),
                 kernel,
                 stream,
                 cost_ns: cost_ns as u32,
-                setup_ns: self.setup_ns().min(u16::MAX as u64) as u16,
+                setup_ns: setup_ns.min(u16::MAX as u64) as u16,
                 launches: 0,
                 until_ns,
                 busy_until_ns,
@@ -379,6 +380,22 @@ impl DeviceLimiter {
 /// `ns` of busy time as the bucket is charged it under the factor `permille`.
 fn scaled(ns: u64, permille: u64) -> i64 {
     duty::scale_permille(ns.min(i64::MAX as u64) as i64, permille)
+}
+
+/// Where the launch that opens a tab ends on its stream and the union's horizon after
+/// it: placed as the table placed it (`duty::placed_cost`, so a launch behind queued
+/// work ends its set-up sooner), so the tab's next launch starts where the table's
+/// projection would have had it.
+fn opening_projection(
+    start_ns: u64,
+    now_ns: u64,
+    cost_ns: u64,
+    setup_ns: u64,
+    horizon_before: u64,
+) -> (u64, u64) {
+    let busy_until_ns =
+        start_ns.saturating_add(duty::placed_cost(start_ns, now_ns, cost_ns, setup_ns));
+    (busy_until_ns, horizon_before.max(busy_until_ns))
 }
 
 /// Whether `VGPU_LIMITER_TABS` leaves tabs on (anything but `off`).
@@ -490,6 +507,19 @@ mod tests {
         // On the idle stream, the whole estimate.
         tab.ran(now + 100 * US);
         assert_eq!(tab.busy_until_ns, now + 104 * US);
+    }
+
+    #[test]
+    fn a_tab_opened_behind_queued_work_ends_its_first_launch_where_the_table_did() {
+        let now = 1_000_000 * US;
+        // Placed 10 us behind the stream's queued work, a 4 us estimate with 2 us of
+        // set-up hidden: the table's projection ends it at +12 us, and so does the tab.
+        let (busy_until, horizon) = opening_projection(now + 10 * US, now, 4 * US, 2 * US, 0);
+        assert_eq!(busy_until, now + 12 * US);
+        assert_eq!(horizon, now + 12 * US);
+        // On an idle stream, the whole estimate; a later horizon stands.
+        let (busy_until, horizon) = opening_projection(now, now, 4 * US, 2 * US, now + 50 * US);
+        assert_eq!((busy_until, horizon), (now + 4 * US, now + 50 * US));
     }
 
     #[test]
