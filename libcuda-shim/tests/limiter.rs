@@ -962,6 +962,52 @@ fn a_kernel_launched_with_two_grids_is_charged_each_its_own() {
     );
 }
 
+/// A kernel's first launch with a grid of a class not learned yet, where its function
+/// is known with a grid within an octave, is charged a seed from that and then what it
+/// ran (`Charged::Seed`), instead of waiting for another first measurement under way:
+/// a 100 us kernel taught with 264 blocks, then launched back to back with eight grids
+/// new to it (the sim runs 100 us whatever the grid, so every seed is 1.1-2x too much).
+/// Without seeds each of the eight launches waits in 100 us sleeps for the one before's
+/// first measurement, so the card ends each kernel before the next is even launched:
+/// 14 sleeps, and 2.4 ms in the eight launch calls (with seeds, 0.15-0.17 ms).
+/// Judged by those sleeps (none), the seeds (eight) and the charge: 1.2 ms within 10 %
+/// (uncorrected seeds would charge 1.6 ms). The charged seeds may hold the launches
+/// for the limit (at 90, 1.2 ms of kernels launched at once), as known kernels'
+/// estimates would.
+#[test]
+fn a_kernel_with_a_new_grid_goes_out_charged_a_seed_not_waiting_for_another_measurement() {
+    let role = Role::plain("k_100us", 300)
+        .streams(1, 1, 264)
+        .mode("new-grids");
+    let (report, trace) = run_traced("hard90-new-grids", "    core_limit: 90\n", role);
+    let charged = trace.charged_ns();
+    let work = ((NEW_GRIDS_TEACHING + NEW_GRIDS.len()) * 100_000) as f64;
+    let calls_ns: u64 = report
+        .note("new_grid_calls_ns")
+        .and_then(|ns| ns.parse().ok())
+        .expect("the launch calls' time");
+    eprintln!(
+        "new grids: {} seeded, {} sleeps for first measurements ({} in all), launch calls {calls_ns} ns, charged {charged:.0} ns for {work:.0}",
+        trace.get("seeded"),
+        trace.get("first_measurement_waits"),
+        trace.get("waits"),
+    );
+    assert_eq!(
+        trace.get("seeded"),
+        NEW_GRIDS.len() as u64,
+        "every new grid seeded: {trace:?}"
+    );
+    assert_eq!(
+        trace.get("first_measurement_waits"),
+        0,
+        "no launch waited for another's first measurement: {trace:?}"
+    );
+    assert!(
+        (work * 0.9..=work * 1.1).contains(&charged),
+        "charged {charged:.0} ns for {work:.0} ns of kernels: {trace:?}"
+    );
+}
+
 #[test]
 fn hard_limits_hold_in_every_window_with_10ms_kernels() {
     for limit in [10u32, 50, 70] {
@@ -2437,6 +2483,12 @@ const CAPTURED_LAUNCHES: u64 = 200;
 const DECODE_KERNELS: usize = 8;
 /// Kernels each short-lived thread of `Role::mode("bursts")` launches.
 const BURST_KERNELS: usize = 16;
+/// Waited-for launches with its own grid that teach `Role::mode("new-grids")`'s kernel.
+const NEW_GRIDS_TEACHING: usize = 4;
+/// The grids `Role::mode("new-grids")` then launches its kernel with, taught with 264
+/// blocks (class 49, `duty::grid_class`): the eight classes above it, each within an
+/// octave, so seeded at 1.1-2x the taught cost.
+const NEW_GRIDS: [u32; 8] = [293, 325, 357, 389, 421, 453, 485, 517];
 /// Launches of its work once that teach `Role::mode("hostile")`'s kernel short before
 /// its long ones.
 const HOSTILE_TEACHING_LAUNCHES: usize = 200;
@@ -3000,6 +3052,32 @@ fn child_process_entry() {
                 assert_eq!(cuda.kernel(function, blocks, stream), 0, "cuLaunchKernel");
                 assert_eq!(cuda.kernel(function, 132, stream), 0, "cuLaunchKernel");
             })
+        }
+        "new-grids" => {
+            // A function taught with one grid (each launch waited for), and then launched
+            // once with each of `NEW_GRIDS`, every one a class of grid it has not run
+            // with, back to back (as a program whose shapes change does: a new sequence
+            // length, a new batch), and waited for together. `VGPU_SIM_WAVES=0`: every
+            // grid runs the kernel's named time.
+            let stream = cuda.stream();
+            fit = 1;
+            for _ in 0..NEW_GRIDS_TEACHING {
+                assert_eq!(cuda.kernel(function, blocks, stream), 0, "cuLaunchKernel");
+                // SAFETY: our stream.
+                assert_eq!(unsafe { (cuda.synchronize)(stream) }, 0);
+                // Past the limiter's settling cadence: the next launch reads the first
+                // measurement back before it would wait for it.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let before = monotonic_ns();
+            for grid in NEW_GRIDS {
+                assert_eq!(cuda.kernel(function, grid, stream), 0, "cuLaunchKernel");
+            }
+            let calls = monotonic_ns() - before;
+            notes.push(format!("new_grid_calls_ns={calls}"));
+            // SAFETY: our stream.
+            assert_eq!(unsafe { (cuda.synchronize)(stream) }, 0);
+            (vec![monotonic_ns()], calls)
         }
         "one-at-a-time" => {
             // A host-bound loop: each kernel is launched into an idle stream and waited

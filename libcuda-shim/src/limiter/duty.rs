@@ -201,6 +201,57 @@ pub fn grid_class(blocks: u64) -> u64 {
     (17 + (octave - 4) * 8 + eighth).min(255)
 }
 
+/// How many classes of grid away (`grid_class`), either way, a kernel's first launch
+/// with a new grid looks for a class of the same function already learned
+/// ([`seed_classes`]): eight is an octave of grid sizes above 16 blocks.
+pub const SEED_REACH: u64 = 8;
+
+/// The classes of grid near `class`, nearest first (below, then above, at each
+/// distance), that a first launch of `class` may be seeded from: within
+/// [`SEED_REACH`], between 1 and 255.
+pub fn seed_classes(class: u64) -> impl Iterator<Item = u64> {
+    (1..=SEED_REACH)
+        .flat_map(move |distance| [class.checked_sub(distance), Some(class + distance)])
+        .flatten()
+        .filter(|&near| (1..=255).contains(&near))
+}
+
+/// The fewest blocks a grid of `class` has (`grid_class`'s inverse, at its low end).
+pub fn class_floor(class: u64) -> u64 {
+    if class <= 17 {
+        return class;
+    }
+    let octave = (class - 17) / 8 + 4;
+    let eighth = (class - 17) % 8;
+    (8 + eighth) << (octave - 3)
+}
+
+/// What a kernel's first launch with a grid of `blocks` is charged until it is measured,
+/// from its function's estimate `known_ns` for the nearby class `known_class`: scaled by
+/// the grids' sizes (a grid of several waves runs about as many times as long), within
+/// half and twice the known cost (under a wave the grid hardly changes the time). Its
+/// settling pays the difference (`Charged::Seed`), so the seed only has to be near
+/// enough for the time it is in flight: without one, the launch would wait for any
+/// other first measurement under way (up to `FIRST_MEASURE_PATIENCE_NS`) and go out
+/// charged nothing.
+pub fn seed_cost(known_ns: u64, known_class: u64, blocks: u64) -> u64 {
+    let scaled =
+        u128::from(known_ns) * u128::from(blocks) / u128::from(class_floor(known_class).max(1));
+    (scaled.min(u128::from(known_ns) * 2) as u64).max(known_ns / 2)
+}
+
+/// What the settling of a launch charged a seed of `seed_ns` pays, its measured run
+/// `measured_ns`: the part of the seed that was new to the union when it went out
+/// (`charged_ns`) rescaled to the run, less what it was charged. Not the run's own
+/// union increment: seeds project a stream's queue too long or too short, and the
+/// launches behind a seed went out against its projection, so where a queue of seeds
+/// ran shorter than projected, each one's real run would find the one before it still
+/// projected (its increment nothing).
+pub fn seed_correction(seed_ns: u64, charged_ns: u64, measured_ns: u64) -> i64 {
+    let owed = u128::from(charged_ns) * u128::from(measured_ns) / u128::from(seed_ns.max(1));
+    (owed.min(i64::MAX as u128) as i64).saturating_sub(charged_ns.min(i64::MAX as u64) as i64)
+}
+
 /// The set-up a process's launches behind queued work are taken to hide: the median of
 /// its recent samples of two launches (`recent`; none without any), so that one pair
 /// that timed a neighbour's slice or a kernel's unusually short run moves nothing.
@@ -530,6 +581,61 @@ mod tests {
             }
         }
         assert_eq!(grid_class(u64::MAX), 255);
+    }
+
+    #[test]
+    fn a_seed_is_corrected_to_the_run_it_stood_for() {
+        // A seed of 150 us, all of it new to the union, for a 100 us run: 50 back.
+        assert_eq!(seed_correction(150_000, 150_000, 100_000), -50_000);
+        // A seed that ran longer pays the rest.
+        assert_eq!(seed_correction(100_000, 100_000, 130_000), 30_000);
+        // Half of it overlapped other streams' queued work when it went out: half the
+        // difference.
+        assert_eq!(seed_correction(150_000, 75_000, 100_000), -25_000);
+        // Nothing of it was new: nothing to correct; and no overflow.
+        assert_eq!(seed_correction(150_000, 0, 100_000), 0);
+        assert_eq!(seed_correction(0, u64::MAX, u64::MAX), 0);
+    }
+
+    #[test]
+    fn a_class_floor_is_the_fewest_blocks_of_its_class() {
+        for class in 1..=255u64 {
+            let floor = class_floor(class);
+            assert_eq!(grid_class(floor), class, "class {class}: floor {floor}");
+            if class < 255 {
+                assert_eq!(
+                    grid_class(floor - 1),
+                    class - 1,
+                    "below class {class}'s floor"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_new_grid_is_seeded_from_the_nearest_classes_first_within_an_octave() {
+        let near: Vec<u64> = seed_classes(40).collect();
+        assert_eq!(&near[..4], &[39, 41, 38, 42]);
+        assert_eq!(near.len(), 16);
+        assert!(near.iter().all(|c| c.abs_diff(40) <= SEED_REACH));
+        // Never class 0 (an empty grid) or above 255.
+        assert_eq!(
+            seed_classes(2).collect::<Vec<_>>(),
+            [1, 3, 4, 5, 6, 7, 8, 9, 10]
+        );
+        assert!(seed_classes(250).all(|c| c <= 255));
+    }
+
+    #[test]
+    fn a_seed_scales_with_the_grid_within_half_and_twice_the_known_cost() {
+        let class = grid_class(1024);
+        // 1100 blocks against a class of 1024: about 7 % more.
+        assert_eq!(seed_cost(100_000, class, 1100), 107_421);
+        // Far larger or smaller grids: at most twice, at least half.
+        assert_eq!(seed_cost(100_000, class, 1 << 20), 200_000);
+        assert_eq!(seed_cost(100_000, class, 1), 50_000);
+        // Never overflows.
+        assert_eq!(seed_cost(u64::MAX / 2, 255, u64::MAX), u64::MAX / 2 * 2);
     }
 
     #[test]

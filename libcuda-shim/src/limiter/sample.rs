@@ -15,8 +15,8 @@ pub(super) struct Sample {
     pub(super) context: usize,
     pub(super) start: CUevent,
     pub(super) end: CUevent,
-    /// Whether it was charged from an estimate (else it is paid when it settles).
-    pub(super) known: bool,
+    /// What its launch was charged, which decides what its settling pays.
+    pub(super) charged: Charged,
     /// Its projection (start, and the cost it was projected with), and the union's
     /// horizon before it.
     pub(super) projected_start: u64,
@@ -33,7 +33,32 @@ pub(super) struct Sample {
     pub(super) pair: Option<PairTail>,
 }
 
+/// What a sampled launch was charged when it went out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Charged {
+    /// Its kernel's estimate (`Sample::projected_ns`): it pays only for running past
+    /// its projection (`duty::settled_overrun`).
+    Estimate,
+    /// A seed from its function's nearest known class of grid (`duty::seed_cost`, in
+    /// `Sample::projected_ns`): its kernel's first measurement, which pays what its run
+    /// added less what the seed did.
+    Seed,
+    /// Nothing: an unknown kernel's first measurement, which pays what its run added.
+    Nothing,
+}
+
 impl Sample {
+    /// Whether it was charged its kernel's estimate (a known kernel's sample).
+    pub(super) fn known(&self) -> bool {
+        self.charged == Charged::Estimate
+    }
+
+    /// Whether it is a first measurement that other unknown launches wait for
+    /// (`DeviceLimiter::wait_turn`): an unknown kernel's, charged nothing.
+    pub(super) fn holds_unknowns_back(&self) -> bool {
+        self.charged == Charged::Nothing
+    }
+
     /// The host time from the start event to the kernel's submission that the GPU spent
     /// idle on this stream, which must not be charged: on a stream with nothing queued
     /// the start event fires at once, and the kernel only runs once the launch call has
@@ -114,7 +139,7 @@ mod tests {
             context: 0,
             start: std::ptr::null_mut(),
             end: std::ptr::null_mut(),
-            known: true,
+            charged: Charged::Estimate,
             projected_start: 0,
             projected_ns: 0,
             horizon_before: 0,

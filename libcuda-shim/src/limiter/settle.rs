@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 
 use super::clock::{CLOCK_REFRESH_NS, GpuClock};
-use super::sample::{RelaxedCapture, Sample, destroy_events};
+use super::sample::{Charged, RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter};
 use super::{BACKLOGGED_KERNELS, DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
 use crate::cuda::*;
@@ -47,7 +47,7 @@ impl DeviceLimiter {
             let Some(sample) = slow.pending.remove(index) else {
                 break;
             };
-            if !sample.known {
+            if sample.holds_unknowns_back() {
                 self.unknown_in_flight.fetch_sub(1, Ordering::AcqRel);
             }
             self.settle_one(slow, sample, state == CUDA_SUCCESS, now_ns, rate);
@@ -117,29 +117,37 @@ impl DeviceLimiter {
         let end = end_fired.unwrap_or(sample.projected_start.saturating_add(ns));
         let start = end.saturating_sub(ns);
         // A kernel measured for the first time was charged nothing: it pays what its run
-        // adds to the union as it stood when it went out. A known one pays only for
-        // running past everything queued since (counted once however many samples find
-        // the same overrun), and in a process whose kernels have not overlapped lately
-        // only for running longer than projected (`duty::settled_overrun`).
+        // adds to the union as it stood when it went out; one charged a seed pays the
+        // difference between its run and its seed (`duty::seed_correction`). A known one pays only for running past everything
+        // queued since (counted once however many samples find the same overrun), and
+        // in a process whose kernels have not overlapped lately only for running longer
+        // than projected (`duty::settled_overrun`).
         let (beyond_now, _) = self.shared.extend(start, end, now_ns);
-        let mut correction = if sample.known {
-            duty::settled_overrun(
+        let projected_end = sample.projected_start.saturating_add(sample.projected_ns);
+        let mut correction = match sample.charged {
+            Charged::Estimate => duty::settled_overrun(
                 beyond_now,
                 ns,
                 sample.projected_ns,
                 self.overlapped_lately(now_ns),
-            ) as i64
-        } else {
-            duty::union_increment(start, end, sample.horizon_before) as i64
+            ) as i64,
+            Charged::Seed => duty::seed_correction(
+                sample.projected_ns,
+                duty::union_increment(sample.projected_start, projected_end, sample.horizon_before),
+                ns,
+            ),
+            Charged::Nothing => duty::union_increment(start, end, sample.horizon_before) as i64,
         };
-        // A known kernel that ended before its projection, with nothing of the
-        // process queued after it: the overshoot was charged for nothing (kernels that
-        // wait for SMs behind the container's own are projected with the wait, and the
-        // last ones of a round do not wait). Given back, and the horizon moves back, for
-        // the settling of any other to extend again if it ran later.
-        let projected_end = sample.projected_start.saturating_add(sample.projected_ns);
-        if sample.known && self.shared.pull_back(projected_end, end) {
-            correction -= (projected_end - end) as i64;
+        // A kernel charged from an estimate or a seed that ended before its projection,
+        // with nothing of the process queued after it: the projections move back, for
+        // the settling of any other to extend again if it ran later. For an estimate the
+        // overshoot was charged for nothing (kernels that wait for SMs behind the
+        // container's own are projected with the wait, and the last ones of a round do
+        // not wait) and is given back; a seed's was already paid back above.
+        if sample.charged != Charged::Nothing && self.shared.pull_back(projected_end, end) {
+            if sample.known() {
+                correction -= (projected_end - end) as i64;
+            }
             self.streams
                 .pull_back(sample.stream_key, projected_end, end);
         }
@@ -191,7 +199,7 @@ impl DeviceLimiter {
         let ns = Sample::kernel_ns(elapsed_ns, gap_ns);
         if duty::idle_sample_may_time_a_neighbour(
             started_idle,
-            sample.known,
+            sample.known(),
             self.overlapped_lately(now_ns),
             self.neighbours_active.load(Ordering::Relaxed),
             slow.measured_backlogged.contains_key(&sample.key),

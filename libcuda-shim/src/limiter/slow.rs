@@ -10,7 +10,7 @@ use vgpu_contract::clock::monotonic_ns;
 use vgpu_contract::limiter_words::slot as slot_words;
 
 use super::lifecycle::SWITCHES;
-use super::sample::{RelaxedCapture, Sample, destroy_events};
+use super::sample::{Charged, RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter};
 use super::{
     DeviceLimiter, FIRST_MEASURE_PATIENCE_NS, MAX_PENDING, MAX_PENDING_KNOWN, MIN_SLEEP_NS,
@@ -35,16 +35,24 @@ impl DeviceLimiter {
                 Err(launch) => launch,
             };
         let mut unknown = estimate.is_none();
+        // An unknown kernel whose function is known with a grid of a nearby class goes
+        // out charged a seed from it, without waiting for other first measurements.
+        let seed = if unknown { self.seed(work) } else { None };
         if unknown {
             trace::count(Counter::Unknown);
         }
-        self.wait_turn(unknown, estimate.map(|(known, _)| (target, known.cost_ns)));
+        let ride = estimate.map(|(known, _)| known.cost_ns).or(seed);
+        self.wait_turn(unknown && seed.is_none(), ride.map(|cost| (target, cost)));
         // Another thread's sample may have taught the cost meanwhile.
         let known = match estimate {
             Some((known, _)) => Some(known),
             None => self.estimates.get(key),
         };
         unknown &= known.is_none();
+        let seed = seed.filter(|_| unknown);
+        if seed.is_some() {
+            trace::count(Counter::Seeded);
+        }
         let due = unknown || estimate.is_some_and(|(_, due)| due);
         let now = monotonic_ns();
         let gap_started =
@@ -56,7 +64,7 @@ impl DeviceLimiter {
             );
         }
         let rate = self.rate();
-        let cost = known.map(|k| k.cost_ns).unwrap_or(0);
+        let cost = known.map(|k| k.cost_ns).or(seed).unwrap_or(0);
         let bracket = if due {
             self.begin_sample(target, !unknown)
         } else {
@@ -99,7 +107,11 @@ impl DeviceLimiter {
             context,
             start,
             end,
-            known: !unknown,
+            charged: match (unknown, seed) {
+                (false, _) => Charged::Estimate,
+                (true, Some(_)) => Charged::Seed,
+                (true, None) => Charged::Nothing,
+            },
             projected_start,
             projected_ns: cost,
             horizon_before,
@@ -126,13 +138,35 @@ impl DeviceLimiter {
             self.give_back(context, &[start, end]);
             return result;
         }
-        if unknown {
+        if sample.holds_unknowns_back() {
             self.unknown_in_flight.fetch_add(1, Ordering::AcqRel);
         }
         let mut slow = self.lock();
         slow.pending.push_back(sample);
         self.settle(&mut slow, returned, false);
         result
+    }
+
+    /// A seed for the first launch of `work`, a kernel with a grid whose class is not
+    /// learned yet: from the nearest class of the same function that is
+    /// (`duty::seed_classes`, `duty::seed_cost`). A graph, or a function not learned
+    /// within an octave of grids, has none.
+    fn seed(&self, work: Work) -> Option<u64> {
+        let Work::Kernel { function, blocks } = work else {
+            return None;
+        };
+        if function == 0 {
+            return None;
+        }
+        duty::seed_classes(duty::grid_class(blocks)).find_map(|class| {
+            let near = Work::Kernel {
+                function,
+                blocks: duty::class_floor(class),
+            };
+            self.estimates
+                .get(near.key())
+                .map(|known| duty::seed_cost(known.cost_ns, class, blocks))
+        })
     }
 
     /// Waits until the container may launch again: not at all while the bucket is not in
@@ -160,6 +194,7 @@ impl DeviceLimiter {
                 && self.unknown_in_flight.load(Ordering::Acquire) > 0
                 && now.saturating_sub(started) < FIRST_MEASURE_PATIENCE_NS
             {
+                trace::count(Counter::FirstMeasurementWaits);
                 100_000
             } else {
                 0

@@ -60,6 +60,9 @@ pub enum Counter {
     Unknown,
     /// Unknown kernels launched without a measurement (no event could be had).
     UnknownUnmeasured,
+    /// Unknown kernels charged a seed from their function's nearest known class of
+    /// grid (no wait for another first measurement).
+    Seeded,
     /// Launches bracketed by events.
     Sampled,
     /// Samples wanted but not taken: too many pending.
@@ -91,9 +94,12 @@ pub enum Counter {
     /// Corrections of settled samples: added, and given back.
     CorrectedUpNs,
     CorrectedDownNs,
-    /// Launch waits on the bucket or a first measurement: how many sleeps, how long.
+    /// Launch waits on the bucket or a first measurement: how many sleeps, how long;
+    /// and of the sleeps, those of an unknown kernel for another one's first
+    /// measurement.
     Waits,
     WaitedNs,
+    FirstMeasurementWaits,
     /// The per-thread context cache found stale by a sampled launch.
     StaleContext,
     /// GPU clock references seen to fire at once (taken), and not in time (dropped:
@@ -113,6 +119,7 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "captured",
     "unknown",
     "unknown_unmeasured",
+    "seeded",
     "sampled",
     "skipped_pending",
     "skipped_no_events",
@@ -130,6 +137,7 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "corrected_down_ns",
     "waits",
     "waited_ns",
+    "first_measurement_waits",
     "stale_context",
     "clock_taken",
     "clock_late",
