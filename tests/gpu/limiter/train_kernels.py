@@ -5,7 +5,10 @@ beside a limited run's trace (its `kernel COST SAMPLES NAME` lines: what the lim
 learned each kernel costs), it says which kernels the limiter charges more than the card
 ran. A diagnostic of the limiter's GPU section, not judged.
 
-Usage: train_kernels.py [STEPS]   (prints JSON lines: one per kernel, then a total)
+Usage: train_kernels.py [STEPS] [--by-grid]
+Prints JSON lines: one per kernel (with --by-grid, one per kernel and grid, with its
+blocks), then a total. Run under `vgpu run --cores N` with VGPU_LIMITER_TRACE set, its
+--by-grid lines and that trace are what charge_by_kernel.py sets side by side.
 """
 import collections
 import json
@@ -18,7 +21,9 @@ import torch
 
 import train
 
-steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+args = [arg for arg in sys.argv[1:] if arg != "--by-grid"]
+by_grid = "--by-grid" in sys.argv[1:]
+steps = int(args[0]) if args else 20
 for _ in range(5):
     train.step()
 torch.cuda.synchronize()
@@ -38,16 +43,24 @@ kernels = collections.defaultdict(lambda: {"launches": 0, "us": 0.0, "grids": se
 for event in events:
     if event.get("cat") != "kernel":
         continue
-    kernel = kernels[event.get("name", "?")]
+    grid = event.get("args", {}).get("grid") or [1, 1, 1]
+    blocks = 1
+    for extent in grid:
+        blocks *= int(extent)
+    key = (event.get("name", "?"), blocks if by_grid else None)
+    kernel = kernels[key]
     kernel["launches"] += 1
     kernel["us"] += float(event.get("dur", 0))
-    kernel["grids"].add(str(event.get("args", {}).get("grid")))
+    kernel["grids"].add(blocks)
 total_us = sum(k["us"] for k in kernels.values())
 launches = sum(k["launches"] for k in kernels.values())
-for name, k in sorted(kernels.items(), key=lambda item: -item[1]["us"]):
-    print(json.dumps({"kernel": name[:160], "launches_per_step": k["launches"] / steps,
-                      "mean_us": round(k["us"] / k["launches"], 2),
-                      "us_per_step": round(k["us"] / steps, 1), "grids": len(k["grids"])}))
+for (name, blocks), k in sorted(kernels.items(), key=lambda item: -item[1]["us"]):
+    line = {"kernel": name[:160], "launches_per_step": k["launches"] / steps,
+            "mean_us": round(k["us"] / k["launches"], 2),
+            "us_per_step": round(k["us"] / steps, 1), "grids": len(k["grids"])}
+    if by_grid:
+        line["blocks"] = blocks
+    print(json.dumps(line))
 print(json.dumps({"steps": steps, "wall_ms_per_step": round(wall * 1000 / steps, 3),
                   "kernels_per_step": launches / steps,
                   "kernel_ms_per_step": round(total_us / 1000 / steps, 3),
