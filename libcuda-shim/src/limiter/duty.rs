@@ -254,15 +254,23 @@ pub fn seed_correction(seed_ns: u64, charged_ns: u64, measured_ns: u64) -> i64 {
 
 /// The set-up a process's launches behind queued work are taken to hide: the median of
 /// its recent samples of two launches (`recent`; none without any), so that one pair
-/// that timed a neighbour's slice or a kernel's unusually short run moves nothing.
+/// that timed a neighbour's slice or a kernel's unusually short run moves nothing. Of
+/// the latest [`SETUPS_MOST`] at most, sorted on the stack (it runs as a pair settles,
+/// on a launch's slow path: no allocation).
 pub fn setup_from(recent: &[u64]) -> u64 {
-    let mut sorted = recent.to_vec();
+    let len = recent.len().min(SETUPS_MOST);
+    let mut sorted = [0u64; SETUPS_MOST];
+    sorted[..len].copy_from_slice(&recent[recent.len() - len..]);
+    let sorted = &mut sorted[..len];
     sorted.sort_unstable();
-    match sorted.len() {
+    match len {
         0 => 0,
         len => sorted[(len - 1) / 2],
     }
 }
+
+/// The most recent pairs' set-ups [`setup_from`] takes the median of.
+pub const SETUPS_MOST: usize = 16;
 
 /// What a settled sample of a known kernel is charged for running past everything queued
 /// since: `beyond_ns`, what its real run added beyond the horizon. In a process whose
@@ -547,6 +555,9 @@ mod tests {
         assert_eq!(setup_from(&[0, 3, 3, 3, 0]), 3);
         // Even counts take the lower middle: on the side of charging more.
         assert_eq!(setup_from(&[1, 5]), 1);
+        // Only the latest SETUPS_MOST count: sixteen 4s after a hundred 9s.
+        let many: Vec<u64> = [9; 100].into_iter().chain([4; SETUPS_MOST]).collect();
+        assert_eq!(setup_from(&many), 4);
     }
 
     #[test]

@@ -42,8 +42,10 @@ pub(super) fn allowed() -> bool {
     std::env::var_os(PAIRS_ENV).is_none_or(|value| value != "off")
 }
 
-/// How many recent pairs the set-up is the median of.
+/// How many recent pairs the set-up is the median of (`duty::setup_from` takes at
+/// most `duty::SETUPS_MOST`).
 pub(super) const RECENT: usize = 9;
+const _: () = assert!(RECENT <= duty::SETUPS_MOST);
 /// A pair whose second launch has not come within this long is dropped.
 const PATIENCE_NS: u64 = 200_000;
 
