@@ -123,6 +123,8 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
             "decode-30",
             "decode-60",
             "training-at-50",
+            "decode-without-a-limit",
+            "training-without-a-limit",
         ]
         .map(String::from),
     );
@@ -133,6 +135,8 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
         "decode-30",
         "decode-60",
         "training-at-50",
+        "decode-without-a-limit",
+        "training-without-a-limit",
     ];
     assert_plumbing("run_limiter.sh", &found, &expected, &skipped);
     let (_, figure) = &found["launch-cost-in-process"];

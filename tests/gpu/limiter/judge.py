@@ -301,9 +301,22 @@ if have_torch:
                bare_card_util=train_bare.get("card_util"))
     else:
         record("training-at-50", "FAIL", f"{why('train-bare')}; {why('train-50')}")
+    # What the shims cost each loop without a compute limit (not judged: it splits a
+    # limited loop's shortfall between the limiter and everything else).
+    for loop, bare_name, name in (("decode", "decode-bare", "decode-unlimited"),
+                                  ("training", "train-bare", "train-unlimited")):
+        bare_res, res = result(bare_name), result(name)
+        if bare_res and res:
+            record(f"{loop}-without-a-limit", "INFO",
+                   f"{res['steps_per_s']:.1f} steps/s with a memory quota only, "
+                   f"{res['steps_per_s'] / bare_res['steps_per_s']:.2f}x bare "
+                   f"({bare_res['steps_per_s']:.1f})", **res)
+        else:
+            record(f"{loop}-without-a-limit", "FAIL", f"{why(bare_name)}; {why(name)}")
 else:
     for n in ("event-on-an-idle-stream-beside-a-busy-process", "decode-bare", "decode-30",
-              "decode-60", "training-at-50"):
+              "decode-60", "training-at-50", "decode-without-a-limit",
+              "training-without-a-limit"):
         record(n, "SKIP", "no PyTorch with CUDA (or a simulated run)")
 
 json.dump({"case_s": case_s, "bare": bare, "checks": figures}, open(os.path.join(out, "limiter.json"), "w"), indent=1)
