@@ -124,6 +124,7 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
             "decode-60",
             "training-at-50",
             "decode-without-a-limit",
+            "decode-at-99",
             "training-without-a-limit",
         ]
         .map(String::from),
@@ -136,6 +137,7 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
         "decode-60",
         "training-at-50",
         "decode-without-a-limit",
+        "decode-at-99",
         "training-without-a-limit",
     ];
     assert_plumbing("run_limiter.sh", &found, &expected, &skipped);
