@@ -1008,6 +1008,25 @@ fn a_kernel_with_a_new_grid_goes_out_charged_a_seed_not_waiting_for_another_meas
     );
 }
 
+/// The trace names a kernel launched by its library handle (as cudart 12 and later, so
+/// PyTorch, launch theirs), which `cuFuncGetName` refuses: `cuKernelGetName` names it.
+/// Without it the trace said only handles for every kernel of a PyTorch run (run 19).
+#[test]
+fn the_trace_names_a_kernel_launched_by_its_library_handle() {
+    let role = Role::plain("k_100us", 300).mode("one-at-a-time");
+    let (_, trace) = run_traced_with(
+        "hard50-library-kernel",
+        "    core_limit: 50\n",
+        role,
+        &[(LAUNCH_LIBRARY_KERNELS, "1")],
+    );
+    assert!(
+        trace.1.iter().any(|kernel| kernel.name == "k_100us"),
+        "the trace's kernels: {:?}",
+        trace.1
+    );
+}
+
 #[test]
 fn hard_limits_hold_in_every_window_with_10ms_kernels() {
     for limit in [10u32, 50, 70] {
@@ -2294,6 +2313,17 @@ struct Cuda {
     set_current: unsafe extern "C" fn(H) -> u32,
     load_data: unsafe extern "C" fn(*mut H, *const c_void) -> u32,
     get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> u32,
+    library_load_data: unsafe extern "C" fn(
+        *mut H,
+        *const c_void,
+        *mut i32,
+        *mut H,
+        u32,
+        *mut i32,
+        *mut H,
+        u32,
+    ) -> u32,
+    library_get_kernel: unsafe extern "C" fn(*mut H, H, *const c_char) -> u32,
     stream_create: unsafe extern "C" fn(*mut H, u32) -> u32,
     synchronize: unsafe extern "C" fn(H) -> u32,
     ctx_synchronize: unsafe extern "C" fn() -> u32,
@@ -2329,6 +2359,8 @@ impl Cuda {
             set_current: sym!(b"cuCtxSetCurrent"),
             load_data: sym!(b"cuModuleLoadData"),
             get_function: sym!(b"cuModuleGetFunction"),
+            library_load_data: sym!(b"cuLibraryLoadData"),
+            library_get_kernel: sym!(b"cuLibraryGetKernel"),
             stream_create: sym!(b"cuStreamCreate"),
             synchronize: sym!(b"cuStreamSynchronize"),
             ctx_synchronize: sym!(b"cuCtxSynchronize"),
@@ -2361,16 +2393,41 @@ impl Cuda {
             assert_eq!((self.device_get)(&mut device, 0), 0, "cuDeviceGet");
             assert_eq!((self.retain)(&mut context, device), 0, "retain");
             assert_eq!((self.set_current)(context), 0, "cuCtxSetCurrent");
-            assert_eq!(
-                (self.load_data)(&mut module, image.as_ptr().cast()),
-                0,
-                "cuModuleLoadData"
-            );
-            assert_eq!(
-                (self.get_function)(&mut function, module, name.as_ptr()),
-                0,
-                "cuModuleGetFunction"
-            );
+            if std::env::var_os(LAUNCH_LIBRARY_KERNELS).is_some() {
+                // As cudart 12 and later do: the kernel's library handle goes to
+                // cuLaunchKernel in place of a function.
+                let null: *mut H = std::ptr::null_mut();
+                assert_eq!(
+                    (self.library_load_data)(
+                        &mut module,
+                        image.as_ptr().cast(),
+                        null.cast(),
+                        null,
+                        0,
+                        null.cast(),
+                        null,
+                        0
+                    ),
+                    0,
+                    "cuLibraryLoadData"
+                );
+                assert_eq!(
+                    (self.library_get_kernel)(&mut function, module, name.as_ptr()),
+                    0,
+                    "cuLibraryGetKernel"
+                );
+            } else {
+                assert_eq!(
+                    (self.load_data)(&mut module, image.as_ptr().cast()),
+                    0,
+                    "cuModuleLoadData"
+                );
+                assert_eq!(
+                    (self.get_function)(&mut function, module, name.as_ptr()),
+                    0,
+                    "cuModuleGetFunction"
+                );
+            }
         }
         (context, function)
     }
@@ -2483,6 +2540,9 @@ const CAPTURED_LAUNCHES: u64 = 200;
 const DECODE_KERNELS: usize = 8;
 /// Kernels each short-lived thread of `Role::mode("bursts")` launches.
 const BURST_KERNELS: usize = 16;
+/// Set for a child: its kernel is launched by its library kernel handle
+/// (`cuLibraryGetKernel`), as cudart 12 and later launch theirs, not a module's function.
+const LAUNCH_LIBRARY_KERNELS: &str = "LIMITER_LAUNCH_LIBRARY_KERNELS";
 /// Waited-for launches with its own grid that teach `Role::mode("new-grids")`'s kernel.
 const NEW_GRIDS_TEACHING: usize = 4;
 /// The grids `Role::mode("new-grids")` then launches its kernel with, taught with 264

@@ -280,18 +280,25 @@ pub fn kernel_label(key: u64) -> String {
     }
 }
 
-/// The driver's (mangled) name of `function` (`cuFuncGetName`).
+/// The driver's (mangled) name of `function`: `cuFuncGetName`, or `cuKernelGetName` for
+/// a library's kernel handle, which the runtime (cudart 12 and later, so PyTorch's
+/// kernels) launches in its place and `cuFuncGetName` refuses.
 fn function_name(function: u64) -> Option<String> {
-    let get_name = real!(cuFuncGetName as fn(*mut *const std::ffi::c_char, CUfunction) -> CUresult);
-    let mut name = std::ptr::null();
-    // SAFETY: valid out-pointer; a function handle the process launched (a stale one only
-    // returns an error).
-    if unsafe { get_name(&mut name, function as CUfunction) } != CUDA_SUCCESS || name.is_null() {
-        return None;
-    }
-    // SAFETY: the driver returned a NUL-terminated name it owns.
-    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
-    Some(name.into_owned())
+    use std::ffi::{c_char, c_void};
+    let by_function = real!(cuFuncGetName as fn(*mut *const c_char, *mut c_void) -> CUresult);
+    let by_kernel = real!(cuKernelGetName as fn(*mut *const c_char, *mut c_void) -> CUresult);
+    [by_function, by_kernel].into_iter().find_map(|get_name| {
+        let mut name = std::ptr::null();
+        // SAFETY: valid out-pointer; a handle the process launched (a stale one, or one
+        // of the other kind, only returns an error).
+        if unsafe { get_name(&mut name, function as *mut c_void) } != CUDA_SUCCESS || name.is_null()
+        {
+            return None;
+        }
+        // SAFETY: the driver returned a NUL-terminated name it owns.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+        Some(name.into_owned())
+    })
 }
 
 /// Writes the trace to the file `VGPU_LIMITER_TRACE` names (at exit), with the process

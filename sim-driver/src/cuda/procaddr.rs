@@ -118,6 +118,7 @@ cuKernelGetAttribute 12000:cuKernelGetAttribute
 cuFuncGetAttribute 2020:cuFuncGetAttribute
 cuFuncSetAttribute 9000:cuFuncSetAttribute
 cuFuncGetName 12030:cuFuncGetName
+cuKernelGetName 12030:cuKernelGetName
 cuLaunchKernel 4000:cuLaunchKernel | 7000:cuLaunchKernel_ptsz
 cuLaunchKernelEx 11060:cuLaunchKernelEx | 11060:cuLaunchKernelEx_ptsz
 cuLaunchCooperativeKernel 9000:cuLaunchCooperativeKernel | 9000:cuLaunchCooperativeKernel_ptsz
@@ -299,6 +300,7 @@ exports!(
     cuKernelGetAttribute,
     cuFuncSetAttribute,
     cuFuncGetName,
+    cuKernelGetName,
     cuLaunchKernel,
     cuLaunchKernel_ptsz,
     cuStreamBeginCapture,

@@ -461,18 +461,31 @@ cuda! {
     }
 
     fn cuFuncGetName(name: *mut *const c_char, function: u64) {
-        // Names live as long as their function; interned so the pointer stays valid after.
-        static NAMES: std::sync::Mutex<Vec<std::ffi::CString>> = std::sync::Mutex::new(Vec::new());
+        // As the real driver: a function's name, not a library kernel's (cuKernelGetName).
         let text = with_registry(|registry| registry.functions.get(&function).map(|f| f.name.clone()).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
-        let c_name = std::ffi::CString::new(text).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-        let mut names = NAMES.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
-        let pointer = match names.iter().find(|held| **held == c_name) {
-            Some(held) => held.as_ptr(),
-            None => {
-                names.push(c_name);
-                names.last().map(|held| held.as_ptr()).ok_or(CUDA_ERROR_UNKNOWN)?
-            }
-        };
-        out(name, pointer)
+        out(name, interned_name(text)?)
+    }
+
+    fn cuKernelGetName(name: *mut *const c_char, kernel: u64) {
+        let text = with_registry(|registry| registry.kernels.get(&kernel).map(|k| k.name.clone()).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
+        out(name, interned_name(text)?)
+    }
+}
+
+/// `text` as a C string that lives as long as the process (names live as long as their
+/// function or kernel; interned so the pointer stays valid after).
+fn interned_name(text: String) -> Result<*const c_char, CUresult> {
+    static NAMES: std::sync::Mutex<Vec<std::ffi::CString>> = std::sync::Mutex::new(Vec::new());
+    let c_name = std::ffi::CString::new(text).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let mut names = NAMES.lock().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    match names.iter().find(|held| **held == c_name) {
+        Some(held) => Ok(held.as_ptr()),
+        None => {
+            names.push(c_name);
+            names
+                .last()
+                .map(|held| held.as_ptr())
+                .ok_or(CUDA_ERROR_UNKNOWN)
+        }
     }
 }
