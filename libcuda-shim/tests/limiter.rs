@@ -521,11 +521,12 @@ fn finish(child: std::process::Child) -> Report {
 #[derive(Debug, Default)]
 struct Trace(std::collections::HashMap<String, u64>, Vec<TracedKernel>);
 
-/// One `kernel COST SAMPLES LAUNCHES CLASS NAME` line of a trace.
+/// One `kernel COST SAMPLES LAUNCHES CHARGED CLASS NAME` line of a trace.
 #[derive(Debug)]
 struct TracedKernel {
     cost_ns: u64,
     launches: u64,
+    charged_ns: i64,
     class: u64,
     name: String,
 }
@@ -538,12 +539,13 @@ impl Trace {
             .lines()
             .filter_map(|line| {
                 let fields: Vec<&str> = line.strip_prefix("kernel ")?.split(' ').collect();
-                let [cost, _samples, launches, class, name] = fields.as_slice() else {
+                let [cost, _samples, launches, charged, class, name] = fields.as_slice() else {
                     return None;
                 };
                 Some(TracedKernel {
                     cost_ns: cost.parse().ok()?,
                     launches: launches.parse().ok()?,
+                    charged_ns: charged.parse().ok()?,
                     class: class.parse().ok()?,
                     name: name.to_string(),
                 })
@@ -955,6 +957,13 @@ fn a_kernel_launched_with_two_grids_is_charged_each_its_own() {
     assert!(
         (187_000.0..=253_000.0).contains(&per_pair),
         "charged {per_pair:.0} ns for 220 us of work: {report:?}\n{trace:?}"
+    );
+    // What each kernel and class was charged adds up to what the process was.
+    let by_kernel: i64 = trace.1.iter().map(|k| k.charged_ns).sum();
+    assert!(
+        (by_kernel as f64 - charged).abs() <= charged * 0.02,
+        "charged {by_kernel} ns by kernel, {charged:.0} in all: {:?}",
+        trace.1
     );
     assert!(
         (45.0..=52.0).contains(&share),

@@ -117,7 +117,7 @@ pub(super) fn limited_launch(
         let launched = trace::ticks();
         if result == CUDA_SUCCESS {
             trace::count(Counter::FastPath);
-            let charged = device.charge(target, known.cost_ns, device.setup_ns(), now, rate);
+            let charged = device.charge(key, target, known.cost_ns, device.setup_ns(), now, rate);
             device.open_tab(key, stream, known.cost_ns, charged, now, rate);
             trace::own(started, launching, launched);
         }
@@ -153,11 +153,13 @@ impl DeviceLimiter {
         tables::prefetch(&self.unpublished);
     }
 
-    /// Projects a launch of `cost_ns` on `target` at `now_ns` and charges what it adds
-    /// to the container's union; returns its projected start and the horizon before it.
-    /// Placed behind queued work, it is projected without `setup_ns` (`super::pair`).
+    /// Projects a launch of the kernel `key` (its cost-table key, for the trace) of
+    /// `cost_ns` on `target` at `now_ns` and charges what it adds to the container's
+    /// union; returns its projected start and the horizon before it. Placed behind queued
+    /// work, it is projected without `setup_ns` (`super::pair`).
     pub(super) fn charge(
         &self,
+        key: u64,
         target: Target,
         cost_ns: u64,
         setup_ns: u64,
@@ -180,6 +182,9 @@ impl DeviceLimiter {
         self.shared.charge(scaled, now_ns, rate);
         trace::add(Counter::ChargedNs, added);
         trace::add(Counter::ChargedScaledNs, scaled as u64);
+        if trace::on() {
+            self.traced.charge(&self.estimates, key, added as i64);
+        }
         self.add_unpublished(added, 1);
         self.stamp_active(now_ns);
         (placed.start, before)

@@ -246,15 +246,16 @@ impl DeviceLimiter {
             .map(|k| format!("{}/{}", k.estimate.cost_ns, k.estimate.samples))
             .collect();
         // Every learned kernel on a line of its own
-        // (`kernel COST SAMPLES LAUNCHES CLASS NAME`).
+        // (`kernel COST SAMPLES LAUNCHES CHARGED CLASS NAME`).
         let kernels: String = known
             .iter()
             .map(|k| {
                 format!(
-                    "\nkernel {} {} {} {}",
+                    "\nkernel {} {} {} {} {}",
                     k.estimate.cost_ns,
                     k.estimate.samples,
                     k.launches,
+                    k.charged_ns,
                     trace::kernel_label(k.key)
                 )
             })

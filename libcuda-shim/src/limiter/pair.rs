@@ -173,7 +173,7 @@ impl DeviceLimiter {
             return Ok(result);
         }
         let setup = self.setup_ns();
-        let (start, _) = self.charge(target, cost, setup, now, rate);
+        let (start, _) = self.charge(key, target, cost, setup, now, rate);
         let charged = duty::placed_cost(start, now, cost, setup);
         let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
         // SAFETY: the pair's end event, of the current context (the first launch's, on

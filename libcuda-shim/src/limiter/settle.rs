@@ -152,6 +152,9 @@ impl DeviceLimiter {
                 .pull_back(sample.stream_key, projected_end, end);
         }
         self.shared.charge(self.scaled(correction), now_ns, rate);
+        if trace::on() {
+            self.traced.charge(&self.estimates, sample.key, correction);
+        }
         self.streams.extend(sample.stream_key, end);
         if correction > 0 {
             trace::add(Counter::CorrectedUpNs, correction as u64);

@@ -96,7 +96,7 @@ impl DeviceLimiter {
         } else {
             self.setup_ns()
         };
-        let (projected_start, horizon_before) = self.charge(target, cost, setup, now, rate);
+        let (projected_start, horizon_before) = self.charge(key, target, cost, setup, now, rate);
         let Some((context, start, end, recorded_ns)) = bracket else {
             return result;
         };

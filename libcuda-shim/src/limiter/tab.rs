@@ -371,6 +371,11 @@ impl DeviceLimiter {
             if trace::on() {
                 self.traced
                     .count(&self.estimates, tab.kernel, tab.launches as u64);
+                self.traced.charge(
+                    &self.estimates,
+                    tab.kernel,
+                    used.min(i64::MAX as u64) as i64,
+                );
             }
             self.stamp_active(now_ns);
         }

@@ -82,33 +82,56 @@ pub struct Estimates {
     slots: Box<[EstimateSlot]>,
 }
 
-/// Launches of each key of an [`Estimates`], counted only while the trace is on, in a
-/// table of its own so that the launch path's lines stay as they are: slot for slot with
-/// the estimates (a key's count follows its slot; a slot taken over by another key
-/// carries the old count, which only a table of 4096 kernels full to its probes does).
-pub struct Traced(Box<[AtomicU64]>);
+/// Launches of each key of an [`Estimates`] and the busy ns charged for them, counted
+/// only while the trace is on, in tables of their own so that the launch path's lines
+/// stay as they are: slot for slot with the estimates (a key's counts follow its slot; a
+/// slot taken over by another key carries the old counts, which only a table of 4096
+/// kernels full to its probes does).
+pub struct Traced {
+    launches: Box<[AtomicU64]>,
+    /// Signed, as two's complement (a settled sample's correction may give back).
+    charged_ns: Box<[AtomicU64]>,
+}
 
 impl Traced {
     /// Counters for an [`Estimates`] made with `slots`.
     pub fn new(slots: usize) -> Traced {
-        Traced((0..slots_for(slots)).map(|_| AtomicU64::new(0)).collect())
+        let zeros = || (0..slots_for(slots)).map(|_| AtomicU64::new(0)).collect();
+        Traced {
+            launches: zeros(),
+            charged_ns: zeros(),
+        }
     }
 
     /// Counts `launches` of `key` in `estimates`.
     pub fn count(&self, estimates: &Estimates, key: u64, launches: u64) {
-        if let Some(counter) = estimates.find(key).and_then(|index| self.0.get(index)) {
+        if let Some(counter) = estimates
+            .find(key)
+            .and_then(|index| self.launches.get(index))
+        {
             counter.fetch_add(launches, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds `ns` (negative: given back) to what `key` in `estimates` was charged.
+    pub fn charge(&self, estimates: &Estimates, key: u64, ns: i64) {
+        if let Some(counter) = estimates
+            .find(key)
+            .and_then(|index| self.charged_ns.get(index))
+        {
+            counter.fetch_add(ns as u64, Ordering::Relaxed);
         }
     }
 }
 
-/// A learned estimate for the trace: its key, the estimate, and the launches counted for
-/// it while tracing.
+/// A learned estimate for the trace: its key, the estimate, and the launches counted and
+/// the busy ns charged for it while tracing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Known {
     pub key: u64,
     pub estimate: Estimate,
     pub launches: u64,
+    pub charged_ns: i64,
 }
 
 impl Estimates {
@@ -205,11 +228,12 @@ impl Estimates {
         let mut known: Vec<Known> = self
             .slots
             .iter()
-            .zip(traced.0.iter())
-            .map(|(slot, launches)| Known {
+            .zip(traced.launches.iter().zip(traced.charged_ns.iter()))
+            .map(|(slot, (launches, charged))| Known {
                 key: slot.key.load(Ordering::Relaxed),
                 estimate: Estimate::unpack(slot.value.load(Ordering::Relaxed)),
                 launches: launches.load(Ordering::Relaxed),
+                charged_ns: charged.load(Ordering::Relaxed) as i64,
             })
             .filter(|known| known.key != 0 && known.estimate.samples > 0)
             .collect();
@@ -512,7 +536,11 @@ mod tests {
         let traced = Traced::new(64);
         traced.count(&table, 2, 40);
         traced.count(&table, 99, 1);
-        let costs: Vec<(u64, u64, u32, u64)> = table
+        // Charged 40 us, and a settled sample gave 500 ns back.
+        traced.charge(&table, 2, 40_000);
+        traced.charge(&table, 2, -500);
+        traced.charge(&table, 99, 1_000);
+        let costs: Vec<(u64, u64, u32, u64, i64)> = table
             .best_known(3, &traced)
             .iter()
             .map(|known| {
@@ -521,10 +549,18 @@ mod tests {
                     known.estimate.cost_ns,
                     known.estimate.samples,
                     known.launches,
+                    known.charged_ns,
                 )
             })
             .collect();
-        assert_eq!(costs, [(4, 2_000, 9, 0), (2, 1_000, 9, 40), (1, 100, 3, 0)]);
+        assert_eq!(
+            costs,
+            [
+                (4, 2_000, 9, 0, 0),
+                (2, 1_000, 9, 40, 39_500),
+                (1, 100, 3, 0, 0)
+            ]
+        );
         let empty = Estimates::new(8);
         assert!(empty.best_known(3, &Traced::new(8)).is_empty());
     }

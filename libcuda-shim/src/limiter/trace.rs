@@ -13,10 +13,12 @@
 //! with the real launch left out, read from the CPU's time-stamp counter (two reads per
 //! launch, only while tracing; the trace's own counting is in it), and whether the fast
 //! path's clock read the time-stamp counter (`fast_clock_counter 1`) or the vDSO (`0`).
-//! Each device's line is followed by a `kernel COST SAMPLES LAUNCHES CLASS NAME` line per
-//! learned kernel: its cost, its samples (saturating at 255), its launches while tracing,
-//! its class of grid and its function's name, asked of the driver when it was first
-//! measured (`remember_name`; at exit the driver may no longer say).
+//! Each device's line is followed by a `kernel COST SAMPLES LAUNCHES CHARGED CLASS NAME`
+//! line per learned kernel: its cost, its samples (saturating at 255), its launches and
+//! the busy ns charged for them while tracing (with its samples' corrections; a seed
+//! charged before the kernel's first measurement is left out), its class of grid and its
+//! function's name, asked of the driver when it was first measured (`remember_name`; at
+//! exit the driver may no longer say).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -1,14 +1,15 @@
 """Sets what the limiter charged each kernel beside what the card ran it for, in one
 limited run: the run's `train_kernels.py --by-grid` lines (the PyTorch profiler: each
 kernel's launches and mean GPU time per grid) and its limiter trace (`kernel COST_NS
-SAMPLES LAUNCHES GRID_CLASS NAME` lines: what the limiter learned and how often it
-charged it). Kernels are matched by name (the trace's mangled names through c++filt
+SAMPLES LAUNCHES CHARGED_NS GRID_CLASS NAME` lines: what the limiter learned, how often
+it charged it and what it charged in all). Kernels are matched by name (the trace's mangled names through c++filt
 where it is on PATH) and class of grid (`grid_class` below, the limiter's
 `duty::grid_class`). A diagnostic of the limiter's GPU section, not judged.
 
 Usage: charge_by_kernel.py PROFILE_JSONL TRACE...
-Prints one line per matched kernel and class, the largest excess first (learned cost
-minus the profiler's mean, times launches), then the totals and what did not match.
+Prints one line per matched kernel and class, the largest excess first (what it was
+charged less its launches times the profiler's mean), then the totals and what did not
+match.
 """
 import collections
 import json
@@ -52,29 +53,30 @@ def main():
     learned = []
     for path in traces:
         for line in open(path):
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[0] == "kernel":
+            parts = line.split(maxsplit=6)
+            if len(parts) == 7 and parts[0] == "kernel":
                 learned.append((int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4]),
-                                parts[5].strip()))
-    names = demangled(sorted({k[4] for k in learned}))
+                                int(parts[5]), parts[6].strip()))
+    names = demangled(sorted({k[5] for k in learned}))
     rows, unmatched = [], []
     charged_total = ran_total = 0.0
-    for cost_ns, samples, launches, klass, name in learned:
+    for cost_ns, samples, launches, charged_ns, klass, name in learned:
         key = (names[name][:160], klass)
         if key not in profiled or profiled[key][0] == 0:
-            unmatched.append((launches * cost_ns / 1e3, names[name][:100], klass, launches))
+            unmatched.append((charged_ns / 1e3, names[name][:100], klass, launches))
             continue
         per_step, us_per_step = profiled[key]
         mean_us = us_per_step / per_step
-        charged = launches * cost_ns / 1e3
+        charged = charged_ns / 1e3
         ran = launches * mean_us
         charged_total += charged
         ran_total += ran
-        rows.append((charged - ran, cost_ns / 1e3, mean_us, samples, launches, klass,
-                     names[name][:100]))
-    for excess, cost, mean, samples, launches, klass, name in sorted(rows, reverse=True):
-        print(f"excess_ms {excess / 1e3:8.2f} learned_us {cost:8.2f} profiled_us {mean:8.2f}"
-              f" samples {samples:5d} launches {launches:7d} class {klass:3d} {name}")
+        rows.append((charged - ran, charged / max(launches, 1), cost_ns / 1e3, mean_us,
+                     samples, launches, klass, names[name][:100]))
+    for excess, per_launch, cost, mean, samples, launches, klass, name in sorted(rows, reverse=True):
+        print(f"excess_ms {excess / 1e3:8.2f} charged_us {per_launch:8.2f} learned_us {cost:8.2f}"
+              f" profiled_us {mean:8.2f} samples {samples:5d} launches {launches:7d}"
+              f" class {klass:3d} {name}")
     unmatched_ms = sum(u[0] for u in unmatched) / 1e3
     print(json.dumps({"matched_charged_ms": round(charged_total / 1e3, 1),
                       "matched_ran_ms": round(ran_total / 1e3, 1),

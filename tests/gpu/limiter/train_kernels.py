@@ -1,7 +1,7 @@
 """What train.py's step runs on the card, by the PyTorch profiler (CUPTI): for each
 kernel, its launches a step, its mean and total GPU time a step and how many different
 grids it was launched with; and the step's kernels' total against its wall time. Set
-beside a limited run's trace (its `kernel COST SAMPLES NAME` lines: what the limiter
+beside a limited run's trace (its `kernel` lines: what the limiter
 learned each kernel costs), it says which kernels the limiter charges more than the card
 ran. A diagnostic of the limiter's GPU section, not judged.
 
