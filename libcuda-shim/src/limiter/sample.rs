@@ -40,8 +40,10 @@ pub(super) enum Charged {
     /// its projection (`duty::settled_overrun`).
     Estimate,
     /// A seed from its function's nearest known class of grid (`duty::seed_cost`, in
-    /// `Sample::projected_ns`): its kernel's first measurement, which pays what its run
-    /// added less what the seed did.
+    /// `Sample::projected_ns`): its kernel's first measurement, which pays the new part
+    /// of its seed rescaled to its run, less that part (`duty::seed_correction`); or,
+    /// where no part of the seed was new (it hid in other streams' queued work), what an
+    /// estimate would pay for running past everything queued.
     Seed,
     /// Nothing: an unknown kernel's first measurement, which pays what its run added.
     Nothing,

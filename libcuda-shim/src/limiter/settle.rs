@@ -124,18 +124,25 @@ impl DeviceLimiter {
         // than projected (`duty::settled_overrun`).
         let (beyond_now, _) = self.shared.extend(start, end, now_ns);
         let projected_end = sample.projected_start.saturating_add(sample.projected_ns);
+        let overrun = duty::settled_overrun(
+            beyond_now,
+            ns,
+            sample.projected_ns,
+            self.overlapped_lately(now_ns),
+        ) as i64;
         let mut correction = match sample.charged {
-            Charged::Estimate => duty::settled_overrun(
-                beyond_now,
-                ns,
-                sample.projected_ns,
-                self.overlapped_lately(now_ns),
-            ) as i64,
-            Charged::Seed => duty::seed_correction(
-                sample.projected_ns,
-                duty::union_increment(sample.projected_start, projected_end, sample.horizon_before),
-                ns,
-            ),
+            Charged::Estimate => overrun,
+            // A seed projected wholly inside other streams' queued work was charged
+            // nothing, and rescaling nothing says nothing of a run that went on past
+            // them: it pays as an estimate would, for running past everything queued.
+            Charged::Seed => match duty::union_increment(
+                sample.projected_start,
+                projected_end,
+                sample.horizon_before,
+            ) {
+                0 => overrun,
+                charged => duty::seed_correction(sample.projected_ns, charged, ns),
+            },
             Charged::Nothing => duty::union_increment(start, end, sample.horizon_before) as i64,
         };
         // A kernel charged from an estimate or a seed that ended before its projection,

@@ -166,6 +166,9 @@ impl DeviceLimiter {
             self.estimates
                 .get(near.key())
                 .map(|known| duty::seed_cost(known.cost_ns, class, blocks))
+                // A seed of nothing would be corrected by nothing (its rescaling is of
+                // nothing): such a kernel is measured first, as an unknown one is.
+                .filter(|&seed| seed > 0)
         })
     }
 
