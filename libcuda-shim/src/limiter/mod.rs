@@ -161,12 +161,16 @@ impl Work {
     fn key(self) -> u64 {
         match self {
             Work::Kernel { function: 0, .. } => NULL_KERNEL_KEY,
-            Work::Kernel { function, blocks } => {
-                function as u64 ^ (duty::grid_class(blocks) << GRID_CLASS_SHIFT)
-            }
+            Work::Kernel { function, blocks } => kernel_key(function, duty::grid_class(blocks)),
             Work::Graph(exec) => exec as u64 | GRAPH_KEY_BIT,
         }
     }
+}
+
+/// The cost-table key of a kernel of `function` (nonzero) launched with a grid of
+/// `class` (`duty::grid_class`): [`kernel_of_key`]'s inverse.
+fn kernel_key(function: usize, class: u64) -> u64 {
+    function as u64 ^ (class << GRID_CLASS_SHIFT)
 }
 
 /// What a kernel's cost-table key ([`Work::key`]) holds: its class of grid and its

@@ -118,10 +118,11 @@ impl DeviceLimiter {
         let start = end.saturating_sub(ns);
         // A kernel measured for the first time was charged nothing: it pays what its run
         // adds to the union as it stood when it went out; one charged a seed pays the
-        // difference between its run and its seed (`duty::seed_correction`). A known one pays only for running past everything
-        // queued since (counted once however many samples find the same overrun), and
-        // in a process whose kernels have not overlapped lately only for running longer
-        // than projected (`duty::settled_overrun`).
+        // difference between its run and its seed (`duty::seed_correction`). A known one
+        // pays only for running past everything queued since (counted once however many
+        // samples find the same overrun), and in a process whose kernels have not
+        // overlapped lately only for running longer than projected
+        // (`duty::settled_overrun`).
         let (beyond_now, _) = self.shared.extend(start, end, now_ns);
         let projected_end = sample.projected_start.saturating_add(sample.projected_ns);
         let overrun = duty::settled_overrun(

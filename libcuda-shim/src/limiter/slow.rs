@@ -14,7 +14,7 @@ use super::sample::{Charged, RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter};
 use super::{
     DeviceLimiter, FIRST_MEASURE_PATIENCE_NS, MAX_PENDING, MAX_PENDING_KNOWN, MIN_SLEEP_NS,
-    POOL_TARGET, SLEEP_SLICE_NS, Slow, Target, Work, duty,
+    POOL_TARGET, SLEEP_SLICE_NS, Slow, Target, Work, duty, kernel_key,
 };
 use crate::cuda::*;
 use crate::state::real;
@@ -159,12 +159,8 @@ impl DeviceLimiter {
             return None;
         }
         duty::seed_classes(duty::grid_class(blocks)).find_map(|class| {
-            let near = Work::Kernel {
-                function,
-                blocks: duty::class_floor(class),
-            };
             self.estimates
-                .get(near.key())
+                .get(kernel_key(function, class))
                 .map(|known| duty::seed_cost(known.cost_ns, class, blocks))
                 // A seed of nothing would be corrected by nothing (its rescaling is of
                 // nothing): such a kernel is measured first, as an unknown one is.

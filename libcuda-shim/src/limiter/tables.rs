@@ -105,22 +105,21 @@ impl Traced {
 
     /// Counts `launches` of `key` in `estimates`.
     pub fn count(&self, estimates: &Estimates, key: u64, launches: u64) {
-        if let Some(counter) = estimates
-            .find(key)
-            .and_then(|index| self.launches.get(index))
-        {
-            counter.fetch_add(launches, Ordering::Relaxed);
-        }
+        add_at(&self.launches, estimates, key, launches);
     }
 
     /// Adds `ns` (negative: given back) to what `key` in `estimates` was charged.
     pub fn charge(&self, estimates: &Estimates, key: u64, ns: i64) {
-        if let Some(counter) = estimates
-            .find(key)
-            .and_then(|index| self.charged_ns.get(index))
-        {
-            counter.fetch_add(ns as u64, Ordering::Relaxed);
-        }
+        // Two's complement: adding a negative wraps to the difference.
+        add_at(&self.charged_ns, estimates, key, ns as u64);
+    }
+}
+
+/// Adds `value` to `column`'s counter at `key`'s slot in `estimates` (nothing for a key
+/// not in the table).
+fn add_at(column: &[AtomicU64], estimates: &Estimates, key: u64, value: u64) {
+    if let Some(counter) = estimates.find(key).and_then(|index| column.get(index)) {
+        counter.fetch_add(value, Ordering::Relaxed);
     }
 }
 
