@@ -175,11 +175,10 @@ pub(super) fn build_devices(
                     pools: HashMap::new(),
                     clocks: HashMap::new(),
                     last_settle_ns: 0,
-                    measured_backlogged: HashMap::new(),
+                    seen: HashMap::new(),
                     pair: None,
                     pair_next: false,
                     setups: VecDeque::new(),
-                    steadiness: HashMap::new(),
                 }),
                 traced: Traced::new(ESTIMATE_SLOTS),
             };

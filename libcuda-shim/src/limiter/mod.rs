@@ -343,25 +343,41 @@ struct Slow {
     /// Per context: how event times map to the host clock.
     clocks: HashMap<usize, GpuClock>,
     last_settle_ns: u64,
-    /// Kernels measured behind queued work at least once (at most
-    /// `BACKLOGGED_KERNELS`; `duty::idle_sample_may_time_a_neighbour`), each with the
-    /// number of its samples set aside since its last such measurement
-    /// (`duty::set_aside_sample_teaches`).
-    measured_backlogged: HashMap<u64, u32>,
+    /// What single samples have shown of each kernel (at most `REMEMBERED_KERNELS`).
+    seen: HashMap<u64, Seen>,
     /// A sample of two launches waiting for its second launch (`super::pair`).
     pair: Option<pair::OpenPair>,
     /// Whether the next sample of a short kernel opens a pair (every other one does).
     pair_next: bool,
     /// The set-ups recent pairs showed (at most `pair::RECENT`), oldest first.
     setups: VecDeque<u64>,
-    /// Per kernel (at most `BACKLOGGED_KERNELS`), how steady its single samples are:
-    /// only pairs of steady kernels teach a set-up.
-    steadiness: HashMap<u64, duty::Steadiness>,
 }
 
-/// The most kernels `Slow::measured_backlogged` remembers (as many as the estimate table
-/// holds): past it, it starts again.
-const BACKLOGGED_KERNELS: usize = ESTIMATE_SLOTS;
+/// What a kernel's single samples have shown, as `Slow::seen` keeps it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    /// `Some` once it was measured behind queued work
+    /// (`duty::idle_sample_may_time_a_neighbour`): how many of its samples were set
+    /// aside since its last such measurement (`duty::set_aside_sample_teaches`).
+    set_aside_since_backlogged: Option<u32>,
+    /// How steady its samples are: only pairs of steady kernels teach a set-up.
+    steadiness: duty::Steadiness,
+}
+
+/// The most kernels `Slow::seen` remembers (as many as the estimate table holds): past
+/// it, it starts again.
+const REMEMBERED_KERNELS: usize = ESTIMATE_SLOTS;
+
+impl Slow {
+    /// What has been seen of `key`, made room for (forgetting every kernel when the
+    /// map is full).
+    fn seen_mut(&mut self, key: u64) -> &mut Seen {
+        if self.seen.len() >= REMEMBERED_KERNELS && !self.seen.contains_key(&key) {
+            self.seen.clear();
+        }
+        self.seen.entry(key).or_default()
+    }
+}
 
 // SAFETY: the raw event and context handles are plain driver handles, valid from any thread.
 unsafe impl Send for Slow {}

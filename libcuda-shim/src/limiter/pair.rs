@@ -29,7 +29,7 @@ use vgpu_contract::clock::monotonic_ns;
 
 use super::sample::Sample;
 use super::trace::{self, Counter};
-use super::{BACKLOGGED_KERNELS, DeviceLimiter, Slow, Target, duty};
+use super::{DeviceLimiter, Slow, Target, duty};
 use crate::cuda::*;
 use crate::state::real;
 
@@ -207,11 +207,8 @@ impl DeviceLimiter {
         measured_ns: u64,
         estimate_ns: u64,
     ) {
-        if slow.steadiness.len() >= BACKLOGGED_KERNELS && !slow.steadiness.contains_key(&key) {
-            slow.steadiness.clear();
-        }
-        let steadiness = slow.steadiness.entry(key).or_default();
-        *steadiness = steadiness.fold(measured_ns, estimate_ns);
+        let seen = slow.seen_mut(key);
+        seen.steadiness = seen.steadiness.fold(measured_ns, estimate_ns);
     }
 
     /// What a settled pair of `first_key` and the tail's second (`kernels_ns` between its
@@ -247,7 +244,7 @@ impl DeviceLimiter {
 
 /// Whether `key`'s single samples say its cost is steady (`duty::Steadiness`).
 fn is_steady(slow: &Slow, key: u64) -> bool {
-    slow.steadiness
+    slow.seen
         .get(&key)
-        .is_some_and(|steadiness| steadiness.is_steady())
+        .is_some_and(|seen| seen.steadiness.is_steady())
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use super::clock::{CLOCK_REFRESH_NS, GpuClock};
 use super::sample::{Charged, RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter};
-use super::{BACKLOGGED_KERNELS, DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
+use super::{DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
 use crate::cuda::*;
 use crate::state::real;
 
@@ -202,23 +202,25 @@ impl DeviceLimiter {
             Counter::SettledBacklogged
         });
         if !started_idle {
-            if slow.measured_backlogged.len() >= BACKLOGGED_KERNELS {
-                slow.measured_backlogged.clear();
-            }
-            slow.measured_backlogged.insert(sample.key, 0);
+            slow.seen_mut(sample.key).set_aside_since_backlogged = Some(0);
         }
         let ns = Sample::kernel_ns(elapsed_ns, gap_ns);
+        let measured_backlogged = slow
+            .seen
+            .get(&sample.key)
+            .is_some_and(|seen| seen.set_aside_since_backlogged.is_some());
         if duty::idle_sample_may_time_a_neighbour(
             started_idle,
             sample.known(),
             self.overlapped_lately(now_ns),
             self.neighbours_active.load(Ordering::Relaxed),
-            slow.measured_backlogged.contains_key(&sample.key),
+            measured_backlogged,
         ) {
             trace::count(Counter::SettledIdleDiscounted);
             let set_aside = slow
-                .measured_backlogged
+                .seen
                 .get_mut(&sample.key)
+                .and_then(|seen| seen.set_aside_since_backlogged.as_mut())
                 .map(|since| {
                     *since = since.saturating_add(1);
                     *since
