@@ -2207,6 +2207,11 @@ fn new_event(sim: &Sim) -> u64 {
     event
 }
 
+/// A new stream and `N` new events, for a child that times work on that stream.
+fn stream_and_events<const N: usize>(sim: &Sim) -> (u64, [u64; N]) {
+    (new_stream(sim), std::array::from_fn(|_| new_event(sim)))
+}
+
 fn record_event(sim: &Sim, event: u64, stream: u64) {
     assert_eq!(
         call!(sim, "cuEventRecord", fn(u64, u64), event, stream),
@@ -2590,8 +2595,7 @@ fn bracketed_kernels_inner() {
         return;
     };
     let (k_100us, k_20ms, _) = load_functions(&sim);
-    let stream = new_stream(&sim);
-    let [a, b, c] = [new_event(&sim), new_event(&sim), new_event(&sim)];
+    let (stream, [a, b, c]) = stream_and_events(&sim);
     let record = |event: u64| record_event(&sim, event, stream);
     // Far enough ahead that the host's own pace cannot show in the events' times.
     for _ in 0..10 {
@@ -2643,8 +2647,7 @@ fn idle_submit_inner() {
         return;
     };
     let (k_100us, _, _) = load_functions(&sim);
-    let stream = new_stream(&sim);
-    let [a, b, c] = [new_event(&sim), new_event(&sim), new_event(&sim)];
+    let (stream, [a, b, c]) = stream_and_events(&sim);
     let ms = |since: std::time::Instant| since.elapsed().as_secs_f32() * 1000.0;
     let began = std::time::Instant::now();
     record_event(&sim, a, stream);
