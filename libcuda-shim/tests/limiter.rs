@@ -916,6 +916,45 @@ fn a_loop_that_waits_for_each_kernel_is_charged_its_kernels_not_their_submission
     );
 }
 
+/// A kernel whose first launch call loads its code (20 ms of host time in the call,
+/// `VGPU_SIM_FIRST_LAUNCH_NS`; CUDA 12 loads lazily, and PyTorch's first launches took
+/// a millisecond or more on an H100, BENCHMARKS run 20), launched one at a time into an
+/// idle stream at a hard 50. The first sample's events span the loading: its kernel
+/// was taught a quarter of that (5 ms for 20 us), and every launch after it was charged
+/// from an estimate that decayed only a quarter, then a sixteenth, a sample (28 us a
+/// launch here; training at 50 on an H100 was charged 1.2x its kernels, the once-a-step
+/// ones at 14x). A sample whose idle gap is that long teaches nothing
+/// (`duty::DOUBTFUL_GAP_NS`): judged by what a launch was charged, 18-22 us, as for
+/// the same loop without the loading.
+#[test]
+fn a_kernel_is_not_taught_the_launch_call_that_loaded_its_code() {
+    let role = Role::plain("k_20us", 500)
+        .mode("one-at-a-time")
+        .launch_call(3_000);
+    let (report, trace) = run_traced_with(
+        "hard50-first-launch",
+        "    core_limit: 50\n",
+        role,
+        &[
+            ("VGPU_SIM_IDLE_SUBMIT_NS", "10000"),
+            ("VGPU_SIM_FIRST_LAUNCH_NS", "20000000"),
+        ],
+    );
+    let per_launch = trace.charged_ns() / trace.get("launches").max(1) as f64;
+    eprintln!(
+        "first launch loading: charged {per_launch:.0} ns a launch, {} doubtful samples",
+        trace.get("doubtful_samples")
+    );
+    assert!(
+        trace.get("settled_idle") >= 20,
+        "too few idle samples to judge: {trace:?}"
+    );
+    assert!(
+        (18_000.0..=22_000.0).contains(&per_launch),
+        "charged {per_launch:.0} ns a 20 us launch: {report:?}\n{trace:?}"
+    );
+}
+
 /// A kernel's cost is learned per class of grid (`limiter::Work::key`): one function
 /// launched in turn with ten waves (200 us) and one wave (20 us), waited for each time,
 /// at a hard 50. Which launch its samples time follows the loop's rhythm, not the work:

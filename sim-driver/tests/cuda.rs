@@ -2665,6 +2665,51 @@ fn idle_submit_inner() {
     println!("behind {}", elapsed_ms(&sim, b, c));
 }
 
+/// How long (ms of host time) a function's first launch call takes, its second, and
+/// another function's first, from a child process with `VGPU_SIM_FIRST_LAUNCH_NS` as
+/// given.
+fn first_launch_ms(first_launch_ns: &str) -> (f32, f32, f32) {
+    let [first, second, other] = child_figures(
+        "first_launch_inner",
+        ("VGPU_SIM_FIRST_LAUNCH_NS", first_launch_ns),
+        ["first", "second", "other"],
+    );
+    (first, second, other)
+}
+
+#[test]
+#[ignore = "runs in a child process started by its outer test"]
+fn first_launch_inner() {
+    let Some(sim) = child_with_a_context() else {
+        return;
+    };
+    let (k_100us, k_20ms, _) = load_functions(&sim);
+    let stream = new_stream(&sim);
+    let timed = |function: u64| {
+        let began = std::time::Instant::now();
+        assert_eq!(launch(&sim, function, stream), SUCCESS);
+        began.elapsed().as_secs_f32() * 1000.0
+    };
+    println!("first {}", timed(k_100us));
+    println!("second {}", timed(k_100us));
+    println!("other {}", timed(k_20ms));
+}
+
+/// A function's first launch call spends `VGPU_SIM_FIRST_LAUNCH_NS` before it returns
+/// (CUDA 12 loads a kernel's code at its first launch), every function's once; its
+/// later launches do not. Unset, none does.
+#[test]
+fn a_functions_first_launch_call_loads_its_code_and_later_ones_do_not() {
+    let (first, second, other) = first_launch_ms("5000000");
+    assert!(
+        first >= 5.0 && other >= 5.0,
+        "first launches: {first} / {other} ms"
+    );
+    assert!(second < 5.0, "a second launch: {second} ms");
+    let (first, _, other) = first_launch_ms("0");
+    assert!(first < 5.0 && other < 5.0, "unset: {first} / {other} ms");
+}
+
 /// Work submitted to an idle stream starts `VGPU_SIM_IDLE_SUBMIT_NS` after it is
 /// submitted (a real card fetches and sets it up first), and work queued behind other
 /// work does not wait for it. Unset, neither waits.

@@ -315,6 +315,33 @@ pub fn idle_sample_may_time_a_neighbour(
     started_idle && known && !overlapped && neighbours && measured_backlogged
 }
 
+/// An idle gap longer than this can be what decides a sample's measurement
+/// ([`is_doubtful`]): the part of its launch call before its kernel was queued on an idle
+/// stream (`Sample::idle_gap_ns`). A launch call takes a few microseconds; one that
+/// takes longer loaded the kernel's code (CUDA 12 loads a kernel at its first launch,
+/// inside that call: PyTorch's took a millisecond or more on an H100, BENCHMARKS run
+/// 20) or lost its thread.
+pub const DOUBTFUL_GAP_NS: u64 = 50_000;
+
+/// Whether a sample whose events were `elapsed_ns` apart, `gap_ns` of it the idle gap,
+/// measured its launch call rather than its kernel: the gap is over [`DOUBTFUL_GAP_NS`]
+/// and so much of the events' time that `Sample::kernel_ns` keeps its floor of a quarter
+/// of them (so that a kernel never looks free), which taught a 20 us kernel 5 ms after
+/// a 20 ms load. A kernel longer than a third of a long gap is measured as usual.
+pub fn is_doubtful(elapsed_ns: u64, gap_ns: u64) -> bool {
+    gap_ns > DOUBTFUL_GAP_NS && elapsed_ns.saturating_sub(gap_ns) < elapsed_ns / 4
+}
+
+/// Whether a sample teaches its kernel's cost, where it `doubtful` ([`is_doubtful`]),
+/// the kernel `known` or not, and this its `doubtful_in_a_row`th doubtful sample in a
+/// row. A doubtful sample teaches nothing: a known kernel keeps its estimate, an
+/// unknown one is measured again at its next launch; but the second doubtful sample in
+/// a row of a kernel never measured teaches, so that a process whose every launch call
+/// is that slow still learns its kernels.
+pub fn sample_teaches(doubtful: bool, known: bool, doubtful_in_a_row: u32) -> bool {
+    !doubtful || (!known && doubtful_in_a_row >= 2)
+}
+
 /// Set-aside samples of a kernel in a row, with none measured behind queued work
 /// between them, after which they teach its cost (`set_aside_sample_teaches`).
 pub const SET_ASIDE_RUN: u32 = 16;
@@ -681,6 +708,25 @@ mod tests {
         assert!(!set_aside_sample_teaches(MS + 100 * US, 100 * US, run));
         // Nor anything while samples behind queued work still teach.
         assert!(!set_aside_sample_teaches(97 * US, 144 * US, run - 1));
+    }
+
+    #[test]
+    fn a_sample_whose_launch_call_loaded_its_kernel_teaches_nothing_once() {
+        // A 20 us kernel after a 20 ms load is doubtful; after a launch call of a few
+        // microseconds, or a long one shorter than three times the kernel, it is not.
+        assert!(is_doubtful(20 * MS + 20 * US, 20 * MS));
+        assert!(!is_doubtful(6 * US, 5 * US));
+        assert!(!is_doubtful(300 * US, 200 * US));
+        assert!(is_doubtful(220 * US, 200 * US));
+        // A doubtful sample teaches a known kernel nothing however many come, an unknown
+        // one from the second in a row; any other teaches.
+        for in_a_row in 1..4 {
+            assert!(!sample_teaches(true, true, in_a_row));
+        }
+        assert!(!sample_teaches(true, false, 1));
+        assert!(sample_teaches(true, false, 2));
+        assert!(sample_teaches(false, true, 0));
+        assert!(sample_teaches(false, false, 0));
     }
 
     #[test]

@@ -362,6 +362,9 @@ struct Seen {
     set_aside_since_backlogged: Option<u32>,
     /// How steady its samples are: only pairs of steady kernels teach a set-up.
     steadiness: duty::Steadiness,
+    /// Its latest samples in a row that measured their launch call rather than the
+    /// kernel (`duty::is_doubtful`).
+    doubtful_in_a_row: u32,
 }
 
 /// The most kernels `Slow::seen` remembers (as many as the estimate table holds): past

@@ -235,9 +235,28 @@ impl DeviceLimiter {
             }
             return ns.min(sample.projected_ns);
         }
-        match self.estimates.get(sample.key) {
-            Some(known) => self.note_steadiness(slow, sample.key, ns, known.cost_ns),
-            None => trace::remember_name(sample.key),
+        let known = self.estimates.get(sample.key);
+        if known.is_none() {
+            trace::remember_name(sample.key);
+        }
+        let doubtful = duty::is_doubtful(elapsed_ns, gap_ns);
+        let seen = slow.seen_mut(sample.key);
+        seen.doubtful_in_a_row = if doubtful {
+            seen.doubtful_in_a_row.saturating_add(1)
+        } else {
+            0
+        };
+        if !duty::sample_teaches(doubtful, known.is_some(), seen.doubtful_in_a_row) {
+            // Its run cannot be told from its launch call's: a known kernel's counts as
+            // no longer than projected; an unknown one's pays what the events saw.
+            trace::count(Counter::DoubtfulSamples);
+            return match known {
+                Some(_) => ns.min(sample.projected_ns),
+                None => ns,
+            };
+        }
+        if let Some(known) = known {
+            self.note_steadiness(slow, sample.key, ns, known.cost_ns);
         }
         self.estimates.record(sample.key, ns);
         ns

@@ -89,6 +89,10 @@ pub enum Counter {
     /// they taught nothing and were charged no more than projected
     /// (`duty::idle_sample_may_time_a_neighbour`).
     SettledIdleDiscounted,
+    /// Samples that measured their launch call rather than the kernel, and taught
+    /// nothing (`duty::is_doubtful`: the call loaded the kernel's code or lost its
+    /// thread).
+    DoubtfulSamples,
     /// Busy ns charged as measured (the union increments and corrections), and what the
     /// bucket was charged after the host's correction factor.
     ChargedNs,
@@ -133,6 +137,7 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "pairs_taught",
     "pairs_dropped",
     "settled_idle_discounted",
+    "doubtful_samples",
     "charged_ns",
     "charged_scaled_ns",
     "corrected_up_ns",

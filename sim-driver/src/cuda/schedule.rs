@@ -50,10 +50,40 @@ pub fn spend_launch_call() {
             .unwrap_or(0)
             .min(1_000_000_000)
     });
-    if call_ns == 0 {
+    if call_ns > 0 {
+        spin_ns(call_ns);
+    }
+}
+
+/// Env: host nanoseconds the first launch call of each function (or library kernel)
+/// handle in a process spends before the kernel is queued; 0 by default. CUDA 12 loads
+/// a kernel's code onto the card at its first launch (lazy loading, the default), inside
+/// that launch call: PyTorch's first launches of a kernel took a millisecond or more
+/// (an H100, BENCHMARKS run 20), between a sample's start event and the kernel.
+pub const FIRST_LAUNCH_ENV: &str = "VGPU_SIM_FIRST_LAUNCH_NS";
+
+/// Spends `VGPU_SIM_FIRST_LAUNCH_NS` of host time if this is `handle`'s first launch
+/// call in the process.
+pub fn spend_first_launch(handle: u64) {
+    static NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static LAUNCHED: std::sync::Mutex<Option<std::collections::HashSet<u64>>> =
+        std::sync::Mutex::new(None);
+    let ns = *NS.get_or_init(|| env_ns(FIRST_LAUNCH_ENV));
+    if ns == 0 {
         return;
     }
-    let until = crate::clock::now_ns().saturating_add(call_ns);
+    let first = match LAUNCHED.lock() {
+        Ok(mut launched) => launched.get_or_insert_with(Default::default).insert(handle),
+        Err(_) => false,
+    };
+    if first {
+        spin_ns(ns);
+    }
+}
+
+/// Spins the calling thread for `ns` of the sim's clock.
+fn spin_ns(ns: u64) {
+    let until = crate::clock::now_ns().saturating_add(ns);
     while crate::clock::now_ns() < until {
         std::hint::spin_loop();
     }

@@ -72,6 +72,7 @@ fn launch(
     params: *mut *mut c_void,
 ) -> Res {
     crate::cuda::schedule::spend_launch_call();
+    crate::cuda::schedule::spend_first_launch(function);
     let current = current_context();
     with_registry(|registry| {
         let (key, ctx) = registry.stream_key(stream, per_thread, current)?;
