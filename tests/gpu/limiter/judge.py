@@ -234,6 +234,14 @@ else:
 # that keeps the card U% busy bare (NVML, measured in the bare run) should run at
 # min(1, limit / U) of its bare speed, i.e. take min(U, limit) of the card, +-5 points.
 # Without the bare figure (no NVML in the bare run) the limit is taken as binding fully.
+def rounds_text(res):
+    """Each round's steps/s of a run made in rounds (run_limiter.sh), in a few words."""
+    rounds = res.get("rounds") if res else None
+    if not rounds:
+        return ""
+    return " (rounds: " + ", ".join(f"{r:.1f}" if r < 100 else f"{r:.0f}" for r in rounds) + ")"
+
+
 def held_share(bare_res, ratio, limit):
     """(share of the card the limited run took, the target, whether within 5 points)."""
     util = bare_res.get("card_util") if bare_res else None
@@ -266,7 +274,8 @@ if have_torch:
         else:
             ok = ratio is not None and (ratio >= 0.9 if n == "60" else ratio <= 1.02)
         record(f"decode-{n}", "PASS" if ok else "FAIL",
-               f"{res['steps_per_s']:.0f} steps/s, p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms"
+               f"{res['steps_per_s']:.0f} steps/s{rounds_text(res)}, p50 {res['p50_ms']:.2f} ms, "
+               f"p99 {res['p99_ms']:.2f} ms"
                + ("" if ratio is None or n == "bare" else f", {ratio:.2f}x bare")
                + (f", card {res.get('card_util')}% busy" if n == "bare" else "")
                + share_text(base, share, target)
@@ -292,7 +301,8 @@ if have_torch:
         share, target, held = held_share(train_bare, ratio, 50)
         ok = held if held is not None else within(value, 50, 5)
         record("training-at-50", "PASS" if ok else "FAIL",
-               f"{value:.1f}% of bare ({train_50['steps_per_s']:.2f} vs {train_bare['steps_per_s']:.2f} steps/s)"
+               f"{value:.1f}% of bare ({train_50['steps_per_s']:.2f}{rounds_text(train_50)} vs "
+               f"{train_bare['steps_per_s']:.2f}{rounds_text(train_bare)} steps/s)"
                + (share_text(train_bare, share, target) if share is not None
                   else ", target 50+-5 (no bare NVML figure: the limit taken as binding)")
                + " (before: 48.8% of bare; 102.4% measured with the check against 50)"
@@ -312,9 +322,9 @@ if have_torch:
         bare_res, res = result(bare_name), result(name)
         if bare_res and res:
             record(check, "INFO",
-                   f"{res['steps_per_s']:.1f} steps/s {how}, "
+                   f"{res['steps_per_s']:.1f} steps/s{rounds_text(res)} {how}, "
                    f"{res['steps_per_s'] / bare_res['steps_per_s']:.2f}x bare "
-                   f"({bare_res['steps_per_s']:.1f})"
+                   f"({bare_res['steps_per_s']:.1f}{rounds_text(bare_res)})"
                    + (trace_text(name) if name.endswith("99") else ""), **res)
         else:
             record(check, "FAIL", f"{why(bare_name)}; {why(name)}")

@@ -39,8 +39,21 @@ class Logs:
         return found
 
     def result(self, name):
+        """A run's last result; for a run made in rounds (`ROUND N` lines, each round's
+        RESULT after its own), its rounds together (`rounds_together`)."""
         found = self.lines(name)
-        return found[-1] if found else None
+        if not found:
+            return None
+        if self.rounds_of(name) > 1:
+            return rounds_together(found)
+        return found[-1]
+
+    def rounds_of(self, name):
+        """How many rounds run NAME was made in (0: not in rounds)."""
+        try:
+            return sum(1 for line in open(self.path(name + ".out")) if line.startswith("ROUND "))
+        except OSError:
+            return 0
 
     def trace(self, name):
         """The limiter's counters of run NAME, summed over its processes ({} without
@@ -78,3 +91,27 @@ class Logs:
         except OSError:
             pass
         return found
+
+
+def rounds_together(results):
+    """One result for a run made in rounds of equal length: steps over the rounds' wall
+    time, the mean of each round's p50 and p99 and card figure, the worst step; with
+    each round's steps/s in `rounds` (a round that printed nothing is missing there)."""
+    timed = [r for r in results if r.get("steps_per_s") is not None]
+    if not timed:
+        return results[-1]
+    merged = dict(timed[-1])
+    wall = sum(r.get("wall_s", 0) for r in timed)
+    if wall > 0 and all("steps" in r for r in timed):
+        merged["steps"] = sum(r["steps"] for r in timed)
+        merged["wall_s"] = round(wall, 3)
+        merged["steps_per_s"] = round(merged["steps"] / wall, 3)
+    for key in ("p50_ms", "p99_ms", "card_util"):
+        values = [r[key] for r in timed if r.get(key) is not None]
+        if values:
+            merged[key] = round(sum(values) / len(values), 3)
+    worst = [r["max_ms"] for r in timed if r.get("max_ms") is not None]
+    if worst:
+        merged["max_ms"] = max(worst)
+    merged["rounds"] = [r["steps_per_s"] for r in timed]
+    return merged
