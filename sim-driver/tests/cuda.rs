@@ -2668,13 +2668,12 @@ fn idle_submit_inner() {
 /// How long (ms of host time) a function's first launch call takes, its second, and
 /// another function's first, from a child process with `VGPU_SIM_FIRST_LAUNCH_NS` as
 /// given.
-fn first_launch_ms(first_launch_ns: &str) -> (f32, f32, f32) {
-    let [first, second, other] = child_figures(
+fn first_launch_ms(first_launch_ns: &str) -> [f32; 3] {
+    child_figures(
         "first_launch_inner",
         ("VGPU_SIM_FIRST_LAUNCH_NS", first_launch_ns),
         ["first", "second", "other"],
-    );
-    (first, second, other)
+    )
 }
 
 #[test]
@@ -2700,13 +2699,13 @@ fn first_launch_inner() {
 /// later launches do not. Unset, none does.
 #[test]
 fn a_functions_first_launch_call_loads_its_code_and_later_ones_do_not() {
-    let (first, second, other) = first_launch_ms("5000000");
+    let [first, second, other] = first_launch_ms("5000000");
     assert!(
         first >= 5.0 && other >= 5.0,
         "first launches: {first} / {other} ms"
     );
     assert!(second < 5.0, "a second launch: {second} ms");
-    let (first, _, other) = first_launch_ms("0");
+    let [first, _, other] = first_launch_ms("0");
     assert!(first < 5.0 && other < 5.0, "unset: {first} / {other} ms");
 }
 
