@@ -17,8 +17,9 @@
 #      cudart's `bench launch` when nvcc is there), and in one --cores 99 process the
 #      shim's cuLaunchKernel against the real driver's (`streams launch-ab`);
 #   7. PyTorch (when there): whether an event on an idle stream waits while another
-#      process has the card (event_turns.py); the batch-1 decode loop bare, at 30 and
-#      60; training at 50; both loops with a memory quota and no compute limit.
+#      process has the card (event_turns.py); the batch-1 decode loop bare, at 30, 60
+#      and 99; training bare and at 50; both loops with a memory quota and no compute
+#      limit; each of these runs twice, in two rounds, the second in reverse order.
 #
 # SIMULATE=1 runs it all over the simulated driver (`vgpu run --simulate`), which is how
 # the script is tested without a GPU: only the figures differ.
