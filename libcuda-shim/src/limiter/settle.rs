@@ -183,7 +183,10 @@ impl DeviceLimiter {
     /// estimate; unless the run may include another context's slice
     /// (`duty::idle_sample_may_time_a_neighbour`): then it teaches only a run near the
     /// estimate (`duty::set_aside_sample_teaches`) and counts as no longer than
-    /// projected (a shorter run still gives back what it did not use).
+    /// projected (a shorter run still gives back what it did not use); or where it
+    /// measured its launch call rather than the kernel (`duty::is_doubtful`): then it
+    /// teaches nothing (`duty::sample_teaches`) and a known kernel's counts as no longer
+    /// than projected.
     fn learn(
         &self,
         slow: &mut Slow,
