@@ -39,13 +39,18 @@ def trace_text(name):
         own = f" ({t['fast_path_own_ns'] / t['fast_path']:.0f} ns of its own each{clock})"
     # How many of them went on a thread's tab (absent from older traces).
     tabs = f", {t['tabbed']} on tabs" if "tabbed" in t else ""
+    # What its kernels were charged against their learned costs times their launches
+    # (absent from traces without the CHARGED column).
+    kernels = LOGS.learned_charge(name)
+    against = (f" (its kernels {kernels[0] / kernels[1]:.2f}x their learned costs times launches,"
+               " before the host's factor)" if kernels else "")
     return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path{own}{tabs}, "
             f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream, "
             f"{t.get('settled_idle_discounted', 0)} of them taken to time a neighbour's slice"
             + (f", {t['doubtful_samples']} doubtful" if "doubtful_samples" in t else "") + "), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
             f"{t.get('waits', 0)} waits for {t.get('waited_ns', 0) / 1e6:.0f} ms (longest "
-            f"{t.get('longest_wait_ns', 0) / 1e6:.1f}), charged {charged:.0f} ms, clock references "
+            f"{t.get('longest_wait_ns', 0) / 1e6:.1f}), charged {charged:.0f} ms{against}, clock references "
             f"{t.get('clock_taken', 0)} taken / {t.get('clock_late', 0)} late]")
 
 

@@ -72,6 +72,23 @@ class Logs:
                         total[parts[0]] = total.get(parts[0], 0) + value
         return total
 
+    def learned_charge(self, name):
+        """(busy ms charged, ms of learned cost times launches) over run NAME's kernel
+        lines (`kernel COST SAMPLES LAUNCHES CHARGED CLASS NAME`, summed over its
+        processes), or None where its traces have no such lines (older traces)."""
+        charged = learned = 0
+        for path in glob.glob(self.path(name + ".trace.*")):
+            for line in open(path):
+                parts = line.split()
+                if len(parts) >= 6 and parts[0] == "kernel":
+                    try:
+                        cost, launches, kernel_charged = int(parts[1]), int(parts[3]), int(parts[4])
+                    except ValueError:
+                        continue
+                    charged += kernel_charged
+                    learned += cost * launches
+        return (charged / 1e6, learned / 1e6) if learned > 0 else None
+
     def why(self, name):
         """One line on why a run has no result."""
         try:
