@@ -323,13 +323,20 @@ pub fn idle_sample_may_time_a_neighbour(
 /// 20) or lost its thread.
 pub const DOUBTFUL_GAP_NS: u64 = 50_000;
 
+/// The least a sample whose events were `elapsed_ns` apart says its kernel ran, whatever
+/// its idle gap (`Sample::kernel_ns`): a quarter of the events' time, so that an
+/// over-long host gap (the thread descheduled, say) cannot make a kernel look free.
+pub fn measured_floor_ns(elapsed_ns: u64) -> u64 {
+    elapsed_ns / 4
+}
+
 /// Whether a sample whose events were `elapsed_ns` apart, `gap_ns` of it the idle gap,
 /// measured its launch call rather than its kernel: the gap is over [`DOUBTFUL_GAP_NS`]
-/// and so much of the events' time that `Sample::kernel_ns` keeps its floor of a quarter
-/// of them (so that a kernel never looks free), which taught a 20 us kernel 5 ms after
-/// a 20 ms load. A kernel longer than a third of a long gap is measured as usual.
+/// and so much of the events' time that the floor ([`measured_floor_ns`]) decides what
+/// the kernel ran, which taught a 20 us kernel 5 ms after a 20 ms load. A kernel longer
+/// than a third of a long gap is measured as usual.
 pub fn is_doubtful(elapsed_ns: u64, gap_ns: u64) -> bool {
-    gap_ns > DOUBTFUL_GAP_NS && elapsed_ns.saturating_sub(gap_ns) < elapsed_ns / 4
+    gap_ns > DOUBTFUL_GAP_NS && elapsed_ns.saturating_sub(gap_ns) < measured_floor_ns(elapsed_ns)
 }
 
 /// Whether a sample teaches its kernel's cost, where it `doubtful` ([`is_doubtful`]),

@@ -4,6 +4,7 @@
 //! `super::clock`'s; what a settled sample does to the bucket is `super::settle`'s;
 //! this file only measures.
 
+use super::duty;
 use super::pair::PairTail;
 use crate::cuda::*;
 use crate::state::real;
@@ -86,9 +87,9 @@ impl Sample {
 
     /// The kernel's own GPU time from the events' elapsed time and the idle gap.
     pub(super) fn kernel_ns(elapsed_ns: u64, idle_gap_ns: u64) -> u64 {
-        // Never below a quarter of what the events saw: an over-long host gap (the
-        // thread descheduled, say) must not make a kernel look free.
-        elapsed_ns.saturating_sub(idle_gap_ns).max(elapsed_ns / 4)
+        elapsed_ns
+            .saturating_sub(idle_gap_ns)
+            .max(duty::measured_floor_ns(elapsed_ns))
     }
 }
 
