@@ -4,7 +4,8 @@
 //! first: these tests judge the scripts' plumbing (every check the judges write is
 //! there with a verdict, what cannot run here is skipped rather than failed, and no step
 //! died without a result), not the sim's figures, which the limiter's own tests judge
-//! (`libcuda-shim/tests/limiter.rs`).
+//! (`libcuda-shim/tests/limiter.rs`). One rule of a judge's own, which the sim's card
+//! cannot reach (its turns cost no work), is judged over made-up logs.
 //!
 //! Needs root (`vgpu run`'s namespaces), a C compiler and python3.
 
@@ -75,7 +76,7 @@ fn assert_plumbing(
     assert_eq!(names, wanted, "{script}: the checks written");
     for (name, (verdict, figure)) in found {
         assert!(
-            ["PASS", "FAIL", "SKIP"].contains(&verdict.as_str()),
+            ["PASS", "FAIL", "SKIP", "INFO"].contains(&verdict.as_str()),
             "{script}: {name}: verdict {verdict:?}"
         );
         assert_eq!(
@@ -170,6 +171,7 @@ fn the_contention_part_runs_and_judges_every_check_over_the_sim() {
         }
     }
     for kernel in ["w1ms", "f1ms"] {
+        expected.push(format!("two-bare-{kernel}"));
         expected.push(format!("two30-60-{kernel}"));
         expected.push(format!("two50-50-{kernel}"));
     }
@@ -177,7 +179,126 @@ fn the_contention_part_runs_and_judges_every_check_over_the_sim() {
     let decode = ["decode-beside-neighbour", "decode-50-50", "decode-70-30"];
     expected.extend(decode.map(String::from));
     assert_plumbing("contention.sh", &found, &expected, &decode);
+    // Two unlimited containers say what the card gives busy neighbours, which the hard
+    // pairs are judged against.
+    for kernel in ["w1ms", "f1ms"] {
+        let (verdict, figure) = &found[&format!("two-bare-{kernel}")];
+        assert_eq!(verdict, "INFO", "two-bare-{kernel}: {figure}");
+        assert!(
+            figure.contains("the card shared: ") && !figure.contains("the card shared: -"),
+            "two-bare-{kernel} measured the card shared: {figure}"
+        );
+    }
     // Over the sim, too, the hostile tenant escapes until the host sees it on the card.
     let (verdict, figure) = &found["hostile30-hard30"];
     assert_eq!(verdict, "PASS", "the hostile tenant over the sim: {figure}");
+}
+
+/// contention.py's records for the `two` part over made-up logs: a bare fixed-work run
+/// of 100 % a window, and for each of `runs` (name, side a's and side b's 100 ms windows),
+/// both sides started together and busy 4 s.
+fn judge_two(runs: &[(&str, f64, f64)]) -> Option<BTreeMap<String, (String, String)>> {
+    require!(
+        return None;
+        Need::program("python3", "apt-get install python3")
+    );
+    let out = tempfile::tempdir().expect("a temporary folder");
+    let logs = out.path().join("logs");
+    std::fs::create_dir(&logs).expect("logs/");
+    let write = |name: &str, line: String| {
+        std::fs::write(logs.join(format!("{name}.out")), line + "\n").expect("a run's .out");
+        std::fs::write(logs.join(format!("{name}.rc")), "0\n").expect("a run's .rc");
+    };
+    write(
+        "bare-w1ms",
+        r#"{"case": "w1ms", "per_s": 1000.0, "work_s": 0.001, "fit": 1, "t0": 10.0}"#.into(),
+    );
+    for (name, a, b) in runs {
+        for (side, share) in [("a", a), ("b", b)] {
+            let windows = vec![format!("{share:.1}"); 40].join(", ");
+            write(
+                &format!("{name}-{side}"),
+                format!(
+                    r#"{{"case": "w1ms", "per_s": 1.0, "work_s": 0.001, "fit": 1, "t0": 20.0, "windows": [{windows}]}}"#
+                ),
+            );
+        }
+    }
+    let output = Command::new("python3")
+        .arg(repo_root().join("tests/gpu/limiter/contention.py"))
+        .arg(out.path())
+        .arg("two")
+        .output()
+        .expect("run contention.py");
+    assert!(
+        output.status.success(),
+        "contention.py: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(records(out.path()))
+}
+
+/// Two busy containers lose the card's switches between their slices (on H100s two
+/// unlimited ones of fixed-work kernels got about 45 % of bare each): hard limits that
+/// ask for the whole card are judged by their parts of what two unlimited ones got in
+/// the same call, limits that fit in it by themselves, and a hard limit's worst second
+/// by its limit whatever the card gave.
+#[test]
+fn limits_that_fill_the_card_are_judged_by_what_two_busy_unlimited_containers_got() {
+    let Some(found) = judge_two(&[
+        ("two-bare-w1ms", 45.0, 45.0),
+        ("two50-50-w1ms", 44.0, 46.0),
+        ("two30-60-w1ms", 30.0, 59.0),
+    ]) else {
+        return;
+    };
+    let verdict = |name: &str| (found[name].0.as_str(), found[name].1.as_str());
+    let (bare, figure) = verdict("two-bare-w1ms");
+    assert_eq!(bare, "INFO", "{figure}");
+    assert!(figure.contains("the card shared: 90.0%"), "{figure}");
+    let (fill, figure) = verdict("two50-50-w1ms");
+    assert_eq!(fill, "PASS", "{figure}");
+    assert!(
+        figure.contains("its limit's part of the 90.0% two busy unlimited ones got (45.0/45.0)"),
+        "{figure}"
+    );
+    let (fit, figure) = verdict("two30-60-w1ms");
+    assert_eq!(fit, "PASS", "{figure}");
+    assert!(
+        figure.contains("each busy: limit+-5"),
+        "limits that fit: {figure}"
+    );
+
+    let Some(found) = judge_two(&[
+        ("two-bare-w1ms", 45.0, 45.0),
+        ("two50-50-w1ms", 39.0, 39.0),
+        ("two30-60-w1ms", 30.0, 63.0),
+    ]) else {
+        return;
+    };
+    assert_eq!(
+        found["two50-50-w1ms"].0, "FAIL",
+        "more than 5 under 45: {:?}",
+        found["two50-50-w1ms"]
+    );
+    assert_eq!(
+        found["two30-60-w1ms"].0, "FAIL",
+        "a worst second over 62: {:?}",
+        found["two30-60-w1ms"]
+    );
+
+    // Without the unlimited pair's figure, the limits themselves.
+    let Some(found) = judge_two(&[("two50-50-w1ms", 44.0, 44.0)]) else {
+        return;
+    };
+    assert_eq!(
+        found["two50-50-w1ms"].0, "FAIL",
+        "{:?}",
+        found["two50-50-w1ms"]
+    );
+    assert!(
+        found["two-bare-w1ms"].0 == "FAIL",
+        "the missing unlimited pair fails: {:?}",
+        found["two-bare-w1ms"]
+    );
 }

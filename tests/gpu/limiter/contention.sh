@@ -12,7 +12,9 @@
 #           100 ms window against the same kernel bare in this call: the hard container's
 #           worst 1 s never above its limit + 2, and both busy, each within 5 of its share;
 #           the card's own per-process account (NVML, asked from the host) beside it;
-#   two     two hard containers at 30 / 60 and at 50 / 50 (fixed work, and spin);
+#   two     two unlimited containers (what the card gives two busy neighbours: time
+#           slices cost work), then two hard ones at 30 / 60 and at 50 / 50 (fixed
+#           work, and spin), each within 5 of its limit's part of that;
 #   decode  the batch-1 decode loop (decode.py, PyTorch) beside a busy full-card
 #           neighbour: both bare (the card time-slicing), at 50 / 50 and at 70 / 30
 #           (decode / neighbour); max step never above twice the bare pair's;
@@ -157,6 +159,7 @@ fi
 if has two; then
     echo "== two containers" >&2
     for K in w1ms f1ms; do
+        pair "two-bare-$K" "$K" unlimited unlimited
         pair "two30-60-$K" "$K" 30 60
         pair "two50-50-$K" "$K" 50 50
     done
