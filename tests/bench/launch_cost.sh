@@ -5,7 +5,8 @@
 # Runs launch_cost.c N times (default 500000) under `vgpu run --simulate` with a memory
 # quota only and with `--cores 99` (a limit that never binds: what is left is what the
 # limiter adds), PAIRS interleaved pairs (default 7): the median of each and of the
-# pairs' ratios. Wall time on a shared machine is noisy, so with CALLGRIND=1 it also
+# pairs' ratios. LAUNCH_STREAM=legacy launches into the legacy default stream (as cudart's
+# <<<>>> does) instead of a stream of its own. Wall time on a shared machine is noisy, so with CALLGRIND=1 it also
 # counts instructions (valgrind, deterministic): the shim's instructions per limited
 # launch on the fast path, and the slow path's (samples, waits, settling) amortized
 # over all launches. Under valgrind launches are ~50x slower, so the minimum sample gap
