@@ -1,7 +1,8 @@
 // Microbenchmarks for the shim's hot paths, driven through whatever libcuda.so.1 the
 // loader finds (the real driver bare, the shim under `vgpu run`):
-//   launch N  : N empty-kernel launches through the runtime (cudart fetches
-//               cuLaunchKernel with cuGetProcAddress), microseconds per launch;
+//   launch N [own] : N empty-kernel launches through the runtime (cudart fetches
+//               cuLaunchKernel with cuGetProcAddress), microseconds per launch; into the
+//               legacy default stream, or with `own` a non-blocking stream of its own;
 //   alloc N   : N cuMemAlloc_v2/cuMemFree_v2 pairs of 1 MiB through the driver API,
 //               microseconds per pair.
 // Prints one line: RESULT {"what": ..., "per_op_us": ...}
@@ -23,10 +24,16 @@ int main(int argc, char** argv) {
     long n = atol(argv[2]);
     if (cudaFree(0) != cudaSuccess) { fprintf(stderr, "no CUDA\n"); return 1; }
     if (!strcmp(argv[1], "launch")) {
-        for (int i = 0; i < 1000; i++) empty_kernel<<<1, 1>>>();
+        cudaStream_t stream = 0;
+        if (argc > 3 && !strcmp(argv[3], "own") &&
+            cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+            fprintf(stderr, "no stream\n");
+            return 1;
+        }
+        for (int i = 0; i < 1000; i++) empty_kernel<<<1, 1, 0, stream>>>();
         cudaDeviceSynchronize();
         double t0 = now_us();
-        for (long i = 0; i < n; i++) empty_kernel<<<1, 1>>>();
+        for (long i = 0; i < n; i++) empty_kernel<<<1, 1, 0, stream>>>();
         cudaDeviceSynchronize();
         double t1 = now_us();
         printf("RESULT {\"what\": \"launch\", \"n\": %ld, \"per_op_us\": %.4f}\n", n, (t1 - t0) / n);

@@ -198,6 +198,14 @@ if [ -n "${NVCC:-}" ] && [ -x "$OUT/bench" ]; then
         VGPU_LIMITER_TRACE= step "cudart-99-$i" 60 99 $PIN "$BENCH" launch 200000
     done
     step cudart-99-trace 60 99 "$BENCH" launch 200000
+    # Where the runtime API's extra cost lies (run 21: +230 ns by pairs where the fast
+    # path took 103 ns of its own): with a memory quota only (the hooks' forwarding),
+    # and at 99 into a non-blocking stream of its own instead of the legacy stream.
+    for i in 1 2 3; do
+        step "cudart-quota-$i" 60 unlimited $PIN "$BENCH" launch 200000
+        step "cudart-own-bare-$i" 60 bare $PIN "$BENCH" launch 200000 own
+        VGPU_LIMITER_TRACE= step "cudart-own-99-$i" 60 99 $PIN "$BENCH" launch 200000 own
+    done
 fi
 
 if [ "$HAVE_TORCH" = 1 ]; then
