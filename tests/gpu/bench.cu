@@ -20,7 +20,7 @@ static double now_us() {
 }
 
 int main(int argc, char** argv) {
-    if (argc < 3) { fprintf(stderr, "usage: bench launch|alloc N\n"); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: bench launch N [own] | alloc N\n"); return 2; }
     long n = atol(argv[2]);
     if (cudaFree(0) != cudaSuccess) { fprintf(stderr, "no CUDA\n"); return 1; }
     if (!strcmp(argv[1], "launch")) {
