@@ -7,7 +7,7 @@
 # decode loop and training (also without a limit), the single-stream, graph,
 # two-container and soft-mode checks. tests/gpu/limiter/run_limiter.sh
 # does the runs and judges them; each of its checks becomes one record here. Then issue
-# 25's (about 115 s; budget 170): hard containers beside soft and unlimited neighbours on
+# 25's (about 140 s on an H100 in run 21, with the unlimited pairs; budget 170): hard containers beside soft and unlimited neighbours on
 # spin and fixed-work kernels, two containers at 30/60 and 50/50, the decode loop beside a
 # busy neighbour, a hostile tenant beside a busy hard 30 (tests/gpu/limiter/contention.sh),
 # records `limiter contention-*`.
