@@ -5,7 +5,8 @@
 //! thread held at the fork still held forever. So the child handler does stores only
 //! (async-signal-safe, no allocation, no lock): it empties the fixed tables whose
 //! entries name the parent's contexts and captures ([`crate::current`],
-//! [`crate::hooks::capture`]), then bumps the epoch. Everything built per process (the
+//! [`crate::hooks::capture`]) and the limiter's word for the parent's device
+//! (`crate::limiter::clear_sole_device`), then bumps the epoch. Everything built per process (the
 //! process state and its ledger, `crate::process`; the compute limiter) remembers the
 //! epoch it was built in and is built anew, by the first call in the child that needs
 //! it, when [`generation`] has moved on.
@@ -43,6 +44,7 @@ pub fn register() {
 extern "C" fn in_child() {
     crate::current::forget_in_child();
     crate::hooks::capture::forget_in_child();
+    crate::limiter::clear_sole_device();
     GENERATION.fetch_add(1, Ordering::SeqCst);
 }
 

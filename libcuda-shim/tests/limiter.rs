@@ -1295,6 +1295,30 @@ fn captured_launches_are_neither_delayed_nor_timed_and_captures_survive() {
     );
 }
 
+/// A capture that begins on a stream while the thread's tab covers it: the launches it
+/// records ran nothing, so none is charged on the tab (`limiter::tab` asks about
+/// captures again once `lifecycle::sole_device` stops vouching for the launch).
+#[test]
+fn a_capture_that_begins_under_an_open_tab_charges_none_of_its_launches() {
+    let (report, trace) = run_traced(
+        "capture-on-tab",
+        "    core_limit: 90\n",
+        Role::plain("k_20us", 600).mode("capture-on-tab"),
+    );
+    assert_eq!(report.note("capture"), Some("ok"), "{report:?}");
+    let captured: u64 = report
+        .note("captured_launches")
+        .and_then(|v| v.parse().ok())
+        .expect("captured launches");
+    assert!(captured >= 4 * CAPTURED_PER_ROUND, "{report:?}");
+    assert!(trace.get("tabbed") > 0, "the rounds ran on tabs: {trace:?}");
+    assert_eq!(
+        trace.get("captured"),
+        captured,
+        "every captured launch took the limiter's capture path: {trace:?}"
+    );
+}
+
 #[test]
 fn soft_mode_alone_uses_the_idle_card() {
     let _serial = serial();
@@ -2586,6 +2610,10 @@ fn each_waited_for(
 const DEPTH: usize = 4;
 /// Launches the capturing thread of `Role::mode("capture")` records into its graph.
 const CAPTURED_LAUNCHES: u64 = 200;
+/// Launches of each round of `Role::mode("capture-on-tab")` before its capture, and
+/// the launches each capture records.
+const TAB_ROUND_LAUNCHES: usize = 20;
+const CAPTURED_PER_ROUND: u64 = 8;
 /// Kernels of one step of the decode loop (`Role::mode("decode")`).
 const DECODE_KERNELS: usize = 8;
 /// Kernels each short-lived thread of `Role::mode("bursts")` launches.
@@ -3217,6 +3245,46 @@ fn child_process_entry() {
             per_launch_ns = step.step_ns;
             fit = 1;
             step.train(&cuda, context, deadline)
+        }
+        "capture-on-tab" => {
+            // Rounds of one short kernel launched back to back on one stream, each then
+            // captured on that stream at once: the round leaves the thread's tab open
+            // when its capture begins, so the first captured launch is one the tab
+            // covers.
+            let stream = cuda.stream();
+            let (mut times, mut rounds, mut failed) = (Vec::new(), 0u64, Vec::new());
+            while monotonic_ns() < deadline {
+                for _ in 0..TAB_ROUND_LAUNCHES {
+                    assert_eq!(cuda.kernel(function, 1, stream), 0, "launch");
+                    times.push(monotonic_ns());
+                }
+                let mut graph = std::ptr::null_mut();
+                // SAFETY: capture calls on our stream with valid out-pointers.
+                let (began, captured, ended) = unsafe {
+                    let began = (cuda.begin_capture)(stream, 2);
+                    let captured = (0..CAPTURED_PER_ROUND)
+                        .map(|_| cuda.kernel(function, 1, stream))
+                        .find(|&result| result != 0)
+                        .unwrap_or(0);
+                    (began, captured, (cuda.end_capture)(stream, &mut graph))
+                };
+                if (began, captured, ended) != (0, 0, 0) {
+                    failed.push(format!("{began}/{captured}/{ended}"));
+                }
+                // SAFETY: our stream.
+                assert_eq!(unsafe { (cuda.synchronize)(stream) }, 0);
+                rounds += 1;
+            }
+            notes.push(format!(
+                "capture={}",
+                if failed.is_empty() {
+                    "ok".to_string()
+                } else {
+                    failed.join(",")
+                }
+            ));
+            notes.push(format!("captured_launches={}", rounds * CAPTURED_PER_ROUND));
+            (times, 0)
         }
         "capture" => {
             let capturing = cuda.stream();

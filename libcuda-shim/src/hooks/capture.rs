@@ -58,6 +58,9 @@ fn began(stream: CUstream, per_thread: bool, result: CUresult) -> CUresult {
     } else {
         LOST_TRACK.store(true, Ordering::Release);
     }
+    // Launches ask about captures again (after the count: see
+    // `limiter::clear_sole_device`).
+    crate::limiter::clear_sole_device();
     result
 }
 
@@ -76,6 +79,7 @@ fn ended(stream: CUstream, per_thread: bool, result: CUresult) -> CUresult {
             .is_ok()
     {
         ACTIVE.fetch_sub(1, Ordering::AcqRel);
+        crate::limiter::captures_ended();
     }
     result
 }
@@ -107,6 +111,7 @@ pub fn forget_finished() {
                 .is_ok()
         {
             ACTIVE.fetch_sub(1, Ordering::AcqRel);
+            crate::limiter::captures_ended();
         }
     }
 }

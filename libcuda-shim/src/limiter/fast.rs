@@ -1,8 +1,9 @@
 //! The fast path: what every launch under a compute limit does when it is not sampled
 //! and the bucket is not in debt. It takes no lock and makes no syscall or driver call:
 //! one load of `SWITCHES.limits` and a branch for an unlimited process; under a limit, the
-//! current device (`crate::current`), a capture check (`hooks::capture::possible`), one
-//! clock read (`super::fast_clock`: the time-stamp counter where the kernel keeps time
+//! device (`lifecycle::sole_device`, a word of the same line where the process has one
+//! limited device and no capture may be under way; else `crate::current` and a capture
+//! check, `hooks::capture::possible`), one clock read (`super::fast_clock`: the time-stamp counter where the kernel keeps time
 //! with it, else the vDSO), the kernel's estimate (one fetch-add in `tables::Estimates`),
 //! the bucket's hold check (two loads), then after the real launch the stream's
 //! projection (one compare-and-swap in `tables::Streams`), the container's union (one
@@ -40,7 +41,7 @@ use std::sync::atomic::Ordering;
 use vgpu_contract::cardview;
 use vgpu_contract::limiter_words::slot as slot_words;
 
-use super::lifecycle::{LIMITS_NONE, SWITCHES};
+use super::lifecycle::{LIMITS_NONE, SWITCHES, sole_device};
 use super::trace::{self, Counter};
 use super::{
     ACTIVE_STAMP_NS, CONCURRENT_LATELY_NS, DeviceLimiter, LEGACY_KEY, REFILL_NS, Target, Work,
@@ -73,6 +74,9 @@ pub fn throttle_only(launch: impl FnOnce() -> CUresult) -> CUresult {
     launch()
 }
 
+/// A launch under a limit: on the thread's tab when it covers the launch (`super::tab`,
+/// kept apart from the rest so that its few instructions stay together), else
+/// [`per_launch`].
 #[inline(never)]
 pub(super) fn limited_launch(
     work: Work,
@@ -81,19 +85,36 @@ pub(super) fn limited_launch(
 ) -> CUresult {
     let started = trace::ticks();
     let (key, stream) = (work.key(), target.key());
-    let launch = match tab::run(key, target, stream, started, launch) {
-        Ok(result) => return result,
-        Err(launch) => launch,
-    };
-    let Some(device) = current_limited() else {
-        trace::count(Counter::NoDevice);
-        return launch();
+    match tab::run(key, target, stream, started, launch) {
+        Ok(result) => result,
+        Err(launch) => per_launch(work, target, (key, stream), started, launch),
+    }
+}
+
+/// A launch the thread's tab does not cover: the fast path, else `super::slow`.
+#[inline(never)]
+fn per_launch(
+    work: Work,
+    target: Target,
+    (key, stream): (u64, u64),
+    started: u64,
+    launch: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let device = match sole_device() {
+        Some(device) => device,
+        None => {
+            let Some(device) = current_limited() else {
+                trace::count(Counter::NoDevice);
+                return launch();
+            };
+            if capture::possible() && is_capturing(target) {
+                trace::count(Counter::Captured);
+                return launch();
+            }
+            device
+        }
     };
     device.prefetch(key, stream);
-    if capture::possible() && is_capturing(target) {
-        trace::count(Counter::Captured);
-        return launch();
-    }
     trace::count(Counter::Launches);
     let now = SWITCHES.clock.now_ns();
     let rate = device.rate();

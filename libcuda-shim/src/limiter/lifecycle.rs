@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence};
 
 use vgpu_contract::CoreMode;
 use vgpu_contract::cardview;
@@ -32,11 +32,14 @@ pub(super) struct Switches {
     pub limits: AtomicU8,
     /// The process is exiting: nothing is throttled any more.
     pub exiting: AtomicBool,
-    /// The limiter of the latest fork generation that built one (leaked, never freed).
-    pub limiter: AtomicPtr<Limiter>,
     /// `VGPU_LIMITER_TRACE` is on (`super::trace`): a launch asks several times, and
     /// here that costs no line of its own.
     pub tracing: AtomicBool,
+    /// The limiter of the latest fork generation that built one (leaked, never freed).
+    pub limiter: AtomicPtr<Limiter>,
+    /// The device every launch goes to while nothing else must be asked (see
+    /// [`sole_device`]); null otherwise.
+    sole: AtomicPtr<DeviceLimiter>,
     /// The fast path's clock (`super::fast_clock`): its anchor is read on this line too.
     pub clock: FastClock,
 }
@@ -44,10 +47,76 @@ pub(super) struct Switches {
 pub(super) static SWITCHES: Switches = Switches {
     limits: AtomicU8::new(LIMITS_UNKNOWN),
     exiting: AtomicBool::new(false),
-    limiter: AtomicPtr::new(std::ptr::null_mut()),
     tracing: AtomicBool::new(false),
+    limiter: AtomicPtr::new(std::ptr::null_mut()),
+    sole: AtomicPtr::new(std::ptr::null_mut()),
     clock: FastClock::new(),
 };
+
+/// The limited device every launch of this process goes to, when that needs no other
+/// question: this fork generation's limiter is built with one device that the container
+/// sees alone (`Limiter::only_device`), the process is not exiting, and no stream
+/// capture may be under way (`hooks::capture::possible`). One load of the switches'
+/// line, where [`super::current_limited`] reads the limiter, the fork generation and the
+/// capture table (three more lines, each a likely miss after the real driver's launch).
+/// `None` says only "ask": the process may still have a limited device.
+#[inline]
+pub(super) fn sole_device() -> Option<&'static DeviceLimiter> {
+    // SAFETY: `sole` holds null or a device of a leaked, never-freed Limiter.
+    unsafe { SWITCHES.sole.load(Ordering::Acquire).as_ref() }
+}
+
+/// [`sole_device`]'s address (0 for none): a tab compares it with its own.
+#[inline]
+pub(super) fn sole_device_address() -> usize {
+    SWITCHES.sole.load(Ordering::Relaxed) as usize
+}
+
+/// Points [`sole_device`] at this generation's one limited device where nothing else
+/// must be asked, else at nothing. Called where that may have changed for the better:
+/// after the limiter is built, after a capture ends, and at every publish tick (which
+/// mends a race lost to a capture that began meanwhile within one tick).
+///
+/// Whoever makes it wrong (a capture that begins, the exit, a fork) clears it after
+/// changing its own state ([`clear_sole_device`]); this stores the device first and
+/// then checks that state again behind a fence, so one of the two sees the other: the
+/// word never stays set while a capture is under way or the process exits.
+pub(super) fn refresh_sole_device() {
+    let wanted = built()
+        .filter(|limiter| limiter.only_device)
+        .and_then(|limiter| limiter.devices.first())
+        .filter(|_| !blocks_sole_device());
+    let Some(device) = wanted else {
+        SWITCHES.sole.store(std::ptr::null_mut(), Ordering::SeqCst);
+        return;
+    };
+    SWITCHES.sole.store(
+        device as *const DeviceLimiter as *mut DeviceLimiter,
+        Ordering::SeqCst,
+    );
+    fence(Ordering::SeqCst);
+    if blocks_sole_device() {
+        SWITCHES.sole.store(std::ptr::null_mut(), Ordering::SeqCst);
+    }
+}
+
+/// Whether launches must ask more than [`sole_device`] says: the process exits, or a
+/// capture may be under way.
+fn blocks_sole_device() -> bool {
+    SWITCHES.exiting.load(Ordering::SeqCst) || crate::hooks::capture::possible()
+}
+
+/// After a capture began (or the table lost track of one), the exit began, or in a
+/// forked child: launches ask again (stores only: safe in a forked child).
+pub(crate) fn clear_sole_device() {
+    fence(Ordering::SeqCst);
+    SWITCHES.sole.store(std::ptr::null_mut(), Ordering::SeqCst);
+}
+
+/// After a capture ended: launches may go back to [`sole_device`].
+pub(crate) fn captures_ended() {
+    refresh_sole_device();
+}
 
 /// The limiter of this fork generation if it has been built (one load and a compare):
 /// a launch that finds it needs not read the policy, which a built limiter implies (the
@@ -113,6 +182,7 @@ fn build(
         },
         Ordering::Relaxed,
     );
+    refresh_sole_device();
     (!limiter.devices.is_empty()).then_some(limiter)
 }
 
@@ -150,7 +220,6 @@ pub(super) fn build_devices(
                 soft,
                 tabs,
                 pairs,
-                index: 0,
                 region: &enforcer.region,
                 shared,
                 slot,
@@ -185,8 +254,6 @@ pub(super) fn build_devices(
             device.publish(now);
             Some(device)
         })
-        .enumerate()
-        .map(|(index, device)| DeviceLimiter { index, ..device })
         .collect()
 }
 
@@ -205,6 +272,7 @@ fn register_handlers() {
 /// `VGPU_LIMITER_TRACE` is written.
 pub(crate) fn stand_down() {
     SWITCHES.exiting.store(true, Ordering::SeqCst);
+    clear_sole_device();
     write_trace();
 }
 

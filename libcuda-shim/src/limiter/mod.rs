@@ -68,8 +68,8 @@ use crate::cuda::*;
 use crate::current::PER_THREAD_KEY_BIT;
 use crate::state::{Visible, enforcing, real};
 use clock::GpuClock;
-pub(crate) use lifecycle::stand_down;
 use lifecycle::{LIMITS_NONE, SWITCHES, built, limiter};
+pub(crate) use lifecycle::{captures_ended, clear_sole_device, stand_down};
 use sample::Sample;
 use shared::Shared;
 use tables::{Estimates, Streams};
@@ -313,8 +313,6 @@ struct DeviceLimiter {
     /// that find a sample slot open then take the slow path.
     pair_open: AtomicBool,
     // The rest: sampled launches, settling, the publish tick, tabs.
-    /// Where it is in `Limiter::devices` (a tab finds it again by it).
-    index: usize,
     /// This process's limiter words in its region slot.
     mine: Option<&'static [AtomicU64; SLOT_LIMITER_WORDS]>,
     visible: Visible,

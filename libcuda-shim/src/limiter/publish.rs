@@ -2,14 +2,15 @@
 //! its measured busy time and launches to the usage region for the host's coordinator,
 //! and reads the host's card view: the charge factor for this container, and in soft
 //! mode the rate the card's contention allows. The tick also steers the fast path's
-//! clock (`super::fast_clock`).
+//! clock (`super::fast_clock`) and points launches at the process's one device again
+//! where they may skip asking (`lifecycle::refresh_sole_device`).
 
 use std::sync::atomic::Ordering;
 
 use vgpu_contract::cardview::{self, CardView};
 use vgpu_contract::limiter_words::slot as slot_words;
 
-use super::lifecycle::SWITCHES;
+use super::lifecycle::{self, SWITCHES};
 use super::{BUSY_BITS, DeviceLimiter, PUBLISH_NS, duty};
 use crate::debug;
 
@@ -50,6 +51,7 @@ impl DeviceLimiter {
     /// that names it), and in soft mode the rate it grants (the limit without one).
     pub(super) fn publish(&self, now_ns: u64) {
         SWITCHES.clock.steer();
+        lifecycle::refresh_sole_device();
         if let Some(words) = self.mine {
             words[slot_words::HEARTBEAT_NS].store(now_ns, Ordering::Relaxed);
         }

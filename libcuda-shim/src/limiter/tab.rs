@@ -1,9 +1,12 @@
 //! The thread's tab: a run of launches of one known short kernel on one stream, made on
 //! busy time the thread borrowed from the container's bucket when the tab opened, and
-//! paid in one go when it closes. A launch the tab covers touches only the thread's
-//! own tab besides the switches: no atomic read-modify-write, no line of the region,
-//! the cost table or the stream table, which the real driver's launch evicts between
-//! two launches (`super::fast`: those lines were what a limited launch cost on a card).
+//! paid in one go when it closes. A launch the tab covers touches two lines of data: the
+//! thread's tab (one line, reached without a destructor's state byte) and the switches
+//! (the clock, and `lifecycle::sole_device`, which stands for the device and capture
+//! checks where the process has one limited device). No atomic read-modify-write, no
+//! line of the limiter, the region, the cost table or the stream table, which the real
+//! driver's launch evicts between two launches (`super::fast`: those lines were what a
+//! limited launch cost on a card).
 //!
 //! A tab opens after a fast-path launch that repeats the thread's last launch (the same
 //! kernel on the same stream: a closed tab remembers it) of a kernel whose cost is known and below
@@ -40,7 +43,7 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
 use super::fast::is_capturing;
-use super::lifecycle::{SWITCHES, built};
+use super::lifecycle::{SWITCHES, built, sole_device_address};
 use super::trace::{self, Counter};
 use super::{DeviceLimiter, LEGACY_KEY, Target, current_limited, duty};
 use crate::cuda::*;
@@ -57,20 +60,17 @@ const CREDIT_NS: u64 = 500_000;
 /// per-launch path costs is small beside them.
 const MOST_COST_NS: u64 = 50_000;
 
-/// One thread's tab. `device == 0`: closed. `repr(C)`, what a covered launch reads and
-/// writes on its first line (`a_covered_launch_touches_one_line_of_its_tab`).
+/// One thread's tab. `device == 0`: closed. `repr(C)` in one cache line: a covered
+/// launch reads and writes nothing else of it (`a_tab_is_one_cache_line`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C, align(64))]
 struct Tab {
-    /// The address of its `DeviceLimiter` (compared, never dereferenced).
+    /// The address of its `DeviceLimiter` (compared, never dereferenced: a limiter is
+    /// leaked, never freed, so no other one ever has it; a tab finds its limiter again
+    /// by it when it is paid).
     device: usize,
     kernel: u64,
     stream: u64,
-    cost_ns: u32,
-    /// The set-up a launch behind the tab's last is not charged (`super::pair`; at most
-    /// `duty::SETUP_MOST_NS`, which fits).
-    setup_ns: u16,
-    launches: u16,
     /// The first launch at or after this time closes the tab.
     until_ns: u64,
     /// The stream's projected end, as the tab's launches left it.
@@ -78,13 +78,17 @@ struct Tab {
     /// The union's end after the launch that opened the tab (on the legacy stream,
     /// which waits for all the context's work, launches start no earlier).
     horizon_ns: u64,
-    /// Busy time the tab's launches added (before the host's factor).
-    added_ns: u64,
-    // Read when the tab is paid: where to find its limiter again (its generation and
-    // the device's index), and the host's factor when it opened, per mille.
-    generation: u64,
-    index: usize,
-    permille: u64,
+    cost_ns: u32,
+    /// Busy time the tab's launches added (before the host's factor; at most
+    /// `CREDIT_NS`, which fits).
+    added_ns: u32,
+    /// The host's factor when it opened, per mille (at most
+    /// `cardview::CHARGE_MAX_PERMILLE`, which fits).
+    permille: u32,
+    /// The set-up a launch behind the tab's last is not charged (`super::pair`; at most
+    /// `duty::SETUP_MOST_NS`, which fits).
+    setup_ns: u16,
+    launches: u16,
 }
 
 impl Tab {
@@ -92,16 +96,14 @@ impl Tab {
         device: 0,
         kernel: 0,
         stream: 0,
-        cost_ns: 0,
-        setup_ns: 0,
-        launches: 0,
         until_ns: 0,
         busy_until_ns: 0,
         horizon_ns: 0,
+        cost_ns: 0,
         added_ns: 0,
-        generation: 0,
-        index: 0,
         permille: 0,
+        setup_ns: 0,
+        launches: 0,
     };
 
     fn is_open(&self) -> bool {
@@ -124,7 +126,7 @@ impl Tab {
     fn covers(&self, kernel: u64, stream: u64) -> bool {
         self.kernel == kernel
             && self.stream == stream
-            && self.added_ns + self.cost_ns as u64 <= CREDIT_NS
+            && u64::from(self.added_ns) + u64::from(self.cost_ns) <= CREDIT_NS
     }
 
     /// Projects one covered launch at `now_ns` on the tab's stream and adds what it adds
@@ -137,45 +139,59 @@ impl Tab {
             0
         };
         let start = now_ns.max(self.busy_until_ns).max(floor);
-        let cost = duty::placed_cost(start, now_ns, self.cost_ns as u64, self.setup_ns as u64);
+        let cost = duty::placed_cost(
+            start,
+            now_ns,
+            u64::from(self.cost_ns),
+            u64::from(self.setup_ns),
+        );
         let end = start.saturating_add(cost);
         let horizon = self.horizon_ns.max(self.busy_until_ns);
-        self.added_ns += duty::union_increment(start, end, horizon);
+        // Within the credit (`covers`): below `CREDIT_NS`, which fits.
+        let added = duty::union_increment(start, end, horizon).min(CREDIT_NS);
+        self.added_ns = (u64::from(self.added_ns) + added).min(CREDIT_NS) as u32;
         self.busy_until_ns = end;
         // A tab lasts 1 ms of launches that each take microseconds: never saturates.
         self.launches = self.launches.saturating_add(1);
     }
 }
 
-/// The thread's tab, paid when the thread exits (a thread that stops launching
-/// otherwise keeps its credit charged until its next launch).
-struct ThreadTab(Cell<Tab>);
+thread_local! {
+    /// The thread's tab. No destructor of its own, so reaching it is an address and no
+    /// state byte (`PaidAtExit` pays it when the thread exits).
+    static TAB: Cell<Tab> = const { Cell::new(Tab::CLOSED) };
+    /// Set up the first time the thread opens a tab: pays it when the thread exits (a
+    /// thread that stops launching otherwise keeps its credit charged until its next
+    /// launch).
+    static PAID_AT_EXIT: PaidAtExit = const { PaidAtExit };
+}
 
-impl Drop for ThreadTab {
+/// Pays the thread's open tab when the thread's storage is torn down.
+struct PaidAtExit;
+
+impl Drop for PaidAtExit {
     fn drop(&mut self) {
-        let tab = self.0.get();
+        // `TAB` has no destructor: it is still there while this one runs.
+        let tab = TAB.with(|cell| cell.replace(Tab::CLOSED));
         if tab.is_open() {
             pay(&tab, SWITCHES.clock.now_ns());
         }
     }
 }
 
-thread_local! {
-    static TAB: ThreadTab = const { ThreadTab(Cell::new(Tab::CLOSED)) };
-}
-
 /// Runs `launch` on the calling thread's tab if the tab covers a launch of `kernel` on
 /// `stream` (`Ok`: the real launch's result); otherwise pays the tab, if one is
-/// open, and gives `launch` back for the per-launch path (as it does while the thread's
-/// storage is being torn down).
+/// open, and gives `launch` back for the per-launch path.
 ///
 /// Before the real launch only the tab's line is read. Everything else a launch must
 /// know is asked after it, where the CPU overlaps it with the driver's work (the
 /// limiter's work moved after the launch cost 1.008-1.024x on an H100, before it
 /// 1.05-1.10x: BENCHMARKS run 14): the clock (the launch that finds the tab's time up
-/// is its last), the device (a launch that went to another limiter, as in a forked
-/// child before its own is built, closes the tab uncharged), and a capture (a launch
-/// recorded into a graph ran nothing and is not charged).
+/// is its last) and whether the launch went to the tab's limiter, in one word of the
+/// switches' line (`lifecycle::sole_device`: the process's one limited device, while
+/// no capture may be under way). Where that word cannot say (several devices, a
+/// capture, a forked child before its limiter is built), [`still_on_its_device`] asks
+/// the way the per-launch path does.
 #[inline]
 pub(super) fn run<F: FnOnce() -> CUresult>(
     kernel: u64,
@@ -185,10 +201,7 @@ pub(super) fn run<F: FnOnce() -> CUresult>(
     launch: F,
 ) -> Result<CUresult, F> {
     let mut launch = Some(launch);
-    let ran = TAB
-        .try_with(|tab| on_tab(&tab.0, kernel, target, stream, started, &mut launch))
-        .ok()
-        .flatten();
+    let ran = TAB.with(|cell| on_tab(cell, kernel, target, stream, started, &mut launch));
     match (ran, launch) {
         (Some(result), _) => Ok(result),
         (None, Some(launch)) => Err(launch),
@@ -213,8 +226,7 @@ fn on_tab<F: FnOnce() -> CUresult>(
         return None;
     }
     if !tab.covers(kernel, stream) {
-        cell.set(Tab::after(tab.kernel, tab.stream));
-        pay(&tab, SWITCHES.clock.now_ns());
+        close(cell, &tab, Tab::after(tab.kernel, tab.stream), None);
         return None;
     }
     let launch = launch.take()?;
@@ -225,28 +237,51 @@ fn on_tab<F: FnOnce() -> CUresult>(
         return Some(result);
     }
     let now_ns = SWITCHES.clock.now_ns();
-    if current_limited().is_none_or(|device| address(device) != tab.device) {
-        cell.set(Tab::after(kernel, stream));
-        pay(&tab, now_ns);
-        trace::count(Counter::NoDevice);
-        return Some(result);
-    }
-    if capture::possible() && is_capturing(target) {
-        trace::count(Counter::Captured);
+    if sole_device_address() != tab.device && !still_on_its_device(cell, &tab, target, now_ns) {
         return Some(result);
     }
     tab.ran(now_ns);
     if now_ns >= tab.until_ns {
-        cell.set(Tab::after(kernel, stream));
-        pay(&tab, now_ns);
+        close(cell, &tab, Tab::after(kernel, stream), Some(now_ns));
     } else {
         cell.set(tab);
     }
-    trace::count(Counter::Launches);
-    trace::count(Counter::FastPath);
-    trace::count(Counter::Tabbed);
-    trace::own(started, launching, launched);
+    if trace::on() {
+        trace::count(Counter::Launches);
+        trace::count(Counter::FastPath);
+        trace::count(Counter::Tabbed);
+        trace::own(started, launching, launched);
+    }
     Some(result)
+}
+
+/// Whether a covered launch that `lifecycle::sole_device` could not vouch for went to
+/// `tab`'s limiter and ran (asked as the per-launch path asks: the current device, and
+/// the stream's capture while one may be under way). A launch that went elsewhere (a
+/// forked child's, another device's) closes the tab, paid if its limiter is still this
+/// process's; a captured one ran nothing and leaves the tab as it was.
+#[cold]
+#[inline(never)]
+fn still_on_its_device(cell: &Cell<Tab>, tab: &Tab, target: Target, now_ns: u64) -> bool {
+    if current_limited().is_none_or(|device| address(device) != tab.device) {
+        close(cell, tab, Tab::after(tab.kernel, tab.stream), Some(now_ns));
+        trace::count(Counter::NoDevice);
+        return false;
+    }
+    if capture::possible() && is_capturing(target) {
+        trace::count(Counter::Captured);
+        return false;
+    }
+    true
+}
+
+/// Closes the thread's tab `tab`, leaving `after` (what it remembers) in `cell`, and
+/// pays it at `now_ns` (the clock's, when not given).
+#[cold]
+#[inline(never)]
+fn close(cell: &Cell<Tab>, tab: &Tab, after: Tab, now_ns: Option<u64>) {
+    cell.set(after);
+    pay(tab, now_ns.unwrap_or_else(|| SWITCHES.clock.now_ns()));
 }
 
 /// Whether a launch of `kernel` on `stream` repeats the thread's last launch, as the
@@ -268,14 +303,15 @@ fn address(device: &DeviceLimiter) -> usize {
     device as *const DeviceLimiter as usize
 }
 
-/// Pays `tab` into its device's limiter, if that is still this process's (a tab
-/// inherited through fork is dropped).
+/// Pays `tab` into its device's limiter, if that is still one of this process's (a
+/// tab inherited through fork is dropped: the child's limiters are others).
 fn pay(tab: &Tab, now_ns: u64) {
-    let Some(device) = built()
-        .filter(|limiter| limiter.generation == tab.generation)
-        .and_then(|limiter| limiter.devices.get(tab.index))
-        .filter(|device| address(device) == tab.device)
-    else {
+    let Some(device) = built().and_then(|limiter| {
+        limiter
+            .devices
+            .iter()
+            .find(|device| address(device) == tab.device)
+    }) else {
         return;
     };
     device.pay_tab(tab, now_ns);
@@ -295,9 +331,7 @@ impl DeviceLimiter {
         rate: u64,
     ) {
         if !self.tabs
-            || !TAB
-                .try_with(|cell| repeats(&cell.0, kernel, stream))
-                .unwrap_or(false)
+            || !TAB.with(|cell| repeats(cell, kernel, stream))
             || cost_ns == 0
             || cost_ns >= MOST_COST_NS
             || self.overlapped_lately(now_ns)
@@ -308,12 +342,10 @@ impl DeviceLimiter {
             .saturating_add(TAB_NS)
             .min(self.next_sample_ns.load(Ordering::Relaxed))
             .min(self.next_publish_ns.load(Ordering::Relaxed));
-        if until_ns <= now_ns {
+        // A thread whose storage is being torn down opens none: nothing would pay it.
+        if until_ns <= now_ns || PAID_AT_EXIT.try_with(|_| ()).is_err() {
             return;
         }
-        let Some(limiter) = built() else {
-            return;
-        };
         let permille = self.charge_permille.load(Ordering::Relaxed);
         if !self
             .shared
@@ -324,29 +356,23 @@ impl DeviceLimiter {
         let setup_ns = self.setup_ns();
         let (busy_until_ns, horizon_ns) =
             opening_projection(start_ns, now_ns, cost_ns, setup_ns, horizon_before);
-        let opened = TAB.try_with(|cell| {
-            cell.0.set(Tab {
+        TAB.with(|cell| {
+            cell.set(Tab {
                 device: address(self),
                 kernel,
                 stream,
-                cost_ns: cost_ns as u32,
-                setup_ns: setup_ns.min(u16::MAX as u64) as u16,
-                launches: 0,
                 until_ns,
                 busy_until_ns,
                 horizon_ns,
+                // Below `MOST_COST_NS`, which fits.
+                cost_ns: cost_ns as u32,
                 added_ns: 0,
-                generation: limiter.generation,
-                index: self.index,
-                permille,
+                // Within `cardview::CHARGE_MAX_PERMILLE`, which fits.
+                permille: permille.min(u64::from(u32::MAX)) as u32,
+                setup_ns: setup_ns.min(u64::from(u16::MAX)) as u16,
+                launches: 0,
             })
         });
-        if opened.is_err() {
-            // The thread's storage is being torn down: no tab, the credit goes back.
-            self.shared
-                .charge(-scaled(CREDIT_NS, permille), now_ns, rate);
-            return;
-        }
         trace::count(Counter::TabsOpened);
     }
 
@@ -355,27 +381,23 @@ impl DeviceLimiter {
         self.streams.extend(tab.stream, tab.busy_until_ns);
         self.shared
             .extend(tab.busy_until_ns, tab.busy_until_ns, now_ns);
-        let used = tab.added_ns;
-        let used_scaled = scaled(used, tab.permille);
+        let used = u64::from(tab.added_ns);
+        let permille = u64::from(tab.permille);
+        let used_scaled = scaled(used, permille);
         self.shared.charge(
-            used_scaled - scaled(CREDIT_NS, tab.permille),
+            used_scaled - scaled(CREDIT_NS, permille),
             now_ns,
             self.rate(),
         );
         trace::add(Counter::ChargedNs, used);
         trace::add(Counter::ChargedScaledNs, used_scaled as u64);
         if tab.launches > 0 {
-            self.add_unpublished(used, tab.launches as u64);
-            self.estimates
-                .count_launches(tab.kernel, tab.launches as u64);
+            let launches = u64::from(tab.launches);
+            self.add_unpublished(used, launches);
+            self.estimates.count_launches(tab.kernel, launches);
             if trace::on() {
-                self.traced
-                    .count(&self.estimates, tab.kernel, tab.launches as u64);
-                self.traced.charge(
-                    &self.estimates,
-                    tab.kernel,
-                    used.min(i64::MAX as u64) as i64,
-                );
+                self.traced.count(&self.estimates, tab.kernel, launches);
+                self.traced.charge(&self.estimates, tab.kernel, used as i64);
             }
             self.stamp_active(now_ns);
         }
@@ -417,7 +439,6 @@ mod tests {
     fn open_at(now: u64, cost: u64) -> Tab {
         Tab {
             device: 0x1000,
-            generation: 1,
             kernel: 7,
             stream: 9,
             cost_ns: cost as u32,
@@ -430,22 +451,10 @@ mod tests {
     }
 
     #[test]
-    fn a_covered_launch_touches_one_line_of_its_tab() {
-        use std::mem::offset_of;
+    fn a_tab_is_one_cache_line() {
+        // A covered launch copies the whole tab in and out (`Cell::get`, `Cell::set`).
         assert_eq!(align_of::<Tab>(), 64);
-        let covered = [
-            offset_of!(Tab, device),
-            offset_of!(Tab, kernel),
-            offset_of!(Tab, stream),
-            offset_of!(Tab, cost_ns),
-            offset_of!(Tab, setup_ns),
-            offset_of!(Tab, launches),
-            offset_of!(Tab, until_ns),
-            offset_of!(Tab, busy_until_ns),
-            offset_of!(Tab, horizon_ns),
-            offset_of!(Tab, added_ns),
-        ];
-        assert!(covered.iter().all(|&offset| offset < 64), "{covered:?}");
+        assert_eq!(size_of::<Tab>(), 64);
     }
 
     #[test]
@@ -487,11 +496,11 @@ mod tests {
         for step in 1..=10 {
             tab.ran(now + step * 2 * US);
         }
-        assert_eq!(tab.added_ns, 40 * US);
+        assert_eq!(u64::from(tab.added_ns), 40 * US);
         assert_eq!(tab.busy_until_ns, now + 44 * US);
         // The stream runs dry; the next launch starts when it comes.
         tab.ran(now + 100 * US);
-        assert_eq!(tab.added_ns, 44 * US);
+        assert_eq!(u64::from(tab.added_ns), 44 * US);
         assert_eq!(tab.busy_until_ns, now + 104 * US);
         assert_eq!(tab.launches, 11);
     }
@@ -507,7 +516,7 @@ mod tests {
         for step in 1..=10 {
             tab.ran(now + step * US);
         }
-        assert_eq!(tab.added_ns, 20 * US);
+        assert_eq!(u64::from(tab.added_ns), 20 * US);
         assert_eq!(tab.busy_until_ns, now + 24 * US);
         // On the idle stream, the whole estimate.
         tab.ran(now + 100 * US);
@@ -537,7 +546,7 @@ mod tests {
             covered += 1;
         }
         assert_eq!(covered, CREDIT_NS / (40 * US));
-        assert!(tab.added_ns <= CREDIT_NS);
+        assert!(u64::from(tab.added_ns) <= CREDIT_NS);
     }
 
     #[test]
