@@ -3,10 +3,10 @@
 //! one load of `SWITCHES.limits` and a branch for an unlimited process; under a limit, the
 //! device (`lifecycle::sole_device`, a word of the same line where the process has one
 //! limited device and no capture may be under way; else `crate::current` and a capture
-//! check, `hooks::capture::possible`), one clock read (`super::fast_clock`: the time-stamp counter where the kernel keeps time
-//! with it, else the vDSO), the kernel's estimate (one fetch-add in `tables::Estimates`),
-//! the bucket's hold check (two loads), then after the real launch the stream's
-//! projection (one compare-and-swap in `tables::Streams`), the container's union (one
+//! check, `hooks::capture::possible`), one clock read (`super::fast_clock`: the
+//! time-stamp counter where the kernel keeps time with it, else the vDSO), the kernel's
+//! estimate (one fetch-add in `tables::Estimates`), the bucket's hold check (two
+//! loads), then after the real launch the stream's projection (one compare-and-swap in `tables::Streams`), the container's union (one
 //! fetch-max on the region's horizon when the launch extends it), the bucket (one
 //! compare-and-swap on the region) and this process's unpublished busy time (one
 //! fetch-add). Anything else (a sample due, a hold, the publish tick, an unknown kernel)
