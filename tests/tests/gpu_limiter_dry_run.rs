@@ -33,6 +33,16 @@ fn records(out: &Path) -> BTreeMap<String, (String, String)> {
 /// Runs `script PREFIX OUT` with `env` over a sim host of its own; returns OUT's
 /// records, or `None` where a prerequisite is missing (the test is skipped).
 fn dry_run(script: &str, env: &[(&str, &str)]) -> Option<BTreeMap<String, (String, String)>> {
+    dry_run_of(script, 1, env)
+}
+
+/// [`dry_run`] of a script that takes `builds` install folders before OUT (one sim
+/// install, named each time).
+fn dry_run_of(
+    script: &str,
+    builds: usize,
+    env: &[(&str, &str)],
+) -> Option<BTreeMap<String, (String, String)>> {
     require!(
         return None;
         Need::Root,
@@ -44,7 +54,7 @@ fn dry_run(script: &str, env: &[(&str, &str)]) -> Option<BTreeMap<String, (Strin
     let mut command = Command::new("bash");
     command
         .arg(repo_root().join("tests/gpu/limiter").join(script))
-        .arg(&prefix)
+        .args(std::iter::repeat_n(&prefix, builds))
         .arg(&out)
         .env("SIMULATE", "1")
         .envs(env.iter().copied());
@@ -154,6 +164,36 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
         figure.contains("ns of its own each, the counter's clock)")
             || figure.contains("ns of its own each, the vDSO's clock)"),
         "the launch cost's figure carries the trace: {figure}"
+    );
+}
+
+/// `compare_launch.sh` (two builds' launch cost on one machine) runs the launch parts
+/// for each build and keeps each one's records apart, named by build and round.
+#[test]
+fn the_launch_comparison_judges_each_builds_launch_cost_apart() {
+    let Some(found) = dry_run_of("compare_launch.sh", 2, &[("ROUNDS", "1")]) else {
+        return;
+    };
+    for build in ["new-1", "old-1"] {
+        for check in ["launch-cost-launch", "launch-cost-in-process"] {
+            let name = format!("{check}@{build}");
+            let Some((verdict, figure)) = found.get(&name) else {
+                panic!("{name} missing: {:?}", found.keys().collect::<Vec<_>>());
+            };
+            assert!(
+                ["PASS", "FAIL"].contains(&verdict.as_str()) && figure.contains("ns"),
+                "{name}: {verdict} {figure}"
+            );
+        }
+        let name = format!("launch-cost-cudart@{build}");
+        assert_eq!(found[&name].0, "SKIP", "no nvcc over the sim: {name}");
+    }
+    assert!(
+        found
+            .keys()
+            .all(|name| name.ends_with("@new-1") || name.ends_with("@old-1")),
+        "every record names its build: {:?}",
+        found.keys().collect::<Vec<_>>()
     );
 }
 
