@@ -79,7 +79,7 @@ fn ended(stream: CUstream, per_thread: bool, result: CUresult) -> CUresult {
             .is_ok()
     {
         ACTIVE.fetch_sub(1, Ordering::AcqRel);
-        crate::limiter::captures_ended();
+        crate::limiter::refresh_sole_device();
     }
     result
 }
@@ -111,7 +111,7 @@ pub fn forget_finished() {
                 .is_ok()
         {
             ACTIVE.fetch_sub(1, Ordering::AcqRel);
-            crate::limiter::captures_ended();
+            crate::limiter::refresh_sole_device();
         }
     }
 }

@@ -74,14 +74,15 @@ pub(super) fn sole_device_address() -> usize {
 
 /// Points [`sole_device`] at this generation's one limited device where nothing else
 /// must be asked, else at nothing. Called where that may have changed for the better:
-/// after the limiter is built, after a capture ends, and at every publish tick (which
+/// after the limiter is built, after a capture ends (`hooks::capture`), and at every
+/// publish tick (which
 /// mends a race lost to a capture that began meanwhile within one tick).
 ///
 /// Whoever makes it wrong (a capture that begins, the exit, a fork) clears it after
 /// changing its own state ([`clear_sole_device`]); this stores the device first and
 /// then checks that state again behind a fence, so one of the two sees the other: the
 /// word never stays set while a capture is under way or the process exits.
-pub(super) fn refresh_sole_device() {
+pub(crate) fn refresh_sole_device() {
     let wanted = built()
         .filter(|limiter| limiter.only_device)
         .and_then(|limiter| limiter.devices.first())
@@ -111,11 +112,6 @@ fn blocks_sole_device() -> bool {
 pub(crate) fn clear_sole_device() {
     fence(Ordering::SeqCst);
     SWITCHES.sole.store(std::ptr::null_mut(), Ordering::SeqCst);
-}
-
-/// After a capture ended: launches may go back to [`sole_device`].
-pub(crate) fn captures_ended() {
-    refresh_sole_device();
 }
 
 /// The limiter of this fork generation if it has been built (one load and a compare):

@@ -69,7 +69,7 @@ use crate::current::PER_THREAD_KEY_BIT;
 use crate::state::{Visible, enforcing, real};
 use clock::GpuClock;
 use lifecycle::{LIMITS_NONE, SWITCHES, built, limiter};
-pub(crate) use lifecycle::{captures_ended, clear_sole_device, stand_down};
+pub(crate) use lifecycle::{clear_sole_device, refresh_sole_device, stand_down};
 use sample::Sample;
 use shared::Shared;
 use tables::{Estimates, Streams};

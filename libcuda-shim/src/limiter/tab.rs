@@ -147,9 +147,9 @@ impl Tab {
         );
         let end = start.saturating_add(cost);
         let horizon = self.horizon_ns.max(self.busy_until_ns);
-        // Within the credit (`covers`): below `CREDIT_NS`, which fits.
-        let added = duty::union_increment(start, end, horizon).min(CREDIT_NS);
-        self.added_ns = (u64::from(self.added_ns) + added).min(CREDIT_NS) as u32;
+        let added = u64::from(self.added_ns) + duty::union_increment(start, end, horizon);
+        // Within the credit (`covers`): at most `CREDIT_NS`, which fits.
+        self.added_ns = added.min(CREDIT_NS) as u32;
         self.busy_until_ns = end;
         // A tab lasts 1 ms of launches that each take microseconds: never saturates.
         self.launches = self.launches.saturating_add(1);
