@@ -31,7 +31,8 @@
 //! counts there is lines touched, and each structure on this path is laid out for that
 //! (docs/compute-limiter.md, "What a launch costs"); [`DeviceLimiter::prefetch`] asks for
 //! the lines after the device's first at once. `VGPU_LIMITER_TRACE` reports the path's
-//! own time (`fast_path_own_ns`, the real launch left out). Sampling adds two
+//! own time (`fast_path_own_ns`, the real launch left out), and the slow path's
+//! (`slow_path_own_ns`, its sleeps left out too). Sampling adds two
 //! `cuEventRecord`s, a query and an elapsed time to one launch of a short kernel per
 //! `duty::sample_gap_ns`: 200 us apart while the kernel is learned or the process's
 //! kernels overlap, else 1 ms once it has 32 samples (on the H200, run 12, the 200 us gap
@@ -144,7 +145,19 @@ fn per_launch(
         }
         return result;
     }
-    device.slow_launch(work, target, estimate, launch)
+    if started == 0 {
+        return device.slow_launch(work, target, estimate, launch);
+    }
+    // Traced: the slow path's own time, its real launch left out (`trace::slow`).
+    let mut real_launch = 0;
+    let result = device.slow_launch(work, target, estimate, || {
+        let launching = trace::ticks();
+        let result = launch();
+        real_launch = trace::ticks().wrapping_sub(launching);
+        result
+    });
+    trace::slow(started, real_launch);
+    result
 }
 
 /// Whether `target`'s stream is capturing (or capture forbids asking): then the launch

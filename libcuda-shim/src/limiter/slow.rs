@@ -212,7 +212,9 @@ impl DeviceLimiter {
             trace::count(Counter::Waits);
             trace::add(Counter::WaitedNs, sleep);
             self.stamp_active(now);
+            let sleeping = trace::ticks();
             std::thread::sleep(Duration::from_nanos(sleep));
+            trace::slept(sleeping);
         }
     }
 

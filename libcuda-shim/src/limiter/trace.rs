@@ -13,6 +13,9 @@
 //! with the real launch left out, read from the CPU's time-stamp counter (two reads per
 //! launch, only while tracing; the trace's own counting is in it), and whether the fast
 //! path's clock read the time-stamp counter (`fast_clock_counter 1`) or the vDSO (`0`).
+//! `slow_path_own_ns` is the same for the launches that went the slow way (samples'
+//! events, settles, publish ticks), with their real launches and sleeps left out: the
+//! two together are all the limiter's own time on the launching threads.
 //! Each device's line is followed by a `kernel COST SAMPLES LAUNCHES CHARGED CLASS NAME`
 //! line per learned kernel: its cost, its samples (saturating at 255), its launches and
 //! the busy ns charged for them while tracing (with its samples' corrections; a seed
@@ -38,6 +41,10 @@ pub const TRACE_ENV: &str = "VGPU_LIMITER_TRACE";
 
 /// Time-stamp ticks of the shim's own work in fast-path launches (see [`ticks`]).
 static OWN_TICKS: AtomicU64 = AtomicU64::new(0);
+/// Ticks of slow-path launches with their real launches left out, and of the sleeps in
+/// them (`slow`, `slept`).
+static SLOW_TICKS: AtomicU64 = AtomicU64::new(0);
+static SLEPT_TICKS: AtomicU64 = AtomicU64::new(0);
 /// When tracing began, on both clocks, to turn ticks into ns.
 static BEGAN_NS: AtomicU64 = AtomicU64::new(0);
 static BEGAN_TICKS: AtomicU64 = AtomicU64::new(0);
@@ -184,15 +191,45 @@ pub fn own(started: u64, launching: u64, launched: u64) {
     }
 }
 
-/// `OWN_TICKS` in ns, at the rate the ticks went since tracing began.
-fn own_ns() -> u64 {
-    let ticks = BEGAN_TICKS.load(Ordering::Relaxed);
-    let elapsed_ticks = read_ticks().wrapping_sub(ticks);
+/// Adds one slow-path launch that began at `started` (0: tracing is off, nothing
+/// added), of which `real_launch` ticks were the real launch.
+pub fn slow(started: u64, real_launch: u64) {
+    if started != 0 {
+        let spent = read_ticks()
+            .wrapping_sub(started)
+            .saturating_sub(real_launch);
+        SLOW_TICKS.fetch_add(spent, Ordering::Relaxed);
+    }
+}
+
+/// Adds a sleep that began at `started` (a [`ticks`] reading; 0 adds nothing).
+pub fn slept(started: u64) {
+    if started != 0 {
+        SLEPT_TICKS.fetch_add(read_ticks().wrapping_sub(started), Ordering::Relaxed);
+    }
+}
+
+/// `ticks` in ns, at the rate the ticks went since tracing began.
+fn ticks_ns(ticks: u64) -> u64 {
+    let began = BEGAN_TICKS.load(Ordering::Relaxed);
+    let elapsed_ticks = read_ticks().wrapping_sub(began);
     let elapsed_ns = monotonic_ns().saturating_sub(BEGAN_NS.load(Ordering::Relaxed));
-    if ticks == 0 || elapsed_ticks == 0 {
+    if began == 0 || elapsed_ticks == 0 {
         return 0;
     }
-    (OWN_TICKS.load(Ordering::Relaxed) as u128 * elapsed_ns as u128 / elapsed_ticks as u128) as u64
+    (ticks as u128 * elapsed_ns as u128 / elapsed_ticks as u128) as u64
+}
+
+/// The fast path's own time, ns.
+fn own_ns() -> u64 {
+    ticks_ns(OWN_TICKS.load(Ordering::Relaxed))
+}
+
+/// The slow path's own time, ns: its launches' time less their real launches and
+/// sleeps (a sleep of `throttle_only`, outside the slow path, is subtracted too).
+fn slow_own_ns() -> u64 {
+    let slow = SLOW_TICKS.load(Ordering::Relaxed);
+    ticks_ns(slow.saturating_sub(SLEPT_TICKS.load(Ordering::Relaxed)))
 }
 
 /// Whether tracing is on.
@@ -230,6 +267,7 @@ pub fn render(device_lines: &[String]) -> String {
         let _ = writeln!(text, "{name} {}", value.load(Ordering::Relaxed));
     }
     let _ = writeln!(text, "fast_path_own_ns {}", own_ns());
+    let _ = writeln!(text, "slow_path_own_ns {}", slow_own_ns());
     let _ = writeln!(
         text,
         "fast_clock_counter {}",
@@ -344,18 +382,26 @@ mod tests {
         assert!(text.contains("waited_ns 5000\n"), "{text}");
         assert!(text.contains("stale_context 0\n"), "{text}");
         assert!(text.contains("fast_path_own_ns "), "{text}");
+        assert!(text.contains("slow_path_own_ns "), "{text}");
         assert!(text.contains("fast_clock_counter "), "{text}");
         assert!(text.ends_with("device GPU-1 limit 30\n"), "{text}");
     }
 
-    #[test]
-    fn the_fast_path_own_time_leaves_the_real_launch_out_and_is_told_in_ns() {
+    /// Sets where the conversion of ticks to ns begins, as `init` does.
+    fn start_the_tick_rate() {
         BEGAN_NS.store(monotonic_ns(), Ordering::Relaxed);
         BEGAN_TICKS.store(read_ticks(), Ordering::Relaxed);
-        let spin = |ns: u64| {
-            let until = monotonic_ns() + ns;
-            while monotonic_ns() < until {}
-        };
+    }
+
+    /// Keeps the thread busy for `ns`.
+    fn spin(ns: u64) {
+        let until = monotonic_ns() + ns;
+        while monotonic_ns() < until {}
+    }
+
+    #[test]
+    fn the_fast_path_own_time_leaves_the_real_launch_out_and_is_told_in_ns() {
+        start_the_tick_rate();
         // 2 ms of "own work" around 50 ms of "real launch".
         let started = read_ticks();
         spin(1_000_000);
@@ -371,5 +417,35 @@ mod tests {
         let before = OWN_TICKS.load(Ordering::Relaxed);
         own(0, 5, 7);
         assert_eq!(OWN_TICKS.load(Ordering::Relaxed), before);
+    }
+
+    #[test]
+    fn the_slow_path_own_time_leaves_its_real_launch_and_its_sleeps_out() {
+        start_the_tick_rate();
+        let before = slow_own_ns();
+        // 2 ms of own work around a 40 ms sleep and a 40 ms "real launch".
+        let started = read_ticks();
+        spin(1_000_000);
+        let sleeping = read_ticks();
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        slept(sleeping);
+        let launching = read_ticks();
+        spin(40_000_000);
+        let real_launch = read_ticks().wrapping_sub(launching);
+        spin(1_000_000);
+        slow(started, real_launch);
+        let ns = slow_own_ns() - before;
+        // At least the 2 ms spun; a preempted thread only adds, and not the 40 ms of
+        // either.
+        assert!((2_000_000..40_000_000).contains(&ns), "{ns} ns");
+        // Readings of 0 (tracing off) add nothing.
+        let (slow_before, slept_before) = (
+            SLOW_TICKS.load(Ordering::Relaxed),
+            SLEPT_TICKS.load(Ordering::Relaxed),
+        );
+        slow(0, 5);
+        slept(0);
+        assert_eq!(SLOW_TICKS.load(Ordering::Relaxed), slow_before);
+        assert_eq!(SLEPT_TICKS.load(Ordering::Relaxed), slept_before);
     }
 }

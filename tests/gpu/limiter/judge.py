@@ -37,6 +37,16 @@ def trace_text(name):
         # Which clock the fast path read (absent from older traces).
         clock = {1: ", the counter's clock", 0: ", the vDSO's clock"}.get(t.get("fast_clock_counter"), "")
         own = f" ({t['fast_path_own_ns'] / t['fast_path']:.0f} ns of its own each{clock})"
+    # The slow path's own time (samples' events, settles, publish ticks; its real
+    # launches and sleeps left out), and both paths' per limited launch: all the
+    # limiter's own time on the launching threads (absent from older traces).
+    slow = ""
+    if t.get("fast_path") is not None and "slow_path_own_ns" in t:
+        slow_launches = t["launches"] - t["fast_path"]
+        each = f", {t['slow_path_own_ns'] / slow_launches:.0f} ns each" if slow_launches else ""
+        total = (t.get("fast_path_own_ns", 0) + t["slow_path_own_ns"]) / t["launches"]
+        slow = (f", {slow_launches} slow path ({t['slow_path_own_ns'] / 1e6:.1f} ms of its own{each}),"
+                f" {total:.0f} ns of own time a limited launch in all")
     # How many of them went on a thread's tab (absent from older traces).
     tabs = f", {t['tabbed']} on tabs" if "tabbed" in t else ""
     # What its kernels were charged against their learned costs times their launches
@@ -44,7 +54,7 @@ def trace_text(name):
     kernels = LOGS.learned_charge(name)
     against = (f" (its kernels {kernels[0] / kernels[1]:.2f}x their learned costs times launches,"
                " before the host's factor)" if kernels else "")
-    return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path{own}{tabs}, "
+    return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path{own}{tabs}{slow}, "
             f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream, "
             f"{t.get('settled_idle_discounted', 0)} of them taken to time a neighbour's slice"
             + (f", {t['doubtful_samples']} doubtful" if "doubtful_samples" in t else "") + "), "
