@@ -320,6 +320,10 @@ struct DeviceLimiter {
     slot: Option<SlotId>,
     /// Busy ns that settled samples gave back, taken off the next publish.
     given_back: AtomicU64,
+    /// What a sample has cost its launching thread lately, ns (`duty::sample_cost_average`;
+    /// 0 before the first): the settled gap between samples grows with it
+    /// (`duty::sample_gap_ns`).
+    sample_cost_ns: AtomicU64,
     /// Pending samples of kernels that had no estimate yet.
     unknown_in_flight: AtomicUsize,
     /// Whether another container may have work on the card, from the last card view

@@ -59,7 +59,11 @@ impl DeviceLimiter {
             due && !unknown && known.is_some_and(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS);
         if gap_started && let Some(known) = known {
             self.next_sample_ns.store(
-                now + duty::sample_gap_ns(known.samples, self.overlapped_lately(now)),
+                now + duty::sample_gap_ns(
+                    known.samples,
+                    self.overlapped_lately(now),
+                    self.sample_cost_ns.load(Ordering::Relaxed),
+                ),
                 Ordering::Relaxed,
             );
         }
@@ -144,6 +148,15 @@ impl DeviceLimiter {
         let mut slow = self.lock();
         slow.pending.push_back(sample);
         self.settle(&mut slow, returned, false);
+        drop(slow);
+        // What the sample cost this thread besides the launch: its start event, then its
+        // end event and the settling (two clock reads more, on sampled launches only).
+        let observed = recorded_ns.saturating_sub(now) + monotonic_ns().saturating_sub(returned);
+        let average = self.sample_cost_ns.load(Ordering::Relaxed);
+        self.sample_cost_ns.store(
+            duty::sample_cost_average(average, observed),
+            Ordering::Relaxed,
+        );
         result
     }
 
