@@ -8,9 +8,10 @@
 //! loosens the bound on a slow machine: with the 200 us gap this loop was sampled 10127
 //! times in 3.8 s here (the bound 3822), with the 1 ms gap 2156 times in 3.5 s.
 //!
-//! Where samples cost their thread more (the sim's `VGPU_SIM_EVENT_RECORD_NS`), the
-//! settled gap grows until they take one part in 200 of the thread's time, up to 5 ms
-//! (on an H100, BENCHMARKS run 22, a sample cost 13-19 us of a loop of 3.3 us launches).
+//! Where samples cost more (the sim's `VGPU_SIM_EVENT_RECORD_NS`), the settled gap
+//! grows until they take one part in 200 of the thread's time, up to 5 ms (on an H100,
+//! BENCHMARKS run 22, the slow path spent 13-19 us per sample of a loop of 3.3 us
+//! launches).
 //!
 //! Needs root (`vgpu run`'s namespaces) and a C compiler; the shims and the sim driver
 //! are built by `cargo test --workspace`.

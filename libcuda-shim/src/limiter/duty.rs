@@ -440,9 +440,9 @@ pub const MAX_SETTLED_SAMPLE_GAP_NS: u64 = 5_000_000;
 /// elapsed time; the 200 us gap sampled one launch in 40 of a 4 us launch loop.
 ///
 /// What a sample costs depends on the machine: on an H100 host whose launches took
-/// 3.3 us, a sample cost its thread 13-19 us (the driver's event records inside a
-/// launch loop, the settling), and at one a millisecond that was 52-81 ns of each
-/// launch of a 200k-launch loop (BENCHMARKS run 22). So the settled gap grows with
+/// 3.3 us, the slow path spent 13-19 us of its own per sample (its events, the
+/// settling), and at one a millisecond that was 52-81 ns of each launch of a
+/// 200k-launch loop; on an H200, 13-20 us (BENCHMARKS run 22). So the settled gap grows with
 /// `sample_cost_ns`, what samples have cost lately (`sample_cost_average`), until they
 /// take one part in `SAMPLE_SHARE_DIVISOR` of the thread's time.
 pub fn sample_gap_ns(samples: u32, overlapped: bool, sample_cost_ns: u64) -> u64 {
@@ -455,10 +455,10 @@ pub fn sample_gap_ns(samples: u32, overlapped: bool, sample_cost_ns: u64) -> u64
     }
 }
 
-/// What samples cost lately: `average` moved an eighth of the way to a sample that cost
-/// its thread `observed_ns` (the first sample sets it). An observation counts no more
-/// than the cost that already gives the longest gap, so one preempted thread cannot
-/// hold the average up for long.
+/// What samples cost lately: `average` moved an eighth of the way to `observed_ns`, the
+/// slow path's own time from one sample's start to the next's (the first sample sets
+/// it). An observation counts no more than the cost that already gives the longest gap,
+/// so one preempted thread cannot hold the average up for long.
 pub fn sample_cost_average(average: u64, observed_ns: u64) -> u64 {
     let observed = observed_ns.min(MAX_SETTLED_SAMPLE_GAP_NS / SAMPLE_SHARE_DIVISOR);
     if average == 0 {

@@ -228,6 +228,7 @@ pub(super) fn build_devices(
                 next_stamp_ns: AtomicU64::new(0),
                 setup_ns: AtomicU64::new(0),
                 sample_cost_ns: AtomicU64::new(0),
+                slow_since_sample_ns: AtomicU64::new(0),
                 pair_open: AtomicBool::new(false),
                 unpublished: AtomicU64::new(0),
                 given_back: AtomicU64::new(0),
