@@ -10,8 +10,8 @@
 //!
 //! Where samples cost more (the sim's `VGPU_SIM_EVENT_RECORD_NS`), the settled gap
 //! grows until they take one part in 200 of the thread's time, up to 5 ms (on an H100,
-//! BENCHMARKS run 22, the slow path spent 13-19 us per sample of a loop of 3.3 us
-//! launches).
+//! BENCHMARKS run 22, the slow path spent 13-19 us of its own a launch, nine in ten of
+//! them samples, in a loop of 3.3 us launches).
 //!
 //! Needs root (`vgpu run`'s namespaces) and a C compiler; the shims and the sim driver
 //! are built by `cargo test --workspace`.

@@ -440,9 +440,9 @@ pub const MAX_SETTLED_SAMPLE_GAP_NS: u64 = 5_000_000;
 /// elapsed time; the 200 us gap sampled one launch in 40 of a 4 us launch loop.
 ///
 /// What a sample costs depends on the machine: on an H100 host whose launches took
-/// 3.3 us, the slow path spent 13-19 us of its own per sample (its events, the
-/// settling), and at one a millisecond that was 52-81 ns of each launch of a
-/// 200k-launch loop; on an H200, 13-20 us (BENCHMARKS run 22). So the settled gap grows with
+/// 3.3 us, the slow path spent 13-19 us of its own a launch (nine in ten of them
+/// samples; publish ticks included), 52-81 ns of each launch of a 200k-launch loop at
+/// one sample a millisecond; on an H200, 13-20 us (BENCHMARKS run 22). So the settled gap grows with
 /// `sample_cost_ns`, what samples have cost lately (`sample_cost_average`), until they
 /// take one part in `SAMPLE_SHARE_DIVISOR` of the thread's time.
 pub fn sample_gap_ns(samples: u32, overlapped: bool, sample_cost_ns: u64) -> u64 {

@@ -56,9 +56,9 @@ pub fn spend_launch_call() {
 }
 
 /// Env: host nanoseconds each event record call takes after queueing the event (the
-/// caller's thread spins that long); 0 by default. On an H100 a timing event recorded among a loop's launches cost
-/// its caller about 1.4 us alone and about 20 us a pair inside a launch loop
-/// (BENCHMARKS run 22): what the limiter's samples pay.
+/// caller's thread spins that long); 0 by default. On an H100 and an H200 a record on an
+/// idle stream took its caller 1.3-1.4 us (BENCHMARKS run 22, `costs.c`); larger
+/// values model a slower driver or host, which the limiter's samples pay.
 pub const EVENT_RECORD_ENV: &str = "VGPU_SIM_EVENT_RECORD_NS";
 
 /// Spends the host time `VGPU_SIM_EVENT_RECORD_NS` asks of an event record call, if any.
