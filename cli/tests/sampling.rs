@@ -8,11 +8,6 @@
 //! loosens the bound on a slow machine: with the 200 us gap this loop was sampled 10127
 //! times in 3.8 s here (the bound 3822), with the 1 ms gap 2156 times in 3.5 s.
 //!
-//! Where samples cost more (the sim's `VGPU_SIM_EVENT_RECORD_NS`), the settled gap
-//! grows until they take one part in 200 of the thread's time, up to 5 ms (on an H100,
-//! BENCHMARKS run 22, the slow path spent 13-19 us of its own a launch, nine in ten of
-//! them samples, in a loop of 3.3 us launches).
-//!
 //! Needs root (`vgpu run`'s namespaces) and a C compiler; the shims and the sim driver
 //! are built by `cargo test --workspace`.
 
@@ -23,9 +18,9 @@ mod common;
 /// Launches in the loop: a second or two through a debug build of the shim and the sim.
 const LAUNCHES: &str = "300000";
 
-/// Runs the loop at `--cores 99` with `env` for the sim, traced: the trace and the run's
-/// wall time in ms.
-fn traced_loop(env: &[(&str, &str)]) -> (common::LimiterTrace, u64) {
+#[test]
+fn a_one_stream_launch_loop_is_sampled_at_most_once_a_millisecond_once_its_kernel_is_known() {
+    vgpu_test_support::require!(vgpu_test_support::Need::Root);
     let dir = tempfile::tempdir().expect("tempdir");
     let streams = vgpu_test_support::streams_workload(dir.path());
     let trace = dir.path().join("loop.trace");
@@ -34,43 +29,16 @@ fn traced_loop(env: &[(&str, &str)]) -> (common::LimiterTrace, u64) {
         common::simulated_run(dir.path(), &["--memory", "1GiB", "--cores", "99"], &streams)
             .args(["launch", LAUNCHES])
             .env("VGPU_LIMITER_TRACE", &trace)
-            .envs(env.iter().copied())
             .output()
             .expect("run vgpu");
     let wall_ms = began.elapsed().as_millis() as u64;
     common::assert_succeeded(&output);
-    (common::LimiterTrace::read(&trace), wall_ms)
-}
-
-#[test]
-fn a_one_stream_launch_loop_is_sampled_at_most_once_a_millisecond_once_its_kernel_is_known() {
-    vgpu_test_support::require!(vgpu_test_support::Need::Root);
-    let (trace, wall_ms) = traced_loop(&[]);
+    let trace = common::LimiterTrace::read(&trace);
     let text = &trace.text;
     let (launches, sampled) = (trace.counter("launches"), trace.counter("sampled"));
     assert!(launches >= 300_000, "{text}");
     // The first 32 samples at 200 us, then one a millisecond at most.
     let bound = wall_ms + 32;
-    assert!(
-        sampled >= 32 && sampled <= bound,
-        "{sampled} samples of {launches} launches in {wall_ms} ms (at most {bound}):\n{text}"
-    );
-    eprintln!("{sampled} samples of {launches} launches in {wall_ms} ms");
-}
-
-#[test]
-fn where_samples_cost_their_thread_more_a_settled_kernel_is_sampled_less_often() {
-    vgpu_test_support::require!(vgpu_test_support::Need::Root);
-    // Each event record spins 13 us, so a sample costs at least 26 us: more than the
-    // 25 us that already gives the longest gap, 5 ms. (Under 20 us, so the limiter's
-    // clock references still fire in time.)
-    let (trace, wall_ms) = traced_loop(&[("VGPU_SIM_EVENT_RECORD_NS", "13000")]);
-    let text = &trace.text;
-    let (launches, sampled) = (trace.counter("launches"), trace.counter("sampled"));
-    assert!(launches >= 300_000, "{text}");
-    assert_eq!(trace.device_field("sample_cost_ns"), 25_000, "{text}");
-    // The first 32 samples at 200 us, then one every 5 ms at most.
-    let bound = wall_ms / 5 + 32;
     assert!(
         sampled >= 32 && sampled <= bound,
         "{sampled} samples of {launches} launches in {wall_ms} ms (at most {bound}):\n{text}"

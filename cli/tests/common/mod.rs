@@ -55,18 +55,4 @@ impl LimiterTrace {
             .and_then(|value| value.trim().parse::<u64>().ok())
             .unwrap_or_else(|| panic!("no {name} in {}", self.text))
     }
-
-    /// Field `name` of the first device's line (`device UUID name value ...`); panics
-    /// when there is none.
-    pub fn device_field(&self, name: &str) -> u64 {
-        self.text
-            .lines()
-            .find(|line| line.starts_with("device "))
-            .and_then(|line| {
-                let words: Vec<&str> = line.split_whitespace().collect();
-                let at = words.iter().position(|word| *word == name)?;
-                words.get(at + 1)?.parse::<u64>().ok()
-            })
-            .unwrap_or_else(|| panic!("no device field {name} in {}", self.text))
-    }
 }

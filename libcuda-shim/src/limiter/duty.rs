@@ -417,13 +417,6 @@ pub const SAMPLE_GAP_NS: u64 = 200_000;
 pub const SETTLED_SAMPLE_GAP_NS: u64 = 1_000_000;
 /// Samples after which a kernel's cost counts as settled (`SETTLED_SAMPLE_GAP_NS`).
 pub const SETTLED_SAMPLES: u32 = 32;
-/// Samples of settled kernels take at most one part in this many of the launching
-/// threads' time: the settled gap is this many times what a sample costs its thread
-/// (`sample_gap_ns`), within `SETTLED_SAMPLE_GAP_NS` and `MAX_SETTLED_SAMPLE_GAP_NS`.
-pub const SAMPLE_SHARE_DIVISOR: u64 = 200;
-/// The longest gap between samples of settled kernels: 200 a second still follow a
-/// kernel whose cost changes.
-pub const MAX_SETTLED_SAMPLE_GAP_NS: u64 = 5_000_000;
 
 /// How long after sampling a kernel measured `samples` times the device's next sample
 /// of a short kernel may come, in a process whose kernels have `overlapped` lately or
@@ -438,33 +431,11 @@ pub const MAX_SETTLED_SAMPLE_GAP_NS: u64 = 5_000_000;
 /// 10-11 us with 1 ms, and its steps stalled (50/50: max 10.5 ms against 3.2 and 5.3;
 /// the bare pair's 2.7-3.6). Samples cost too: two event records, a query and an
 /// elapsed time; the 200 us gap sampled one launch in 40 of a 4 us launch loop.
-///
-/// What a sample costs depends on the machine: on an H100 host whose launches took
-/// 3.3 us, the slow path spent 13-19 us of its own a launch (nine in ten of them
-/// samples; publish ticks included), 52-81 ns of each launch of a 200k-launch loop at
-/// one sample a millisecond; on an H200, 13-20 us (BENCHMARKS run 22). So the settled gap grows with
-/// `sample_cost_ns`, what samples have cost lately (`sample_cost_average`), until they
-/// take one part in `SAMPLE_SHARE_DIVISOR` of the thread's time.
-pub fn sample_gap_ns(samples: u32, overlapped: bool, sample_cost_ns: u64) -> u64 {
+pub fn sample_gap_ns(samples: u32, overlapped: bool) -> u64 {
     if overlapped || samples < SETTLED_SAMPLES {
         SAMPLE_GAP_NS
     } else {
-        sample_cost_ns
-            .saturating_mul(SAMPLE_SHARE_DIVISOR)
-            .clamp(SETTLED_SAMPLE_GAP_NS, MAX_SETTLED_SAMPLE_GAP_NS)
-    }
-}
-
-/// What samples cost lately: `average` moved an eighth of the way to `observed_ns`, the
-/// slow path's own time from one sample's start to the next's (the first sample sets
-/// it). An observation counts no more than the cost that already gives the longest gap,
-/// so one preempted thread cannot hold the average up for long.
-pub fn sample_cost_average(average: u64, observed_ns: u64) -> u64 {
-    let observed = observed_ns.min(MAX_SETTLED_SAMPLE_GAP_NS / SAMPLE_SHARE_DIVISOR);
-    if average == 0 {
-        observed
-    } else {
-        (average * 7 + observed) / 8
+        SETTLED_SAMPLE_GAP_NS
     }
 }
 
@@ -1051,58 +1022,13 @@ mod tests {
 
     #[test]
     fn a_settled_kernel_of_one_stream_is_sampled_five_times_less_often() {
-        // Where samples cost little (under 5 us here), the settled gap is 1 ms.
-        for cost in [0, 4_000] {
-            assert_eq!(sample_gap_ns(0, false, cost), SAMPLE_GAP_NS);
-            assert_eq!(
-                sample_gap_ns(SETTLED_SAMPLES - 1, false, cost),
-                SAMPLE_GAP_NS
-            );
-            assert_eq!(
-                sample_gap_ns(SETTLED_SAMPLES, false, cost),
-                SETTLED_SAMPLE_GAP_NS
-            );
-            assert_eq!(sample_gap_ns(u32::MAX, false, cost), SETTLED_SAMPLE_GAP_NS);
-        }
+        assert_eq!(sample_gap_ns(0, false), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(SETTLED_SAMPLES - 1, false), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(SETTLED_SAMPLES, false), SETTLED_SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(u32::MAX, false), SETTLED_SAMPLE_GAP_NS);
         assert_eq!(SETTLED_SAMPLE_GAP_NS, 5 * SAMPLE_GAP_NS);
-        // Overlapping kernels keep the short gap, settled or not, whatever samples cost.
-        assert_eq!(sample_gap_ns(0, true, 0), SAMPLE_GAP_NS);
-        assert_eq!(sample_gap_ns(u32::MAX, true, 19_000), SAMPLE_GAP_NS);
-    }
-
-    #[test]
-    fn costly_samples_of_a_settled_kernel_come_further_apart_up_to_five_milliseconds() {
-        // Run 22's H100: 19 us a sample, so one every 3.8 ms takes half a percent.
-        assert_eq!(sample_gap_ns(SETTLED_SAMPLES, false, 19_000), 3_800_000);
-        assert_eq!(
-            sample_gap_ns(SETTLED_SAMPLES - 1, false, 19_000),
-            SAMPLE_GAP_NS
-        );
-        assert_eq!(
-            sample_gap_ns(SETTLED_SAMPLES, false, 1_000_000),
-            MAX_SETTLED_SAMPLE_GAP_NS
-        );
-        assert_eq!(
-            sample_gap_ns(SETTLED_SAMPLES, false, u64::MAX),
-            MAX_SETTLED_SAMPLE_GAP_NS
-        );
-    }
-
-    #[test]
-    fn the_sample_cost_average_follows_slowly_and_one_preempted_sample_moves_it_little() {
-        assert_eq!(sample_cost_average(0, 16_000), 16_000, "the first sets it");
-        let mut average = 16_000;
-        for _ in 0..64 {
-            average = sample_cost_average(average, 8_000);
-        }
-        assert!((8_000..8_100).contains(&average), "{average}");
-        // A thread preempted for 10 ms inside a sample counts as the cost that gives
-        // the longest gap, and only an eighth of it.
-        let cap = MAX_SETTLED_SAMPLE_GAP_NS / SAMPLE_SHARE_DIVISOR;
-        assert_eq!(sample_cost_average(0, 10_000_000), cap);
-        assert_eq!(
-            sample_cost_average(8_000, 10_000_000),
-            (8_000 * 7 + cap) / 8
-        );
+        // Overlapping kernels keep the short gap, settled or not.
+        assert_eq!(sample_gap_ns(0, true), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(u32::MAX, true), SAMPLE_GAP_NS);
     }
 }

@@ -227,8 +227,6 @@ pub(super) fn build_devices(
                 concurrent_until_ns: AtomicU64::new(0),
                 next_stamp_ns: AtomicU64::new(0),
                 setup_ns: AtomicU64::new(0),
-                sample_cost_ns: AtomicU64::new(0),
-                slow_since_sample_ns: AtomicU64::new(0),
                 pair_open: AtomicBool::new(false),
                 unpublished: AtomicU64::new(0),
                 given_back: AtomicU64::new(0),
@@ -326,7 +324,7 @@ impl DeviceLimiter {
             })
             .collect();
         format!(
-            "device {} limit_ppm {} rate_ppm {} charge_permille {} soft {} pending {pending} unknown_in_flight {} setup_ns {} sample_cost_ns {} estimates {}",
+            "device {} limit_ppm {} rate_ppm {} charge_permille {} soft {} pending {pending} unknown_in_flight {} setup_ns {} estimates {}",
             self.visible.uuid,
             self.limit_ppm,
             self.rate(),
@@ -334,7 +332,6 @@ impl DeviceLimiter {
             self.soft as u8,
             self.unknown_in_flight.load(Ordering::Relaxed),
             self.setup_ns.load(Ordering::Relaxed),
-            self.sample_cost_ns.load(Ordering::Relaxed),
             estimates.join(","),
         ) + &kernels
     }

@@ -320,13 +320,6 @@ struct DeviceLimiter {
     slot: Option<SlotId>,
     /// Busy ns that settled samples gave back, taken off the next publish.
     given_back: AtomicU64,
-    /// What a sample has cost lately, ns (`duty::sample_cost_average`; 0 before the
-    /// first): the slow path's own time from one sample's start to the next's, its
-    /// events and settling with it. The settled gap between samples grows with it
-    /// (`duty::sample_gap_ns`).
-    sample_cost_ns: AtomicU64,
-    /// The slow path's own time since the last sample began (`DeviceLimiter::slow_launch`).
-    slow_since_sample_ns: AtomicU64,
     /// Pending samples of kernels that had no estimate yet.
     unknown_in_flight: AtomicUsize,
     /// Whether another container may have work on the card, from the last card view

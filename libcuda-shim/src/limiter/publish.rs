@@ -30,8 +30,6 @@ impl DeviceLimiter {
                 .is_ok()
         {
             self.publish(now_ns);
-            // Not what samples cost.
-            super::slow::set_aside(vgpu_contract::clock::monotonic_ns().saturating_sub(now_ns));
         }
         if let Ok(mut slow) = self.slow.try_lock() {
             self.settle(&mut slow, now_ns, false);

@@ -3,7 +3,6 @@
 //! It may take the `Slow` lock (never across a sleep or the launch) and call the driver
 //! for events; waits sleep in slices so that rate changes and exit are seen.
 
-use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -20,59 +19,9 @@ use super::{
 use crate::cuda::*;
 use crate::state::real;
 
-thread_local! {
-    /// Time this thread's slow-path launch spent asleep or on the publish tick, ns: set
-    /// aside from what sampling costs (`DeviceLimiter::slow_launch`).
-    static ASIDE_NS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// Sets `ns` aside from the calling thread's slow-path time.
-pub(super) fn set_aside(ns: u64) {
-    ASIDE_NS.with(|aside| aside.set(aside.get().saturating_add(ns)));
-}
-
 impl DeviceLimiter {
     /// The slow path: waits its turn, measures the launch if it should be, charges it.
-    /// Its own time (the real launch, sleeps and the publish tick left out: four clock
-    /// reads) goes to what samples cost (`note_sample`), since sampling is what brings
-    /// launches here.
     pub(super) fn slow_launch(
-        &self,
-        work: Work,
-        target: Target,
-        estimate: Option<(duty::Estimate, bool)>,
-        launch: impl FnOnce() -> CUresult,
-    ) -> CUresult {
-        let entered = monotonic_ns();
-        ASIDE_NS.with(|aside| aside.set(0));
-        let mut launch_ns = 0;
-        let result = self.slow_launch_timed(work, target, estimate, || {
-            let launching = monotonic_ns();
-            let result = launch();
-            launch_ns = monotonic_ns().saturating_sub(launching);
-            result
-        });
-        let own = monotonic_ns()
-            .saturating_sub(entered)
-            .saturating_sub(launch_ns)
-            .saturating_sub(ASIDE_NS.with(Cell::get));
-        self.slow_since_sample_ns.fetch_add(own, Ordering::Relaxed);
-        result
-    }
-
-    /// What samples cost lately, moved by the slow path's own time since the last sample
-    /// began (`duty::sample_cost_average`): called as each sample begins.
-    fn note_sample(&self) {
-        let observed = self.slow_since_sample_ns.swap(0, Ordering::Relaxed);
-        let average = self.sample_cost_ns.load(Ordering::Relaxed);
-        self.sample_cost_ns.store(
-            duty::sample_cost_average(average, observed),
-            Ordering::Relaxed,
-        );
-    }
-
-    /// [`DeviceLimiter::slow_launch`], with `launch` timed by it.
-    fn slow_launch_timed(
         &self,
         work: Work,
         target: Target,
@@ -110,11 +59,7 @@ impl DeviceLimiter {
             due && !unknown && known.is_some_and(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS);
         if gap_started && let Some(known) = known {
             self.next_sample_ns.store(
-                now + duty::sample_gap_ns(
-                    known.samples,
-                    self.overlapped_lately(now),
-                    self.sample_cost_ns.load(Ordering::Relaxed),
-                ),
+                now + duty::sample_gap_ns(known.samples, self.overlapped_lately(now)),
                 Ordering::Relaxed,
             );
         }
@@ -268,9 +213,7 @@ impl DeviceLimiter {
             trace::add(Counter::WaitedNs, sleep);
             self.stamp_active(now);
             let sleeping = trace::ticks();
-            let asleep_at = monotonic_ns();
             std::thread::sleep(Duration::from_nanos(sleep));
-            set_aside(monotonic_ns().saturating_sub(asleep_at));
             trace::slept(sleeping);
         }
     }
@@ -324,7 +267,6 @@ impl DeviceLimiter {
             destroy_events(&[start, end]);
             return None;
         }
-        self.note_sample();
         Some((context, start, end, monotonic_ns()))
     }
 

@@ -55,21 +55,6 @@ pub fn spend_launch_call() {
     }
 }
 
-/// Env: host nanoseconds each event record call takes after queueing the event (the
-/// caller's thread spins that long); 0 by default. On an H100 and an H200 a record on an
-/// idle stream took its caller 1.3-1.4 us (BENCHMARKS run 22, `costs.c`); larger
-/// values model a slower driver or host, which the limiter's samples pay.
-pub const EVENT_RECORD_ENV: &str = "VGPU_SIM_EVENT_RECORD_NS";
-
-/// Spends the host time `VGPU_SIM_EVENT_RECORD_NS` asks of an event record call, if any.
-pub fn spend_event_record() {
-    static NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let ns = *NS.get_or_init(|| env_ns(EVENT_RECORD_ENV));
-    if ns > 0 {
-        spin_ns(ns);
-    }
-}
-
 /// Env: host nanoseconds the first launch call of each function (or library kernel)
 /// handle in a process spends before the kernel is queued; 0 by default. CUDA 12 loads
 /// a kernel's code onto the card at its first launch (lazy loading, the default), inside

@@ -86,8 +86,6 @@ fn stream_wait_event(stream: u64, event: u64, flags: u32, per_thread: bool) -> R
 
 fn record_event(event: u64, stream: u64, per_thread: bool) -> Res {
     let current = current_context();
-    // The call's cost comes after the event is queued (the card may run it meanwhile).
-    let _spent_after = SpendEventRecord;
     with_registry(|registry| {
         if !registry.events.contains_key(&event) {
             return Err(CUDA_ERROR_INVALID_HANDLE);
@@ -105,15 +103,6 @@ fn record_event(event: u64, stream: u64, per_thread: bool) -> Res {
         }
         Ok(())
     })
-}
-
-/// Spends `VGPU_SIM_EVENT_RECORD_NS` when dropped: at the end of a record call.
-struct SpendEventRecord;
-
-impl Drop for SpendEventRecord {
-    fn drop(&mut self) {
-        crate::cuda::schedule::spend_event_record();
-    }
 }
 
 /// When a recorded event completes (None: never recorded), for a query or a wait (both
