@@ -59,10 +59,15 @@ fn a_limited_launch_loop_takes_the_fast_path_without_a_system_call_per_launch() 
     // loaded 2-core AMD EPYC host: 11 us a launch, 4759 samples, 98.9 % on the fast
     // path; with the sim built optimised, 2143 samples and 937 pairs, 4991 launches off
     // it in 2211 ms); a slow path taken per launch would be hundreds of thousands.
+    // Where the sim's card is the bottleneck (launches faster than its kernels' learned
+    // cost), the limit of 99 holds now and then, and the launches that meet a hold go
+    // the slow way too: a debug build here had 2,950-5,862 off it in 1.8 s (run 22's
+    // session), so the bound is also 1 % of the launches.
     let off = launches - fast;
+    let bound = (run_ms * 3 + 500).max(launches / 100);
     assert!(
-        off <= run_ms * 3 + 500,
-        "{off} of {launches} launches off the fast path in {run_ms} ms:\n{text}"
+        off <= bound,
+        "{off} of {launches} launches off the fast path in {run_ms} ms (at most {bound}):\n{text}"
     );
     // The fast path's clock reads the time-stamp counter where the kernel keeps time
     // with it, and the vDSO elsewhere.
