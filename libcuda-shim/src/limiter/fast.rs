@@ -145,10 +145,8 @@ fn per_launch(
         }
         return result;
     }
-    if started == 0 {
-        return device.slow_launch(work, target, estimate, launch);
-    }
-    // Traced: the slow path's own time, its real launch left out (`trace::slow`).
+    // The slow path's own time, its real launch left out (`trace::slow`; the readings
+    // are 0 and nothing is added when tracing is off).
     let mut real_launch = 0;
     let result = device.slow_launch(work, target, estimate, || {
         let launching = trace::ticks();

@@ -75,8 +75,8 @@ pub(super) fn sole_device_address() -> usize {
 /// Points [`sole_device`] at this generation's one limited device where nothing else
 /// must be asked, else at nothing. Called where that may have changed for the better:
 /// after the limiter is built, after a capture ends (`hooks::capture`), and at every
-/// publish tick (which
-/// mends a race lost to a capture that began meanwhile within one tick).
+/// publish tick (which mends a race lost to a capture that began meanwhile within one
+/// tick).
 ///
 /// Whoever makes it wrong (a capture that begins, the exit, a fork) clears it after
 /// changing its own state ([`clear_sole_device`]); this stores the device first and
