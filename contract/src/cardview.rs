@@ -6,7 +6,8 @@
 //! the host's (0755), each file is replaced whole by a rename (0644), and containers get
 //! the folder through a read-only mount. A reader opens the file afresh each time (a
 //! rename replaces it; a shared mapping would keep the old one) without following links
-//! or blocking on a FIFO, and copies at most `MAX_VIEW_LEN` bytes with `pread`.
+//! or blocking on a FIFO, and copies at most `MAX_VIEW_LEN` bytes with `pread`;
+//! [`ViewReader`] does so only when an `lstat` shows the file was replaced.
 //!
 //! The format is text, one record a line, so an operator can read it:
 //!
@@ -241,46 +242,135 @@ impl CardView {
     /// for card `uuid`.
     pub fn read(dir: &Path, uuid: &str) -> Result<CardView, ViewError> {
         let path = CardView::path_for(dir, uuid)?;
-        let invalid = |reason: String| ViewError::Invalid {
-            path: path.clone(),
-            reason,
-        };
-        let io_err = |source| ViewError::Io {
-            path: path.clone(),
+        read_stamped(&path, uuid).map(|(view, _)| view)
+    }
+}
+
+/// What tells one written view file from the next: the coordinator replaces the file
+/// by a rename (a new inode), and a file changed in place changes its time or length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    mtime_ns: i128,
+    len: u64,
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            len: meta.len(),
+        }
+    }
+}
+
+/// [`CardView::read`] of `path`, with the stamp of the file it read (from the open
+/// file, so a rename between a caller's look and the open cannot mix two files up).
+fn read_stamped(path: &Path, uuid: &str) -> Result<(CardView, FileStamp), ViewError> {
+    let invalid = |reason: String| ViewError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let io_err = |source| ViewError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io_err)?;
+    let meta = file.metadata().map_err(io_err)?;
+    if !meta.file_type().is_file() {
+        return Err(invalid("not a regular file".into()));
+    }
+    if meta.len() > MAX_VIEW_LEN as u64 {
+        return Err(invalid(format!(
+            "{} bytes, at most {MAX_VIEW_LEN}",
+            meta.len()
+        )));
+    }
+    let mut bytes = vec![0u8; meta.len() as usize];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        match file.read_at(&mut bytes[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(io_err(error)),
+        }
+    }
+    bytes.truncate(filled);
+    let text = std::str::from_utf8(&bytes).map_err(|_| invalid("not UTF-8".into()))?;
+    let view = CardView::parse(text).map_err(invalid)?;
+    if view.uuid != uuid {
+        return Err(invalid(format!("written for card {}", view.uuid)));
+    }
+    Ok((view, FileStamp::of(&meta)))
+}
+
+/// Reads one card's view again only when the file was replaced: a process that looks
+/// every tick of its own (the shim's publish tick, 20 ms) while the coordinator writes
+/// every tick of its own (50 ms) pays one `lstat` for a view it already has, not an
+/// open, a `pread`, a parse and a close. What a view means is judged against the time
+/// of each look (`STALE_NS`), so a view kept because the coordinator stopped writing
+/// goes stale as a view read afresh would.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// use vgpu_contract::cardview::{CardView, ViewReader};
+///
+/// let uuid = "GPU-5e0f0c5a-1111-2222-3333-444455556666";
+/// let view = CardView { uuid: uuid.into(), written_ns: 1, containers: Vec::new() };
+/// view.write(dir.path())?;
+/// let mut reader = ViewReader::new(dir.path(), uuid)?;
+/// assert_eq!(reader.read()?.written_ns, 1);
+/// CardView { written_ns: 2, ..view }.write(dir.path())?;
+/// assert_eq!(reader.read()?.written_ns, 2);
+/// # Ok::<(), vgpu_contract::cardview::ViewError>(())
+/// ```
+#[derive(Debug)]
+pub struct ViewReader {
+    path: PathBuf,
+    uuid: String,
+    /// The view last read, and the stamp of its file.
+    last: Option<(FileStamp, CardView)>,
+}
+
+impl ViewReader {
+    /// A reader of `<dir>/<uuid>.card` ([`CardView::path_for`]).
+    pub fn new(dir: &Path, uuid: &str) -> Result<ViewReader, ViewError> {
+        Ok(ViewReader {
+            path: CardView::path_for(dir, uuid)?,
+            uuid: uuid.to_string(),
+            last: None,
+        })
+    }
+
+    /// The view now: the one read last while its file is the same (one `lstat`), else
+    /// [`CardView::read`]'s. An error forgets the view read last.
+    pub fn read(&mut self) -> Result<&CardView, ViewError> {
+        let looked = std::fs::symlink_metadata(&self.path).map_err(|source| ViewError::Io {
+            path: self.path.clone(),
             source,
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(io_err)?;
-        let meta = file.metadata().map_err(io_err)?;
-        if !meta.file_type().is_file() {
-            return Err(invalid("not a regular file".into()));
-        }
-        if meta.len() > MAX_VIEW_LEN as u64 {
-            return Err(invalid(format!(
-                "{} bytes, at most {MAX_VIEW_LEN}",
-                meta.len()
-            )));
-        }
-        let mut bytes = vec![0u8; meta.len() as usize];
-        let mut filled = 0;
-        while filled < bytes.len() {
-            match file.read_at(&mut bytes[filled..], filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(io_err(error)),
+        });
+        let stamp = match looked {
+            Ok(meta) => FileStamp::of(&meta),
+            Err(error) => {
+                self.last = None;
+                return Err(error);
             }
-        }
-        bytes.truncate(filled);
-        let text = std::str::from_utf8(&bytes).map_err(|_| invalid("not UTF-8".into()))?;
-        let view = CardView::parse(text).map_err(invalid)?;
-        if view.uuid != uuid {
-            return Err(invalid(format!("written for card {}", view.uuid)));
-        }
-        Ok(view)
+        };
+        let last = self.last.take().filter(|(last, _)| *last == stamp);
+        let (stamp, view) = match last {
+            Some(kept) => kept,
+            None => read_stamped(&self.path, &self.uuid).map(|(view, at)| (at, view))?,
+        };
+        Ok(&self.last.insert((stamp, view)).1)
     }
 }
 
@@ -499,6 +589,73 @@ mod tests {
                 Err(ViewError::BadUuid(_))
             ));
         }
+    }
+
+    #[test]
+    fn a_reader_reads_each_replaced_view_and_keeps_an_unchanged_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = CardView::path_for(dir.path(), UUID).expect("path");
+        let mut reader = ViewReader::new(dir.path(), UUID).expect("reader");
+        assert!(
+            matches!(reader.read(), Err(ViewError::Io { .. })),
+            "no view yet"
+        );
+        // Every view the coordinator writes (a rename each time) is read, however
+        // quickly they follow each other.
+        for written_ns in 1..=50 {
+            view(written_ns).write(dir.path()).expect("write");
+            assert_eq!(reader.read().expect("read").written_ns, written_ns);
+        }
+        // An unchanged file is not read again: the same text with another time, put in
+        // place with the same inode, length and modification time, is not seen.
+        let modified = std::fs::metadata(&path)
+            .expect("meta")
+            .modified()
+            .expect("mtime");
+        let text = view(50).render().replace("written_ns 50", "written_ns 49");
+        let file = OpenOptions::new().write(true).open(&path).expect("open");
+        file.write_all_at(text.as_bytes(), 0)
+            .expect("write in place");
+        file.set_modified(modified).expect("set mtime");
+        drop(file);
+        assert_eq!(reader.read().expect("kept").written_ns, 50);
+        // Any other change is seen: the time...
+        let file = OpenOptions::new().write(true).open(&path).expect("open");
+        file.set_modified(modified + std::time::Duration::from_millis(1))
+            .expect("set mtime");
+        drop(file);
+        assert_eq!(reader.read().expect("read").written_ns, 49);
+        // ...a removal (the view read last is forgotten), and a new file.
+        std::fs::remove_file(&path).expect("rm");
+        assert!(reader.read().is_err());
+        view(7).write(dir.path()).expect("write");
+        assert_eq!(reader.read().expect("read").written_ns, 7);
+    }
+
+    #[test]
+    fn a_reader_refuses_what_a_fresh_read_refuses() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = CardView::path_for(dir.path(), UUID).expect("path");
+        let mut reader = ViewReader::new(dir.path(), UUID).expect("reader");
+        view(1).write(dir.path()).expect("write");
+        assert!(reader.read().is_ok());
+        // Broken in place, then a link where the file was, then a view of another card:
+        // each is refused, never the view read before.
+        std::fs::write(&path, "garbage\n").expect("write");
+        assert!(matches!(reader.read(), Err(ViewError::Invalid { .. })));
+        let target = dir.path().join("elsewhere");
+        view(2).write(dir.path()).expect("write");
+        std::fs::rename(&path, &target).expect("mv");
+        std::os::unix::fs::symlink(&target, &path).expect("symlink");
+        assert!(reader.read().is_err(), "links are not followed");
+        assert!(reader.read().is_err(), "nor kept");
+        std::fs::remove_file(&path).expect("rm");
+        std::fs::write(&path, view(3).render().replace(UUID, "GPU-other")).expect("write");
+        assert!(matches!(reader.read(), Err(ViewError::Invalid { .. })));
+        assert!(matches!(
+            ViewReader::new(dir.path(), "../x"),
+            Err(ViewError::BadUuid(_))
+        ));
     }
 
     #[test]

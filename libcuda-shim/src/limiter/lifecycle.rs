@@ -235,6 +235,7 @@ pub(super) fn build_devices(
                 neighbours_active: AtomicBool::new(true),
                 card_dir: enforcer.config.card_state_dir.clone(),
                 container_id: enforcer.config.container_id.clone(),
+                card_view: Mutex::new(None),
                 slow: Mutex::new(Slow {
                     pending: VecDeque::new(),
                     pools: HashMap::new(),

@@ -62,6 +62,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+use vgpu_contract::cardview::ViewReader;
 use vgpu_contract::region::{Region, SLOT_LIMITER_WORDS, SlotId};
 
 use crate::cuda::*;
@@ -328,6 +329,8 @@ struct DeviceLimiter {
     /// Where the host's card views are, and who this container is in them.
     card_dir: Option<PathBuf>,
     container_id: Option<String>,
+    /// The card's view as last read (`publish::with_view`).
+    card_view: Mutex<Option<ViewReader>>,
     slow: Mutex<Slow>,
     /// Launches of each learned kernel while the trace is on (`trace::on`).
     traced: tables::Traced,

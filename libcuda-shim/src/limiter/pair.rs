@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 use vgpu_contract::clock::monotonic_ns;
 
 use super::sample::Sample;
-use super::trace::{self, Counter};
+use super::trace::{self, Counter, Part};
 use super::{DeviceLimiter, Slow, Target, duty};
 use crate::cuda::*;
 use crate::state::real;
@@ -176,9 +176,12 @@ impl DeviceLimiter {
         let (start, _) = self.charge(key, target, cost, setup, now, rate);
         let charged = duty::placed_cost(start, now, cost, setup);
         let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
+        let events_started = trace::ticks();
         // SAFETY: the pair's end event, of the current context (the first launch's, on
         // the same thread and stream), recorded on the caller's stream.
-        if unsafe { record(sample.end, target.stream()) } != CUDA_SUCCESS {
+        let recorded = unsafe { record(sample.end, target.stream()) } == CUDA_SUCCESS;
+        trace::part(Part::Events, events_started);
+        if !recorded {
             self.give_back(sample.context, &[sample.start, sample.end]);
             return Ok(result);
         }

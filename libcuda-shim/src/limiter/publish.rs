@@ -1,16 +1,19 @@
 //! Publishing: every `PUBLISH_NS` one thread of the process stamps its heartbeat, adds
 //! its measured busy time and launches to the usage region for the host's coordinator,
-//! and reads the host's card view: the charge factor for this container, and in soft
-//! mode the rate the card's contention allows. The tick also steers the fast path's
-//! clock (`super::fast_clock`) and points launches at the process's one device again
-//! where they may skip asking (`lifecycle::refresh_sole_device`).
+//! and reads the host's card view (again only once the coordinator replaced it): the
+//! charge factor for this container, and in soft mode the rate the card's contention
+//! allows. The tick also steers the fast path's clock (`super::fast_clock`) and points
+//! launches at the process's one device again where they may skip asking
+//! (`lifecycle::refresh_sole_device`).
 
+use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use vgpu_contract::cardview::{self, CardView};
+use vgpu_contract::cardview::{self, CardView, ViewReader};
 use vgpu_contract::limiter_words::slot as slot_words;
 
 use super::lifecycle::{self, SWITCHES};
+use super::trace::{self, Counter, Part};
 use super::{BUSY_BITS, DeviceLimiter, PUBLISH_NS, duty};
 use crate::debug;
 
@@ -29,7 +32,10 @@ impl DeviceLimiter {
                 )
                 .is_ok()
         {
+            let started = trace::ticks();
             self.publish(now_ns);
+            trace::part(Part::Publish, started);
+            trace::count(Counter::Publishes);
         }
         if let Ok(mut slow) = self.slow.try_lock() {
             self.settle(&mut slow, now_ns, false);
@@ -76,15 +82,22 @@ impl DeviceLimiter {
         let Some(dir) = self.card_dir.as_deref() else {
             return;
         };
-        let view = CardView::read(dir, &self.visible.uuid)
-            .map_err(|error| debug!("{error}; assuming the card is contended"))
-            .ok();
         let id = self.container_id.as_deref();
-        self.neighbours_active.store(
-            cardview::neighbours_active(view.as_ref(), id, now_ns),
-            Ordering::Relaxed,
-        );
-        let factor = cardview::charge_permille(view.as_ref(), id, now_ns);
+        let (neighbours_active, factor, allowed) = self.with_view(dir, |view| {
+            (
+                cardview::neighbours_active(view, id, now_ns),
+                cardview::charge_permille(view, id, now_ns),
+                cardview::allowed_percent(
+                    view,
+                    id,
+                    now_ns,
+                    (self.limit_ppm / 10_000) as u32,
+                    self.ceiling,
+                ),
+            )
+        });
+        self.neighbours_active
+            .store(neighbours_active, Ordering::Relaxed);
         let before = self.charge_permille.swap(factor, Ordering::Relaxed);
         if factor != before {
             debug!(
@@ -95,13 +108,6 @@ impl DeviceLimiter {
         if !self.soft {
             return;
         }
-        let allowed = cardview::allowed_percent(
-            view.as_ref(),
-            id,
-            now_ns,
-            (self.limit_ppm / 10_000) as u32,
-            self.ceiling,
-        );
         let wanted = duty::percent_ppm(allowed);
         let before = self.rate();
         if wanted != before {
@@ -112,5 +118,31 @@ impl DeviceLimiter {
             );
             self.shared.set_rate(wanted, now_ns, self.limit_ppm);
         }
+    }
+
+    /// Runs `judge` on the card's view in `dir` (`None`: none to be had, which means
+    /// "assume contended"), read again only when the coordinator replaced it
+    /// (`cardview::ViewReader`: one `lstat` a tick for a view already read).
+    fn with_view<R>(&self, dir: &Path, judge: impl FnOnce(Option<&CardView>) -> R) -> R {
+        let unreadable = |error: cardview::ViewError| {
+            debug!("{error}; assuming the card is contended");
+        };
+        // Never waits: publish ticks come one at a time, and a forked child builds its
+        // limiter afresh; a reader busy all the same is read around.
+        let Ok(mut reader) = self.card_view.try_lock() else {
+            let view = CardView::read(dir, &self.visible.uuid)
+                .map_err(unreadable)
+                .ok();
+            return judge(view.as_ref());
+        };
+        if reader.is_none() {
+            *reader = ViewReader::new(dir, &self.visible.uuid)
+                .map_err(unreadable)
+                .ok();
+        }
+        let view = reader
+            .as_mut()
+            .and_then(|reader| reader.read().map_err(unreadable).ok());
+        judge(view)
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::clock::{CLOCK_REFRESH_NS, GpuClock};
 use super::sample::{Charged, RelaxedCapture, Sample, destroy_events};
-use super::trace::{self, Counter};
+use super::trace::{self, Counter, Part};
 use super::{DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
 use crate::cuda::*;
 use crate::state::real;
@@ -25,6 +25,15 @@ impl DeviceLimiter {
             return;
         }
         slow.last_settle_ns = now_ns;
+        let started = trace::ticks();
+        self.settle_finished(slow, now_ns);
+        trace::part(Part::Settle, started);
+        trace::count(Counter::Settles);
+    }
+
+    /// `settle`'s work: every stream's oldest pending sample asked about, in relaxed
+    /// capture mode, and each finished one settled.
+    fn settle_finished(&self, slow: &mut Slow, now_ns: u64) {
         let query = real!(cuEventQuery as fn(CUevent) -> CUresult);
         let _relaxed = RelaxedCapture::enter();
         let rate = self.rate();

@@ -11,7 +11,7 @@ use vgpu_contract::limiter_words::slot as slot_words;
 
 use super::lifecycle::SWITCHES;
 use super::sample::{Charged, RelaxedCapture, Sample, destroy_events};
-use super::trace::{self, Counter};
+use super::trace::{self, Counter, Part};
 use super::{
     DeviceLimiter, FIRST_MEASURE_PATIENCE_NS, MAX_PENDING, MAX_PENDING_KNOWN, MIN_SLEEP_NS,
     POOL_TARGET, SLEEP_SLICE_NS, Slow, Target, Work, duty, kernel_key,
@@ -65,11 +65,13 @@ impl DeviceLimiter {
         }
         let rate = self.rate();
         let cost = known.map(|k| k.cost_ns).or(seed).unwrap_or(0);
+        let events_started = trace::ticks();
         let bracket = if due {
             self.begin_sample(target, !unknown)
         } else {
             None
         };
+        trace::part(Part::Events, events_started);
         if unknown && bracket.is_none() {
             trace::count(Counter::UnknownUnmeasured);
         }
@@ -133,8 +135,11 @@ impl DeviceLimiter {
             }
         }
         let record = real!(cuEventRecord as fn(CUevent, CUstream) -> CUresult);
+        let events_started = trace::ticks();
         // SAFETY: an event of the current context, recorded on the caller's stream.
-        if unsafe { record(end, target.stream()) } != CUDA_SUCCESS {
+        let recorded = unsafe { record(end, target.stream()) } == CUDA_SUCCESS;
+        trace::part(Part::Events, events_started);
+        if !recorded {
             self.give_back(context, &[start, end]);
             return result;
         }

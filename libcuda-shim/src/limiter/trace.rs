@@ -15,7 +15,9 @@
 //! path's clock read the time-stamp counter (`fast_clock_counter 1`) or the vDSO (`0`).
 //! `slow_path_own_ns` is the same for the launches that went the slow way (samples'
 //! events, settles, publish ticks), with their real launches and sleeps left out: the
-//! two together are all the limiter's own time on the launching threads.
+//! two together are all the limiter's own time on the launching threads. Three parts of
+//! the slow path's are given apart: `publish_own_ns` (over `publishes` ticks),
+//! `settle_own_ns` (over `settles`) and `sample_events_own_ns` (over `sampled`).
 //! Each device's line is followed by a `kernel COST SAMPLES LAUNCHES CHARGED CLASS NAME`
 //! line per learned kernel: its cost, its samples (saturating at 255), its launches and
 //! the busy ns charged for them while tracing (with its samples' corrections; a seed
@@ -121,6 +123,10 @@ pub enum Counter {
     ClockLate,
     /// The longest a launch waited on the bucket, ns (one launch's sleeps together).
     LongestWaitNs,
+    /// Publish ticks run from the slow path, and settles that looked at pending
+    /// samples: what [`Part::Publish`] and [`Part::Settle`] are divided by.
+    Publishes,
+    Settles,
 }
 
 const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
@@ -156,9 +162,29 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "clock_taken",
     "clock_late",
     "longest_wait_ns",
+    "publishes",
+    "settles",
 ];
 
-const COUNTERS_LEN: usize = Counter::LongestWaitNs as usize + 1;
+const COUNTERS_LEN: usize = Counter::Settles as usize + 1;
+
+/// The parts of the slow path's own time the trace gives apart (`part`), so that what a
+/// limited launch costs beyond the fast path is measured where it goes.
+#[derive(Clone, Copy)]
+pub enum Part {
+    /// Publish ticks (`super::publish`): the region's words, the card's view, the fast
+    /// clock's steering.
+    Publish,
+    /// Settles (`super::settle`): finished samples read back (a query, three elapsed
+    /// times each) and learned from, in relaxed capture mode (two driver calls).
+    Settle,
+    /// A sampled launch's own events: the context asked of the driver, the events
+    /// taken from the pool, and the two records.
+    Events,
+}
+
+const PART_NAMES: [&str; 3] = ["publish_own_ns", "settle_own_ns", "sample_events_own_ns"];
+static PART_TICKS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
 static COUNTERS: [AtomicU64; COUNTERS_LEN] = [const { AtomicU64::new(0) }; COUNTERS_LEN];
 
 /// Turns tracing on when `VGPU_LIMITER_TRACE` names a file (read once, when the
@@ -199,6 +225,13 @@ pub fn slow(started: u64, real_launch: u64) {
             .wrapping_sub(started)
             .saturating_sub(real_launch);
         SLOW_TICKS.fetch_add(spent, Ordering::Relaxed);
+    }
+}
+
+/// Adds the time since `started` (a [`ticks`] reading; 0 adds nothing) to `part`.
+pub fn part(part: Part, started: u64) {
+    if started != 0 {
+        PART_TICKS[part as usize].fetch_add(read_ticks().wrapping_sub(started), Ordering::Relaxed);
     }
 }
 
@@ -268,6 +301,9 @@ pub fn render(device_lines: &[String]) -> String {
     }
     let _ = writeln!(text, "fast_path_own_ns {}", own_ns());
     let _ = writeln!(text, "slow_path_own_ns {}", slow_own_ns());
+    for (name, ticks) in PART_NAMES.iter().zip(&PART_TICKS) {
+        let _ = writeln!(text, "{name} {}", ticks_ns(ticks.load(Ordering::Relaxed)));
+    }
     let _ = writeln!(
         text,
         "fast_clock_counter {}",
@@ -447,5 +483,25 @@ mod tests {
         slept(0);
         assert_eq!(SLOW_TICKS.load(Ordering::Relaxed), slow_before);
         assert_eq!(SLEPT_TICKS.load(Ordering::Relaxed), slept_before);
+    }
+
+    #[test]
+    fn a_part_of_the_slow_path_gets_the_time_from_its_start_and_nothing_while_off() {
+        start_the_tick_rate();
+        let ticks = |part: Part| PART_TICKS[part as usize].load(Ordering::Relaxed);
+        let before = (ticks(Part::Settle), ticks(Part::Publish));
+        let started = read_ticks();
+        spin(2_000_000);
+        part(Part::Settle, started);
+        let settled = ticks_ns(ticks(Part::Settle) - before.0);
+        // At least the 2 ms spun (a preempted thread only adds), and only to its part.
+        assert!(settled >= 1_900_000, "{settled} ns");
+        assert_eq!(ticks(Part::Publish), before.1);
+        part(Part::Publish, 0);
+        assert_eq!(ticks(Part::Publish), before.1, "a reading of 0 adds nothing");
+        let text = render(&[]);
+        for name in PART_NAMES {
+            assert!(text.contains(&format!("\n{name} ")), "{text}");
+        }
     }
 }

@@ -45,7 +45,16 @@ def trace_text(name):
         slow_launches = t["launches"] - t["fast_path"]
         each = f", {t['slow_path_own_ns'] / slow_launches:.0f} ns each" if slow_launches else ""
         total = (t.get("fast_path_own_ns", 0) + t["slow_path_own_ns"]) / t["launches"]
-        slow = (f", {slow_launches} slow path ({t['slow_path_own_ns'] / 1e6:.1f} ms of its own{each}),"
+        # Where the slow path's own time went (absent from older traces): publish ticks,
+        # settles, and sampled launches' events, each per time it ran.
+        parts = ", ".join(
+            f"{label} {t[name] / 1e3 / t[per]:.1f} us x {t[per]}"
+            for label, name, per in (("publish", "publish_own_ns", "publishes"),
+                                     ("settle", "settle_own_ns", "settles"),
+                                     ("events", "sample_events_own_ns", "sampled"))
+            if t.get(per) and name in t)
+        parts = f": {parts}" if parts else ""
+        slow = (f", {slow_launches} slow path ({t['slow_path_own_ns'] / 1e6:.1f} ms of its own{each}{parts}),"
                 f" {total:.0f} ns of own time a limited launch in all")
     # How many of them went on a thread's tab (absent from older traces).
     tabs = f", {t['tabbed']} on tabs" if "tabbed" in t else ""
