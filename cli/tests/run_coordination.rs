@@ -71,6 +71,30 @@ fn judgements(trace: &str, id: &str) -> Vec<Judged> {
         .collect()
 }
 
+/// Waits until a card view in `cards` lists a container as active (at most a minute: a
+/// run starts, is elected, and its first kernels are seen within a second or two).
+fn wait_for_an_active_container(cards: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let active = std::fs::read_dir(cards)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+            .filter_map(|text| vgpu_contract::cardview::CardView::parse(&text).ok())
+            .any(|view| view.containers.iter().any(|container| container.active));
+        if active {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no card view in {} listed an active container within a minute",
+            cards.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn two_runs_on_one_card_find_each_others_processes_and_charge_the_one_that_escapes() {
     // `vgpu run` with the host's driver (no --simulate) bind-mounts over the host's paths.
@@ -93,10 +117,13 @@ fn two_runs_on_one_card_find_each_others_processes_and_charge_the_one_that_escap
     // limiter (streams.c `h1ms`): beside a busy neighbour every sample of it is set
     // aside and it is charged a tenth of what it runs, so only the card's per-process
     // figures, found by its host PID, can catch it (`coordinator::escape_ratio`).
-    let runs = [
-        container(dir.path(), &streams, "w1ms", false),
-        container(dir.path(), &streams, "h1ms", true),
-    ];
+    // The tenant starts once the host's view has its neighbour active: its samples are
+    // only set aside beside an active neighbour, and a first sample of its long launches
+    // taken before that teaches the kernel's true cost, leaving nothing to escape (a
+    // fresh clone's run once saw its own count and the card's agree at 30 % throughout).
+    let honest = container(dir.path(), &streams, "w1ms", false);
+    wait_for_an_active_container(&dir.path().join("host/cards"));
+    let runs = [honest, container(dir.path(), &streams, "h1ms", true)];
     let mut ids = Vec::new();
     for run in runs {
         let pid = run.id();

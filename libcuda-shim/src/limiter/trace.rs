@@ -498,7 +498,11 @@ mod tests {
         assert!(settled >= 1_900_000, "{settled} ns");
         assert_eq!(ticks(Part::Publish), before.1);
         part(Part::Publish, 0);
-        assert_eq!(ticks(Part::Publish), before.1, "a reading of 0 adds nothing");
+        assert_eq!(
+            ticks(Part::Publish),
+            before.1,
+            "a reading of 0 adds nothing"
+        );
         let text = render(&[]);
         for name in PART_NAMES {
             assert!(text.contains(&format!("\n{name} ")), "{text}");
