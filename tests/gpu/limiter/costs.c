@@ -57,6 +57,8 @@ int main(void) {
     CHECK(cuEventRecord(end, stream));
     CHECK(cuStreamSynchronize(stream));
     TIME("cuEventElapsedTime", 1000000, cuEventElapsedTime(&ms, start, end));
+    unsigned mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    TIME("cuThreadExchangeStreamCaptureMode", 1000000, cuThreadExchangeStreamCaptureMode(&mode));
     // Launch loops: warm, then 200k launches bare, with an event pair every 50, every 500.
     for (int round = 0; round < 2; round++) {
         long every_of[] = {0, 50, 500};
@@ -77,6 +79,55 @@ int main(void) {
                    "\"drained_ns\": %.1f}\n",
                    round, every, (t1 - t0) / n * 1e9, (now_s() - t0) / n * 1e9);
         }
+    }
+    // Cold: what a sample and its settle cost inside a launch loop, where the launches
+    // between evict the driver's lines (the limiter's trace times a settle at about
+    // 11 us on an H100 against the microsecond the calls take in the loops above). Every
+    // 300 launches: the sampled launch's context read and two records, then the previous
+    // sample's settle (the capture mode set relaxed, a query, three elapsed times, the
+    // mode back), each call timed on its own.
+    {
+        enum { CTX, RECORD_START, RECORD_END, ENTER, QUERY, ELAPSED1, ELAPSED2, ELAPSED3, LEAVE, PARTS };
+        static const char *names[PARTS] = {"ctx", "record_start", "record_end", "enter_relaxed",
+                                           "query", "elapsed_1", "elapsed_2", "elapsed_3",
+                                           "leave_relaxed"};
+        double sum[PARTS] = {0};
+        long rounds = 1000, between = 300, settled = 0;
+        H reference, pending_start = start, pending_end = end;
+        CHECK(cuEventCreate(&reference, 0));
+        CHECK(cuEventRecord(reference, stream));
+        CHECK(cuStreamSynchronize(stream));
+        long long t;
+#define PART(part, call) do { t = now_ns(); CHECK(call); sum[part] += now_ns() - t; } while (0)
+        for (long r = 0; r < rounds; r++) {
+            for (long i = 0; i < between; i++)
+                CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+            PART(CTX, cuCtxGetCurrent(&current));
+            PART(RECORD_START, cuEventRecord(pending_start, stream));
+            CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+            PART(RECORD_END, cuEventRecord(pending_end, stream));
+            for (long i = 0; i < between; i++)
+                CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+            mode = 2;
+            PART(ENTER, cuThreadExchangeStreamCaptureMode(&mode));
+            t = now_ns();
+            CUresult done = cuEventQuery(pending_end);
+            sum[QUERY] += now_ns() - t;
+            if (done == 0) {
+                settled++;
+                PART(ELAPSED1, cuEventElapsedTime(&ms, pending_start, pending_end));
+                PART(ELAPSED2, cuEventElapsedTime(&ms, reference, pending_end));
+                PART(ELAPSED3, cuEventElapsedTime(&ms, reference, pending_start));
+            }
+            PART(LEAVE, cuThreadExchangeStreamCaptureMode(&mode));
+        }
+#undef PART
+        CHECK(cuStreamSynchronize(stream));
+        // The elapsed times are averaged over the settles that found the sample done.
+        for (int part = 0; part < PARTS; part++)
+            printf("{\"cold\": \"%s\", \"ns\": %.1f, \"of\": %ld}\n", names[part],
+                   sum[part] / ((part >= ELAPSED1 && part <= ELAPSED3) ? (settled ? settled : 1) : rounds),
+                   (part >= ELAPSED1 && part <= ELAPSED3) ? settled : rounds);
     }
     // The same loop with a clock read per launch (what the limiter's fast path adds).
     CHECK(cuStreamSynchronize(stream));

@@ -24,6 +24,7 @@ static CUresult (*cuEventCreate)(H *, unsigned);
 static CUresult (*cuEventRecord)(H, H);
 static CUresult (*cuEventQuery)(H);
 static CUresult (*cuEventElapsedTime)(float *, H, H);
+static CUresult (*cuThreadExchangeStreamCaptureMode)(unsigned *);
 static CUresult (*cuModuleLoadData)(H *, const void *);
 static CUresult (*cuModuleGetFunction)(H *, H, const char *);
 static CUresult (*cuLaunchKernel)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -48,6 +49,7 @@ static int load_driver(void) {
     LOAD(cuInit); LOAD(cuDeviceGet); LOAD(cuCtxCreate); LOAD(cuCtxGetCurrent);
     LOAD(cuStreamCreate); LOAD(cuStreamIsCapturing); LOAD(cuStreamSynchronize);
     LOAD(cuEventCreate); LOAD(cuEventRecord); LOAD(cuEventQuery); LOAD(cuEventElapsedTime);
+    LOAD(cuThreadExchangeStreamCaptureMode);
     LOAD(cuModuleLoadData); LOAD(cuModuleGetFunction); LOAD(cuLaunchKernel);
 #undef LOAD
     return 0;
