@@ -183,8 +183,9 @@ pub enum Part {
     Events,
 }
 
-const PART_NAMES: [&str; 3] = ["publish_own_ns", "settle_own_ns", "sample_events_own_ns"];
-static PART_TICKS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+const PARTS_LEN: usize = Part::Events as usize + 1;
+const PART_NAMES: [&str; PARTS_LEN] = ["publish_own_ns", "settle_own_ns", "sample_events_own_ns"];
+static PART_TICKS: [AtomicU64; PARTS_LEN] = [const { AtomicU64::new(0) }; PARTS_LEN];
 static COUNTERS: [AtomicU64; COUNTERS_LEN] = [const { AtomicU64::new(0) }; COUNTERS_LEN];
 
 /// Turns tracing on when `VGPU_LIMITER_TRACE` names a file (read once, when the
