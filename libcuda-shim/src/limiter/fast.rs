@@ -128,10 +128,15 @@ fn per_launch(
     }
     // A sample of two launches waiting for its second keeps the sample slot open.
     let pair_open = sample_open && device.pair_open.load(Ordering::Relaxed);
+    // Whether the bucket's hold is what sends this launch the slow way (for the trace).
+    let mut held = false;
     if let Some((known, false)) = estimate
         && !pair_open
-        && (device.shared.hold(now, rate, || device.refill_ns(now)) == 0
-            || device.rides_along(target, known.cost_ns, now, rate))
+        && {
+            held = device.shared.hold(now, rate, || device.refill_ns(now)) != 0
+                && !device.rides_along(target, known.cost_ns, now, rate);
+            !held
+        }
         && now < device.next_publish_ns.load(Ordering::Relaxed)
     {
         let launching = trace::ticks();
@@ -144,6 +149,9 @@ fn per_launch(
             trace::own(started, launching, launched);
         }
         return result;
+    }
+    if held {
+        trace::count(Counter::Held);
     }
     // The slow path's own time, its real launch left out (`trace::slow`; the readings
     // are 0 and nothing is added when tracing is off).

@@ -5,8 +5,8 @@
 //! counter is touched, so the launch path pays loads of a flag on the line of switches
 //! it reads anyway (`lifecycle::SWITCHES`).
 //!
-//! The counters say which way launches went (fast path, slow path, measured, skipped for
-//! a capture, or without a limiter for their device), what was charged (as measured, and
+//! The counters say which way launches went (fast path, slow path, held by the bucket,
+//! measured, skipped for a capture, or without a limiter for their device), what was charged (as measured, and
 //! after the host's correction factor), what the bucket made the process wait, and how
 //! samples fared (settled, dropped, never taken and why), and what the fast path itself
 //! cost: `fast_path_own_ns`, the wall time of the shim's own work in fast-path launches
@@ -127,6 +127,10 @@ pub enum Counter {
     /// samples: what [`Part::Publish`] and [`Part::Settle`] are divided by.
     Publishes,
     Settles,
+    /// Launches of a known kernel that went the slow way because the bucket held them
+    /// (in debt, and not riding along with queued work): what a limit that binds costs
+    /// in slow-path launches, apart from the samples and the publish ticks.
+    Held,
 }
 
 const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
@@ -164,9 +168,10 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "longest_wait_ns",
     "publishes",
     "settles",
+    "held",
 ];
 
-const COUNTERS_LEN: usize = Counter::Settles as usize + 1;
+const COUNTERS_LEN: usize = Counter::Held as usize + 1;
 
 /// The parts of the slow path's own time the trace gives apart (`part`), so that what a
 /// limited launch costs beyond the fast path is measured where it goes.

@@ -54,7 +54,9 @@ def trace_text(name):
                                      ("events", "sample_events_own_ns", "sampled"))
             if t.get(per) and name in t)
         parts = f": {parts}" if parts else ""
-        slow = (f", {slow_launches} slow path ({t['slow_path_own_ns'] / 1e6:.1f} ms of its own{each}{parts}),"
+        # Of them, those the bucket held (absent from older traces).
+        held = f"{t['held']} held, " if "held" in t else ""
+        slow = (f", {slow_launches} slow path ({held}{t['slow_path_own_ns'] / 1e6:.1f} ms of its own{each}{parts}),"
                 f" {total:.0f} ns of own time a limited launch in all")
     # How many of them went on a thread's tab (absent from older traces).
     tabs = f", {t['tabbed']} on tabs" if "tabbed" in t else ""
