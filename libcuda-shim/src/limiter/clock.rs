@@ -15,6 +15,8 @@ pub(super) const CLOCK_REFRESH_NS: u64 = 1_000_000_000;
 /// A reference is believed only when it is seen to have fired within this long of its
 /// record: the host time it stands for is then known within half of it.
 const FIRED_WITHIN_NS: u64 = 20_000;
+/// So a believed reference places an event's firing within this much of the truth.
+pub(super) const PLACED_WITHIN_NS: u64 = FIRED_WITHIN_NS / 2;
 /// After a reference that did not fire in time, the next try waits this long (the
 /// context's slice comes round within a few of them on a time-sliced card).
 const RETRY_NS: u64 = 10_000_000;
@@ -27,6 +29,21 @@ const RETRY_NS: u64 = 10_000_000;
 fn believed_at(recorded_ns: u64, seen_ns: u64) -> Option<u64> {
     let gap = seen_ns.checked_sub(recorded_ns)?;
     (gap <= FIRED_WITHIN_NS).then_some(recorded_ns + gap / 2)
+}
+
+/// An event's firing time `at` on the host's clock, as a believed reference placed it, if
+/// it is to be believed for a sample seen finished at `seen_ns` and settled in a slow path
+/// that read its clock at `now_ns` (before the sighting). A firing after `now_ns` is no
+/// wonder: the sample may have finished between that read and the query that found it
+/// done. One up to [`PLACED_WITHIN_NS`] past the sighting is the reference's own error
+/// and stands for the sighting; later, or [`CLOCK_REFRESH_NS`] four times before
+/// `now_ns`, it says something is wrong (a reference of another context's clock, say)
+/// and the sample is placed by its projection.
+pub(super) fn believable(at: u64, seen_ns: u64, now_ns: u64) -> Option<u64> {
+    let seen_ns = seen_ns.max(now_ns);
+    (at <= seen_ns.saturating_add(PLACED_WITHIN_NS)
+        && at.saturating_add(CLOCK_REFRESH_NS * 4) >= now_ns)
+        .then_some(at.min(seen_ns))
 }
 
 /// A believed reference event of one context (`GpuClock`).
@@ -214,6 +231,21 @@ mod tests {
             as_if_recorded(reference_recorded, since),
             work_ended - latency
         );
+    }
+
+    #[test]
+    fn a_sample_that_finished_after_the_slow_path_read_its_clock_is_placed_where_it_fired() {
+        let (now, seen) = (10_000_000_000, 10_000_030_000);
+        // Fired 10 us after the slow path's clock read, seen 20 us later: believed.
+        assert_eq!(believable(now + 10_000, seen, now), Some(now + 10_000));
+        assert_eq!(believable(now - 5_000, seen, now), Some(now - 5_000));
+        // Placed a little past the sighting: the reference's own error, the sighting.
+        assert_eq!(believable(seen + PLACED_WITHIN_NS, seen, now), Some(seen));
+        // Further past it, or seconds old: not believed.
+        assert_eq!(believable(seen + PLACED_WITHIN_NS + 1, seen, now), None);
+        assert_eq!(believable(now - CLOCK_REFRESH_NS * 4 - 1, seen, now), None);
+        // A sighting read before the slow path's clock (cannot happen) counts as then.
+        assert_eq!(believable(now, now - 1, now), Some(now));
     }
 
     #[test]

@@ -5,12 +5,13 @@
 
 use std::sync::atomic::Ordering;
 
-use super::clock::{CLOCK_REFRESH_NS, GpuClock};
+use super::clock::{GpuClock, believable};
 use super::sample::{Charged, RelaxedCapture, Sample, destroy_events};
 use super::trace::{self, Counter, Part};
 use super::{DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
 use crate::cuda::*;
 use crate::state::real;
+use vgpu_contract::clock::monotonic_ns;
 
 impl DeviceLimiter {
     /// Reads finished samples: learns their cost and corrects the bucket by what their
@@ -104,13 +105,17 @@ impl DeviceLimiter {
         };
         let pool = slow.pools.entry(sample.context).or_default();
         let reference = clock.and_then(|clock| clock.reference(pool, now_ns));
-        let sane = |at: &u64| *at <= now_ns && at.saturating_add(CLOCK_REFRESH_NS * 4) >= now_ns;
+        // Seen finished just now, perhaps well after `now_ns` (`clock::believable`).
+        let seen_ns = monotonic_ns();
         let end_fired = reference
             .and_then(|reference| reference.fired(sample.end))
-            .filter(sane);
+            .and_then(|at| believable(at, seen_ns, now_ns));
         let start_as_if_recorded = reference
             .and_then(|reference| reference.as_if_recorded(sample.start))
-            .filter(sane);
+            .and_then(|at| believable(at, seen_ns, now_ns));
+        if end_fired.is_none() {
+            trace::count(Counter::PlacedByProjection);
+        }
         let gap = sample.idle_gap_ns(start_as_if_recorded);
         // A pair teaches the set-up, not a kernel's cost; it is corrected as one known
         // launch over its projection's span.

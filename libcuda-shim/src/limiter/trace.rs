@@ -131,6 +131,10 @@ pub enum Counter {
     /// (in debt, and not riding along with queued work): what a limit that binds costs
     /// in slow-path launches, apart from the samples and the publish ticks.
     Held,
+    /// Settled samples placed by their projection, not by the GPU's clock: no believed
+    /// reference (events waiting for the context's slice) or a firing time not to be
+    /// believed (`super::clock::believable`).
+    PlacedByProjection,
 }
 
 const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
@@ -169,9 +173,10 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "publishes",
     "settles",
     "held",
+    "placed_by_projection",
 ];
 
-const COUNTERS_LEN: usize = Counter::Held as usize + 1;
+const COUNTERS_LEN: usize = Counter::PlacedByProjection as usize + 1;
 
 /// The parts of the slow path's own time the trace gives apart (`part`), so that what a
 /// limited launch costs beyond the fast path is measured where it goes.

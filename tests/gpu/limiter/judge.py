@@ -68,7 +68,10 @@ def trace_text(name):
     return (f" [{name}: {t['launches']} limited launches, {t.get('fast_path', 0)} fast path{own}{tabs}{slow}, "
             f"{t.get('sampled', 0)} sampled ({t.get('settled_idle', 0)} on an idle stream, "
             f"{t.get('settled_idle_discounted', 0)} of them taken to time a neighbour's slice"
-            + (f", {t['doubtful_samples']} doubtful" if "doubtful_samples" in t else "") + "), "
+            + (f", {t['doubtful_samples']} doubtful" if "doubtful_samples" in t else "")
+            # Placed by their projections, not the GPU's clock (absent from older traces).
+            + (f", {t['placed_by_projection']} placed by projection" if "placed_by_projection" in t else "")
+            + "), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
             f"{t.get('waits', 0)} waits for {t.get('waited_ns', 0) / 1e6:.0f} ms (longest "
             f"{t.get('longest_wait_ns', 0) / 1e6:.1f}), charged {charged:.0f} ms{against}, clock references "
