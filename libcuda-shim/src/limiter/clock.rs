@@ -57,17 +57,19 @@ pub(super) struct Reference {
 }
 
 impl Reference {
-    /// When `event` fired, on the host's clock.
-    pub(super) fn fired(self, event: CUevent) -> Option<u64> {
-        Some(self.fired_ns.saturating_add_signed(self.since(event)?))
+    /// When an event that fired `since_ns` after the reference (`Reference::since`)
+    /// fired, on the host's clock.
+    pub(super) fn fired(self, since_ns: i64) -> u64 {
+        self.fired_ns.saturating_add_signed(since_ns)
     }
 
-    /// When `event` would have been recorded had it fired as soon after its record call
-    /// as the reference did after its own, on the host's clock. An event recorded on an
-    /// idle stream comes out at its record call (the card's fetch of it, the latency from
-    /// the record to the firing, is the reference's too and cancels), whatever the
-    /// reference's query loop made of the moment it fired; an event that waited for work
-    /// queued before it comes out that latency before the work ended.
+    /// When an event that fired `since_ns` after the reference would have been recorded
+    /// had it fired as soon after its record call as the reference did after its own, on
+    /// the host's clock. An event recorded on an idle stream comes out at its record call
+    /// (the card's fetch of it, the latency from the record to the firing, is the
+    /// reference's too and cancels), whatever the reference's query loop made of the
+    /// moment it fired; an event that waited for work queued before it comes out that
+    /// latency before the work ended.
     ///
     /// This, not [`Reference::fired`], says how long a sampled kernel's stream stood idle
     /// before the kernel was submitted (`Sample::idle_gap_ns`). Measured by the firing
@@ -75,19 +77,21 @@ impl Reference {
     /// charged the card's fetch of its kernel besides the kernel: on an H100 an empty
     /// kernel's samples came to 3.76 us for launches 3.05 us apart, and a `--cores 99`
     /// launch loop ran at 1.13-1.23x of bare (BENCHMARKS run 17).
-    pub(super) fn as_if_recorded(self, event: CUevent) -> Option<u64> {
-        Some(as_if_recorded(self.recorded_ns, self.since(event)?))
+    pub(super) fn as_if_recorded(self, since_ns: i64) -> u64 {
+        as_if_recorded(self.recorded_ns, since_ns)
     }
 
-    /// GPU time from the reference to `event`, ns.
-    fn since(self, event: CUevent) -> Option<i64> {
+    /// GPU time from the reference to `event`, ns; the driver's error where it has none
+    /// (`CUDA_ERROR_NOT_READY`: `event` has not fired yet).
+    pub(super) fn since(self, event: CUevent) -> Result<i64, CUresult> {
         let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
         let mut ms = 0f32;
-        // SAFETY: valid out-pointer; two events of one context, both complete.
-        if unsafe { elapsed(&mut ms, self.event, event) } != CUDA_SUCCESS || !ms.is_finite() {
-            return None;
+        // SAFETY: valid out-pointer; two events of one context.
+        match unsafe { elapsed(&mut ms, self.event, event) } {
+            CUDA_SUCCESS if ms.is_finite() => Ok((ms as f64 * 1e6) as i64),
+            CUDA_SUCCESS => Err(CUDA_ERROR_INVALID_VALUE),
+            error => Err(error),
         }
-        Some((ms as f64 * 1e6) as i64)
     }
 }
 

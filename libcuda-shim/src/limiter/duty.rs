@@ -429,8 +429,8 @@ pub const SETTLED_SAMPLES: u32 = 32;
 /// time, nothing of the process's own can hold a kernel, and beside a busy neighbour
 /// the 200 us gap taught a decode loop costs of 54-93 us for kernels it learned at
 /// 10-11 us with 1 ms, and its steps stalled (50/50: max 10.5 ms against 3.2 and 5.3;
-/// the bare pair's 2.7-3.6). Samples cost too: two event records, a query and an
-/// elapsed time; the 200 us gap sampled one launch in 40 of a 4 us launch loop.
+/// the bare pair's 2.7-3.6). Samples cost too: two event records and two elapsed
+/// times (`Sample::read`); the 200 us gap sampled one launch in 40 of a 4 us launch loop.
 pub fn sample_gap_ns(samples: u32, overlapped: bool) -> u64 {
     if overlapped || samples < SETTLED_SAMPLES {
         SAMPLE_GAP_NS

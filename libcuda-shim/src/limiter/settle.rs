@@ -5,19 +5,17 @@
 
 use std::sync::atomic::Ordering;
 
-use super::clock::{GpuClock, believable};
-use super::sample::{Charged, RelaxedCapture, Sample, destroy_events};
+use super::clock::{GpuClock, Reference, believable};
+use super::sample::{Charged, Reading, RelaxedCapture, Sample, Timed, destroy_events};
 use super::trace::{self, Counter, Part};
 use super::{DeviceLimiter, SETTLE_EVERY_NS, Slow, duty};
-use crate::cuda::*;
-use crate::state::real;
 use vgpu_contract::clock::monotonic_ns;
 
 impl DeviceLimiter {
     /// Reads finished samples: learns their cost and corrects the bucket by what their
     /// measured run adds to the union beyond what was charged. Rate-limited unless
     /// `force`. Events of one stream complete in order, so only the oldest pending
-    /// sample of each stream is asked about: with the GPU far behind the host, one query
+    /// sample of each stream is asked about: with the GPU far behind the host, one call
     /// per stream, not one per pending sample.
     pub(super) fn settle(&self, slow: &mut Slow, now_ns: u64, force: bool) {
         if slow.pending.is_empty()
@@ -35,7 +33,6 @@ impl DeviceLimiter {
     /// `settle`'s work: every stream's oldest pending sample asked about, in relaxed
     /// capture mode, and each finished one settled.
     fn settle_finished(&self, slow: &mut Slow, now_ns: u64) {
-        let query = real!(cuEventQuery as fn(CUevent) -> CUresult);
         let _relaxed = RelaxedCapture::enter();
         let rate = self.rate();
         // Streams whose oldest pending sample is still running.
@@ -47,71 +44,58 @@ impl DeviceLimiter {
                 index += 1;
                 continue;
             }
-            // SAFETY: an event we created and recorded.
-            let state = unsafe { query(slow.pending[index].end) };
-            if state == CUDA_ERROR_NOT_READY {
-                running.push(stream_key);
-                index += 1;
-                continue;
-            }
+            let reference = reference(slow, slow.pending[index].context, now_ns);
+            let timed = match slow.pending[index].read(reference) {
+                Reading::Running => {
+                    running.push(stream_key);
+                    index += 1;
+                    continue;
+                }
+                Reading::Failed => None,
+                // Seen finished now, perhaps well after `now_ns`.
+                Reading::Timed(timed) => Some((timed, monotonic_ns())),
+            };
             let Some(sample) = slow.pending.remove(index) else {
                 break;
             };
             if sample.holds_unknowns_back() {
                 self.unknown_in_flight.fetch_sub(1, Ordering::AcqRel);
             }
-            self.settle_one(slow, sample, state == CUDA_SUCCESS, now_ns, rate);
+            self.settle_one(slow, sample, timed, reference, now_ns, rate);
         }
     }
 
-    /// Learns from one finished sample (`completed`: its end event fired; else it failed)
-    /// and corrects the bucket and the projections by where it really ran.
+    /// Learns from one finished sample (`timed`: what its events said and when it was
+    /// seen finished; `None`: they are no good) and corrects the bucket and the projections by where it really ran
+    /// (placed by its context's `reference` where one stands).
     pub(super) fn settle_one(
         &self,
         slow: &mut Slow,
         sample: Sample,
-        completed: bool,
+        timed: Option<(Timed, u64)>,
+        reference: Option<Reference>,
         now_ns: u64,
         rate: u64,
     ) {
-        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
-        let mut ms = 0f32;
-        // SAFETY: valid out-pointer; both events recorded on one stream.
-        let measured = completed
-            && unsafe { elapsed(&mut ms, sample.start, sample.end) } == CUDA_SUCCESS
-            && ms.is_finite();
-        if !measured {
+        let Some((timed, seen_ns)) = timed else {
             // A destroyed context or a failed launch: the events are no good.
             trace::count(Counter::Dropped);
             slow.pools.remove(&sample.context);
             slow.clocks.remove(&sample.context);
             destroy_events(&[sample.start, sample.end]);
             return;
-        }
-        trace::count(Counter::Settled);
-        let elapsed_ns = (ms.max(0.0) as f64 * 1e6) as u64;
-        // When its events fired on the host's clock: by the context's reference event
-        // when there is one (and it says something sane).
-        let clock = match slow.clocks.entry(sample.context) {
-            std::collections::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
-            // Its stream must be made in the sample's own context.
-            std::collections::hash_map::Entry::Vacant(entry)
-                if crate::current::current()
-                    .is_some_and(|(context, _)| context == sample.context) =>
-            {
-                GpuClock::new().map(|c| entry.insert(c))
-            }
-            std::collections::hash_map::Entry::Vacant(_) => None,
         };
-        let pool = slow.pools.entry(sample.context).or_default();
-        let reference = clock.and_then(|clock| clock.reference(pool, now_ns));
-        // Seen finished just now, perhaps well after `now_ns` (`clock::believable`).
-        let seen_ns = monotonic_ns();
-        let end_fired = reference
-            .and_then(|reference| reference.fired(sample.end))
+        trace::count(Counter::Settled);
+        let elapsed_ns = timed.elapsed_ns;
+        // When its events fired on the host's clock, by the context's reference event
+        // (where it says something believable: `clock::believable`; seen finished at
+        // `seen_ns`, perhaps well after `now_ns`).
+        let placed = reference.zip(timed.since_reference);
+        let end_fired = placed
+            .map(|(reference, (_, end))| reference.fired(end))
             .and_then(|at| believable(at, seen_ns, now_ns));
-        let start_as_if_recorded = reference
-            .and_then(|reference| reference.as_if_recorded(sample.start))
+        let start_as_if_recorded = placed
+            .map(|(reference, (start, _))| reference.as_if_recorded(start))
             .and_then(|at| believable(at, seen_ns, now_ns));
         if end_fired.is_none() {
             trace::count(Counter::PlacedByProjection);
@@ -278,4 +262,20 @@ impl DeviceLimiter {
         self.estimates.record(sample.key, ns);
         ns
     }
+}
+
+/// The reference event usable now in `context` (`GpuClock::reference`), its clock made
+/// where there is none yet and the context is the calling thread's (its stream must be
+/// made in the sample's own context).
+fn reference(slow: &mut Slow, context: usize, now_ns: u64) -> Option<Reference> {
+    let clock = match slow.clocks.entry(context) {
+        std::collections::hash_map::Entry::Occupied(entry) => Some(entry.into_mut()),
+        std::collections::hash_map::Entry::Vacant(entry)
+            if crate::current::current().is_some_and(|(current, _)| current == context) =>
+        {
+            GpuClock::new().map(|clock| entry.insert(clock))
+        }
+        std::collections::hash_map::Entry::Vacant(_) => None,
+    }?;
+    clock.reference(slow.pools.entry(context).or_default(), now_ns)
 }

@@ -185,8 +185,8 @@ pub enum Part {
     /// Publish ticks (`super::publish`): the region's words, the card's view, the fast
     /// clock's steering.
     Publish,
-    /// Settles (`super::settle`): finished samples read back (a query, three elapsed
-    /// times each) and learned from, in relaxed capture mode (two driver calls).
+    /// Settles (`super::settle`): finished samples read back (two elapsed times each,
+    /// `Sample::read`) and learned from, in relaxed capture mode (two driver calls).
     Settle,
     /// A sampled launch's own events: the context asked of the driver, the events
     /// taken from the pool, and the two records.
