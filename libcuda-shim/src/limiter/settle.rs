@@ -66,8 +66,9 @@ impl DeviceLimiter {
     }
 
     /// Learns from one finished sample (`timed`: what its events said and when it was
-    /// seen finished; `None`: they are no good) and corrects the bucket and the projections by where it really ran
-    /// (placed by its context's `reference` where one stands).
+    /// seen finished; `None`: they are no good) and corrects the bucket and the
+    /// projections by where it really ran (placed by its context's `reference` where one
+    /// stands).
     pub(super) fn settle_one(
         &self,
         slow: &mut Slow,
