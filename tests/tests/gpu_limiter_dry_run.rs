@@ -525,7 +525,10 @@ fn the_loops_run_in_interleaved_rounds_over_the_sim() {
         assert_eq!(run.rc(name), Some(0), "{name}: ended on quit");
         let state = run.state(name);
         assert_eq!(state["rounds"], 4, "{name}: {state}");
-        assert!(state["failed"].is_null(), "{name}: {state}");
+        assert!(
+            state["failed"].is_null() && state["exit"].is_null(),
+            "{name}: {state}"
+        );
         let limited = ["30", "60", "99", "50"]
             .iter()
             .any(|limit| name.ends_with(limit));

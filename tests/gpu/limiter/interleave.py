@@ -25,7 +25,9 @@ deadline; the runs' own `timeout` is the last resort for a process stuck in the 
 
 LOGS/rounds.json (rewritten after every stage, so a coordinator killed mid-way leaves
 what it knew): {"cycles", "lead_s", "groups", "order" (each cycle's), "runs": {NAME:
-{"ready", "rounds", "failed" (why, or null), "rc"}}, "wall_s"}.
+{"ready", "rounds", "failed" (why it was given up, or null), "rc", "exit" (how a run
+that did all its rounds ended, where not as asked: a note, not a failure, as a one-shot
+run's exit status was not judged either)}}, "wall_s"}.
 """
 import argparse
 import json
@@ -65,6 +67,7 @@ class Run:
         self.failed = None
         self.closed = False
         self.rc = None
+        self.exit = None
 
     def rc_file(self):
         """The run's exit status once its wrapper wrote it, else None."""
@@ -164,7 +167,8 @@ def main():
     def write_state():
         state = {"cycles": args.cycles, "lead_s": args.lead,
                  "groups": [{"seconds": s, "runs": n} for s, n in groups], "order": orders,
-                 "runs": {r.name: {"ready": r.ready, "rounds": r.rounds, "failed": r.failed, "rc": r.rc}
+                 "runs": {r.name: {"ready": r.ready, "rounds": r.rounds, "failed": r.failed, "rc": r.rc,
+                                  "exit": r.exit}
                           for r in runs.values()},
                  "wall_s": round(time.monotonic() - began, 1)}
         with open(state_path + ".new", "w") as f:
@@ -206,9 +210,9 @@ def main():
         if run in live:
             run.close()
             if run.rc is None:
-                run.failed = f"not ended within {args.exit_s:g} s of quit"
+                run.exit = f"not ended within {args.exit_s:g} s of quit"
             elif run.rc != 0:
-                run.failed = f"ended with rc={run.rc} after its rounds"
+                run.exit = f"ended with rc={run.rc} after its rounds"
     write_state()
     failed = [r.name for r in runs.values() if r.failed]
     print(f"interleave: {args.cycles} cycles in {time.monotonic() - began:.1f} s"

@@ -308,6 +308,13 @@ def given_up(name):
     return f"{state['failed']}; {why(name)}" if state.get("failed") else None
 
 
+def exit_note(name):
+    """How run NAME ended after all its rounds, where not as asked (a note: its figures
+    stand, as a one-shot run's did whatever its exit status), or ""."""
+    state = ((ROUNDS or {}).get("runs") or {}).get(name) or {}
+    return f" ({name} {state['exit']})" if state.get("exit") else ""
+
+
 def cycle_ratios(name, base_name, key="steps_per_s"):
     """{cycle: run NAME's `key` / BASE_NAME's} over the cycles both have a round of."""
     runs, bases = LOGS.cycles(name), LOGS.cycles(base_name)
@@ -412,7 +419,7 @@ if have_torch:
                + (f", card {base_util}% busy" if n == "bare" else "")
                + share_text(base_util, share, target)
                + (" (before: 886 bare, 756 at 60)" if n != "30" else "")
-               + ("" if n == "bare" else trace_text(name)),
+               + ("" if n == "bare" else trace_text(name)) + exit_note(name),
                **res, **({} if n == "bare" else ratio_fields(ratio, ratios)),
                **({"bare_card_util": base_util} if n != "bare" else {}))
     if standin:
@@ -448,7 +455,7 @@ if have_torch:
                + (share_text(util, share, target) if share is not None
                   else ", target 50+-5 (no bare NVML figure: the limit taken as binding)")
                + " (before: 48.8% of bare; 102.4% measured with the check against 50)"
-               + trace_text("train-50"),
+               + trace_text("train-50") + exit_note("train-bare") + exit_note("train-50"),
                share=round(value, 2), card_share=share, card_target=target,
                bare_card_util=util, **ratio_fields(ratio, ratios))
     else:
@@ -467,7 +474,8 @@ if have_torch:
             record(check, "INFO",
                    f"{res['steps_per_s']:.1f} steps/s {how}, {ratio:.2f}x bare{ratios_text(ratios)} "
                    f"({bare_res['steps_per_s']:.1f}{rounds_text(bare_res)})"
-                   + (trace_text(name) if name.endswith("99") else ""), **res, **ratio_fields(ratio, ratios))
+                   + (trace_text(name) if name.endswith("99") else "") + exit_note(name),
+                   **res, **ratio_fields(ratio, ratios))
         else:
             record(check, "FAIL", gone or missing or f"{why(bare_name)}; {why(name)}")
 else:

@@ -230,8 +230,9 @@ if [ "$LOOPS" != 0 ]; then
     # The host-bound loops, bare, limited, with a memory quota and no compute limit (what
     # the shims cost them without the limiter) and decode at 99 (the limiter's work
     # where its limit never holds). A host's pace drifts by a quarter within a minute
-    # (run 20: decode bare 1151 steps/s, 30 s later 1476 with a memory quota only; the
-    # last H100 run failed decode at 30 both ways from drift alone), so runs made one
+    # (run 20: decode bare 1151 steps/s, 30 s later 1476 with a memory quota only; an
+    # H100 run failed decode at 30 both ways from drift alone, 1.38x bare on one host
+    # and 0.79x on another, where the memory quota alone ran 0.88x), so runs made one
     # after another are not compared: every run is one process, started once, all eight
     # at once (each holds a CUDA context and at most a few GiB), and interleave.py runs
     # short rounds of them in turn, one computing at a time, in a different order each
@@ -258,7 +259,7 @@ if [ "$LOOPS" != 0 ]; then
             decode-*) step "$run" "$rounds_limit" "${run#decode-}" "${decode[@]}" serve "$FIFOS/$run" & ;;
             train-*) step "$run" "$rounds_limit" "${run#train-}" "${train[@]}" serve "$FIFOS/$run" & ;;
         esac
-        servers+=($!)
+        servers+=("$!")
     done
     timeout -k 5 $(( rounds_limit + 30 )) python3 "$HERE/interleave.py" "$FIFOS" "$LOGS" \
         --cycles "$ROUND_CYCLES" --lead "$ROUND_LEAD_S" --ready-s "$ROUNDS_READY_S" \
