@@ -5,7 +5,10 @@
 //! there with a verdict, what cannot run here is skipped rather than failed, and no step
 //! died without a result), not the sim's figures, which the limiter's own tests judge
 //! (`libcuda-shim/tests/limiter.rs`). One rule of a judge's own, which the sim's card
-//! cannot reach (its turns cost no work), is judged over made-up logs.
+//! cannot reach (its turns cost no work), is judged over made-up logs, and so is the
+//! per-cycle math of the host-bound loops' rounds. Those rounds (part `torch`:
+//! persistent processes served by `rounds.py`, coordinated by `interleave.py`) run here
+//! with `standin.py` in PyTorch's place, healthy and with broken runs.
 //!
 //! Needs root (`vgpu run`'s namespaces), a C compiler and python3.
 
@@ -341,4 +344,439 @@ fn limits_that_fill_the_card_are_judged_by_what_two_busy_unlimited_containers_go
         "the missing unlimited pair fails: {:?}",
         found["two-bare-w1ms"]
     );
+}
+
+/// A finished run of `run_limiter.sh`'s part `torch` with standin.py in the loops' place:
+/// its records, its OUT, and the sim host (whose folder holds OUT) kept alive.
+struct RoundsRun {
+    _host: SimHost,
+    out: std::path::PathBuf,
+    found: BTreeMap<String, (String, String)>,
+    took: std::time::Duration,
+}
+
+impl RoundsRun {
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.out.join("logs").join(name)).unwrap_or_default()
+    }
+
+    /// interleave.py's account of run `name` in rounds.json.
+    fn state(&self, name: &str) -> serde_json::Value {
+        let text = self.log("rounds.json");
+        let state: serde_json::Value = serde_json::from_str(&text).expect("rounds.json");
+        state["runs"][name].clone()
+    }
+
+    /// The cycles of run `name`'s RESULT lines, in order.
+    fn cycles(&self, name: &str) -> Vec<u64> {
+        self.log(&format!("{name}.out"))
+            .lines()
+            .filter_map(|line| line.strip_prefix("RESULT "))
+            .map(|json| {
+                let value: serde_json::Value = serde_json::from_str(json).expect("a RESULT");
+                value["cycle"].as_u64().expect("a round's cycle")
+            })
+            .collect()
+    }
+
+    fn rc(&self, name: &str) -> Option<i32> {
+        self.log(&format!("{name}.rc")).trim().parse().ok()
+    }
+
+    fn has_trace(&self, name: &str) -> bool {
+        std::fs::read_dir(self.out.join("logs"))
+            .expect("logs/")
+            .any(|entry| {
+                let file = entry.expect("an entry").file_name();
+                file.to_string_lossy()
+                    .starts_with(&format!("{name}.trace."))
+            })
+    }
+}
+
+const LOOP_RUNS: [&str; 8] = [
+    "decode-bare",
+    "decode-30",
+    "decode-60",
+    "decode-unlimited",
+    "decode-99",
+    "train-bare",
+    "train-50",
+    "train-unlimited",
+];
+/// The checks part `torch` writes.
+const LOOP_CHECKS: [&str; 8] = [
+    "event-on-an-idle-stream-beside-a-busy-process",
+    "decode-bare",
+    "decode-30",
+    "decode-60",
+    "training-at-50",
+    "decode-without-a-limit",
+    "decode-at-99",
+    "training-without-a-limit",
+];
+/// What every part-`torch` dry run is given: 4 cycles of short rounds (a lead-in of 0.1 s
+/// and 0.2 s or 0.3 s measured: about 11 s of rounds).
+const SHORT_ROUNDS: [(&str, &str); 7] = [
+    ("PARTS", "torch"),
+    ("TORCH_STANDIN", "1"),
+    ("ROUND_CYCLES", "4"),
+    ("ROUND_LEAD_S", "0.1"),
+    ("DECODE_ROUND_S", "0.2"),
+    ("TRAIN_ROUND_S", "0.3"),
+    ("STANDIN_FAULTS", ""),
+];
+
+/// `run_limiter.sh` with `PARTS=torch` and standin.py over the sim, with `env` on top
+/// of [`SHORT_ROUNDS`]; killed (and the test failed) if it takes longer than `limit`:
+/// nothing in it may hang.
+fn rounds_run(env: &[(&str, &str)], limit: std::time::Duration) -> Option<RoundsRun> {
+    require!(
+        return None;
+        Need::Root,
+        Need::program("python3", "apt-get install python3")
+    );
+    let host = SimHost::new(1);
+    let prefix = host.install();
+    let out = host.dir.path().join("torch");
+    let mut command = Command::new("bash");
+    command
+        .arg(repo_root().join("tests/gpu/limiter/run_limiter.sh"))
+        .arg(&prefix)
+        .arg(&out)
+        .env("SIMULATE", "1")
+        .envs(SHORT_ROUNDS)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(host.dir.path().join("run.txt")).expect("run.txt"));
+    let began = std::time::Instant::now();
+    let mut child = host.apply(&mut command).spawn().expect("run the script");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the script") {
+            break status;
+        }
+        if began.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "run_limiter.sh PARTS=torch still running after {limit:?}:\n{}",
+                std::fs::read_to_string(host.dir.path().join("run.txt")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let took = began.elapsed();
+    assert!(
+        out.join("records.tsv").exists(),
+        "{status}: {}",
+        std::fs::read_to_string(host.dir.path().join("run.txt")).unwrap_or_default()
+    );
+    let found = records(&out);
+    Some(RoundsRun {
+        _host: host,
+        out,
+        found,
+        took,
+    })
+}
+
+/// Part `torch` (the host-bound loops) as interleaved rounds of eight persistent
+/// processes: every run is served every cycle's round under its own wrapper, ends on
+/// `quit` (the limited ones leave their limiter trace), and each comparison is judged by
+/// its per-cycle ratios. standin.py stands in for PyTorch; its figures over the sim are
+/// not judged here.
+#[test]
+fn the_loops_run_in_interleaved_rounds_over_the_sim() {
+    let Some(run) = rounds_run(&[], std::time::Duration::from_secs(240)) else {
+        return;
+    };
+    for check in LOOP_CHECKS {
+        let Some((verdict, figure)) = run.found.get(check) else {
+            panic!(
+                "{check} missing: {:?}",
+                run.found.keys().collect::<Vec<_>>()
+            );
+        };
+        if check.starts_with("event-") {
+            assert_eq!(verdict, "SKIP", "{check}: {figure}");
+            continue;
+        }
+        assert!(
+            ["PASS", "FAIL", "INFO"].contains(&verdict.as_str()),
+            "{check}: {verdict} {figure}"
+        );
+        assert!(
+            !figure.contains("given up") && !figure.starts_with("rc="),
+            "{check}: {figure}"
+        );
+        if check != "decode-bare" {
+            assert!(
+                figure.contains("median of 4 cycles' ratios"),
+                "{check} is judged by its per-cycle ratios: {figure}"
+            );
+        }
+    }
+    for name in LOOP_RUNS {
+        assert_eq!(
+            run.cycles(name),
+            [0, 1, 2, 3],
+            "{name}: every cycle's round"
+        );
+        assert_eq!(run.rc(name), Some(0), "{name}: ended on quit");
+        let state = run.state(name);
+        assert_eq!(state["rounds"], 4, "{name}: {state}");
+        assert!(
+            state["failed"].is_null() && state["exit"].is_null(),
+            "{name}: {state}"
+        );
+        let limited = ["30", "60", "99", "50"]
+            .iter()
+            .any(|limit| name.ends_with(limit));
+        assert_eq!(
+            run.has_trace(name),
+            limited,
+            "{name}: a limiter trace where (and only where) it ran limited"
+        );
+    }
+    // The order changes from cycle to cycle, and every cycle runs every run once.
+    let state: serde_json::Value =
+        serde_json::from_str(&run.log("rounds.json")).expect("rounds.json");
+    let orders: Vec<Vec<String>> =
+        serde_json::from_value(state["order"].clone()).expect("each cycle's order");
+    assert_eq!(orders.len(), 4);
+    for order in &orders {
+        let mut sorted = order.clone();
+        sorted.sort();
+        let mut all: Vec<String> = LOOP_RUNS.iter().map(|s| s.to_string()).collect();
+        all.sort();
+        assert_eq!(sorted, all, "one round of each run a cycle: {order:?}");
+    }
+    assert!(
+        orders.windows(2).all(|pair| pair[0] != pair[1]),
+        "{orders:?}"
+    );
+    // 8 runs x 4 cycles of rounds of 0.3-0.4 s are 11 s; start-up and judging a few more.
+    assert!(
+        run.took < std::time::Duration::from_secs(120),
+        "part torch took {:?}",
+        run.took
+    );
+}
+
+/// Runs that fail to start, never get ready, die mid-way or stall in a round become FAIL
+/// records with their reason; the others get every round, and nothing waits for a
+/// broken run longer than its deadline.
+#[test]
+fn broken_loop_runs_are_failed_with_their_reason_and_nothing_hangs() {
+    let faults = "decode-60:exit decode-99:hang train-50:die@2 decode-unlimited:stall@1";
+    let Some(run) = rounds_run(
+        &[
+            ("STANDIN_FAULTS", faults),
+            ("ROUNDS_READY_S", "20"),
+            ("ROUNDS_GRACE_S", "10"),
+        ],
+        std::time::Duration::from_secs(240),
+    ) else {
+        return;
+    };
+    let figure = |check: &str| -> (&str, &str) {
+        let (verdict, figure) = &run.found[check];
+        (verdict.as_str(), figure.as_str())
+    };
+    for (check, why) in [
+        ("decode-60", "ended before it was ready (rc=1)"),
+        ("decode-60", "told to fail before it starts"),
+        ("decode-at-99", "not ready within 20 s"),
+        ("training-at-50", "ended in cycle 2's round (2 rounds done)"),
+        ("decode-without-a-limit", "cycle 1's round not done within"),
+    ] {
+        let (verdict, text) = figure(check);
+        assert_eq!(verdict, "FAIL", "{check}: {text}");
+        assert!(text.contains(why), "{check}: wanted {why:?} in {text}");
+    }
+    // The healthy runs were served every round and judged as usual.
+    for name in ["decode-bare", "decode-30", "train-bare", "train-unlimited"] {
+        assert_eq!(run.cycles(name), [0, 1, 2, 3], "{name}");
+        assert_eq!(run.rc(name), Some(0), "{name}");
+    }
+    assert_eq!(
+        figure("decode-bare").0,
+        "PASS",
+        "{:?}",
+        figure("decode-bare")
+    );
+    assert!(
+        figure("decode-30").1.contains("median of 4 cycles' ratios"),
+        "{:?}",
+        figure("decode-30")
+    );
+    assert_eq!(figure("training-without-a-limit").0, "INFO");
+    // The broken ones ended (each process's wrapper wrote its status) with what they did.
+    assert_eq!(run.rc("decode-60"), Some(1));
+    assert_eq!(
+        run.rc("decode-99"),
+        Some(3),
+        "ended once given up while starting"
+    );
+    assert_eq!(run.rc("train-50"), Some(7));
+    assert_eq!(
+        run.rc("decode-unlimited"),
+        Some(0),
+        "its cut round ended it"
+    );
+    assert_eq!(run.cycles("train-50"), [0, 1]);
+    assert_eq!(run.cycles("decode-unlimited"), [0]);
+    // The ready wait (20 s) and the stalled round's (10 s) are what the breakage cost.
+    assert!(
+        run.took < std::time::Duration::from_secs(150),
+        "part torch took {:?}",
+        run.took
+    );
+}
+
+/// judge.py's records of part `torch` over made-up logs of rounds: `runs` are (name,
+/// each round's card figure, each cycle's steps/s or None for a cycle without its
+/// round); `given_up` are interleave.py's reasons. Returns the records and
+/// limiter.json's figures of each check.
+#[allow(clippy::type_complexity)]
+fn judge_rounds(
+    runs: &[(&str, f64, &[Option<f64>])],
+    given_up: &[(&str, &str)],
+) -> Option<(BTreeMap<String, (String, String)>, serde_json::Value)> {
+    require!(
+        return None;
+        Need::program("python3", "apt-get install python3")
+    );
+    let out = tempfile::tempdir().expect("a temporary folder");
+    let logs = out.path().join("logs");
+    std::fs::create_dir(&logs).expect("logs/");
+    let mut states = serde_json::Map::new();
+    for (name, card_util, cycles) in runs {
+        let mut text = format!("READY {{\"name\": \"{name}\"}}\n");
+        for (cycle, steps_per_s) in cycles.iter().enumerate() {
+            let Some(per_s) = steps_per_s else { continue };
+            let result = serde_json::json!({
+                "steps_per_s": per_s, "steps": (per_s * 0.6).round(), "wall_s": 0.6,
+                "t0": 100.0 + cycle as f64, "card_util": card_util, "p50_ms": 1.0,
+                "p99_ms": 1.5, "max_ms": 2.0, "cycle": cycle, "lead_s": 0.25,
+            });
+            text += &format!("ROUND {cycle}\nRESULT {result}\n");
+        }
+        std::fs::write(logs.join(format!("{name}.out")), text).expect("a run's .out");
+        std::fs::write(logs.join(format!("{name}.rc")), "0\n").expect("a run's .rc");
+        let failed = given_up
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, why)| why.to_string());
+        states.insert(
+            name.to_string(),
+            serde_json::json!({"ready": true, "rounds": cycles.iter().flatten().count(),
+                               "failed": failed, "rc": 0}),
+        );
+    }
+    let state = serde_json::json!({"cycles": 6, "lead_s": 0.25, "order": [], "runs": states});
+    std::fs::write(logs.join("rounds.json"), state.to_string()).expect("rounds.json");
+    let output = Command::new("python3")
+        .arg(repo_root().join("tests/gpu/limiter/judge.py"))
+        .arg(out.path())
+        .args(["0.5", "1"])
+        .output()
+        .expect("run judge.py");
+    assert!(
+        output.status.success(),
+        "judge.py: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let figures: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("limiter.json")).expect("limiter.json"),
+    )
+    .expect("limiter.json's JSON");
+    Some((records(out.path()), figures["checks"].clone()))
+}
+
+/// Each limited run is judged by the median of its ratios to the bare run's round of the
+/// same cycle: the host's drift from cycle to cycle cancels, and one cycle that a stall
+/// hit (the bare round at 400 steps/s, a ratio of 1.5) moves neither the verdict nor the
+/// figure, where the mean of the ratios (0.75: 37.5 % of the card for a limit of 30)
+/// would fail it. A limit missed in every cycle fails; a run with too few cycles in
+/// common, or one interleave.py gave up on, fails with the reason.
+#[test]
+fn the_loops_are_judged_by_the_median_of_their_per_cycle_ratios() {
+    let bare = [1000.0, 1300.0, 400.0, 1200.0, 900.0, 1100.0];
+    let times = |factor: f64| bare.map(|b| Some(b * factor));
+    let mut at_30 = times(0.6);
+    at_30[2] = Some(600.0);
+    let train_bare = [60.0, 75.0, 63.0, 70.0, 66.0, 80.0];
+    let mut at_50 = train_bare.map(|b| Some(b * 0.5));
+    at_50[4] = Some(66.0 * 0.9);
+    let bare = bare.map(Some);
+    let train_bare = train_bare.map(Some);
+    let Some((found, figures)) = judge_rounds(
+        &[
+            ("decode-bare", 50.0, &bare),
+            ("decode-30", 30.0, &at_30),
+            ("decode-60", 40.0, &times(0.8)),
+            ("decode-unlimited", 50.0, &times(0.97)),
+            ("decode-99", 50.0, &times(0.95)),
+            ("train-bare", 100.0, &train_bare),
+            ("train-50", 50.0, &at_50),
+            (
+                "train-unlimited",
+                100.0,
+                &[Some(60.0), None, None, Some(70.0), None, None],
+            ),
+        ],
+        &[("decode-99", "ended in cycle 5's round (5 rounds done)")],
+    ) else {
+        return;
+    };
+    let verdict = |name: &str| (found[name].0.as_str(), found[name].1.as_str());
+
+    let (held, figure) = verdict("decode-30");
+    assert_eq!(held, "PASS", "{figure}");
+    assert!(
+        figure.contains("0.60x bare (median of 6 cycles' ratios, 0.60-1.50")
+            && figure.contains("this run took 30.0% of it, target 30.0+-5"),
+        "{figure}"
+    );
+    let checked = &figures["decode-30"];
+    assert_eq!(checked["ratio"], 0.6, "{checked}");
+    assert_eq!(
+        checked["ratio_spread"],
+        serde_json::json!([0.6, 1.5]),
+        "{checked}"
+    );
+    assert_eq!(checked["cycle_ratios"]["2"], 1.5, "{checked}");
+    assert_eq!(checked["bare_card_util"], 50.0, "{checked}");
+
+    // 0.8 of bare in every cycle: 40 % of a card bare keeps 50 % busy, for a limit of 60.
+    let (missed, figure) = verdict("decode-60");
+    assert_eq!(missed, "FAIL", "{figure}");
+    assert!(
+        figure.contains("0.80x bare (median of 6 cycles' ratios, 0.80-0.80"),
+        "{figure}"
+    );
+
+    let (trained, figure) = verdict("training-at-50");
+    assert_eq!(trained, "PASS", "{figure}");
+    assert!(
+        figure.contains("50.0% of bare (median of 6 cycles' ratios, 0.50-0.90"),
+        "{figure}"
+    );
+
+    let (info, figure) = verdict("decode-without-a-limit");
+    assert_eq!(info, "INFO", "{figure}");
+    assert!(figure.contains("0.97x bare"), "{figure}");
+
+    let (gone, figure) = verdict("decode-at-99");
+    assert_eq!(gone, "FAIL", "{figure}");
+    assert!(
+        figure.contains("ended in cycle 5's round (5 rounds done)"),
+        "{figure}"
+    );
+
+    // Two cycles in common of six planned: fewer than half.
+    let (few, figure) = verdict("training-without-a-limit");
+    assert_eq!(few, "FAIL", "{figure}");
+    assert!(figure.contains("only 2 cycles in common"), "{figure}");
 }

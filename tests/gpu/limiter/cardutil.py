@@ -6,6 +6,7 @@ held back by a limit of 60). Under `vgpu run` the process loads the shim's NVML,
 figure is the container's view, reported but not judged.
 
 Usage: sampler = CardUtil(); sampler.start(); ...; sampler.stop() -> mean percent or None
+(start and stop again for the next stretch: rounds.py's rounds reuse one sampler)
 """
 import threading
 
@@ -24,16 +25,18 @@ class CardUtil:
         except Exception:  # no NVML: no figure
             self.nvml = None
 
-    def _run(self):
-        while not self.done.wait(self.period_s):
+    def _run(self, done, samples):
+        while not done.wait(self.period_s):
             try:
-                self.samples.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+                samples.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
             except Exception:
                 pass
 
     def start(self):
+        self.samples = []
+        self.done = threading.Event()
         if self.nvml is not None:
-            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread = threading.Thread(target=self._run, args=(self.done, self.samples), daemon=True)
             self.thread.start()
 
     def stop(self):

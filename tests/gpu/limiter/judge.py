@@ -2,7 +2,7 @@
 targets: writes OUT/limiter.json (every figure), OUT/records.tsv (one
 "NAME<TAB>JSON fragment" line per check, with "verdict" and "figure") and prints a table.
 
-Usage: judge.py OUT CASE_S HAVE_TORCH [cudart]
+Usage: judge.py OUT CASE_S HAVE_TORCH [cudart]   (HAVE_TORCH: 1, 0 or standin)
 """
 import json
 import os
@@ -13,7 +13,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nvml_probe  # noqa: E402 (this folder's probe-file reader)
 import runlogs  # noqa: E402 (this folder's logs reader)
 
-out, case_s, have_torch = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
+out, case_s = sys.argv[1], float(sys.argv[2])
+# HAVE_TORCH: 1 (the loops ran), standin (standin.py ran in their place, over the sim) or 0.
+have_torch, standin = sys.argv[3] in ("1", "standin"), sys.argv[3] == "standin"
 have_cudart = len(sys.argv) > 4 and sys.argv[4] == "cudart"
 logs = os.path.join(out, "logs")
 records = []
@@ -287,83 +289,180 @@ else:
 # that keeps the card U% busy bare (NVML, measured in the bare run) should run at
 # min(1, limit / U) of its bare speed, i.e. take min(U, limit) of the card, +-5 points.
 # Without the bare figure (no NVML in the bare run) the limit is taken as binding fully.
+#
+# The runs are made in interleaved rounds (run_limiter.sh, interleave.py): every run is
+# one process, and each cycle runs one short round of each, so a limited run's round
+# and the bare run's round of the same cycle were made seconds apart, under the same
+# host pace (which drifts by a quarter within a minute). A limited run is judged by the
+# median of its per-cycle ratios to bare: a ratio cancels the drift between cycles, and
+# the median leaves out the cycle a one-off stall (a page-fault storm, a neighbour's
+# burst on the host) hit, which a mean or a ratio of pooled steps would carry. The
+# bare run's card figure is likewise the median of its rounds' (NVML's samples reach
+# back up to its sample period, into the round before). Logs not made in rounds (older
+# ones) are judged as before, by the ratio of pooled steps/s.
+ROUNDS = LOGS.rounds_state()
+# The fewest cycles a comparison is judged on: 3, and half of those planned.
+MIN_CYCLES = max(3, (ROUNDS or {}).get("cycles", 0) // 2)
+
+
+def given_up(name):
+    """Why interleave.py gave up on run NAME (with its logs' last word), or None."""
+    state = ((ROUNDS or {}).get("runs") or {}).get(name) or {}
+    return f"{state['failed']}; {why(name)}" if state.get("failed") else None
+
+
+def exit_note(name):
+    """How run NAME ended after all its rounds, where not as asked (a note: its figures
+    stand, as a one-shot run's did whatever its exit status), or ""."""
+    state = ((ROUNDS or {}).get("runs") or {}).get(name) or {}
+    return f" ({name} {state['exit']})" if state.get("exit") else ""
+
+
+def cycle_ratios(name, base_name, key="steps_per_s"):
+    """{cycle: run NAME's `key` / BASE_NAME's} over the cycles both have a round of."""
+    runs, bases = LOGS.cycles(name), LOGS.cycles(base_name)
+    return {c: runs[c][key] / bases[c][key] for c in sorted(runs.keys() & bases.keys())
+            if bases[c].get(key) and runs[c].get(key) is not None}
+
+
+def against(name, base_name):
+    """(run NAME's steps/s as a ratio of BASE_NAME's, {cycle: ratio}, why there is none):
+    the median of the per-cycle ratios for runs made in rounds, else (older logs) the
+    ratio of their pooled figures."""
+    ratios = cycle_ratios(name, base_name)
+    if ratios:
+        if len(ratios) < MIN_CYCLES:
+            return None, ratios, f"only {len(ratios)} cycles in common with {base_name} (at least {MIN_CYCLES})"
+        return statistics.median(ratios.values()), ratios, None
+    res, base = result(name), result(base_name)
+    if res and base and base.get("steps_per_s"):
+        return res["steps_per_s"] / base["steps_per_s"], {}, None
+    return None, {}, f"{why(base_name)}; {why(name)}"
+
+
+def ratios_text(ratios):
+    """The per-cycle ratios' spread, in a few words."""
+    if not ratios:
+        return ""
+    values = sorted(ratios.values())
+    middle = ""
+    if len(values) >= 4:
+        q1, _, q3 = statistics.quantiles(values, n=4)
+        middle = f", middle half {q1:.2f}-{q3:.2f}"
+    return f" (median of {len(values)} cycles' ratios, {values[0]:.2f}-{values[-1]:.2f}{middle})"
+
+
+def ratio_fields(ratio, ratios):
+    """The comparison's figures for a record."""
+    values = sorted(ratios.values())
+    fields = {"ratio": None if ratio is None else round(ratio, 4),
+              "cycle_ratios": {str(c): round(r, 4) for c, r in ratios.items()}}
+    if values:
+        fields["ratio_spread"] = [round(values[0], 4), round(values[-1], 4)]
+    if len(values) >= 4:
+        fields["ratio_iqr"] = [round(q, 4) for q in statistics.quantiles(values, n=4)[::2]]
+    return fields
+
+
+def card_util(name):
+    """Run NAME's card figure (NVML): the median of its rounds', else its result's."""
+    values = [r["card_util"] for r in LOGS.cycles(name).values() if r.get("card_util") is not None]
+    if values:
+        return statistics.median(values)
+    res = result(name)
+    return res.get("card_util") if res else None
+
+
 def rounds_text(res):
-    """Each round's steps/s of a run made in rounds (run_limiter.sh), in a few words."""
+    """Each round's steps/s of a run made in rounds, in a few words."""
     rounds = res.get("rounds") if res else None
     if not rounds:
         return ""
     return " (rounds: " + ", ".join(f"{r:.1f}" if r < 100 else f"{r:.0f}" for r in rounds) + ")"
 
 
-def held_share(bare_res, ratio, limit):
+def held_share(util, ratio, limit):
     """(share of the card the limited run took, the target, whether within 5 points)."""
-    util = bare_res.get("card_util") if bare_res else None
     if util is None or ratio is None:
         return None, None, None
     share, target = util * ratio, min(util, limit)
     return share, target, within(share, target, 5)
 
 
-def share_text(bare_res, share, target):
+def share_text(util, share, target):
     if share is None:
         return ""
-    return (f"; bare keeps the card {bare_res['card_util']:.1f}% busy (NVML), so this run took "
+    return (f"; bare keeps the card {util:.1f}% busy (NVML), so this run took "
             f"{share:.1f}% of it, target {target:.1f}+-5")
 
 
 if have_torch:
-    runs = {n: result(f"decode-{n}") for n in ("bare", "30", "60")}
-    base = runs["bare"]
-    for n, res in runs.items():
+    base_util = card_util("decode-bare")
+    for n in ("bare", "30", "60"):
+        name = f"decode-{n}"
+        res, gone = result(name), given_up(name)
         if not res:
-            record(f"decode-{n}", "FAIL", why(f"decode-{n}"))
+            record(name, "FAIL", gone or why(name))
             continue
-        ratio = res["steps_per_s"] / base["steps_per_s"] if base else None
-        share, target, held = (None, None, None) if n == "bare" else held_share(base, ratio, int(n))
+        ratio, ratios, missing = (None, {}, None) if n == "bare" else against(name, "decode-bare")
+        share, target, held = (None, None, None) if n == "bare" else held_share(base_util, ratio, int(n))
         if n == "bare":
             ok = True
         elif held is not None:
             ok = held
         else:
             ok = ratio is not None and (ratio >= 0.9 if n == "60" else ratio <= 1.02)
-        record(f"decode-{n}", "PASS" if ok else "FAIL",
-               f"{res['steps_per_s']:.0f} steps/s{rounds_text(res)}, p50 {res['p50_ms']:.2f} ms, "
-               f"p99 {res['p99_ms']:.2f} ms"
-               + ("" if ratio is None or n == "bare" else f", {ratio:.2f}x bare")
-               + (f", card {res.get('card_util')}% busy" if n == "bare" else "")
-               + share_text(base, share, target)
+        ok = ok and not gone
+        record(name, "PASS" if ok else "FAIL",
+               (f"given up: {gone}; " if gone else "")
+               + f"{res['steps_per_s']:.0f} steps/s" + (rounds_text(res) if n == "bare" else "")
+               + (f", p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms" if "p50_ms" in res else "")
+               + (f", no ratio to bare: {missing}" if missing else "")
+               + ("" if ratio is None else f", {ratio:.2f}x bare{ratios_text(ratios)}")
+               + (f", card {base_util}% busy" if n == "bare" else "")
+               + share_text(base_util, share, target)
                + (" (before: 886 bare, 756 at 60)" if n != "30" else "")
-               + ("" if n == "bare" else trace_text(f"decode-{n}")), **res)
-    turns = result("event-turns")
-    if turns and "alone" in turns and "p50_us" in turns.get("beside", {}):
-        alone, beside = turns["alone"], turns["beside"]
-        wait = beside["over_200us"] > beside["trials"] / 4
-        record("event-on-an-idle-stream-beside-a-busy-process", "INFO",
-               f"alone p50 {alone['p50_us']} us, max {alone['max_us']}; beside a busy process "
-               f"p50 {beside['p50_us']} us, p90 {beside['p90_us']}, max {beside['max_us']} "
-               f"({beside['over_200us']} of {beside['trials']} over 200 us): events "
-               + ("wait for the context's slice (as the sim models)" if wait
-                  else "do not wait for the context's slice (VGPU_SIM_EVENT_TURNS=0 models that)"),
-               **turns)
+               + ("" if n == "bare" else trace_text(name)) + exit_note(name),
+               **res, **({} if n == "bare" else ratio_fields(ratio, ratios)),
+               **({"bare_card_util": base_util} if n != "bare" else {}))
+    if standin:
+        record("event-on-an-idle-stream-beside-a-busy-process", "SKIP",
+               "stand-in loops over the sim (standin.py): no PyTorch")
     else:
-        record("event-on-an-idle-stream-beside-a-busy-process", "FAIL", why("event-turns"))
+        turns = result("event-turns")
+        if turns and "alone" in turns and "p50_us" in turns.get("beside", {}):
+            alone, beside = turns["alone"], turns["beside"]
+            wait = beside["over_200us"] > beside["trials"] / 4
+            record("event-on-an-idle-stream-beside-a-busy-process", "INFO",
+                   f"alone p50 {alone['p50_us']} us, max {alone['max_us']}; beside a busy process "
+                   f"p50 {beside['p50_us']} us, p90 {beside['p90_us']}, max {beside['max_us']} "
+                   f"({beside['over_200us']} of {beside['trials']} over 200 us): events "
+                   + ("wait for the context's slice (as the sim models)" if wait
+                      else "do not wait for the context's slice (VGPU_SIM_EVENT_TURNS=0 models that)"),
+                   **turns)
+        else:
+            record("event-on-an-idle-stream-beside-a-busy-process", "FAIL", why("event-turns"))
     train_bare, train_50 = result("train-bare"), result("train-50")
-    if train_bare and train_50:
-        ratio = train_50["steps_per_s"] / train_bare["steps_per_s"]
+    gone = "; ".join(g for g in (given_up("train-bare"), given_up("train-50")) if g)
+    ratio, ratios, missing = against("train-50", "train-bare")
+    if train_bare and train_50 and ratio is not None:
         value = ratio * 100.0
-        share, target, held = held_share(train_bare, ratio, 50)
-        ok = held if held is not None else within(value, 50, 5)
+        util = card_util("train-bare")
+        share, target, held = held_share(util, ratio, 50)
+        # A bare run given up on fails this check too: it has no record of its own.
+        ok = (held if held is not None else within(value, 50, 5)) and not gone
         record("training-at-50", "PASS" if ok else "FAIL",
-               f"{value:.1f}% of bare ({train_50['steps_per_s']:.2f}{rounds_text(train_50)} vs "
+               (f"given up: {gone}; " if gone else "")
+               + f"{value:.1f}% of bare{ratios_text(ratios)} ({train_50['steps_per_s']:.2f} vs "
                f"{train_bare['steps_per_s']:.2f}{rounds_text(train_bare)} steps/s)"
-               + (share_text(train_bare, share, target) if share is not None
+               + (share_text(util, share, target) if share is not None
                   else ", target 50+-5 (no bare NVML figure: the limit taken as binding)")
                + " (before: 48.8% of bare; 102.4% measured with the check against 50)"
-               + trace_text("train-50"),
+               + trace_text("train-50") + exit_note("train-bare") + exit_note("train-50"),
                share=round(value, 2), card_share=share, card_target=target,
-               bare_card_util=train_bare.get("card_util"))
+               bare_card_util=util, **ratio_fields(ratio, ratios))
     else:
-        record("training-at-50", "FAIL", f"{why('train-bare')}; {why('train-50')}")
+        record("training-at-50", "FAIL", gone or missing or f"{why('train-bare')}; {why('train-50')}")
     # What the shims cost each loop without a compute limit (not judged: it splits a
     # limited loop's shortfall between the limiter and everything else).
     for check, bare_name, name, how in (
@@ -372,15 +471,16 @@ if have_torch:
             ("decode-at-99", "decode-bare", "decode-99", "at 99 (a limit that never holds)"),
             ("training-without-a-limit", "train-bare", "train-unlimited",
              "with a memory quota only")):
-        bare_res, res = result(bare_name), result(name)
-        if bare_res and res:
+        bare_res, res, gone = result(bare_name), result(name), given_up(name)
+        ratio, ratios, missing = against(name, bare_name)
+        if bare_res and res and ratio is not None and not gone:
             record(check, "INFO",
-                   f"{res['steps_per_s']:.1f} steps/s{rounds_text(res)} {how}, "
-                   f"{res['steps_per_s'] / bare_res['steps_per_s']:.2f}x bare "
+                   f"{res['steps_per_s']:.1f} steps/s {how}, {ratio:.2f}x bare{ratios_text(ratios)} "
                    f"({bare_res['steps_per_s']:.1f}{rounds_text(bare_res)})"
-                   + (trace_text(name) if name.endswith("99") else ""), **res)
+                   + (trace_text(name) if name.endswith("99") else "") + exit_note(name),
+                   **res, **ratio_fields(ratio, ratios))
         else:
-            record(check, "FAIL", f"{why(bare_name)}; {why(name)}")
+            record(check, "FAIL", gone or missing or f"{why(bare_name)}; {why(name)}")
 else:
     for n in ("event-on-an-idle-stream-beside-a-busy-process", "decode-bare", "decode-30",
               "decode-60", "training-at-50", "decode-without-a-limit", "decode-at-99",

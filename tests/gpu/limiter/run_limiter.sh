@@ -19,7 +19,14 @@
 #   7. PyTorch (when there): whether an event on an idle stream waits while another
 #      process has the card (event_turns.py); the batch-1 decode loop bare, at 30, 60
 #      and 99; training bare and at 50; both loops with a memory quota and no compute
-#      limit; each of these runs twice, in two rounds, the second in reverse order.
+#      limit. These eight runs are one process each, all started at once, and
+#      interleave.py runs ROUND_CYCLES (10) cycles of short rounds of them, one at a time,
+#      in a different order each cycle: each round an unmeasured lead-in of ROUND_LEAD_S
+#      (0.25 s), then DECODE_ROUND_S (0.6) or TRAIN_ROUND_S (1.0) measured. Budget: the
+#      start-up (all at once, about 10-20 s), 10 x (5 x 0.85 + 3 x 1.25) = 80 s of rounds,
+#      and event_turns.py's 6 s: about 100-110 s, where two rounds of 16 separate
+#      processes took about 120 s (the second round added about 60, sections/limiter.sh). TORCH_STANDIN=1 with SIMULATE=1 runs standin.py (no PyTorch,
+#      the same steps through the driver API) in the loops' place, to test the rounds.
 #
 # SIMULATE=1 runs it all over the simulated driver (`vgpu run --simulate`), which is how
 # the script is tested without a GPU: only the figures differ.
@@ -75,13 +82,7 @@ step() {
         wrap=(env "VGPU_LIMITER_TRACE=${VGPU_LIMITER_TRACE-$LOGS/$name.trace.%p}"
               "$VGPU" run "${SIM[@]}" --memory 8GiB --cores "$cores" ${RUN_FLAGS:-} --)
     fi
-    if [ -n "${ROUND:-}" ]; then
-        # A round of a run made in several: its lines are added to the run's.
-        echo "ROUND $ROUND" >>"$LOGS/$name.out"
-        timeout -k 5 "$limit" "${wrap[@]}" "$@" >>"$LOGS/$name.out" 2>>"$LOGS/$name.err"
-    else
-        timeout -k 5 "$limit" "${wrap[@]}" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err"
-    fi
+    timeout -k 5 "$limit" "${wrap[@]}" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err"
     echo $? >"$LOGS/$name.rc"
 }
 case_timeout=$(( ${CASE_S%.*} + 30 ))
@@ -208,29 +209,64 @@ if [ -n "${NVCC:-}" ] && [ -x "$OUT/bench" ]; then
     done
 fi
 
-if [ "$HAVE_TORCH" = 1 ]; then
+# The host-bound loops' rounds (part torch): each run one process, started once, serving
+# ROUND_CYCLES cycles of rounds (interleave.py); see the header for the budget.
+ROUND_CYCLES=${ROUND_CYCLES:-10}
+ROUND_LEAD_S=${ROUND_LEAD_S:-0.25}
+DECODE_ROUND_S=${DECODE_ROUND_S:-0.6}
+TRAIN_ROUND_S=${TRAIN_ROUND_S:-1.0}
+ROUNDS_READY_S=${ROUNDS_READY_S:-90}
+ROUNDS_GRACE_S=${ROUNDS_GRACE_S:-15}
+TORCH_STANDIN=${TORCH_STANDIN:-0}
+# What judge.py is told of part torch: 1 (PyTorch ran), 0 (skipped) or standin.
+LOOPS=$HAVE_TORCH
+if [ "$HAVE_TORCH" != 1 ] && [ "$TORCH_STANDIN" = 1 ] && has torch; then LOOPS=standin; fi
+
+if [ "$LOOPS" != 0 ]; then
     echo "== PyTorch" >&2
     # Whether an event on an idle stream waits while another process has the card (what
     # the limiter's GPU clock and the sim's VGPU_SIM_EVENT_TURNS assume): about 6 s.
-    step event-turns 30 bare python3 "$HERE/event_turns.py"
+    [ "$LOOPS" = 1 ] && step event-turns 30 bare python3 "$HERE/event_turns.py"
     # The host-bound loops, bare, limited, with a memory quota and no compute limit (what
     # the shims cost them without the limiter) and decode at 99 (the limiter's work
-    # where its limit never holds), each run twice, in rounds of the same runs in
-    # reverse order: a host's pace drifts by a quarter within a minute (run 20: decode
-    # bare 1151 steps/s, 30 s later 1476 with a memory quota only; the limiter's own
-    # work 346 ns a launch in the runs between and 243 ns after), and a run's two
-    # rounds together cancel a steady drift. judge.py adds up each run's rounds.
+    # where its limit never holds). A host's pace drifts by a quarter within a minute
+    # (run 20: decode bare 1151 steps/s, 30 s later 1476 with a memory quota only; an
+    # H100 run failed decode at 30 both ways from drift alone, 1.38x bare on one host
+    # and 0.79x on another, where the memory quota alone ran 0.88x), so runs made one
+    # after another are not compared: every run is one process, started once, all eight
+    # at once (each holds a CUDA context and at most a few GiB), and interleave.py runs
+    # short rounds of them in turn, one computing at a time, in a different order each
+    # cycle; judge.py takes each limited run's ratio to bare cycle by cycle.
+    decode=(python3 "$HERE/decode.py")
+    train=(python3 "$HERE/train.py")
+    if [ "$LOOPS" = standin ]; then
+        decode=(python3 "$HERE/standin.py" decode)
+        train=(python3 "$HERE/standin.py" train)
+    fi
     runs=(decode-bare decode-30 decode-60 decode-unlimited decode-99 train-bare train-50
           train-unlimited)
-    for round in 1 2; do
-        for run in "${runs[@]}"; do
-            case $run in
-                decode-*) ROUND=$round step "$run" 60 "${run#decode-}" python3 "$HERE/decode.py" 2.5 ;;
-                train-*) ROUND=$round step "$run" 90 "${run#train-}" python3 "$HERE/train.py" 3 ;;
-            esac
-        done
-        mapfile -t runs < <(printf '%s\n' "${runs[@]}" | tac)
+    FIFOS="$OUT/rounds"
+    mkdir -p "$FIFOS"
+    # Each run's own timeout: start-up, every round at twice its length, the exit.
+    rounds_limit=$(awk -v c="$ROUND_CYCLES" -v l="$ROUND_LEAD_S" -v d="$DECODE_ROUND_S" \
+        -v t="$TRAIN_ROUND_S" -v r="$ROUNDS_READY_S" \
+        'BEGIN { printf "%d", r + 2 * c * (5 * (l + d) + 3 * (l + t)) + 60 }')
+    servers=()
+    for run in "${runs[@]}"; do
+        rm -f "$FIFOS/$run.cmd" "$FIFOS/$run.reply"
+        mkfifo "$FIFOS/$run.cmd" "$FIFOS/$run.reply"
+        case $run in
+            decode-*) step "$run" "$rounds_limit" "${run#decode-}" "${decode[@]}" serve "$FIFOS/$run" & ;;
+            train-*) step "$run" "$rounds_limit" "${run#train-}" "${train[@]}" serve "$FIFOS/$run" & ;;
+        esac
+        servers+=("$!")
     done
+    timeout -k 5 $(( rounds_limit + 30 )) python3 "$HERE/interleave.py" "$FIFOS" "$LOGS" \
+        --cycles "$ROUND_CYCLES" --lead "$ROUND_LEAD_S" --ready-s "$ROUNDS_READY_S" \
+        --grace-s "$ROUNDS_GRACE_S" \
+        "$DECODE_ROUND_S:decode-bare,decode-30,decode-60,decode-unlimited,decode-99" \
+        "$TRAIN_ROUND_S:train-bare,train-50,train-unlimited"
+    wait "${servers[@]}"
 fi
 
-timeout 60 python3 "$HERE/judge.py" "$OUT" "$CASE_S" "$HAVE_TORCH" "${BENCH:+cudart}"
+timeout 60 python3 "$HERE/judge.py" "$OUT" "$CASE_S" "$LOOPS" "${BENCH:+cudart}"

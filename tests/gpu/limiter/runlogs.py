@@ -1,7 +1,9 @@
 """Readers of the limiter scripts' logs/ folder (run_limiter.sh and contention.sh write
 it, judge.py and contention.py read it): each run NAME leaves NAME.out (its JSON lines,
 bare or after `RESULT `), NAME.err, NAME.rc, NAME.trace.<pid> (VGPU_LIMITER_TRACE, one
-per process) and a line `NAME HOST_PID` in pids.txt.
+per process) and a line `NAME HOST_PID` in pids.txt; runs served in rounds (rounds.py)
+print a `ROUND CYCLE` line before each round's RESULT (which carries "cycle"), and
+interleave.py leaves rounds.json (each run's rounds and why it was given up).
 """
 import glob
 import json
@@ -47,6 +49,19 @@ class Logs:
         if self.rounds_of(name) > 1:
             return rounds_together(found)
         return found[-1]
+
+    def cycles(self, name):
+        """{cycle: that round's result} of a run served in rounds (rounds.py); {} for
+        one that was not."""
+        return {r["cycle"]: r for r in self.lines(name) if isinstance(r.get("cycle"), int)}
+
+    def rounds_state(self):
+        """interleave.py's rounds.json (its plan and each run's state), or None."""
+        try:
+            with open(self.path("rounds.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
 
     def rounds_of(self, name):
         """How many rounds run NAME was made in (0: not in rounds)."""

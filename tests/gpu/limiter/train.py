@@ -1,18 +1,23 @@
 """Transformer training for the compute limiter's GPU section: a 6-layer encoder
-(d_model 512, 8 heads, batch 16 x 256 tokens, bf16 autocast, AdamW) for SECONDS after a
-warm-up; its throughput under `--cores 50` should be half of the bare run's.
+(d_model 512, 8 heads, batch 16 x 256 tokens, bf16 autocast, AdamW) after a warm-up; its
+throughput under `--cores 50` should be half of the bare run's.
 
-Usage: train.py SECONDS
-Prints one line: RESULT {"steps_per_s", "steps", "wall_s", "card_util"} (card_util: NVML's
-mean utilization meanwhile, see cardutil.py).
+Usage: train.py SECONDS     one run of SECONDS (default 6)
+       train.py serve BASE  rounds on command from interleave.py (run_limiter.sh), over
+                            the FIFOs BASE.cmd and BASE.reply (see rounds.py)
+Prints RESULT {"steps_per_s", "steps", "wall_s", "t0", "card_util"} (card_util: NVML's
+mean utilization meanwhile, see cardutil.py), once, or once a round after a `ROUND
+CYCLE` line. Steps are queued ahead and waited for every 4 steps and before the clock
+stops.
 """
-import json
 import sys
-import time
 
-import torch
+import rounds
 
-from cardutil import CardUtil
+# Before the slow start-up: a coordinator that gives up on this run ends it.
+server = rounds.server_of(sys.argv[1:])
+
+import torch  # noqa: E402 (after the FIFOs: see above)
 
 torch.manual_seed(0)
 layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
@@ -30,24 +35,11 @@ def step():
 
 
 def main():
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 6.0
     for _ in range(5):
         step()
     torch.cuda.synchronize()
-    card = CardUtil()
-    card.start()
-    start = time.perf_counter()
-    steps = 0
-    while time.perf_counter() - start < seconds:
-        step()
-        steps += 1
-        if steps % 4 == 0:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - start
-    card_util = card.stop()
-    print("RESULT " + json.dumps({"steps_per_s": round(steps / wall, 3), "steps": steps, "wall_s": round(wall, 3),
-                                  "card_util": card_util}))
+    rounds.main(step, sys.argv[1:], __doc__, one_shot_s=6.0, server=server,
+                sync=torch.cuda.synchronize, sync_every=4, timed=False)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # WORK, HERE, ROOT, PREFIX and the helpers record, result_of, wait_marker, gpu_mem_of, median.
 #
 # Issue 14's figures in one call (about 300 s on an H100 in run 20, before the host-bound
-# loops ran in two rounds, which add about 60 s; budget 420):
+# loops ran in two rounds, which added about 60 s; now in interleaved rounds of eight
+# persistent processes, about 100 s for the loops, see run_limiter.sh; budget 420):
 # concurrent streams at 30 and 70, one container's two processes, launch cost, the
 # decode loop and training (also without a limit), the single-stream, graph,
 # two-container and soft-mode checks. tests/gpu/limiter/run_limiter.sh
