@@ -131,6 +131,7 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
             "soft-falls-back",
             "launch-cost-launch",
             "launch-cost-in-process",
+            "launch-cost-in-process-kernels",
             "launch-cost-cudart",
             "event-on-an-idle-stream-beside-a-busy-process",
             "decode-bare",
@@ -159,6 +160,11 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
     assert!(
         figure.contains("the shim's cuLaunchKernel") && figure.contains("the real driver's"),
         "the in-process launch measurement found the real driver: {figure}"
+    );
+    let (verdict, figure) = &found["launch-cost-in-process-kernels"];
+    assert!(
+        verdict == "INFO" && figure.contains("8 kernels in turn"),
+        "the in-process measurement took eight kernels in turn: {verdict} {figure}"
     );
     // The limiter's trace of the timed run reaches the figure, with the fast path's own
     // time and which clock it read.

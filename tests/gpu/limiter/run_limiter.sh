@@ -15,7 +15,8 @@
 #   5. two containers at 30 and 60 at once; soft 30 alone, then a hard 60 joins;
 #   6. launch cost bare and under --cores 99, five interleaved pairs (driver API, and
 #      cudart's `bench launch` when nvcc is there), and in one --cores 99 process the
-#      shim's cuLaunchKernel against the real driver's (`streams launch-ab`);
+#      shim's cuLaunchKernel against the real driver's (`streams launch-ab`), with one
+#      kernel and with eight in turn;
 #   7. PyTorch (when there): whether an event on an idle stream waits while another
 #      process has the card (event_turns.py); the batch-1 decode loop bare, at 30, 60
 #      and 99; training bare and at 50; both loops with a memory quota and no compute
@@ -188,6 +189,11 @@ if [ -n "$STREAMS" ] && has launch; then
     # The same with a memory quota only: what of it is the hook's forwarding and what
     # the limiter (run 12: +353-398 ns at --cores 99 on the H200, +55 over the sim).
     step launch-ab-quota 60 unlimited $PIN "$STREAMS" launch-ab 400000
+    # A framework's launches change kernel every launch, so no thread's tab covers them
+    # and each takes the per-launch fast path (run 24: 259-271 ns of its own in PyTorch's
+    # decode loop against 119 for one kernel on a tab): the same with eight empty kernels
+    # in turn.
+    AB_KERNELS=8 VGPU_LIMITER_TRACE= step launch-ab-kernels 60 99 $PIN "$STREAMS" launch-ab 400000
 fi
 # (The bare `wait`s above reap the nvcc job too; `wait "$NVCC"` then fails although
 # bench was built: runs 10 and 11 skipped the runtime API's launch cost for that.)

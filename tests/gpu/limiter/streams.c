@@ -99,7 +99,9 @@ static CUresult (*cuGraphLaunch)(H, H);
  * the same kernel bare in the same call, so only the order of magnitude matters). */
 #define WORK_ITERS 250000ULL
 static const char PTX[] = ".version 7.8\n.target sm_80\n.address_size 64\n" SPIN("spin_100us")
-    SPIN("spin_1ms") SPIN("spin_10ms") SPIN("empty_100ns") WORK("work_1ms")
+    SPIN("spin_1ms") SPIN("spin_10ms") SPIN("empty_100ns") SPIN("empty1_100ns")
+    SPIN("empty2_100ns") SPIN("empty3_100ns") SPIN("empty4_100ns") SPIN("empty5_100ns")
+    SPIN("empty6_100ns") SPIN("empty7_100ns") WORK("work_1ms")
     SPIN_SCALED("spin_scaled_100us");
 
 static H context;
@@ -372,6 +374,10 @@ static double median(double *values, int n) {
 /* Host time of `launches` launches of `function` through `launch_fn`, in bursts of
  * AB_BURST with a synchronisation between them that is not timed: the queue never
  * fills, so the time is the calls' own, not the GPU's pace. Seconds. */
+#define AB_MAX_KERNELS 8
+static H ab_functions[AB_MAX_KERNELS];
+static int ab_kernels = 1;
+
 static double timed_launches(CUresult (*launch_fn)(H, unsigned, unsigned, unsigned, unsigned,
                                                    unsigned, unsigned, unsigned, H, void **, void **),
                              H function, H stream, long launches) {
@@ -381,7 +387,8 @@ static double timed_launches(CUresult (*launch_fn)(H, unsigned, unsigned, unsign
     for (long done = 0; done < launches; done += AB_BURST) {
         double t0 = now_s();
         for (int i = 0; i < AB_BURST; i++)
-            CHECK(launch_fn(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+            CHECK(launch_fn(ab_kernels > 1 ? ab_functions[i % ab_kernels] : function, 1, 1, 1, 32,
+                            1, 1, 0, stream, params, NULL));
         spent += now_s() - t0;
         CHECK(cuStreamSynchronize(stream));
     }
@@ -417,6 +424,16 @@ static int launch_ab(long n) {
     H function, stream;
     CHECK(cuStreamCreate(&stream, 1 /* NON_BLOCKING */));
     CHECK(cuModuleGetFunction(&function, module, "empty_100ns"));
+    /* AB_KERNELS=K (2-8): the bursts take K empty kernels in turn, as a framework's
+     * launches change kernel every launch (no thread's tab covers them). */
+    const char *kernels = getenv("AB_KERNELS");
+    ab_kernels = kernels ? atoi(kernels) : 1;
+    if (ab_kernels < 1 || ab_kernels > AB_MAX_KERNELS) ab_kernels = 1;
+    for (int k = 0; k < ab_kernels; k++) {
+        char name[32];
+        snprintf(name, sizeof name, k ? "empty%d_100ns" : "empty_100ns", k);
+        CHECK(cuModuleGetFunction(&ab_functions[k], module, name));
+    }
     long block = n / (2 * AB_BLOCKS);
     if (block < AB_BURST) block = AB_BURST;
     /* Warm-up of 1.5 s through the shim (the limiter learns the kernel, the host's
@@ -433,9 +450,9 @@ static int launch_ab(long n) {
         ratios[b] = shim_ns[b] / real_ns[b];
     }
     double ratio = median(ratios, AB_BLOCKS);
-    printf("{\"case\": \"launch-ab\", \"blocks\": %d, \"launches_per_block\": %ld, "
+    printf("{\"case\": \"launch-ab\", \"kernels\": %d, \"blocks\": %d, \"launches_per_block\": %ld, "
            "\"shim_ns\": %.1f, \"real_ns\": %.1f, \"ratio\": %.4f, \"shim\": \"%s\", \"real\": \"%s\"}\n",
-           AB_BLOCKS, block, median(shim_ns, AB_BLOCKS), median(real_ns, AB_BLOCKS), ratio,
+           ab_kernels, AB_BLOCKS, block, median(shim_ns, AB_BLOCKS), median(real_ns, AB_BLOCKS), ratio,
            search.shim, search.found);
     return 0;
 }
