@@ -5,6 +5,7 @@
 
 use vgpu_contract::clock::monotonic_ns;
 
+use super::sample::elapsed_ns;
 use super::trace::{self, Counter};
 use crate::cuda::*;
 use crate::state::real;
@@ -84,14 +85,7 @@ impl Reference {
     /// GPU time from the reference to `event`, ns; the driver's error where it has none
     /// (`CUDA_ERROR_NOT_READY`: `event` has not fired yet).
     pub(super) fn since(self, event: CUevent) -> Result<i64, CUresult> {
-        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
-        let mut ms = 0f32;
-        // SAFETY: valid out-pointer; two events of one context.
-        match unsafe { elapsed(&mut ms, self.event, event) } {
-            CUDA_SUCCESS if ms.is_finite() => Ok((ms as f64 * 1e6) as i64),
-            CUDA_SUCCESS => Err(CUDA_ERROR_INVALID_VALUE),
-            error => Err(error),
-        }
+        elapsed_ns(self.event, event)
     }
 }
 

@@ -32,8 +32,8 @@
 //! (docs/compute-limiter.md, "What a launch costs"); [`DeviceLimiter::prefetch`] asks for
 //! the lines after the device's first at once. `VGPU_LIMITER_TRACE` reports the path's
 //! own time (`fast_path_own_ns`, the real launch left out), and the slow path's
-//! (`slow_path_own_ns`, its sleeps left out too). Sampling adds two
-//! `cuEventRecord`s and two elapsed times (`Sample::read`) to one launch of a short kernel per
+//! (`slow_path_own_ns`, its sleeps left out too). Sampling adds two `cuEventRecord`s
+//! and two elapsed times (`Sample::read`) to one launch of a short kernel per
 //! `duty::sample_gap_ns`: 200 us apart while the kernel is learned or the process's
 //! kernels overlap, else 1 ms once it has 32 samples (on the H200, run 12, the 200 us gap
 //! sampled one launch in 40 of a 4 us loop, the 1 ms gap one in 205).

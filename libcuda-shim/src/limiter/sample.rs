@@ -1,8 +1,8 @@
 //! Measuring a launch: the two events that bracket a sampled launch (`Sample`, read
-//! back when the end event has fired: `Sample::read`) and the relaxed stream-capture
-//! mode the limiter's own event calls run in (`RelaxedCapture`). Where event times fall on the host's clock is
-//! `super::clock`'s; what a settled sample does to the bucket is `super::settle`'s;
-//! this file only measures.
+//! back when the end event has fired: `Sample::read`, through `elapsed_ns`) and the
+//! relaxed stream-capture mode the limiter's own event calls run in (`RelaxedCapture`).
+//! Where event times fall on the host's clock is `super::clock`'s; what a settled sample
+//! does to the bucket is `super::settle`'s; this file only measures.
 
 use super::clock::Reference;
 use super::duty;
@@ -125,16 +125,7 @@ impl Sample {
     /// the reference before: four calls, each 2.8-4.0 us on an H100 in a launch loop
     /// (`costs.c`'s cold parts, BENCHMARKS run 23), 11 us a settle.
     pub(super) fn read(&self, reference: Option<Reference>) -> Reading {
-        let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
-        let between = || {
-            let mut ms = 0f32;
-            // SAFETY: valid out-pointer; both events of one context, recorded on one stream.
-            match unsafe { elapsed(&mut ms, self.start, self.end) } {
-                CUDA_SUCCESS if ms.is_finite() => Ok((ms.max(0.0) as f64 * 1e6) as u64),
-                CUDA_SUCCESS => Err(CUDA_ERROR_INVALID_VALUE),
-                error => Err(error),
-            }
-        };
+        let between = || elapsed_ns(self.start, self.end).map(|ns| ns.max(0) as u64);
         match reference {
             Some(reference) => reading(
                 Some((reference.since(self.end), || reference.since(self.start))),
@@ -142,6 +133,21 @@ impl Sample {
             ),
             None => reading(None::<(_, fn() -> _)>, between),
         }
+    }
+}
+
+/// The GPU time from the event `from` to the event `to` (both of the current context),
+/// ns; the driver's error where it has none (`CUDA_ERROR_NOT_READY`: one has not fired
+/// yet), and `CUDA_ERROR_INVALID_VALUE` for a time that is not a number.
+pub(super) fn elapsed_ns(from: CUevent, to: CUevent) -> Result<i64, CUresult> {
+    let elapsed = real!(cuEventElapsedTime as fn(*mut f32, CUevent, CUevent) -> CUresult);
+    let mut ms = 0f32;
+    // SAFETY: valid out-pointer; the events are the limiter's own, created and recorded
+    // in one context.
+    match unsafe { elapsed(&mut ms, from, to) } {
+        CUDA_SUCCESS if ms.is_finite() => Ok((ms as f64 * 1e6) as i64),
+        CUDA_SUCCESS => Err(CUDA_ERROR_INVALID_VALUE),
+        error => Err(error),
     }
 }
 

@@ -6,10 +6,10 @@
 //! it reads anyway (`lifecycle::SWITCHES`).
 //!
 //! The counters say which way launches went (fast path, slow path, held by the bucket,
-//! measured, skipped for a capture, or without a limiter for their device), what was charged (as measured, and
-//! after the host's correction factor), what the bucket made the process wait, and how
-//! samples fared (settled, dropped, never taken and why), and what the fast path itself
-//! cost: `fast_path_own_ns`, the wall time of the shim's own work in fast-path launches
+//! measured, skipped for a capture, or without a limiter for their device), what was
+//! charged (as measured, and after the host's correction factor), what the bucket made
+//! the process wait, and how samples fared (settled, dropped, never taken and why), and
+//! what the fast path itself cost: `fast_path_own_ns`, the wall time of the shim's own work in fast-path launches
 //! with the real launch left out, read from the CPU's time-stamp counter (two reads per
 //! launch, only while tracing; the trace's own counting is in it), and whether the fast
 //! path's clock read the time-stamp counter (`fast_clock_counter 1`) or the vDSO (`0`).
