@@ -243,6 +243,22 @@ fn the_contention_part_runs_and_judges_every_check_over_the_sim() {
     assert_eq!(verdict, "PASS", "the hostile tenant over the sim: {figure}");
 }
 
+/// Runs the judge `script` of tests/gpu/limiter over the run folder `out` (its logs/)
+/// with `args`; fails the test where the judge itself fails.
+fn run_judge(script: &str, out: &Path, args: &[&str]) {
+    let output = Command::new("python3")
+        .arg(repo_root().join("tests/gpu/limiter").join(script))
+        .arg(out)
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("run {script}: {error}"));
+    assert!(
+        output.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// contention.py's records for the `two` part over made-up logs: a bare fixed-work run
 /// of 100 % a window, and for each of `runs` (name, side a's and side b's 100 ms windows),
 /// both sides started together and busy 4 s.
@@ -273,17 +289,7 @@ fn judge_two(runs: &[(&str, f64, f64)]) -> Option<BTreeMap<String, (String, Stri
             );
         }
     }
-    let output = Command::new("python3")
-        .arg(repo_root().join("tests/gpu/limiter/contention.py"))
-        .arg(out.path())
-        .arg("two")
-        .output()
-        .expect("run contention.py");
-    assert!(
-        output.status.success(),
-        "contention.py: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_judge("contention.py", out.path(), &["two"]);
     Some(records(out.path()))
 }
 
@@ -682,17 +688,7 @@ fn judge_rounds(
     }
     let state = serde_json::json!({"cycles": 6, "lead_s": 0.25, "order": [], "runs": states});
     std::fs::write(logs.join("rounds.json"), state.to_string()).expect("rounds.json");
-    let output = Command::new("python3")
-        .arg(repo_root().join("tests/gpu/limiter/judge.py"))
-        .arg(out.path())
-        .args(["0.5", "1"])
-        .output()
-        .expect("run judge.py");
-    assert!(
-        output.status.success(),
-        "judge.py: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_judge("judge.py", out.path(), &["0.5", "1"]);
     let figures: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.path().join("limiter.json")).expect("limiter.json"),
     )
