@@ -319,16 +319,21 @@ ROUNDS = LOGS.rounds_state()
 MIN_CYCLES = max(3, (ROUNDS or {}).get("cycles", 0) // 2)
 
 
+def round_state(name):
+    """What interleave.py's rounds.json says of run NAME ({} for logs not made in rounds)."""
+    return ((ROUNDS or {}).get("runs") or {}).get(name) or {}
+
+
 def given_up(name):
     """Why interleave.py gave up on run NAME (with its logs' last word), or None."""
-    state = ((ROUNDS or {}).get("runs") or {}).get(name) or {}
+    state = round_state(name)
     return f"{state['failed']}; {why(name)}" if state.get("failed") else None
 
 
 def exit_note(name):
     """How run NAME ended after all its rounds, where not as asked (a note: its figures
     stand, as a one-shot run's did whatever its exit status), or ""."""
-    state = ((ROUNDS or {}).get("runs") or {}).get(name) or {}
+    state = round_state(name)
     return f" ({name} {state['exit']})" if state.get("exit") else ""
 
 
