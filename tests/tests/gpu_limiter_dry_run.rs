@@ -8,7 +8,10 @@
 //! cannot reach (its turns cost no work), is judged over made-up logs, and so is the
 //! per-cycle math of the host-bound loops' rounds. Those rounds (part `torch`:
 //! persistent processes served by `rounds.py`, coordinated by `interleave.py`) run here
-//! with `standin.py` in PyTorch's place, healthy and with broken runs.
+//! with `standin.py` in PyTorch's place, healthy and with broken runs. So do the launch
+//! cost's interleaved pairs (part `launch`: `streams launch-serve` processes coordinated
+//! by `pairs.py`), healthy and with broken sides, and their median math over made-up
+//! logs.
 //!
 //! Needs root (`vgpu run`'s namespaces), a C compiler and python3.
 
@@ -358,8 +361,9 @@ fn limits_that_fill_the_card_are_judged_by_what_two_busy_unlimited_containers_go
     );
 }
 
-/// A finished run of `run_limiter.sh`'s part `torch` with standin.py in the loops' place:
-/// its records, its OUT, and the sim host (whose folder holds OUT) kept alive.
+/// A finished dry run of `run_limiter.sh` (part `torch` with standin.py in the loops'
+/// place, or part `launch`): its records, its OUT, and the sim host (whose folder holds
+/// OUT) kept alive.
 struct RoundsRun {
     _host: SimHost,
     out: std::path::PathBuf,
@@ -443,6 +447,12 @@ const SHORT_ROUNDS: [(&str, &str); 7] = [
 /// of [`SHORT_ROUNDS`]; killed (and the test failed) if it takes longer than `limit`:
 /// nothing in it may hang.
 fn rounds_run(env: &[(&str, &str)], limit: std::time::Duration) -> Option<RoundsRun> {
+    limiter_run(&[&SHORT_ROUNDS, env], limit)
+}
+
+/// `run_limiter.sh` over the sim with `envs` (each on top of the one before); killed
+/// (and the test failed) if it takes longer than `limit`.
+fn limiter_run(envs: &[&[(&str, &str)]], limit: std::time::Duration) -> Option<RoundsRun> {
     require!(
         return None;
         Need::Root,
@@ -450,15 +460,17 @@ fn rounds_run(env: &[(&str, &str)], limit: std::time::Duration) -> Option<Rounds
     );
     let host = SimHost::new(1);
     let prefix = host.install();
-    let out = host.dir.path().join("torch");
+    let out = host.dir.path().join("limiter");
     let mut command = Command::new("bash");
     command
         .arg(repo_root().join("tests/gpu/limiter/run_limiter.sh"))
         .arg(&prefix)
         .arg(&out)
-        .env("SIMULATE", "1")
-        .envs(SHORT_ROUNDS)
-        .envs(env.iter().copied())
+        .env("SIMULATE", "1");
+    for env in envs {
+        command.envs(env.iter().copied());
+    }
+    command
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(host.dir.path().join("run.txt")).expect("run.txt"));
     let began = std::time::Instant::now();
@@ -471,7 +483,7 @@ fn rounds_run(env: &[(&str, &str)], limit: std::time::Duration) -> Option<Rounds
             let _ = child.kill();
             let _ = child.wait();
             panic!(
-                "run_limiter.sh PARTS=torch still running after {limit:?}:\n{}",
+                "run_limiter.sh still running after {limit:?}:\n{}",
                 std::fs::read_to_string(host.dir.path().join("run.txt")).unwrap_or_default()
             );
         }
@@ -781,4 +793,425 @@ fn the_loops_are_judged_by_the_median_of_their_per_cycle_ratios() {
     let (few, figure) = verdict("training-without-a-limit");
     assert_eq!(few, "FAIL", "{figure}");
     assert!(figure.contains("only 2 cycles in common"), "{figure}");
+}
+
+/// `streams launch-serve N` (parts `launch`'s server, driven by pairs.py) over the sim:
+/// ready once set up, one round of N launches a line, ended by `quit` or the end of its
+/// input with status 0, and by a reader gone away with 3 rather than waiting.
+#[test]
+fn launch_serve_answers_a_round_a_line_and_ends_on_quit_eof_or_a_gone_reader() {
+    use std::io::{BufRead, Write};
+    require!(Need::Root);
+    let host = SimHost::new(1);
+    let streams = vgpu_test_support::streams_workload(host.dir.path());
+    let serve = || {
+        let mut command = Command::new(vgpu_tests::vgpu());
+        command
+            .args(["run", "--simulate", "--"])
+            .arg(&streams)
+            .args(["launch-serve", "1000"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .env("VGPU_HOST_DIR", host.dir.path().join("host"));
+        host.apply(&mut command).spawn().expect("run streams")
+    };
+    let lines = |output: &std::process::Output| -> Vec<serde_json::Value> {
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("a JSON line"))
+            .collect()
+    };
+    for (input, rounds) in [("round 0\nround 1\nquit\nround 2\n", 2), ("round 0\n", 1)] {
+        let mut child = serve();
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write the rounds");
+        // Its stdin dropped: after the rounds, the end of its input.
+        let output = wait_within(child, std::time::Duration::from_secs(60));
+        assert_eq!(output.status.code(), Some(0), "{input:?}: {output:?}");
+        let found = lines(&output);
+        assert_eq!(found.len(), 1 + rounds, "{input:?}: {found:?}");
+        assert_eq!(found[0]["ready"], true, "{found:?}");
+        assert_eq!(found[0]["n"], 1000, "{found:?}");
+        for (round, line) in found[1..].iter().enumerate() {
+            assert_eq!(line["round"], round, "{line}");
+            assert!(
+                line["per_launch_ns"].as_f64().is_some_and(|ns| ns > 0.0),
+                "{line}"
+            );
+        }
+    }
+    // The reader goes away once it is ready: the next round's line cannot be written.
+    let mut child = serve();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut ready = String::new();
+    stdout.read_line(&mut ready).expect("its ready line");
+    assert!(ready.contains("\"ready\": true"), "{ready}");
+    drop(stdout);
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"round 0\n").expect("ask a round");
+    let output = wait_within(child, std::time::Duration::from_secs(60));
+    drop(stdin);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+}
+
+/// Waits for `child` at most `limit` (then kills it and fails the test); its output.
+fn wait_within(mut child: std::process::Child, limit: std::time::Duration) -> std::process::Output {
+    let began = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if began.elapsed() > limit {
+            let _ = child.kill();
+            panic!(
+                "still running after {limit:?}: {:?}",
+                child.wait_with_output()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("its output")
+}
+
+/// The rounds side `run` of a pairs.py run served: its .out lines with a cycle.
+fn side_rounds(logs: &Path, run: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(logs.join(format!("{run}.out")))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|value| value.get("cycle").is_some())
+        .collect()
+}
+
+/// Part `launch` over the sim: the launch cost by three pairs of persistent processes
+/// (pairs.py and `streams launch-serve`), each side served every cycle's round in the
+/// alternating order and ended on `quit`, the limited ones untraced; the check is judged
+/// by the median of the pairs' ratios with every pair's figures, and the other launch
+/// checks are there as before. The sim's figures are not judged.
+#[test]
+fn the_launch_cost_runs_as_interleaved_pairs_of_processes_over_the_sim() {
+    let short = [
+        ("PARTS", "launch"),
+        ("LAUNCH_CYCLES", "6"),
+        ("LAUNCH_ROUND", "2000"),
+    ];
+    let Some(run) = limiter_run(&[&short], std::time::Duration::from_secs(300)) else {
+        return;
+    };
+    let (verdict, figure) = &run.found["launch-cost-launch"];
+    assert!(
+        ["PASS", "FAIL"].contains(&verdict.as_str()),
+        "{verdict} {figure}"
+    );
+    assert!(
+        figure.contains("the median of 3 process pairs' ratios (")
+            && figure.contains("each the median over its 6 cycles (a round of 2000 launches")
+            && figure.contains("per pair ns a launch bare / --cores 99")
+            && !figure.contains("FAILED"),
+        "{figure}"
+    );
+    // The traced run's figures still reach it.
+    assert!(figure.contains("[launch-99-trace: "), "{figure}");
+    for check in ["launch-cost-in-process", "launch-cost-in-process-kernels"] {
+        assert!(
+            run.found.contains_key(check),
+            "{check}: {:?}",
+            run.found.keys()
+        );
+    }
+    let figures: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.out.join("limiter.json")).expect("limiter.json"),
+    )
+    .expect("limiter.json's JSON");
+    let checked = &figures["checks"]["launch-cost-launch"];
+    let pairs = checked["pairs"].as_array().expect("each pair's figures");
+    assert_eq!(pairs.len(), 3, "{checked}");
+    for pair in pairs {
+        assert_eq!(pair["cycles"], 6, "{pair}");
+        assert!(pair["ratio"].as_f64().is_some_and(|r| r > 0.0), "{pair}");
+    }
+    assert_eq!(checked["failed"], serde_json::json!([]), "{checked}");
+
+    let logs = run.out.join("logs");
+    let state: serde_json::Value =
+        serde_json::from_str(&run.log("launch-pairs.json")).expect("launch-pairs.json");
+    for pair in 1..=3 {
+        for side in ["bare", "limited"] {
+            let name = format!("launch-pair{pair}-{side}");
+            let rounds = side_rounds(&logs, &name);
+            let cycles: Vec<u64> = rounds
+                .iter()
+                .map(|r| r["cycle"].as_u64().unwrap())
+                .collect();
+            assert_eq!(cycles, [0, 1, 2, 3, 4, 5], "{name}");
+            for round in &rounds {
+                // Bare first in even cycles, limited first in odd ones.
+                let even = round["cycle"].as_u64().unwrap() % 2 == 0;
+                assert_eq!(round["first"], (side == "bare") == even, "{name}: {round}");
+                assert!(round["per_launch_ns"].as_f64().is_some_and(|ns| ns > 0.0));
+                assert_eq!(round["n"], 2000, "{round}");
+            }
+            assert_eq!(run.rc(&name), Some(0), "{name}: ended on quit");
+            let entry = &state["runs"][&name];
+            assert!(
+                entry["failed"].is_null() && entry["rounds"] == 6 && entry["rc"] == 0,
+                "{name}: {entry}"
+            );
+            assert!(
+                !run.has_trace(&name),
+                "{name}: the timed pairs are untraced"
+            );
+        }
+    }
+}
+
+/// A launch-serve stand-in for the limited side that breaks after two rounds: `die`
+/// exits 7, `stall` never answers the third round.
+const BROKEN_SERVER: &str = r#"echo '{"case": "launch-serve", "ready": true, "n": 1}'
+n=0
+while read -r line; do
+    [ "$line" = quit ] && exit 0
+    if [ "$n" -ge 2 ]; then
+        [ "$1" = die ] && exit 7
+        sleep 600
+    fi
+    echo '{"case": "launch-serve", "round": '"$n"', "n": 1, "per_launch_ns": 1000.0}'
+    n=$((n + 1))
+done"#;
+
+/// Sides that cannot start, never get ready, die mid-way or stall in a round fail their
+/// pair with the reason, within the deadlines, and judge.py fails the launch cost with
+/// it; the healthy side (streams over the sim) ends on `quit` all the same, and the next
+/// pair runs. Each case is one pairs.py call; they run side by side.
+#[test]
+fn broken_launch_pairs_fail_with_their_reason_and_nothing_hangs() {
+    require!(
+        Need::Root,
+        Need::program("python3", "apt-get install python3")
+    );
+    let host = SimHost::new(1);
+    let streams = vgpu_test_support::streams_workload(host.dir.path());
+    let server = host.dir.path().join("broken.sh");
+    std::fs::write(&server, BROKEN_SERVER).expect("broken.sh");
+    let server = server.display().to_string();
+    let vgpu = vgpu_tests::vgpu().display().to_string();
+    let streams = streams.display().to_string();
+    // (case, the limited side's command, pairs, what the check's figure says)
+    let cases: [(&str, Vec<&str>, u32, &[&str]); 4] = [
+        (
+            "no-start",
+            vec!["/nonexistent/streams", "launch-serve", "500"],
+            2,
+            &[
+                "pair 1 limited: ended before it was ready; rc=127",
+                "pair 2 limited: ended",
+            ],
+        ),
+        (
+            "never-ready",
+            vec!["sleep", "600"],
+            1,
+            &["pair 1 limited: not ready within 30 s"],
+        ),
+        (
+            "dies",
+            vec!["sh", &server, "die"],
+            2,
+            &["pair 1 limited: ended in cycle 2's round (2 rounds done); rc=7"],
+        ),
+        (
+            "stalls",
+            vec!["sh", &server, "stall"],
+            2,
+            &["pair 2 limited: cycle 2's round not done within 5 s (2 rounds done)"],
+        ),
+    ];
+    let began = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for (case, limited, pairs, reasons) in &cases {
+            let (host, vgpu, streams) = (&host, &vgpu, &streams);
+            scope.spawn(move || {
+                let out = host.dir.path().join(case);
+                let logs = out.join("logs");
+                std::fs::create_dir_all(&logs).expect("logs/");
+                let mut command = Command::new("python3");
+                command
+                    .arg(repo_root().join("tests/gpu/limiter/pairs.py"))
+                    .arg("launch")
+                    .arg(&logs)
+                    .args(["--pairs", &pairs.to_string(), "--cycles", "4"])
+                    .args(["--ready-s", "30", "--round-s", "5"])
+                    .args(["bare:", vgpu, "run", "--simulate", "--", streams])
+                    .args(["launch-serve", "500", "limited:"])
+                    .args(limited)
+                    .env("VGPU_HOST_DIR", out.join("host"))
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped());
+                let child = host.apply(&mut command).spawn().expect("run pairs.py");
+                let output = wait_within(child, std::time::Duration::from_secs(200));
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                assert_eq!(
+                    output.status.code(),
+                    Some(1),
+                    "{case}: a pair failed: {stderr}"
+                );
+                let state: serde_json::Value = serde_json::from_str(
+                    &std::fs::read_to_string(logs.join("launch-pairs.json")).expect("state"),
+                )
+                .expect("launch-pairs.json");
+                for pair in 1..=*pairs {
+                    let bare = format!("launch-pair{pair}-bare");
+                    let limited = format!("launch-pair{pair}-limited");
+                    // The healthy side was told to quit and did.
+                    assert_eq!(state["runs"][&bare]["failed"], serde_json::Value::Null);
+                    assert_eq!(state["runs"][&bare]["rc"], 0, "{case} {bare}: {stderr}");
+                    assert!(
+                        state["runs"][&limited]["failed"].is_string(),
+                        "{case}: {state}"
+                    );
+                }
+                run_judge("judge.py", &out, &["0.5", "0"]);
+                let (verdict, figure) = &records(&out)["launch-cost-launch"];
+                assert_eq!(verdict, "FAIL", "{case}: {figure}");
+                for reason in *reasons {
+                    assert!(
+                        figure.contains(reason),
+                        "{case}: wanted {reason:?} in {figure}"
+                    );
+                }
+            });
+        }
+    });
+    // The waits that cost time: the never-ready side's 30 s, a stall's 5 s a pair; on a
+    // busy machine start-ups take longer, but nothing waits without a deadline.
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(200),
+        "{:?}",
+        began.elapsed()
+    );
+}
+
+/// Writes pairs.py's logs for check KIND: `pairs` of (bare, limited) per-launch ns by
+/// cycle, and each side's reason for failing (None: it did all its rounds).
+fn made_up_pairs(logs: &Path, kind: &str, pairs: &[(&[f64], &[f64])], failed: &[(&str, &str)]) {
+    let mut runs = serde_json::Map::new();
+    for (index, (bare, limited)) in pairs.iter().enumerate() {
+        let pair = index + 1;
+        for (side, rounds) in [("bare", bare), ("limited", limited)] {
+            let name = format!("{kind}-pair{pair}-{side}");
+            let mut text =
+                String::from("{\"case\": \"launch-serve\", \"ready\": true, \"n\": 5000}\n");
+            for (cycle, ns) in rounds.iter().enumerate() {
+                let first = (side == "bare") == (cycle % 2 == 0);
+                text += &format!(
+                    "{}\n",
+                    serde_json::json!({"case": "launch-serve", "round": cycle, "n": 5000,
+                                       "per_launch_ns": ns, "cycle": cycle, "first": first})
+                );
+            }
+            std::fs::write(logs.join(format!("{name}.out")), text).expect("a side's .out");
+            std::fs::write(logs.join(format!("{name}.rc")), "0\n").expect("a side's .rc");
+            let why = failed.iter().find(|(n, _)| *n == name).map(|(_, why)| *why);
+            runs.insert(
+                name,
+                serde_json::json!({"pair": pair, "side": side, "ready": true,
+                                   "rounds": rounds.len(), "failed": why, "rc": 0}),
+            );
+        }
+    }
+    let state = serde_json::json!({"name": kind, "pairs": pairs.len(), "cycles": 7, "runs": runs});
+    std::fs::write(logs.join(format!("{kind}-pairs.json")), state.to_string()).expect("state");
+}
+
+/// judge.py's launch-cost checks over made-up pairs: each pair's ratio is the median of
+/// its cycles' limited / bare, the check's the median of the pairs' ratios. A cycle a
+/// stall hit (limited at 2x in one cycle, bare at 2x in another) and one pair of slow
+/// processes (1.20 in every cycle) move neither the verdict nor the figure, where a mean
+/// (of the cycles' ratios, 1.18 for the first pair; of the pairs', 1.09) or pooled rounds
+/// (1.20 for the first pair) would fail it. A pair given up on fails the check with its
+/// reason, whatever the others measured.
+#[test]
+fn the_launch_cost_is_the_median_of_the_pairs_median_cycle_ratios() {
+    require!(Need::program("python3", "apt-get install python3"));
+    // The host's pace drifts from cycle to cycle; both sides of a cycle drift alike.
+    let drift = [3000.0, 3300.0, 2700.0, 3600.0, 2400.0, 3000.0, 3150.0];
+    let times = |factor: f64| drift.map(|b| (b * factor * 10.0).round() / 10.0);
+    let mut stalled = times(1.04);
+    stalled[3] = 7200.0;
+    let mut bare_stalled = drift;
+    bare_stalled[5] = 6000.0;
+    let slow = times(1.20);
+    let pairs: [(&[f64], &[f64]); 3] = [
+        (&drift, &stalled),
+        (&bare_stalled, &times(1.03)),
+        (&drift, &slow),
+    ];
+    let judge = |pairs: &[(&[f64], &[f64])], failed: &[(&str, &str)]| {
+        let out = tempfile::tempdir().expect("a temporary folder");
+        let logs = out.path().join("logs");
+        std::fs::create_dir(&logs).expect("logs/");
+        made_up_pairs(&logs, "launch", pairs, failed);
+        made_up_pairs(&logs, "cudart", pairs, failed);
+        run_judge("judge.py", out.path(), &["0.5", "0", "cudart"]);
+        let figures: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.path().join("limiter.json")).expect("limiter.json"),
+        )
+        .expect("limiter.json's JSON");
+        (records(out.path()), figures["checks"].clone())
+    };
+
+    let (found, figures) = judge(&pairs, &[]);
+    for check in ["launch-cost-launch", "launch-cost-cudart"] {
+        let (verdict, figure) = &found[check];
+        assert_eq!(verdict, "PASS", "{check}: {figure}");
+        assert!(
+            figure.contains("1.040x, the median of 3 process pairs' ratios (1.040, 1.030, 1.200)")
+                && figure.contains("each the median over its 7 cycles (a round of 5000 launches")
+                && figure.contains("3000 / 3120, 3150 / 3090, 3000 / 3600")
+                && figure.contains("medians bare 3.000 us, --cores 99 3.120 us"),
+            "{check}: {figure}"
+        );
+        let checked = &figures[check];
+        assert_eq!(checked["ratio"], 1.04, "{checked}");
+        assert_eq!(checked["bare_us"], 3.0, "{checked}");
+        assert_eq!(checked["limited_us"], 3.12, "{checked}");
+        let each = &checked["pairs"];
+        assert_eq!(each[0]["ratio"], 1.04, "{checked}");
+        assert_eq!(
+            each[0]["spread"],
+            serde_json::json!([1.04, 2.0]),
+            "{checked}"
+        );
+        assert_eq!(each[1]["ratio"], 1.03, "{checked}");
+        assert_eq!(
+            each[1]["spread"],
+            serde_json::json!([0.515, 1.03]),
+            "{checked}"
+        );
+        assert_eq!(each[2]["ratio"], 1.2, "{checked}");
+        assert_eq!(each[2]["cycles"], 7, "{checked}");
+    }
+
+    // Two pairs of slow processes: the median is theirs.
+    let (found, _) = judge(&[pairs[0], pairs[2], pairs[2]], &[]);
+    let (verdict, figure) = &found["launch-cost-launch"];
+    assert_eq!(verdict, "FAIL", "{figure}");
+    assert!(figure.contains("1.200x, the median of 3"), "{figure}");
+
+    // A pair given up on: its reason, and the check fails though the rest pass.
+    let (found, _) = judge(
+        &[pairs[0], (&drift[..4], &times(1.03)[..3]), pairs[1]],
+        &[(
+            "launch-pair2-limited",
+            "ended in cycle 3's round (3 rounds done)",
+        )],
+    );
+    let (verdict, figure) = &found["launch-cost-launch"];
+    assert_eq!(verdict, "FAIL", "{figure}");
+    assert!(
+        figure.contains("FAILED: pair 2 limited: ended in cycle 3's round (3 rounds done); rc=0")
+            && figure.contains("(1.040, 1.030, 1.030)"),
+        "{figure}"
+    );
 }

@@ -13,10 +13,19 @@
 #   3. one stream of full-card kernels (100 us, 10 ms) at 30 and 70, graphs at 30;
 #   4. two processes of one container (one --state-dir), 4 streams each, at 30;
 #   5. two containers at 30 and 60 at once; soft 30 alone, then a hard 60 joins;
-#   6. launch cost bare and under --cores 99, five interleaved pairs (driver API, and
-#      cudart's `bench launch` when nvcc is there), and in one --cores 99 process the
-#      shim's cuLaunchKernel against the real driver's (`streams launch-ab`), with one
-#      kernel and with eight in turn;
+#   6. launch cost bare and under --cores 99 (driver API, and cudart's `bench` when
+#      nvcc is there) in LAUNCH_PAIRS (3) pairs of persistent processes, one bare and one
+#      at 99, both pinned (PIN), started at once and warmed up once, then taking turns at
+#      LAUNCH_CYCLES (30) cycles of one round of LAUNCH_ROUND (5000) launches each
+#      (`launch-serve`, pairs.py; bare first in even cycles): a pair's ratio is the median
+#      of its cycles' limited / bare, so the host's drift cancels, and the check's is the
+#      median of the pairs', so one process's own pace shows as one pair's ratio. Budget
+#      (estimated, not yet timed on a card): a pair's start-up and warm-up (2-4 s), 60
+#      rounds of 15 ms (3 us a launch) and the exit, about 4-5 s, so 12-15 s for three
+#      where five pairs of separate 200k-launch runs took about 30 s; the cudart
+#      diagnostics below (quota only, own stream) as before, in separate processes. Then
+#      one traced run, and in one --cores 99 process the shim's cuLaunchKernel against the
+#      real driver's (`streams launch-ab`), with one kernel and with eight in turn;
 #   7. PyTorch (when there): whether an event on an idle stream waits while another
 #      process has the card (event_turns.py); the batch-1 decode loop bare, at 30, 60
 #      and 99; training bare and at 50; both loops with a memory quota and no compute
@@ -73,22 +82,58 @@ has torch && [ "${SIMULATE:-0}" != 1 ] && python3 -c "import torch; assert torch
 # logs/NAME.out / .err / .rc
 step() {
     local name=$1 limit=$2 cores=$3; shift 3
-    local wrap=()
+    wrap_for "$name" "$cores"
+    timeout -k 5 "$limit" "${WRAP[@]}" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err"
+    echo $? >"$LOGS/$name.rc"
+}
+# wrap_for NAME bare|unlimited|CORES: step's wrapper for run NAME, into the array WRAP
+# (empty for bare on a real card).
+wrap_for() {
+    local name=$1 cores=$2
+    WRAP=()
     if [ "$cores" = bare ]; then
-        [ "${SIMULATE:-0}" = 1 ] && wrap=("$VGPU" run --simulate --)
+        [ "${SIMULATE:-0}" = 1 ] && WRAP=("$VGPU" run --simulate --)
     elif [ "$cores" = unlimited ]; then
-        wrap=("$VGPU" run "${SIM[@]}" --memory 8GiB --)
+        WRAP=("$VGPU" run "${SIM[@]}" --memory 8GiB --)
     else
         # shellcheck disable=SC2206 # RUN_FLAGS is a list of words
-        wrap=(env "VGPU_LIMITER_TRACE=${VGPU_LIMITER_TRACE-$LOGS/$name.trace.%p}"
+        WRAP=(env "VGPU_LIMITER_TRACE=${VGPU_LIMITER_TRACE-$LOGS/$name.trace.%p}"
               "$VGPU" run "${SIM[@]}" --memory 8GiB --cores "$cores" ${RUN_FLAGS:-} --)
     fi
-    timeout -k 5 "$limit" "${wrap[@]}" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err"
-    echo $? >"$LOGS/$name.rc"
 }
 case_timeout=$(( ${CASE_S%.*} + 30 ))
 # shellcheck source=pin.sh
 . "$HERE/pin.sh"
+
+# The launch cost's interleaved pairs (parts launch and cudart; see the header's step 6).
+LAUNCH_PAIRS=${LAUNCH_PAIRS:-3}
+LAUNCH_CYCLES=${LAUNCH_CYCLES:-30}
+LAUNCH_ROUND=${LAUNCH_ROUND:-5000}
+LAUNCH_READY_S=${LAUNCH_READY_S:-60}
+LAUNCH_ROUND_S=${LAUNCH_ROUND_S:-10}
+# launch_pairs NAME SERVER...: LAUNCH_PAIRS pairs of SERVER (a `launch-serve` command),
+# one process bare and one at --cores 99 (untraced), each wrapped as `step` wraps and
+# pinned as the other launch runs are, taking turns for LAUNCH_CYCLES cycles of one
+# round each (pairs.py); logs/NAME-pairP-bare|limited.*, logs/NAME-pairs.json and
+# pairs.py's own account in logs/NAME-pairs.log. pairs.py gives up on a pair at its
+# first missed deadline (start-up, a round, the exit); its own deadline allows each pair
+# its start-up, two rounds' deadlines and a minute, and one more minute: where it is cut
+# short, NAME-pairs.json leaves the pair under way unfinished, which fails the check.
+launch_pairs() {
+    local name=$1; shift
+    local bare limited
+    wrap_for "$name-bare" bare
+    # shellcheck disable=SC2206 # PIN is a list of words
+    bare=("${WRAP[@]}" $PIN "$@")
+    VGPU_LIMITER_TRACE= wrap_for "$name-99" 99
+    # shellcheck disable=SC2206
+    limited=("${WRAP[@]}" $PIN "$@")
+    timeout -k 5 $(( LAUNCH_PAIRS * (${LAUNCH_READY_S%.*} + 2 * ${LAUNCH_ROUND_S%.*} + 60) + 60 )) \
+        python3 "$HERE/pairs.py" "$name" "$LOGS" --pairs "$LAUNCH_PAIRS" --cycles "$LAUNCH_CYCLES" \
+        --ready-s "$LAUNCH_READY_S" --round-s "$LAUNCH_ROUND_S" \
+        bare: "${bare[@]}" limited: "${limited[@]}" 2>"$LOGS/$name-pairs.log"
+    cat "$LOGS/$name-pairs.log" >&2
+}
 
 if [ -n "$STREAMS" ] && has streams; then
     echo "== bare baselines" >&2
@@ -176,11 +221,11 @@ if [ -n "$STREAMS" ] && has launch; then
     # Timed runs without the trace (its counters cost a few atomics per launch); one
     # traced run after them says what the limiter did.
     # Each run on the same two CPUs (PIN): unpinned, runs of one kind spread 3.26-4.29 us
-    # in run 11, more than the limiter's whole cost.
-    for i in 1 2 3 4 5; do
-        step "launch-bare-$i" 60 bare $PIN "$STREAMS" launch 200000
-        VGPU_LIMITER_TRACE= step "launch-99-$i" 60 99 $PIN "$STREAMS" launch 200000
-    done
+    # in run 11, more than the limiter's whole cost. Bare and --cores 99 as persistent
+    # processes taking turns (pairs.py): separate processes, one after the other, spread
+    # 0.85-1.26x from pair to pair on the H100s and H200s where the shim's own cost in one
+    # process (launch-ab) read a steady 1.04-1.07x.
+    launch_pairs launch "$STREAMS" launch-serve "$LAUNCH_ROUND"
     step launch-99-trace 60 99 "$STREAMS" launch 200000
     # The shim's own cost in one process: its cuLaunchKernel against the real driver's,
     # in alternating blocks on one thread and stream (streams.c launch-ab), so no second
@@ -200,15 +245,14 @@ fi
 [ -n "${NVCC:-}" ] && wait "$NVCC" 2>/dev/null
 if [ -n "${NVCC:-}" ] && [ -x "$OUT/bench" ]; then
     BENCH="$OUT/bench"
-    for i in 1 2 3 4 5; do
-        step "cudart-bare-$i" 60 bare $PIN "$BENCH" launch 200000
-        VGPU_LIMITER_TRACE= step "cudart-99-$i" 60 99 $PIN "$BENCH" launch 200000
-    done
+    launch_pairs cudart "$BENCH" launch-serve "$LAUNCH_ROUND"
     step cudart-99-trace 60 99 "$BENCH" launch 200000
     # Where the runtime API's extra cost lies (run 21: +230 ns by pairs where the fast
     # path took 103 ns of its own): with a memory quota only (the hooks' forwarding),
-    # and at 99 into a non-blocking stream of its own instead of the legacy stream.
+    # against the bare run just before it, and at 99 into a non-blocking stream of its
+    # own instead of the legacy stream (separate processes, as before the pairs above).
     for i in 1 2 3; do
+        step "cudart-bare-$i" 60 bare $PIN "$BENCH" launch 200000
         step "cudart-quota-$i" 60 unlimited $PIN "$BENCH" launch 200000
         step "cudart-own-bare-$i" 60 bare $PIN "$BENCH" launch 200000 own
         VGPU_LIMITER_TRACE= step "cudart-own-99-$i" 60 99 $PIN "$BENCH" launch 200000 own

@@ -3,7 +3,9 @@ it, judge.py and contention.py read it): each run NAME leaves NAME.out (its JSON
 bare or after `RESULT `), NAME.err, NAME.rc, NAME.trace.<pid> (VGPU_LIMITER_TRACE, one
 per process) and a line `NAME HOST_PID` in pids.txt; runs served in rounds (rounds.py)
 print a `ROUND CYCLE` line before each round's RESULT (which carries "cycle"), and
-interleave.py leaves rounds.json (each run's rounds and why it was given up).
+interleave.py leaves rounds.json (each run's rounds and why it was given up); pairs.py
+(the launch cost's pairs) leaves NAME-pairs.json and, for each of its sides, .out lines
+with "cycle" (and no `ROUND` lines).
 """
 import glob
 import json
@@ -63,6 +65,14 @@ class Logs:
         except (OSError, ValueError):
             return None
 
+    def pairs_state(self, name):
+        """pairs.py's NAME-pairs.json (its plan and each side's state), or None."""
+        try:
+            with open(self.path(name + "-pairs.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
     def rounds_of(self, name):
         """How many rounds run NAME was made in (0: not in rounds)."""
         try:
@@ -104,13 +114,18 @@ class Logs:
                     learned += cost * launches
         return (charged / 1e6, learned / 1e6) if learned > 0 else None
 
+    def tail(self, file):
+        """The last line of logs/FILE that is not blank (80 characters at most), or ""."""
+        try:
+            lines = [l.strip() for l in open(self.path(file)) if l.strip()]
+        except OSError:
+            lines = []
+        return lines[-1][:80] if lines else ""
+
     def why(self, name):
         """One line on why a run has no result."""
-        try:
-            tail = [l.strip() for l in open(self.path(name + ".err")) if l.strip()]
-        except OSError:
-            tail = []
-        return f"rc={self.rc(name)}" + (f": {tail[-1][:80]}" if tail else "")
+        tail = self.tail(name + ".err")
+        return f"rc={self.rc(name)}" + (f": {tail}" if tail else "")
 
     def host_pids(self):
         """{run name: host PID of its workload} from pids.txt."""

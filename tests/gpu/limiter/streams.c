@@ -11,6 +11,8 @@
 //                                  one case, one JSON line: completed kernels (or graphs)
 //                                  per second, and with `windows` each 100 ms window's
 //   streams launch N               N launches of an empty kernel on one stream: ns each
+//   streams launch-serve N         the same set-up, then one round of N launches for each
+//                                  line read from stdin, one JSON line each (pairs.py)
 //   streams launch-ab N            in one process, the shim's cuLaunchKernel against the real
 //                                  driver's own (found among the loaded objects), in
 //                                  alternating blocks of N/40 launches: what the shim adds
@@ -38,6 +40,7 @@
 #include <limits.h>
 #include <link.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,13 +460,64 @@ static int launch_ab(long n) {
     return 0;
 }
 
+/* `launch` and `launch-serve`: an empty kernel on a stream of its own. */
+static H empty_function, empty_stream;
+static unsigned long long empty_ns = 0;
+static void *empty_params[] = {&empty_ns};
+
+static void launch_setup(void) {
+    empty_stream = stream_new();
+    CHECK(cuModuleGetFunction(&empty_function, module, "empty_100ns"));
+    // Warm-up of 1.5 s, in steady state the way a server is: the limiter has learnt the
+    // kernel, and the host's coordinator has compared its figures with the card's.
+    for (double w0 = now_s(); now_s() - w0 < 1.5;)
+        for (int i = 0; i < 1000; i++)
+            CHECK(cuLaunchKernel(empty_function, 1, 1, 1, 32, 1, 1, 0, empty_stream, empty_params, NULL));
+    CHECK(cuStreamSynchronize(empty_stream));
+}
+
+/* N launches of the empty kernel, then a synchronisation; the seconds the launches took
+ * (the synchronisation not counted). */
+static double empty_launches(long n) {
+    double t0 = now_s();
+    for (long i = 0; i < n; i++)
+        CHECK(cuLaunchKernel(empty_function, 1, 1, 1, 32, 1, 1, 0, empty_stream, empty_params, NULL));
+    double t1 = now_s();
+    CHECK(cuStreamSynchronize(empty_stream));
+    return t1 - t0;
+}
+
+/* `launch-serve N`: set up as `launch` does, say so on stdout, then serve rounds for a
+ * coordinator (limiter/pairs.py), one a line read from stdin: N launches timed as
+ * `launch` times them, a synchronisation, one JSON line with the round's ns a launch.
+ * Between rounds it waits in the read (no CPU, no GPU work). Ends (status 0) on EOF or a
+ * line `quit`; a write that fails (the reader gone: SIGPIPE is ignored) ends it with 3. */
+static int launch_serve(long n) {
+    if (n < 1) return 1;
+    signal(SIGPIPE, SIG_IGN);
+    launch_setup();
+    if (printf("{\"case\": \"launch-serve\", \"ready\": true, \"n\": %ld}\n", n) < 0 || fflush(stdout))
+        return 3;
+    char line[256];
+    for (long served = 0; fgets(line, sizeof line, stdin); served++) {
+        if (!strncmp(line, "quit", 4) && (line[4] == '\n' || line[4] == '\0')) break;
+        double spent = empty_launches(n);
+        if (printf("{\"case\": \"launch-serve\", \"round\": %ld, \"n\": %ld, \"per_launch_ns\": %.1f}\n",
+                   served, n, spent / n * 1e9) < 0 ||
+            fflush(stdout))
+            return 3;
+    }
+    return 0;
+}
+
 static const char *SWEEP[] = {"q1x100us", "q2x100us", "q4x100us", "q8x100us", "q1x1ms",
                               "q2x1ms",   "q4x1ms",   "q8x1ms",   "f100us",   "f1ms",
                               "f10ms",    "g100us",   "w1ms"};
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: streams sweep SECONDS | run CASE SECONDS [windows] | launch N\n");
+        fprintf(stderr, "usage: streams sweep SECONDS | run CASE SECONDS [windows] | launch N"
+                        " | launch-serve N | launch-ab N\n");
         return 1;
     }
     start();
@@ -475,20 +529,11 @@ int main(int argc, char **argv) {
         return launch_ab(atol(argv[2]));
     } else if (!strcmp(argv[1], "launch")) {
         long n = atol(argv[2]);
-        H function, stream = stream_new();
-        CHECK(cuModuleGetFunction(&function, module, "empty_100ns"));
-        unsigned long long ns = 0;
-        void *params[] = {&ns};
-        // Warm-up of 1.5 s, in steady state the way a server is: the limiter has learnt the
-        // kernel, and the host's coordinator has compared its figures with the card's.
-        for (double w0 = now_s(); now_s() - w0 < 1.5;)
-            for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
-        CHECK(cuStreamSynchronize(stream));
-        double t0 = now_s();
-        for (long i = 0; i < n; i++) CHECK(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
-        double t1 = now_s();
-        CHECK(cuStreamSynchronize(stream));
-        printf("{\"case\": \"launch\", \"n\": %ld, \"per_launch_us\": %.4f}\n", n, (t1 - t0) / n * 1e6);
+        launch_setup();
+        double spent = empty_launches(n);
+        printf("{\"case\": \"launch\", \"n\": %ld, \"per_launch_us\": %.4f}\n", n, spent / n * 1e6);
+    } else if (!strcmp(argv[1], "launch-serve")) {
+        return launch_serve(atol(argv[2]));
     } else {
         return 1;
     }
