@@ -9,7 +9,10 @@
 # pairs and in one process, the runtime API when nvcc is there) for NEW, then OLD, into
 # OUT/<build>-<round>/. OUT/records.tsv gets every run's records with the check's name
 # suffixed by "@<build>-<round>", and the launch checks are printed side by side.
-# About 80 s a build and round on an H100. SIMULATE=1 runs it over the simulated driver.
+# About 80 s a build and round on an H100 with the five separate-process pairs of run 24;
+# with the interleaved pairs of persistent processes (pairs.py) the launch part took 33 s
+# over the sim against 46 before, and is not yet timed on a card. SIMULATE=1 runs it over
+# the simulated driver.
 set -u
 OLD=${1:?usage: compare_launch.sh OLD NEW OUT}
 NEW=${2:?usage: compare_launch.sh OLD NEW OUT}
