@@ -14,8 +14,8 @@
 //!
 //! Before all that, a launch the calling thread's tab covers (`super::tab`: the same
 //! short kernel on the same stream, on busy time borrowed from the bucket) reads one
-//! line of the tab and runs; the device, the capture check and the clock come after the
-//! real launch, and it is projected on the tab alone: no read-modify-write and no line
+//! line of the tab and the clock and runs; the device and the capture check come after
+//! the real launch, and it is projected on the tab alone: no read-modify-write and no line
 //! of the tables or the region. A launch the tab does not cover pays it first; a
 //! fast-path launch that repeats the thread's last and finds the bucket with credit to
 //! lend opens the next. Placed behind its stream's queued work, a launch is projected

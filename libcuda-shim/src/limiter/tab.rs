@@ -183,15 +183,18 @@ impl Drop for PaidAtExit {
 /// `stream` (`Ok`: the real launch's result); otherwise pays the tab, if one is
 /// open, and gives `launch` back for the per-launch path.
 ///
-/// Before the real launch only the tab's line is read. Everything else a launch must
-/// know is asked after it, where the CPU overlaps it with the driver's work (the
-/// limiter's work moved after the launch cost 1.008-1.024x on an H100, before it
-/// 1.05-1.10x: BENCHMARKS run 14): the clock (the launch that finds the tab's time up
-/// is its last) and whether the launch went to the tab's limiter, in one word of the
-/// switches' line (`lifecycle::sole_device`: the process's one limited device, while
-/// no capture may be under way). Where that word cannot say (several devices, a
-/// capture, a forked child before its limiter is built), [`still_on_its_device`] asks
-/// the way the per-launch path does.
+/// Before the real launch the tab's line is read, and the clock (on the switches' line,
+/// which the hook has just read): the launch is projected from when its call began, as
+/// the per-launch path projects it, and the launch that finds the tab's time up is its
+/// last. The first counter read after a real launch cost a limited launch a point or
+/// more on an H100 where a read before it costs nothing measurable (BENCHMARKS run 25).
+/// Everything else a launch must know is asked after it, where the CPU overlaps it with
+/// the driver's work (the limiter's work moved after the launch cost 1.008-1.024x on an
+/// H100, before it 1.05-1.10x: BENCHMARKS run 14): whether the launch went to the tab's
+/// limiter, in one word of the switches' line (`lifecycle::sole_device`: the process's
+/// one limited device, while no capture may be under way). Where that word cannot say
+/// (several devices, a capture, a forked child before its limiter is built),
+/// [`still_on_its_device`] asks the way the per-launch path does.
 #[inline]
 pub(super) fn run<F: FnOnce() -> CUresult>(
     kernel: u64,
@@ -230,13 +233,13 @@ fn on_tab<F: FnOnce() -> CUresult>(
         return None;
     }
     let launch = launch.take()?;
+    let now_ns = SWITCHES.clock.now_ns();
     let launching = trace::ticks();
     let result = launch();
     let launched = trace::ticks();
     if result != CUDA_SUCCESS {
         return Some(result);
     }
-    let now_ns = SWITCHES.clock.now_ns();
     if sole_device_address() != tab.device && !still_on_its_device(cell, &tab, target, now_ns) {
         return Some(result);
     }
