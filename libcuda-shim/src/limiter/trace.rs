@@ -9,10 +9,11 @@
 //! measured, skipped for a capture, or without a limiter for their device), what was
 //! charged (as measured, and after the host's correction factor), what the bucket made
 //! the process wait, and how samples fared (settled, dropped, never taken and why), and
-//! what the fast path itself cost: `fast_path_own_ns`, the wall time of the shim's own work in fast-path launches
-//! with the real launch left out, read from the CPU's time-stamp counter (two reads per
-//! launch, only while tracing; the trace's own counting is in it), and whether the fast
-//! path's clock read the time-stamp counter (`fast_clock_counter 1`) or the vDSO (`0`).
+//! what the fast path itself cost: `fast_path_own_ns`, the wall time of the shim's own
+//! work in fast-path launches with the real launch left out, read from the CPU's
+//! time-stamp counter (two reads per launch, only while tracing; the trace's own
+//! counting is in it), and whether the fast path's clock read the time-stamp counter
+//! (`fast_clock_counter 1`) or the vDSO (`0`).
 //! `slow_path_own_ns` is the same for the launches that went the slow way (samples'
 //! events, settles, publish ticks), with their real launches and sleeps left out: the
 //! two together are all the limiter's own time on the launching threads. Three parts of
