@@ -273,6 +273,10 @@ pub struct Coordinator {
     /// Per (container, card): the most the card's per-process figures showed of its
     /// processes lately, and when (see [`CORROBORATED_FOR_NS`]).
     on_card_peak: HashMap<(String, String), (f64, u64)>,
+    /// Per (container, card): since when its stamps have said it is active, by the
+    /// host's clock (see [`CORROBORATED_FOR_NS`]: a neighbour the card has not had time
+    /// to list yet).
+    active_since: HashMap<(String, String), u64>,
     /// Per (container, card): since when, alone on the card, the card's figure has
     /// been beyond [`ALONE_SLACK`] of the container's own.
     alone_beyond_since: HashMap<(String, String), u64>,
@@ -306,6 +310,7 @@ impl Coordinator {
             neighbours: HashMap::new(),
             eased_at: HashMap::new(),
             on_card_peak: HashMap::new(),
+            active_since: HashMap::new(),
             alone_beyond_since: HashMap::new(),
             escaping: HashMap::new(),
             written: HashSet::new(),
@@ -439,6 +444,7 @@ impl Coordinator {
         let mut neighbours = HashMap::new();
         let mut eased_at = HashMap::new();
         let mut on_card_peak = HashMap::new();
+        let mut active_since = HashMap::new();
         for (uuid, entries) in cards {
             let paces: Vec<Pace> = entries
                 .iter()
@@ -485,6 +491,20 @@ impl Coordinator {
                     peak.0
                 })
                 .collect();
+            // Whether each container went active so lately that the card's sparse
+            // per-process samples may not have listed it yet.
+            let newly_active: Vec<bool> = entries
+                .iter()
+                .map(|(entry, judged)| {
+                    if !judged.active {
+                        return false;
+                    }
+                    let key = (entry.id.clone(), uuid.clone());
+                    let since = self.active_since.get(&key).copied().unwrap_or(now_ns);
+                    active_since.insert(key, since);
+                    now_ns.saturating_sub(since) < CORROBORATED_FOR_NS
+                })
+                .collect();
             // Whether the containers' events time each other's slices: then their own
             // figures add up to more than the card was busy.
             let own_total: f64 = entries
@@ -503,13 +523,24 @@ impl Coordinator {
                     let mut card = *side;
                     card.events_overlap = events_overlap;
                     // The regions say a neighbour works even where NVML's sparse
-                    // per-process samples list none of it for a while; believed only
-                    // for a neighbour the card listed with work lately, so that a
-                    // tenant's stamps alone cannot keep another container from being
-                    // judged alone (where launches escaping its limiter are caught).
-                    let neighbour_active = entries.iter().zip(&peaks).any(|((other, judged), peak)| {
-                        judged.active && other.id != entry.id && *peak >= ALONE_BELOW_PERCENT
-                    });
+                    // per-process samples list none of it for a while; believed for a
+                    // neighbour the card listed with work lately, and for one that went
+                    // active so lately that the card may not have listed it yet (a
+                    // container alone until then would otherwise be charged its new
+                    // neighbour's work: the card's utilization rises with it while the
+                    // samples name nobody else). Beyond that a tenant's stamps alone
+                    // cannot keep another container from being judged alone; and
+                    // while they do, launches escaping that container's limiter are
+                    // judged beside others, by `escape_ratio`, all the same.
+                    let neighbour_active = entries
+                        .iter()
+                        .zip(&peaks)
+                        .zip(&newly_active)
+                        .any(|(((other, judged), peak), newly)| {
+                            judged.active
+                                && other.id != entry.id
+                                && (*peak >= ALONE_BELOW_PERCENT || *newly)
+                        });
                     let key = (entry.id.clone(), uuid.clone());
                     let eased = if eased_off(&entry.id, &before, &paces) {
                         Some(now_ns)
@@ -655,6 +686,7 @@ impl Coordinator {
         self.neighbours = neighbours;
         self.eased_at = eased_at;
         self.on_card_peak = on_card_peak;
+        self.active_since = active_since;
         self.alone_beyond_since = alone_beyond_since;
         self.escaping = escaping;
         // Cards nobody limited is on any more: their views go.
@@ -1213,6 +1245,17 @@ mod tests {
         }
     }
 
+    /// A hard 30 whose process (`pid`) runs in a PID namespace the host cannot see into:
+    /// believed alive, its host PID never found (what the card lists under `pid` is
+    /// another process's work to every other container).
+    fn hidden_tenant(dir: &Path, id: &str, pid: i32) -> Tenant {
+        tenant(dir, id, 30, CoreMode::Hard, None).run_by(&process::Identity {
+            pid,
+            start_time: 1,
+            pid_ns: 4_026_530_000 + pid as u64,
+        })
+    }
+
     impl Tenant {
         fn active_at(&self, ns: u64) {
             self.region.slot_limiter(self.slot, 0)[words::ACTIVE_NS].store(ns, Ordering::SeqCst);
@@ -1383,6 +1426,7 @@ mod tests {
             + coordinator.neighbours.values().map(Vec::len).sum::<usize>()
             + coordinator.eased_at.len()
             + coordinator.on_card_peak.len()
+            + coordinator.active_since.len()
     }
 
     #[test]
@@ -1707,12 +1751,7 @@ mod tests {
         let hard = tenant(dir.path(), "hard", 60, CoreMode::Hard, None);
         // The neighbour's process, in a PID namespace the host cannot see into (believed
         // alive; its own split is not judged).
-        let other =
-            tenant(dir.path(), "other", 30, CoreMode::Hard, None).run_by(&process::Identity {
-                pid: 4242,
-                start_time: 1,
-                pid_ns: 4026532999,
-            });
+        let other = hidden_tenant(dir.path(), "other", 4242);
         let specs = [hard.spec.clone(), other.spec.clone()];
         let start = monotonic_ns();
         let mut tick = |n: u64, other_works: bool, (own, others): (f64, f64)| {
@@ -1754,20 +1793,17 @@ mod tests {
 
     /// A container whose launches escape its limiter shows on the card, alone, as far
     /// more than it counted, and is charged for it. A neighbour's stamps ("working")
-    /// with no work the card ever listed must not keep it from being judged alone: a
-    /// tenant's file would steer how another container is charged.
+    /// with no work the card ever listed must not keep it from being charged: a
+    /// tenant's file would steer how another container is charged. (For their first
+    /// seconds the stamps stand for a neighbour the card has not listed yet; the escape
+    /// is judged beside others meanwhile, and alone after.)
     #[test]
     fn a_neighbours_stamps_without_work_on_the_card_do_not_shield_an_escaping_container() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut coordinator, reading) = metered(dir.path());
         let escaping = tenant(dir.path(), "escaping", 30, CoreMode::Hard, None);
         // The stamping neighbour's process, in a PID namespace the host cannot see into.
-        let stamper =
-            tenant(dir.path(), "stamper", 30, CoreMode::Hard, None).run_by(&process::Identity {
-                pid: 4243,
-                start_time: 1,
-                pid_ns: 4026532998,
-            });
+        let stamper = hidden_tenant(dir.path(), "stamper", 4243);
         let specs = [escaping.spec.clone(), stamper.spec.clone()];
         let me = process::current().pid as u32;
         let start = monotonic_ns();
@@ -1791,6 +1827,63 @@ mod tests {
             charges.last().is_some_and(|&permille| permille >= 2900),
             "the escape is charged what the card saw (60 % against 20: 3000): {charges:?}"
         );
+    }
+
+    /// A container alone on the card, and then a neighbour starts. The card's
+    /// utilization rises with the neighbour's work at once, while NVML's sparse
+    /// per-process samples may list nobody but the container for a second or more
+    /// (CI, stop 49: the honest neighbour of a hostile tenant was charged 3x and
+    /// reported, and the hostile one took 87 % meanwhile). The new neighbour's stamps
+    /// stand for it until the card has had time to list it: the container alone until
+    /// then is neither charged for the neighbour's work nor reported.
+    #[test]
+    fn a_neighbour_the_card_has_not_listed_yet_does_not_leave_a_container_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut coordinator, reading) = metered(dir.path());
+        let honest = tenant(dir.path(), "honest", 30, CoreMode::Hard, None);
+        // The newcomer's process, in a PID namespace the host cannot see into.
+        let newcomer = hidden_tenant(dir.path(), "newcomer", 4244);
+        let specs = [honest.spec.clone(), newcomer.spec.clone()];
+        let me = process::current().pid as u32;
+        let start = monotonic_ns();
+        let (mut charges, mut reported) = (Vec::new(), Vec::new());
+        for n in 0..120u64 {
+            let now = start + n * TICK_NS;
+            // 30 % by its own account and by the card's, all along.
+            honest.region.add_busy(honest.slot, 0, 15_000_000, 1);
+            honest.active_at(now);
+            // From 2 s on the newcomer runs 60 % of the card; the card's second fills
+            // with it over the next second, and its samples name it only from 4 s.
+            let newcomer_ticks = n.saturating_sub(40);
+            if newcomer_ticks > 0 {
+                newcomer.region.add_busy(newcomer.slot, 0, 30_000_000, 1);
+                newcomer.active_at(now);
+            }
+            let newcomer_percent = 60.0 * newcomer_ticks.min(20) as f64 / 20.0;
+            let mut processes = vec![(me, 30.0)];
+            if n >= 80 {
+                processes.push((4244, newcomer_percent));
+            }
+            *reading.lock().expect("reading") = CardReading {
+                card_percent: Some(30.0 + newcomer_percent),
+                processes: Some(processes),
+                error: None,
+            };
+            let report = coordinator.tick_at(&specs, now);
+            charges.push(charge(&report, "honest"));
+            if report
+                .problems
+                .iter()
+                .any(|problem| problem.contains("container honest"))
+            {
+                reported.push(n);
+            }
+        }
+        assert!(
+            charges.iter().all(|permille| *permille == 1000),
+            "charged for its new neighbour's work: {charges:?}"
+        );
+        assert!(reported.is_empty(), "reported at ticks {reported:?}");
     }
 
     /// A hard 30 beside a busy process of another container (30 % of the card), for
