@@ -36,6 +36,9 @@ import select
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from childio import Lines, write_whole  # noqa: E402
+
 POLL_S = 0.1
 
 
@@ -61,7 +64,7 @@ class Run:
         base = os.path.join(fifos, name)
         self.reply = os.open(base + ".reply", os.O_RDONLY | os.O_NONBLOCK)
         self.cmd = os.open(base + ".cmd", os.O_RDWR)
-        self.pending = b""
+        self.lines = Lines(self.reply)
         self.ready = False
         self.rounds = 0
         self.failed = None
@@ -80,16 +83,7 @@ class Run:
     def read(self):
         """The whole lines the run sent since the last call, and whether its end closed
         (it exited)."""
-        ended = False
-        try:
-            data = os.read(self.reply, 65536)
-            ended = not data
-            self.pending += data
-        except BlockingIOError:
-            pass
-        lines = self.pending.split(b"\n")
-        self.pending = lines.pop()
-        return [line.decode(errors="replace") for line in lines], ended
+        return self.lines.read()
 
     def send(self, text):
         os.write(self.cmd, (text + "\n").encode())
@@ -171,9 +165,7 @@ def main():
                                   "exit": r.exit}
                           for r in runs.values()},
                  "wall_s": round(time.monotonic() - began, 1)}
-        with open(state_path + ".new", "w") as f:
-            json.dump(state, f, indent=1)
-        os.replace(state_path + ".new", state_path)
+        write_whole(state_path, state)
 
     ready = wait_for(list(runs.values()), "READY", began + args.ready_s,
                      f"not ready within {args.ready_s:g} s", "ended before it was ready")

@@ -43,6 +43,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from childio import Lines, write_whole  # noqa: E402
+
 SIDES = ("bare", "limited")
 # How long a side told to stop (its stdin closed) may take to end before SIGTERM, and
 # SIGTERM before SIGKILL.
@@ -97,7 +100,7 @@ class Side:
         self.failed = None
         self.rc = None
         self.ns = {}
-        self.pending = b""
+        self.lines = None
         self.queue = []
         self.ended = False
         self.stopped = False
@@ -113,6 +116,7 @@ class Side:
                 err.write(f"pairs.py: cannot start {command[0]}: {error}\n".encode())
                 return
         os.set_blocking(self.proc.stdout.fileno(), False)
+        self.lines = Lines(self.proc.stdout.fileno())
 
     def fail(self, why):
         if self.failed is None:
@@ -131,14 +135,9 @@ class Side:
     def read(self):
         """Queues the whole lines the side wrote since the last call; sets `ended` once
         its stdout closed (it ended)."""
-        try:
-            data = os.read(self.proc.stdout.fileno(), 65536)
-            self.ended = self.ended or not data
-            self.pending += data
-        except BlockingIOError:
-            pass
-        *whole, self.pending = self.pending.split(b"\n")
-        self.queue += [line.decode(errors="replace") for line in whole]
+        whole, ended = self.lines.read()
+        self.ended = self.ended or ended
+        self.queue += whole
 
     def await_line(self, want, deadline):
         """The side's next line that `want(json)` accepts, or None once it ended (`ended`)
@@ -288,9 +287,7 @@ def main():
         state = {"name": args.name, "pairs": args.pairs, "cycles": args.cycles,
                  "runs": {run: side.state() for run, side in runs.items()},
                  "wall_s": round(time.monotonic() - began, 1)}
-        with open(path + ".new", "w") as f:
-            json.dump(state, f, indent=1)
-        os.replace(path + ".new", path)
+        write_whole(path, state)
 
     def started(sides):
         runs.update((s.run, s) for s in sides.values())
