@@ -19,10 +19,11 @@
 #      LAUNCH_CYCLES (30) cycles of one round of LAUNCH_ROUND (5000) launches each
 #      (`launch-serve`, pairs.py; bare first in even cycles): a pair's ratio is the median
 #      of its cycles' limited / bare, so the host's drift cancels, and the check's is the
-#      median of the pairs', so one process's own pace shows as one pair's ratio. Budget
-#      (estimated, not yet timed on a card): a pair's start-up and warm-up (2-4 s), 60
-#      rounds of 15 ms (3 us a launch) and the exit, about 4-5 s, so 12-15 s for three
-#      where five pairs of separate 200k-launch runs took about 30 s; the cudart
+#      median of the pairs', so one process's own pace shows as one pair's ratio. Budget:
+#      a pair's start-up and warm-up (2-4 s), 60 rounds of 15 ms (3 us a launch) and the
+#      exit; on an H100 (BENCHMARKS run 25) the driver API's three pairs took 9.6 s and
+#      the runtime API's 5.3 s, where five pairs of separate 200k-launch runs took about
+#      30 s; the cudart
 #      diagnostics below (quota only, own stream) as before, in separate processes. Then
 #      one traced run, and in one --cores 99 process the shim's cuLaunchKernel against the
 #      real driver's (`streams launch-ab`), with one kernel and with eight in turn;
