@@ -678,7 +678,9 @@ fn spawn_holder(dir: &std::path::Path, bytes: u64) -> (std::process::Child, u32)
 }
 
 /// Starts a child test that says `ready PID` once it holds what it holds, and waits for
-/// that line; the child then waits for its stdin to close.
+/// that line; the child then waits for its stdin to close. The rest of its output is
+/// read (and dropped) to its end, so that its harness's closing lines do not meet a
+/// closed pipe ("io error when listing tests: Broken pipe" in CI's log).
 fn spawn_until_ready(mut command: std::process::Command) -> (std::process::Child, u32) {
     command.stdin(Stdio::piped()).stdout(Stdio::piped());
     let mut child = command.spawn().expect("spawn holder");
@@ -691,6 +693,7 @@ fn spawn_until_ready(mut command: std::process::Command) -> (std::process::Child
             break line[at + "ready ".len()..].trim().parse().unwrap();
         }
     };
+    std::thread::spawn(move || lines.for_each(drop));
     (child, pid)
 }
 
