@@ -1,6 +1,6 @@
 //! What a card itself says it spent, for the host-side coordinator to check what the
 //! containers measured (the time their kernels ran, and the memory their processes
-//! hold: `crate::backstop`): [`CardMeter`], and with the `nvml` feature [`NvmlMeter`],
+//! hold: `crate::backstop`): [`CardMeter`], and with the `nvml` feature `NvmlMeter`,
 //! which asks the real NVML (the device plugin, the DRA driver and `vgpu run` load it
 //! from the driver folder).
 //!
@@ -9,7 +9,7 @@
 //! containers' processes ran in; the card's own accounting (NVML's per-process
 //! utilization) does not. The coordinator compares the two.
 
-/// What a card says about about the last second.
+/// What a card says about the last second.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CardReading {
     /// Percent of the time one or more kernels ran on the card (NVML's utilization);
