@@ -472,10 +472,14 @@ impl Coordinator {
                 .iter()
                 .map(|(_, judged)| CardSide::of(&reading, judged))
                 .collect();
-            let peaks: Vec<f64> = entries
+            // Whether the card vouches for each container's work: it listed the work
+            // lately (the most it showed stands for `CORROBORATED_FOR_NS`), or the
+            // container went active so lately that the card's sparse per-process
+            // samples may not have listed it yet.
+            let vouched: Vec<bool> = entries
                 .iter()
                 .zip(&sides)
-                .map(|((entry, _), side)| {
+                .map(|((entry, judged), side)| {
                     let key = (entry.id.clone(), uuid.clone());
                     let now_figure = side.own_percent.unwrap_or(0.0);
                     let peak = match self.on_card_peak.get(&key) {
@@ -487,22 +491,13 @@ impl Coordinator {
                         }
                         _ => (now_figure, now_ns),
                     };
+                    let newly_active = judged.active && {
+                        let since = self.active_since.get(&key).copied().unwrap_or(now_ns);
+                        active_since.insert(key.clone(), since);
+                        now_ns.saturating_sub(since) < CORROBORATED_FOR_NS
+                    };
                     on_card_peak.insert(key, peak);
-                    peak.0
-                })
-                .collect();
-            // Whether each container went active so lately that the card's sparse
-            // per-process samples may not have listed it yet.
-            let newly_active: Vec<bool> = entries
-                .iter()
-                .map(|(entry, judged)| {
-                    if !judged.active {
-                        return false;
-                    }
-                    let key = (entry.id.clone(), uuid.clone());
-                    let since = self.active_since.get(&key).copied().unwrap_or(now_ns);
-                    active_since.insert(key, since);
-                    now_ns.saturating_sub(since) < CORROBORATED_FOR_NS
+                    peak.0 >= ALONE_BELOW_PERCENT || newly_active
                 })
                 .collect();
             // Whether the containers' events time each other's slices: then their own
@@ -532,14 +527,9 @@ impl Coordinator {
                     // cannot keep another container from being judged alone; and
                     // while they do, launches escaping that container's limiter are
                     // judged beside others, by `escape_ratio`, all the same.
-                    let neighbour_active = entries
-                        .iter()
-                        .zip(&peaks)
-                        .zip(&newly_active)
-                        .any(|(((other, judged), peak), newly)| {
-                            judged.active
-                                && other.id != entry.id
-                                && (*peak >= ALONE_BELOW_PERCENT || *newly)
+                    let neighbour_active =
+                        entries.iter().zip(&vouched).any(|((other, judged), vouched)| {
+                            judged.active && other.id != entry.id && *vouched
                         });
                     let key = (entry.id.clone(), uuid.clone());
                     let eased = if eased_off(&entry.id, &before, &paces) {

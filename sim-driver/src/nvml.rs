@@ -194,11 +194,10 @@ pub const SPARSE_SAMPLES_ENV: &str = "VGPU_SIM_NVML_SAMPLES";
 /// and then, not one per query (here: each run of [`SAMPLE_FRAME_BUCKETS`] 100 ms buckets
 /// carries one, in any but its last bucket, so samples come 200 ms to 1.2 s apart, 700 ms
 /// on average, and a busy process may have none in a whole second; no gap runs longer,
-/// as none was seen longer there), each the process's busy
-/// fraction in that bucket swung by a factor from 0.1 to 1.9 towards 0 or 100 (a steady
-/// 50 % reads anywhere from 5 to 95; the swing averages 1, so many samples average to
-/// the truth). Both are
-/// drawn from a hash of the PID and the bucket: every query sees the same samples.
+/// as none was seen longer there), each the process's busy fraction in that bucket swung
+/// by a factor from 0.1 to 1.9 towards 0 or 100 (a steady 50 % reads anywhere from 5 to
+/// 95; the swing averages 1, so many samples average to the truth). Both are drawn from
+/// a hash of the PID and the bucket: every query sees the same samples.
 fn sparse(record: &ProcessRecord, now: u64, wall_us: u64) -> Vec<NvmlProcessUtilizationSample> {
     let current = now / BUCKET_NS;
     let carries = |bucket: u64| {

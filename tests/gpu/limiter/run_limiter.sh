@@ -23,10 +23,10 @@
 #      a pair's start-up and warm-up (2-4 s), 60 rounds of 15 ms (3 us a launch) and the
 #      exit; on an H100 (BENCHMARKS run 25) the driver API's three pairs took 9.6 s and
 #      the runtime API's 5.3 s, where five pairs of separate 200k-launch runs took about
-#      30 s; the cudart
-#      diagnostics below (quota only, own stream) as before, in separate processes. Then
-#      one traced run, and in one --cores 99 process the shim's cuLaunchKernel against the
-#      real driver's (`streams launch-ab`), with one kernel and with eight in turn;
+#      30 s; the cudart diagnostics below (quota only, own stream) as before, in separate
+#      processes. Then one traced run, and in one --cores 99 process the shim's
+#      cuLaunchKernel against the real driver's (`streams launch-ab`), with one kernel
+#      and with eight in turn;
 #   7. PyTorch (when there): whether an event on an idle stream waits while another
 #      process has the card (event_turns.py); the batch-1 decode loop bare, at 30, 60
 #      and 99; training bare and at 50; both loops with a memory quota and no compute
