@@ -744,23 +744,48 @@ fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
         tabs.mean(0, usize::MAX) >= per_launch.mean(0, usize::MAX) - 5.0,
         "held by its tabs:\n{tabs:?} {tabs_trace:?}\n{per_launch:?} {per_launch_trace:?}"
     );
-    // Charged, and recorded in the region, per completed launch: within 10 %.
-    let per = |ns: u64, report: &Report| ns as f64 / report.launches.max(1) as f64;
+    // Charged, and recorded in the region, per completed launch, in the run's own learned
+    // cost of the kernel: within 5 % of the per-launch path's, and each within 10 % of
+    // one cost a launch. Each run learns the cost from its own samples, and what they
+    // measure moves with the host's load: two runs back to back in CI learned 16.8 us on
+    // tabs and 19.3 without, which put the charges 13 % apart although each paid its
+    // own cost to within 1 %. A tab paid with the wrong sign, or never, moves its run's
+    // charge off its cost.
+    let cost_of = |trace: &Trace| {
+        trace
+            .1
+            .iter()
+            .find(|kernel| kernel.name == "k_20us")
+            .map_or(0.0, |kernel| kernel.cost_ns as f64)
+    };
+    let (tabs_cost, per_launch_cost) = (cost_of(&tabs_trace), cost_of(&per_launch_trace));
+    assert!(
+        tabs_cost > 0.0 && per_launch_cost > 0.0,
+        "the kernel's learned cost, traced:\n{tabs_trace:?}\n{per_launch_trace:?}"
+    );
+    let per_cost =
+        |ns: u64, report: &Report, cost: f64| ns as f64 / report.launches.max(1) as f64 / cost;
     for (what, with, without) in [
         (
             "charged",
-            per(tabs_trace.get("charged_scaled_ns"), &tabs),
-            per(per_launch_trace.get("charged_scaled_ns"), &per_launch),
+            per_cost(tabs_trace.get("charged_scaled_ns"), &tabs, tabs_cost),
+            per_cost(
+                per_launch_trace.get("charged_scaled_ns"),
+                &per_launch,
+                per_launch_cost,
+            ),
         ),
         (
             "recorded",
-            per(tabs.region_busy_ns, &tabs),
-            per(per_launch.region_busy_ns, &per_launch),
+            per_cost(tabs.region_busy_ns, &tabs, tabs_cost),
+            per_cost(per_launch.region_busy_ns, &per_launch, per_launch_cost),
         ),
     ] {
         assert!(
-            (with / without - 1.0).abs() <= 0.10,
-            "{what}: {with:.0} ns a launch on tabs, {without:.0} without:\n{tabs:?} {tabs_trace:?}\n{per_launch:?} {per_launch_trace:?}"
+            (with / without - 1.0).abs() <= 0.05
+                && (with - 1.0).abs() <= 0.10
+                && (without - 1.0).abs() <= 0.10,
+            "{what}: {with:.3} of its learned cost a launch on tabs ({tabs_cost:.0} ns), {without:.3} without ({per_launch_cost:.0} ns):\n{tabs:?} {tabs_trace:?}\n{per_launch:?} {per_launch_trace:?}"
         );
     }
 }
