@@ -89,6 +89,43 @@ fn spin_ns(ns: u64) {
     }
 }
 
+/// Env: `EVERY:NS`, so that every `EVERY`th event record call of the process first
+/// sleeps `NS` nanoseconds of host time (at most a second) before it records; unset by
+/// default. It is a thread descheduled just before it records an event, as a busy host
+/// or a CPU quota does to it: an end event recorded after its kernel has ended fires at
+/// its record, so it times the stall too.
+pub const RECORD_STALL_ENV: &str = "VGPU_SIM_RECORD_STALL";
+
+/// `VGPU_SIM_RECORD_STALL`'s value: `(every, ns)`, or `None` for anything but two
+/// numbers with `every` at least 1 (`ns` capped at a second).
+pub fn parse_record_stall(value: &str) -> Option<(u64, u64)> {
+    let (every, ns) = value.split_once(':')?;
+    let every = every
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|every| *every > 0)?;
+    let ns = ns.trim().parse::<u64>().ok()?.min(1_000_000_000);
+    Some((every, ns))
+}
+
+/// Sleeps what `VGPU_SIM_RECORD_STALL` asks of this event record call, if anything.
+pub fn stall_before_record() {
+    static STALL: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let Some((every, ns)) = *STALL.get_or_init(|| {
+        std::env::var(RECORD_STALL_ENV)
+            .ok()
+            .and_then(|value| parse_record_stall(&value))
+    }) else {
+        return;
+    };
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    if call.is_multiple_of(every) {
+        std::thread::sleep(std::time::Duration::from_nanos(ns));
+    }
+}
+
 /// Env: nanoseconds a kernel queued right after an event on its stream waits before it
 /// starts; 0 by default. A real card sets a kernel up while the kernel before it on the
 /// stream runs, but an event waits for the stream's work to finish before it fires, and
@@ -372,6 +409,19 @@ impl SmSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_stall_is_two_numbers_and_anything_else_stalls_nothing() {
+        assert_eq!(parse_record_stall("13:500000"), Some((13, 500_000)));
+        assert_eq!(parse_record_stall(" 2 : 7 "), Some((2, 7)));
+        assert_eq!(
+            parse_record_stall("1:99999999999"),
+            Some((1, 1_000_000_000))
+        );
+        for bad in ["", "13", "0:500", ":500", "13:", "x:5", "13:-5", "13:5:6"] {
+            assert_eq!(parse_record_stall(bad), None, "{bad:?}");
+        }
+    }
 
     /// Two processes, four streams each of quarter-card kernels, queued in turn as two
     /// busy programs would: each process's four run side by side within its turn, the

@@ -85,6 +85,7 @@ fn stream_wait_event(stream: u64, event: u64, flags: u32, per_thread: bool) -> R
 }
 
 fn record_event(event: u64, stream: u64, per_thread: bool) -> Res {
+    crate::cuda::schedule::stall_before_record();
     let current = current_context();
     with_registry(|registry| {
         if !registry.events.contains_key(&event) {
