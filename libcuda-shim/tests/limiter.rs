@@ -790,6 +790,38 @@ fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
     }
 }
 
+/// A thread descheduled between a sampled launch's return and its end event's record
+/// (a busy host, a container's CPU quota) records that event after its kernel ended:
+/// the event fires at its record, and the sample times the stall as the kernel's run.
+/// Such a sample teaches nothing (`duty::ended_late`), and the loop is charged its
+/// kernels, not its thread's stalls. The sim's `VGPU_SIM_RECORD_STALL` sleeps 500 us
+/// before one event record in 13: before the rule, the 20 us kernel was taught 52.3 us
+/// and recorded at 52.9 us a launch; with it, 19.4 and 19.5.
+#[test]
+fn a_sample_whose_end_event_was_recorded_late_does_not_teach_its_kernel_the_delay() {
+    let (report, trace) = run_traced_with(
+        "late-end",
+        "    core_limit: 90\n",
+        Role::plain("k_20us", 1000).launch_call(26_000),
+        &[("VGPU_SIM_RECORD_STALL", "13:500000")],
+    );
+    let truth = kernel_ns("k_20us") as f64;
+    let learned = trace
+        .1
+        .iter()
+        .find(|kernel| kernel.name == "k_20us")
+        .map_or(0.0, |kernel| kernel.cost_ns as f64);
+    let recorded = report.region_busy_ns as f64 / report.launches.max(1) as f64;
+    assert!(
+        (learned / truth - 1.0).abs() <= 0.15 && (recorded / truth - 1.0).abs() <= 0.15,
+        "learned {learned:.0} ns and recorded {recorded:.0} ns a launch of a {truth:.0} ns kernel:\n{report:?}\n{trace:?}"
+    );
+    assert!(
+        trace.get("doubtful_samples") >= 10,
+        "the late samples were not told apart:\n{trace:?}"
+    );
+}
+
 /// A tab serves a run of one kernel, so it opens only for a launch that repeats the
 /// thread's last: kernels that take turns (the training-like program's 120, each
 /// launched once in a row) open none, where each fast-path launch opened one before

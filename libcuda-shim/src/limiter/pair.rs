@@ -73,6 +73,8 @@ pub(super) struct PairTail {
     /// Whether the second launch was placed behind the first (only then can the pair
     /// show a set-up).
     pub(super) second_behind: bool,
+    /// Host time when the second launch call returned.
+    pub(super) second_returned_ns: u64,
 }
 
 impl DeviceLimiter {
@@ -167,6 +169,7 @@ impl DeviceLimiter {
         let now = monotonic_ns();
         let rate = self.rate();
         let result = launch();
+        let second_returned_ns = monotonic_ns();
         let mut sample = open.sample;
         if result != CUDA_SUCCESS {
             self.give_back(sample.context, &[sample.start, sample.end]);
@@ -194,8 +197,10 @@ impl DeviceLimiter {
             first_ns,
             second_key: key,
             second_behind: start > now,
+            second_returned_ns,
         });
         let returned = monotonic_ns();
+        sample.end_recorded_ns = returned;
         let mut slow = self.lock();
         slow.pending.push_back(sample);
         self.settle(&mut slow, returned, false);

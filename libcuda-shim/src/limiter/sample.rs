@@ -28,6 +28,9 @@ pub(super) struct Sample {
     /// returned (by then the kernel was submitted).
     pub(super) recorded_ns: u64,
     pub(super) returned_ns: u64,
+    /// Host time just after its end event was recorded (behind the pair's second launch
+    /// where it is a pair): how late that was is `end_record_delay_ns`.
+    pub(super) end_recorded_ns: u64,
     /// Whether the projection had the stream idle at the launch.
     pub(super) projected_idle: bool,
     /// Set when the events bracket two launches (`super::pair`); the fields above are
@@ -84,6 +87,28 @@ impl Sample {
             None if self.projected_idle => most,
             None => 0,
         }
+    }
+
+    /// The arguments of `duty::ended_late`: how long after its last launch returned its
+    /// end event fired (at `end_fired_ns` on the host's clock where that is known; else
+    /// what of `measured_ns`, its `kernel_ns`, came after that return, which is no later
+    /// than the event fired), and how long after that return the event was recorded.
+    pub(super) fn end_record_delay(
+        &self,
+        measured_ns: u64,
+        end_fired_ns: Option<u64>,
+    ) -> (u64, u64) {
+        let last_returned_ns = self
+            .pair
+            .map_or(self.returned_ns, |tail| tail.second_returned_ns);
+        let after_last = match end_fired_ns {
+            Some(fired_ns) => fired_ns.saturating_sub(last_returned_ns),
+            None => measured_ns.saturating_sub(last_returned_ns.saturating_sub(self.returned_ns)),
+        };
+        (
+            after_last,
+            self.end_recorded_ns.saturating_sub(last_returned_ns),
+        )
     }
 
     /// The kernel's own GPU time from the events' elapsed time and the idle gap.
@@ -242,6 +267,7 @@ mod tests {
             horizon_before: 0,
             recorded_ns: 1_000,
             returned_ns: 7_000,
+            end_recorded_ns: 8_000,
             projected_idle,
             pair: None,
         }

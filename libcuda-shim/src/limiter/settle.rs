@@ -102,18 +102,29 @@ impl DeviceLimiter {
             trace::count(Counter::PlacedByProjection);
         }
         let gap = sample.idle_gap_ns(start_as_if_recorded);
+        // An end event recorded late may have fired at its record, after the kernel
+        // ended: then the sample timed the thread's delay (`duty::ended_late`).
+        let measured = Sample::kernel_ns(elapsed_ns, gap);
+        let (after_last, delay) = sample.end_record_delay(measured, end_fired);
+        let late = duty::ended_late(after_last, delay);
         // A pair teaches the set-up, not a kernel's cost; it is corrected as one known
         // launch over its projection's span.
         let ns = match sample.pair {
-            Some(tail) => {
-                let ns = Sample::kernel_ns(elapsed_ns, gap);
-                self.learn_setup(slow, sample.key, tail, ns);
-                ns
+            Some(_) if late => {
+                trace::count(Counter::DoubtfulSamples);
+                measured.min(sample.projected_ns)
             }
-            None => self.learn(slow, &sample, elapsed_ns, gap, now_ns),
+            Some(tail) => {
+                self.learn_setup(slow, sample.key, tail, measured);
+                measured
+            }
+            None => self.learn(slow, &sample, (elapsed_ns, gap, late), now_ns),
         };
-        // Where it really ended, else where its projection put it.
-        let end = end_fired.unwrap_or(sample.projected_start.saturating_add(ns));
+        // Where it really ended, else where its projection put it (also where the end
+        // event fired late: its time is the thread's, not the kernel's).
+        let end = end_fired
+            .filter(|_| !late)
+            .unwrap_or(sample.projected_start.saturating_add(ns));
         let start = end.saturating_sub(ns);
         // A kernel measured for the first time was charged nothing: it pays what its run
         // adds to the union as it stood when it went out; one charged a seed pays the
@@ -183,15 +194,15 @@ impl DeviceLimiter {
     /// (`duty::idle_sample_may_time_a_neighbour`): then it teaches only a run near the
     /// estimate (`duty::set_aside_sample_teaches`) and counts as no longer than
     /// projected (a shorter run still gives back what it did not use); or where it
-    /// measured its launch call rather than the kernel (`duty::is_doubtful`): then it
-    /// teaches nothing (`duty::sample_teaches`) and a known kernel's counts as no longer
-    /// than projected.
+    /// measured its launch call rather than the kernel (`duty::is_doubtful`), or its
+    /// thread's delay before the end event's record (`ended_late`, `duty::ended_late`):
+    /// then it teaches nothing (`duty::sample_teaches`) and a known kernel's counts as
+    /// no longer than projected.
     fn learn(
         &self,
         slow: &mut Slow,
         sample: &Sample,
-        elapsed_ns: u64,
-        gap_ns: u64,
+        (elapsed_ns, gap_ns, ended_late): (u64, u64, bool),
         now_ns: u64,
     ) -> u64 {
         // Idle by the GPU's timestamps, or by the projection where the sample started
@@ -241,7 +252,7 @@ impl DeviceLimiter {
         if known.is_none() {
             trace::remember_name(sample.key);
         }
-        let doubtful = duty::is_doubtful(elapsed_ns, gap_ns);
+        let doubtful = ended_late || duty::is_doubtful(elapsed_ns, gap_ns);
         let seen = slow.seen_mut(sample.key);
         seen.doubtful_in_a_row = if doubtful {
             seen.doubtful_in_a_row.saturating_add(1)

@@ -103,7 +103,7 @@ impl DeviceLimiter {
             return result;
         };
         trace::count(Counter::Sampled);
-        let sample = Sample {
+        let mut sample = Sample {
             key,
             stream_key: target.key(),
             context,
@@ -119,6 +119,7 @@ impl DeviceLimiter {
             horizon_before,
             recorded_ns,
             returned_ns: returned,
+            end_recorded_ns: returned,
             // The projection's guess, used only where the GPU's own timestamps cannot
             // say (no reference event in this context).
             projected_idle: projected_start == now,
@@ -143,6 +144,7 @@ impl DeviceLimiter {
             self.give_back(context, &[start, end]);
             return result;
         }
+        sample.end_recorded_ns = monotonic_ns();
         if sample.holds_unknowns_back() {
             self.unknown_in_flight.fetch_add(1, Ordering::AcqRel);
         }
