@@ -29,7 +29,7 @@ pub(super) struct Sample {
     pub(super) recorded_ns: u64,
     pub(super) returned_ns: u64,
     /// Host time just after its end event was recorded (behind the pair's second launch
-    /// where it is a pair): how late that was is `end_record_delay_ns`.
+    /// where it is a pair): how late that was is `end_record_delay`'s.
     pub(super) end_recorded_ns: u64,
     /// Whether the projection had the stream idle at the launch.
     pub(super) projected_idle: bool,
@@ -271,6 +271,28 @@ mod tests {
             projected_idle,
             pair: None,
         }
+    }
+
+    #[test]
+    fn an_end_record_is_late_from_the_last_launch_its_sample_brackets() {
+        let mut late = sample(true);
+        late.end_recorded_ns = 600_000;
+        // Its kernel measured 593 us from the return (7 us), its end recorded 593 us
+        // after it.
+        assert_eq!(late.end_record_delay(593_000, None), (593_000, 593_000));
+        // Where the reference event places the end's firing, that decides.
+        assert_eq!(
+            late.end_record_delay(593_000, Some(900_000)),
+            (893_000, 593_000)
+        );
+        // A pair's end is late from its second launch's return (100 us).
+        late.pair = Some(PairTail {
+            first_ns: 20_000,
+            second_key: 3,
+            second_behind: true,
+            second_returned_ns: 100_000,
+        });
+        assert_eq!(late.end_record_delay(593_000, None), (500_000, 500_000));
     }
 
     #[test]
