@@ -566,6 +566,14 @@ impl Trace {
         self.0.get(counter).copied().unwrap_or(0)
     }
 
+    /// The learned cost of the traced kernel `name`, ns; 0 where it was not traced.
+    fn cost_ns(&self, name: &str) -> f64 {
+        self.1
+            .iter()
+            .find(|kernel| kernel.name == name)
+            .map_or(0.0, |kernel| kernel.cost_ns as f64)
+    }
+
     /// What the limiter charged for its launches, ns: its charges before the host's
     /// factor and its settled samples' corrections.
     fn charged_ns(&self) -> f64 {
@@ -751,14 +759,10 @@ fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
     // tabs and 19.3 without, which put the charges 13 % apart although each paid its
     // own cost to within 1 %. A tab paid with the wrong sign, or never, moves its run's
     // charge off its cost.
-    let cost_of = |trace: &Trace| {
-        trace
-            .1
-            .iter()
-            .find(|kernel| kernel.name == "k_20us")
-            .map_or(0.0, |kernel| kernel.cost_ns as f64)
-    };
-    let (tabs_cost, per_launch_cost) = (cost_of(&tabs_trace), cost_of(&per_launch_trace));
+    let (tabs_cost, per_launch_cost) = (
+        tabs_trace.cost_ns("k_20us"),
+        per_launch_trace.cost_ns("k_20us"),
+    );
     assert!(
         tabs_cost > 0.0 && per_launch_cost > 0.0,
         "the kernel's learned cost, traced:\n{tabs_trace:?}\n{per_launch_trace:?}"
@@ -793,7 +797,7 @@ fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
 /// A thread descheduled between a sampled launch's return and its end event's record
 /// (a busy host, a container's CPU quota) records that event after its kernel ended:
 /// the event fires at its record, and the sample times the stall as the kernel's run.
-/// Such a sample teaches nothing (`duty::ended_late`), and the loop is charged its
+/// Such a sample teaches nothing (`duty::is_doubtful`), and the loop is charged its
 /// kernels, not its thread's stalls. The sim's `VGPU_SIM_RECORD_STALL` sleeps 500 us
 /// before one event record in 13: before the rule, the 20 us kernel was taught 52.3 us
 /// and recorded at 52.9 us a launch; with it, 19.4 and 19.5.
@@ -806,11 +810,7 @@ fn a_sample_whose_end_event_was_recorded_late_does_not_teach_its_kernel_the_dela
         &[("VGPU_SIM_RECORD_STALL", "13:500000")],
     );
     let truth = kernel_ns("k_20us") as f64;
-    let learned = trace
-        .1
-        .iter()
-        .find(|kernel| kernel.name == "k_20us")
-        .map_or(0.0, |kernel| kernel.cost_ns as f64);
+    let learned = trace.cost_ns("k_20us");
     let recorded = report.region_busy_ns as f64 / report.launches.max(1) as f64;
     assert!(
         (learned / truth - 1.0).abs() <= 0.15 && (recorded / truth - 1.0).abs() <= 0.15,

@@ -330,29 +330,25 @@ pub fn measured_floor_ns(elapsed_ns: u64) -> u64 {
     elapsed_ns / 4
 }
 
-/// Whether a sample whose events were `elapsed_ns` apart, `gap_ns` of it the idle gap,
-/// measured its launch call rather than its kernel: the gap is over [`DOUBTFUL_GAP_NS`]
-/// and so much of the events' time that the floor ([`measured_floor_ns`]) decides what
-/// the kernel ran, which taught a 20 us kernel 5 ms after a 20 ms load. A kernel longer
-/// than a third of a long gap is measured as usual.
-pub fn is_doubtful(elapsed_ns: u64, gap_ns: u64) -> bool {
-    gap_ns > DOUBTFUL_GAP_NS && elapsed_ns.saturating_sub(gap_ns) < measured_floor_ns(elapsed_ns)
+/// Whether `host_ns` of host time within a sample's span of `span_ns` decides what the
+/// sample measured, so that it timed the host rather than its kernel: the host time is
+/// over [`DOUBTFUL_GAP_NS`] and less than a quarter of the span
+/// ([`measured_floor_ns`]) lies beyond it. A sample has two such host times:
+/// - its idle gap (`Sample::idle_gap_ns`), within the events' elapsed time: a gap that
+///   long was its launch call, which taught a 20 us kernel 5 ms after a 20 ms load;
+/// - the delay from its last launch's return to its end event's record
+///   (`Sample::end_record_delay`: the thread lost that time first, to a busy host or a
+///   container's CPU quota), within the time from that return to the event's firing:
+///   an end event recorded after its kernel ended fires at its record, so the sample
+///   timed the delay. A 20 us kernel whose thread slept 500 us before one event record
+///   in 13 was taught 52 us (sim), and its loop was charged 2.6 times its kernels.
+///
+/// A kernel longer than a third of the host time is measured as usual.
+pub fn is_doubtful(span_ns: u64, host_ns: u64) -> bool {
+    host_ns > DOUBTFUL_GAP_NS && span_ns.saturating_sub(host_ns) < measured_floor_ns(span_ns)
 }
 
-/// Whether a sample timed its thread's delay rather than its kernel: its end event was
-/// recorded `delay_ns` after the launch before it returned (the thread lost that time
-/// first: a busy host, a container's CPU quota), the delay is over [`DOUBTFUL_GAP_NS`],
-/// and less than a quarter of the time from that return to the event's firing
-/// (`measured_ns`) came after the record ([`measured_floor_ns`]). An end event recorded
-/// after its kernel ended fires at its record, so the sample times the delay: a 20 us
-/// kernel whose thread slept 500 us before one event record in 13 was taught 52 us
-/// (sim), and its loop was charged 2.6 times its kernels.
-pub fn ended_late(measured_ns: u64, delay_ns: u64) -> bool {
-    delay_ns > DOUBTFUL_GAP_NS
-        && measured_ns.saturating_sub(delay_ns) < measured_floor_ns(measured_ns)
-}
-
-/// Whether a sample teaches its kernel's cost, where it `doubtful` ([`is_doubtful`],
+/// Whether a sample teaches its kernel's cost, where it `doubtful` ([`is_doubtful`]),
 /// the kernel `known` or not, and this its `doubtful_in_a_row`th doubtful sample in a
 /// row. A doubtful sample teaches nothing: a known kernel keeps its estimate, an
 /// unknown one is measured again at its next launch; but the second doubtful sample in
@@ -734,14 +730,14 @@ mod tests {
     fn a_sample_whose_end_event_was_recorded_late_timed_the_delay() {
         // 500 us lost before the end record of a 20 us kernel: the sample ends at the
         // record, 504 us after the launch returned.
-        assert!(ended_late(504 * US, 500 * US));
+        assert!(is_doubtful(504 * US, 500 * US));
         // A kernel that ran well past the late record was timed.
-        assert!(!ended_late(900 * US, 500 * US));
-        assert!(!ended_late(200 * US, 60 * US));
+        assert!(!is_doubtful(900 * US, 500 * US));
+        assert!(!is_doubtful(200 * US, 60 * US));
         // A record as prompt as usual decides nothing, however short the kernel.
-        assert!(!ended_late(4 * US, 3 * US));
-        assert!(!ended_late(50 * US, 50 * US));
-        assert!(ended_late(60 * US, 51 * US));
+        assert!(!is_doubtful(4 * US, 3 * US));
+        assert!(!is_doubtful(50 * US, 50 * US));
+        assert!(is_doubtful(60 * US, 51 * US));
     }
 
     #[test]

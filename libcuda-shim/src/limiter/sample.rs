@@ -89,7 +89,7 @@ impl Sample {
         }
     }
 
-    /// The arguments of `duty::ended_late`: how long after its last launch returned its
+    /// The arguments of `duty::is_doubtful` for its end: how long after its last launch returned its
     /// end event fired (at `end_fired_ns` on the host's clock where that is known; else
     /// what of `measured_ns`, its `kernel_ns`, came after that return, which is no later
     /// than the event fired), and how long after that return the event was recorded.

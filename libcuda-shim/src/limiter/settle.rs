@@ -103,10 +103,10 @@ impl DeviceLimiter {
         }
         let gap = sample.idle_gap_ns(start_as_if_recorded);
         // An end event recorded late may have fired at its record, after the kernel
-        // ended: then the sample timed the thread's delay (`duty::ended_late`).
+        // ended: then the sample timed the thread's delay (`duty::is_doubtful`).
         let measured = Sample::kernel_ns(elapsed_ns, gap);
         let (after_last, delay) = sample.end_record_delay(measured, end_fired);
-        let late = duty::ended_late(after_last, delay);
+        let late = duty::is_doubtful(after_last, delay);
         // A pair teaches the set-up, not a kernel's cost; it is corrected as one known
         // launch over its projection's span.
         let ns = match sample.pair {
@@ -195,7 +195,7 @@ impl DeviceLimiter {
     /// estimate (`duty::set_aside_sample_teaches`) and counts as no longer than
     /// projected (a shorter run still gives back what it did not use); or where it
     /// measured its launch call rather than the kernel (`duty::is_doubtful`), or its
-    /// thread's delay before the end event's record (`ended_late`, `duty::ended_late`):
+    /// thread's delay before the end event's record (`ended_late`, by the same rule):
     /// then it teaches nothing (`duty::sample_teaches`) and a known kernel's counts as
     /// no longer than projected.
     fn learn(
