@@ -12,8 +12,10 @@ cd "$(dirname "$0")/.."
 
 # From Debian: runc and podman run real OCI containers (podman also builds the image,
 # from a base that debootstrap makes); binutils gives nm and objdump; libc-bin's
-# ldconfig writes the fake hosts' loader caches. Debian's non-free NVIDIA 535 packages
-# give real export tables and a real nvidia-smi, used as data (they load without a GPU).
+# ldconfig writes the fake hosts' loader caches; patchelf gives the runc that
+# tests/gpu/pack.sh packs for the GPU machine a run path to its libraries. Debian's
+# non-free NVIDIA 535 packages give real export tables and a real nvidia-smi, used as
+# data (they load without a GPU).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     # The non-free component, on the Debian sources this machine already uses.
     nonfree=$(bash deploy/debian-sources.sh nonfree)
@@ -22,7 +24,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        runc podman debootstrap binutils libc-bin gcc g++ python3 python3-pip strace >/dev/null
+        runc podman debootstrap binutils libc-bin gcc g++ python3 python3-pip strace patchelf >/dev/null
     # The version the checked-in export lists (symbols/*.535.261.03.txt) were made from.
     export VGPU_DEBIAN_DEBS=${VGPU_DEBIAN_DEBS:-$PWD/target/debian-debs}
     mkdir -p "$VGPU_DEBIAN_DEBS"

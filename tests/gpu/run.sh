@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU suite, in one call on the H200 (device tool):
 #   tests/gpu/run.sh [PREFIX] [SECTION...]      SECTION: a file in sections/ (default: forward quota nvml memory reserve limiter compat)
-# PREFIX is a `vgpu install` folder (default .carry/vgpu). Results go to $OUT (default
+# PREFIX is a `vgpu install` folder (default .carry/vgpu; tests/gpu/pack.sh makes one with
+# what the sections need beside it). Results go to $OUT (default
 # /tmp/vgpu-gpu-out): results.jsonl (one JSON object per check), the raw outputs, and a
 # short table printed last. PACK=FILE also packs all of $OUT into one archive at the end
 # (the device tool brings back only a few files of a folder: give it FILE, e.g.
@@ -18,7 +19,9 @@ mkdir -p "$OUT"
 RESULTS=$OUT/results.jsonl
 : > "$RESULTS"
 VGPU=$PREFIX/bin/vgpu
-export PATH=/usr/local/nvidia/bin:$PATH PYTHONUNBUFFERED=1
+# $PREFIX/bin last: what tests/gpu/pack.sh packs beside the install (runc) where the
+# machine has none.
+export PATH=/usr/local/nvidia/bin:$PATH:$PREFIX/bin PYTHONUNBUFFERED=1
 WORK=$(mktemp -d /tmp/vgpu-gpu.XXXXXX)
 SMI=$(command -v nvidia-smi)
 
