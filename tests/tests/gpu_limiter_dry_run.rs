@@ -11,7 +11,7 @@
 //! with `standin.py` in PyTorch's place, healthy and with broken runs. So do the launch
 //! cost's interleaved pairs (part `launch`: `streams launch-serve` processes coordinated
 //! by `pairs.py`), healthy and with broken sides, and their median math over made-up
-//! logs.
+//! logs. `calls.sh`, which runs those parts in two device calls, is run here too.
 //!
 //! Needs root (`vgpu run`'s namespaces), a C compiler and python3.
 
@@ -181,6 +181,81 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
 
 /// `compare_launch.sh` (two builds' launch cost on one machine) runs the launch parts
 /// for each build and keeps each one's records apart, named by build and round.
+/// `calls.sh`, the limiter's figures in two device calls: an unknown call is refused
+/// before anything is made, and a call runs its parts, prints each part's records after
+/// it and packs their folders into one archive beside the parts' outputs.
+#[test]
+fn the_two_calls_script_runs_its_parts_and_packs_their_folders() {
+    require!(
+        Need::Root,
+        Need::program("python3", "apt-get install python3")
+    );
+    let host = SimHost::new(1);
+    let prefix = host.install();
+    let script = repo_root().join("tests/gpu/limiter/calls.sh");
+    let out = host.dir.path().join("calls");
+
+    let refused = Command::new("bash")
+        .arg(&script)
+        .arg(&prefix)
+        .arg("everything")
+        .env("OUT", &out)
+        .output()
+        .expect("run calls.sh");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.lines().count() == 1 && stderr.contains("'everything'"),
+        "one line naming the call: {stderr}"
+    );
+    assert!(!out.exists(), "a refused call made {}", out.display());
+
+    let mut command = Command::new("bash");
+    command
+        .arg(&script)
+        .arg(&prefix)
+        .arg("alone")
+        .env("OUT", &out)
+        .env("SIMULATE", "1")
+        .env("CASE_S", "0.5");
+    let output = host.apply(&mut command).output().expect("run calls.sh");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let shown = format!(
+        "{}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{shown}");
+    assert!(stdout.contains("== alone: rc 0 "), "{shown}");
+    // The part's records follow it: the streams' summary and the two-container checks.
+    for check in [
+        "\nstreams-all\t",
+        "\ntwo-containers-60\t",
+        "\ngraphs-at-30\t",
+    ] {
+        assert!(stdout.contains(check), "{check:?} not printed: {shown}");
+    }
+    for file in ["env.txt", "alone.txt", "parts.tgz"] {
+        assert!(out.join(file).is_file(), "{file} missing: {shown}");
+    }
+    let listing = Command::new("tar")
+        .arg("tzf")
+        .arg(out.join("parts.tgz"))
+        .output()
+        .expect("tar");
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for packed in ["./alone/records.tsv", "./alone/limiter.json"] {
+        assert!(
+            listing.lines().any(|line| line == packed),
+            "{packed} not packed: {listing}"
+        );
+    }
+    assert!(
+        !listing.lines().any(|line| line.ends_with("/streams")),
+        "the compiled workload was packed: {listing}"
+    );
+}
+
 #[test]
 fn the_launch_comparison_judges_each_builds_launch_cost_apart() {
     let Some(found) = dry_run_of("compare_launch.sh", 2, &[("ROUNDS", "1")]) else {
