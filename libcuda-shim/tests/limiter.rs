@@ -1121,6 +1121,51 @@ fn a_kernel_with_a_new_grid_goes_out_charged_a_seed_not_waiting_for_another_meas
     );
 }
 
+/// An unknown kernel launched while another's first measurement is under way waits for
+/// it, and the trace gives that part of a launch's wait apart from the bucket's
+/// (`longest_first_measurement_wait_ns`), so that a long wait on a card says what it
+/// was: a 10 ms kernel never measured, then a 20 us one, back to back, under a limit of
+/// 90. The second launch waits for the first's measurement (its sleeps are all of them
+/// there are), and then for the bucket, which that measurement charged the 10 ms (a new
+/// container's bucket starts empty). In the sim the launch calls took 22 ms: 5.3 ms of
+/// sleeps for the measurement (53 of 100 us, longer on the host's clock) and 11.1 ms
+/// for the bucket.
+#[test]
+fn a_wait_for_another_kernels_first_measurement_is_traced_apart_from_the_buckets() {
+    let role = Role::plain("k_10ms", 100).mode("unknown-behind-unknown");
+    let (report, trace) = run_traced(
+        "hard90-unknown-behind-unknown",
+        "    core_limit: 90\n",
+        role,
+    );
+    let calls_ns: u64 = report
+        .note("two_unknown_calls_ns")
+        .and_then(|ns| ns.parse().ok())
+        .expect("the launch calls' time");
+    let (longest, for_measurement, sleeps) = (
+        trace.get("longest_wait_ns"),
+        trace.get("longest_first_measurement_wait_ns"),
+        trace.get("first_measurement_waits"),
+    );
+    eprintln!(
+        "two unknown kernels: launch calls {calls_ns} ns; longest wait {longest} ns, of it {for_measurement} ns ({sleeps} sleeps) for the measurement"
+    );
+    assert!(sleeps > 0, "the second kernel did not wait: {trace:?}");
+    assert_eq!(
+        for_measurement,
+        sleeps * 100_000,
+        "one launch waited, in 100 us sleeps, for the measurement: {trace:?}"
+    );
+    assert!(
+        longest > for_measurement,
+        "the bucket, in debt by the 10 ms once measured, held the second launch too: {trace:?}"
+    );
+    assert!(
+        calls_ns >= longest,
+        "the launch calls ({calls_ns} ns) took less than their traced wait ({longest} ns)"
+    );
+}
+
 /// The trace names a kernel launched by its library handle (as cudart 12 and later, so
 /// PyTorch, launch theirs), which `cuFuncGetName` refuses: `cuKernelGetName` names it.
 /// Without it the trace said only handles for every kernel of a PyTorch run (run 19).
@@ -2516,7 +2561,7 @@ impl Cuda {
 
     /// cuInit, the primary context current, and `kernel` loaded: (context, function).
     fn start(&self, kernel: &str) -> (H, H) {
-        let image: &[u8] = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k_20us()\n{\n ret;\n}\n.visible .entry k_100us()\n{\n ret;\n}\n.visible .entry k_1ms()\n{\n ret;\n}\n.visible .entry k_10ms()\n{\n ret;\n}\n.visible .entry k_0ns()\n{\n ret;\n}\n.visible .entry k_scaled_100us(.param .u32 times)\n{\n ret;\n}\n\0";
+        let image = KERNELS_PTX;
         let name = CString::new(kernel).expect("name");
         let (mut device, mut context, mut module, mut function) = (
             0,
@@ -2567,6 +2612,28 @@ impl Cuda {
             }
         }
         (context, function)
+    }
+
+    /// Another of `KERNELS_PTX`'s kernels, from a module of its own (the context is
+    /// current): a function the limiter has not seen.
+    fn another(&self, kernel: &str) -> H {
+        let name = CString::new(kernel).expect("name");
+        let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers and a NUL-terminated image and name; a context is
+        // current.
+        unsafe {
+            assert_eq!(
+                (self.load_data)(&mut module, KERNELS_PTX.as_ptr().cast()),
+                0,
+                "cuModuleLoadData"
+            );
+            assert_eq!(
+                (self.get_function)(&mut function, module, name.as_ptr()),
+                0,
+                "cuModuleGetFunction"
+            );
+        }
+        function
     }
 
     fn stream(&self) -> H {
@@ -2683,6 +2750,10 @@ const DECODE_KERNELS: usize = 8;
 const BURST_KERNELS: usize = 16;
 /// Set for a child: its kernel is launched by its library kernel handle
 /// (`cuLibraryGetKernel`), as cudart 12 and later launch theirs, not a module's function.
+/// The module of every kernel the children launch: the sim runs each for the time its
+/// name says (`k_scaled_100us` its parameter times 100 us).
+const KERNELS_PTX: &[u8] = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k_20us()\n{\n ret;\n}\n.visible .entry k_100us()\n{\n ret;\n}\n.visible .entry k_1ms()\n{\n ret;\n}\n.visible .entry k_10ms()\n{\n ret;\n}\n.visible .entry k_0ns()\n{\n ret;\n}\n.visible .entry k_scaled_100us(.param .u32 times)\n{\n ret;\n}\n\0";
+
 const LAUNCH_LIBRARY_KERNELS: &str = "LIMITER_LAUNCH_LIBRARY_KERNELS";
 /// Waited-for launches with its own grid that teach `Role::mode("new-grids")`'s kernel.
 const NEW_GRIDS_TEACHING: usize = 4;
@@ -3276,6 +3347,23 @@ fn child_process_entry() {
             }
             let calls = monotonic_ns() - before;
             notes.push(format!("new_grid_calls_ns={calls}"));
+            // SAFETY: our stream.
+            assert_eq!(unsafe { (cuda.synchronize)(stream) }, 0);
+            (vec![monotonic_ns()], calls)
+        }
+        "unknown-behind-unknown" => {
+            // Two kernels the limiter has never measured, launched back to back: the
+            // second waits for the first's measurement (in 100 us sleeps, at most
+            // `FIRST_MEASURE_PATIENCE_NS`) before it goes. The role's kernel first, then
+            // `k_20us` of a module of its own.
+            let stream = cuda.stream();
+            fit = 1;
+            let second = cuda.another("k_20us");
+            let before = monotonic_ns();
+            assert_eq!(cuda.kernel(function, blocks, stream), 0, "cuLaunchKernel");
+            assert_eq!(cuda.kernel(second, blocks, stream), 0, "cuLaunchKernel");
+            let calls = monotonic_ns() - before;
+            notes.push(format!("two_unknown_calls_ns={calls}"));
             // SAFETY: our stream.
             assert_eq!(unsafe { (cuda.synchronize)(stream) }, 0);
             (vec![monotonic_ns()], calls)

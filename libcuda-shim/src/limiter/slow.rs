@@ -182,7 +182,8 @@ impl DeviceLimiter {
     /// so a queue of long kernels cannot slip past before anything is known.
     pub(super) fn wait_turn(&self, unknown: bool, ride: Option<(Target, u64)>) {
         let started = monotonic_ns();
-        let mut waited = 0;
+        // All this launch's sleeps, and those of them for another's first measurement.
+        let (mut waited, mut waited_for_measurement) = (0, 0);
         loop {
             let now = monotonic_ns();
             self.maintain(now);
@@ -194,22 +195,29 @@ impl DeviceLimiter {
             {
                 delay = 0;
             }
-            let sleep = if delay > 0 {
-                delay.clamp(MIN_SLEEP_NS, SLEEP_SLICE_NS)
+            let (sleep, for_measurement) = if delay > 0 {
+                (delay.clamp(MIN_SLEEP_NS, SLEEP_SLICE_NS), false)
             } else if unknown
                 && self.unknown_in_flight.load(Ordering::Acquire) > 0
                 && now.saturating_sub(started) < FIRST_MEASURE_PATIENCE_NS
             {
                 trace::count(Counter::FirstMeasurementWaits);
-                100_000
+                (100_000, true)
             } else {
-                0
+                (0, false)
             };
             if sleep == 0 || SWITCHES.exiting.load(Ordering::Relaxed) {
                 trace::most(Counter::LongestWaitNs, waited);
+                trace::most(
+                    Counter::LongestFirstMeasurementWaitNs,
+                    waited_for_measurement,
+                );
                 return;
             }
             waited += sleep;
+            if for_measurement {
+                waited_for_measurement += sleep;
+            }
             if let Some(words) = self.mine {
                 words[slot_words::WAITED_NS].fetch_add(sleep, Ordering::Relaxed);
             }

@@ -136,6 +136,9 @@ pub enum Counter {
     /// reference (events waiting for the context's slice) or a firing time not to be
     /// believed (`super::clock::believable`).
     PlacedByProjection,
+    /// Of a launch's wait ([`Counter::LongestWaitNs`]), the longest part spent on
+    /// another kernel's first measurement, ns: a wait the bucket did not decide.
+    LongestFirstMeasurementWaitNs,
 }
 
 const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
@@ -175,9 +178,10 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "settles",
     "held",
     "placed_by_projection",
+    "longest_first_measurement_wait_ns",
 ];
 
-const COUNTERS_LEN: usize = Counter::PlacedByProjection as usize + 1;
+const COUNTERS_LEN: usize = Counter::LongestFirstMeasurementWaitNs as usize + 1;
 
 /// The parts of the slow path's own time the trace gives apart (`part`), so that what a
 /// limited launch costs beyond the fast path is measured where it goes.

@@ -215,7 +215,7 @@ def trace_text(name):
     if not counters:
         return ""
     keys = ("launches", "fast_path", "sampled", "settled", "settled_idle", "settled_idle_discounted",
-            "waits", "waited_ns", "longest_wait_ns")
+            "waits", "waited_ns", "longest_wait_ns", "longest_first_measurement_wait_ns")
     return "; traced: " + ", ".join(f"{k} {counters.get(k, '-')}" for k in keys)
 
 

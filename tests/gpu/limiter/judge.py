@@ -77,7 +77,11 @@ def trace_text(name):
             + "), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
             f"{t.get('waits', 0)} waits for {t.get('waited_ns', 0) / 1e6:.0f} ms (longest "
-            f"{t.get('longest_wait_ns', 0) / 1e6:.1f}), charged {charged:.0f} ms{against}, clock references "
+            f"{t.get('longest_wait_ns', 0) / 1e6:.1f}"
+            # Of it, for another kernel's first measurement (absent from older traces).
+            + (f", {t['longest_first_measurement_wait_ns'] / 1e6:.1f} of it for a first measurement"
+               if t.get("longest_first_measurement_wait_ns") else "")
+            + f"), charged {charged:.0f} ms{against}, clock references "
             f"{t.get('clock_taken', 0)} taken / {t.get('clock_late', 0)} late]")
 
 

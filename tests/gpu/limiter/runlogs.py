@@ -82,7 +82,8 @@ class Logs:
 
     def trace(self, name):
         """The limiter's counters of run NAME, summed over its processes ({} without
-        any); `longest_wait_ns` (and an older trace's `longest_hold_ns`) and
+        any); the `longest_...` counters (`longest_wait_ns`, the part of it
+        `longest_first_measurement_wait_ns`, an older trace's `longest_hold_ns`) and
         `fast_clock_counter` (whether a process's fast path read the counter's clock) are
         maxima, not sums."""
         total = {}
@@ -91,7 +92,7 @@ class Logs:
                 parts = line.split()
                 if len(parts) == 2 and parts[1].isdigit():
                     value = int(parts[1])
-                    if parts[0] in ("longest_hold_ns", "longest_wait_ns", "fast_clock_counter"):
+                    if parts[0].startswith("longest_") or parts[0] == "fast_clock_counter":
                         total[parts[0]] = max(total.get(parts[0], 0), value)
                     else:
                         total[parts[0]] = total.get(parts[0], 0) + value
