@@ -2599,24 +2599,15 @@ impl Cuda {
                     "cuLibraryGetKernel"
                 );
             } else {
-                assert_eq!(
-                    (self.load_data)(&mut module, image.as_ptr().cast()),
-                    0,
-                    "cuModuleLoadData"
-                );
-                assert_eq!(
-                    (self.get_function)(&mut function, module, name.as_ptr()),
-                    0,
-                    "cuModuleGetFunction"
-                );
+                function = self.load_kernel(kernel);
             }
         }
         (context, function)
     }
 
-    /// Another of `KERNELS_PTX`'s kernels, from a module of its own (the context is
-    /// current): a function the limiter has not seen.
-    fn another(&self, kernel: &str) -> H {
+    /// One of `KERNELS_PTX`'s kernels, from a module of its own (the context is
+    /// current): each call a function the limiter has not seen.
+    fn load_kernel(&self, kernel: &str) -> H {
         let name = CString::new(kernel).expect("name");
         let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: valid out-pointers and a NUL-terminated image and name; a context is
@@ -3358,7 +3349,7 @@ fn child_process_entry() {
             // `k_20us` of a module of its own.
             let stream = cuda.stream();
             fit = 1;
-            let second = cuda.another("k_20us");
+            let second = cuda.load_kernel("k_20us");
             let before = monotonic_ns();
             assert_eq!(cuda.kernel(function, blocks, stream), 0, "cuLaunchKernel");
             assert_eq!(cuda.kernel(second, blocks, stream), 0, "cuLaunchKernel");
