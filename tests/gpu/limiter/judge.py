@@ -487,6 +487,8 @@ if have_torch:
                (f"given up: {gone}; " if gone else "")
                + f"{res['steps_per_s']:.0f} steps/s" + (rounds_text(res) if n == "bare" else "")
                + (f", p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms" if "p50_ms" in res else "")
+               # The longest step: issue 25's "no stalls" under a limit that binds alone.
+               + (f", max {res['max_ms']:.2f} ms" if "max_ms" in res else "")
                + (f", no ratio to bare: {missing}" if missing else "")
                + ("" if ratio is None else f", {ratio:.2f}x bare{ratios_text(ratios)}")
                + (f", card {base_util}% busy" if n == "bare" else "")
