@@ -2739,12 +2739,12 @@ const CAPTURED_PER_ROUND: u64 = 8;
 const DECODE_KERNELS: usize = 8;
 /// Kernels each short-lived thread of `Role::mode("bursts")` launches.
 const BURST_KERNELS: usize = 16;
-/// Set for a child: its kernel is launched by its library kernel handle
-/// (`cuLibraryGetKernel`), as cudart 12 and later launch theirs, not a module's function.
 /// The module of every kernel the children launch: the sim runs each for the time its
 /// name says (`k_scaled_100us` its parameter times 100 us).
 const KERNELS_PTX: &[u8] = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k_20us()\n{\n ret;\n}\n.visible .entry k_100us()\n{\n ret;\n}\n.visible .entry k_1ms()\n{\n ret;\n}\n.visible .entry k_10ms()\n{\n ret;\n}\n.visible .entry k_0ns()\n{\n ret;\n}\n.visible .entry k_scaled_100us(.param .u32 times)\n{\n ret;\n}\n\0";
 
+/// Set for a child: its kernel is launched by its library kernel handle
+/// (`cuLibraryGetKernel`), as cudart 12 and later launch theirs, not a module's function.
 const LAUNCH_LIBRARY_KERNELS: &str = "LIMITER_LAUNCH_LIBRARY_KERNELS";
 /// Waited-for launches with its own grid that teach `Role::mode("new-grids")`'s kernel.
 const NEW_GRIDS_TEACHING: usize = 4;

@@ -179,8 +179,6 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
     );
 }
 
-/// `compare_launch.sh` (two builds' launch cost on one machine) runs the launch parts
-/// for each build and keeps each one's records apart, named by build and round.
 /// `calls.sh`, the limiter's figures in two device calls: an unknown call is refused
 /// before anything is made, and a call runs its parts, prints each part's records after
 /// it and packs their folders into one archive beside the parts' outputs.
@@ -256,6 +254,8 @@ fn the_two_calls_script_runs_its_parts_and_packs_their_folders() {
     );
 }
 
+/// `compare_launch.sh` (two builds' launch cost on one machine) runs the launch parts
+/// for each build and keeps each one's records apart, named by build and round.
 #[test]
 fn the_launch_comparison_judges_each_builds_launch_cost_apart() {
     let Some(found) = dry_run_of("compare_launch.sh", 2, &[("ROUNDS", "1")]) else {
