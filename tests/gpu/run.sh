@@ -40,9 +40,7 @@ host_pid() { python3 "$HERE/host_pid.py" "$1" "$2"; }
 median() { python3 -c 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 
 log "environment"
-# The clocksource says which clock the limiter's fast path reads (the time-stamp counter
-# only where it is `tsc`: libcuda-shim/src/limiter/fast_clock.rs).
-{ date -u; "$SMI" -L; "$SMI" --query-gpu=driver_version --format=csv,noheader; python3 -c 'import torch, cupy, jax; print("torch", torch.__version__, "cupy", cupy.__version__, "jax", jax.__version__)'; echo "clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"; } > "$OUT/env.txt" 2>&1
+bash "$HERE/facts.sh" > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt" >&2
 
 # Each section is a function `section_<name>` in sections/<name>.sh.

@@ -31,13 +31,7 @@ mkdir -p "$OUT"
 export PATH=/usr/local/nvidia/bin:$PATH:$PREFIX/bin PYTHONUNBUFFERED=1
 started=$(date +%s)
 
-{
-    date -u
-    nvidia-smi -L
-    nvidia-smi --query-gpu=driver_version --format=csv,noheader
-    echo "clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
-    lscpu | grep -E '^Model name|^CPU\(s\)'
-} > "$OUT/env.txt" 2>&1
+bash "$HERE/../facts.sh" > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
 # part NAME SECONDS CMD...: CMD under timeout, its output in $OUT/NAME.txt, its records
