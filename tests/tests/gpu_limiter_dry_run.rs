@@ -233,6 +233,22 @@ fn the_two_calls_script_runs_its_parts_and_packs_their_folders() {
     ] {
         assert!(stdout.contains(check), "{check:?} not printed: {shown}");
     }
+    // The parts this call leaves out are "not run", not failures of the limiter.
+    for (check, part) in [
+        ("launch-cost-launch", "launch"),
+        ("launch-cost-in-process", "launch"),
+        ("launch-cost-cudart", "cudart"),
+    ] {
+        let line = format!(
+            "\n{check}\t\"verdict\": \"SKIP\", \"figure\": \"part {part} not run (PARTS=streams pair two torch)\""
+        );
+        assert!(stdout.contains(&line), "{line:?} not printed: {shown}");
+    }
+    let table = std::fs::read_to_string(out.join("alone.txt")).expect("alone.txt");
+    assert!(
+        table.contains(" in parts not run\n") && !table.contains("rc=None"),
+        "the summary counts the left-out checks apart: {table}"
+    );
     for file in ["env.txt", "alone.txt", "parts.tgz"] {
         assert!(out.join(file).is_file(), "{file} missing: {shown}");
     }

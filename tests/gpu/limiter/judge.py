@@ -85,7 +85,28 @@ def trace_text(name):
             f"{t.get('clock_taken', 0)} taken / {t.get('clock_late', 0)} late]")
 
 
+# The part of run_limiter.sh (its PARTS) whose runs each check judges, by the check's
+# name, first match; a name not here is always judged.
+PART_OF = (("streams-", "streams"), ("single-", "streams"), ("graphs-", "streams"),
+           ("one-container-two-processes", "pair"), ("two-containers-", "two"),
+           ("soft-falls-back", "two"), ("launch-cost-cudart", "cudart"),
+           ("launch-cost-", "launch"), ("event-on-", "torch"), ("decode-", "torch"),
+           ("training-", "torch"))
+# The parts that ran (run_limiter.sh's PARTS); unset: all of them.
+parts_run = os.environ.get("PARTS", "").split() or None
+
+
+def part_left_out(name):
+    """The part a check belongs to where PARTS left it out, else None."""
+    part = next((part for prefix, part in PART_OF if name.startswith(prefix)), None)
+    return part if parts_run is not None and part is not None and part not in parts_run else None
+
+
 def record(name, verdict, figure, **values):
+    left_out = part_left_out(name)
+    if left_out:
+        # Its runs were not asked for: "not run", neither a pass nor a failure of the limiter.
+        verdict, figure, values = "SKIP", f"part {left_out} not run (PARTS={' '.join(parts_run)})", {}
     records.append((name, verdict, figure, values))
     figures[name] = dict(verdict=verdict, figure=figure, **values)
 
@@ -567,4 +588,6 @@ with open(os.path.join(out, "records.tsv"), "w") as tsv:
 width = max(len(r[0]) for r in records)
 for name, verdict, figure, _ in records:
     print(f"{name:<{width}} {verdict:<5} {figure}")
-print(f"{sum(r[1] == 'PASS' for r in records)} passed, {sum(r[1] == 'FAIL' for r in records)} failed")
+not_run = sum(r[1] == "SKIP" and r[2].startswith("part ") for r in records)
+print(f"{sum(r[1] == 'PASS' for r in records)} passed, {sum(r[1] == 'FAIL' for r in records)} failed"
+      + (f", {not_run} in parts not run" if not_run else ""))

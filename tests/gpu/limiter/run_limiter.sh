@@ -45,7 +45,8 @@
 # PARTS (default "streams pair two launch cudart torch") picks what runs, for a call
 # with little device time left: streams = 1-3 (with the bare baselines), pair = 4,
 # two = 5, launch = 6 on the driver API, cudart = 6 on the runtime API, torch = 7. The
-# judge marks the checks of a part left out FAIL ("no result").
+# judge marks the checks of a part left out SKIP ("part NAME not run") and counts them
+# apart from passes and failures.
 set -u
 PREFIX=${1:?usage: run_limiter.sh PREFIX OUT}
 OUT=${2:?usage: run_limiter.sh PREFIX OUT}
@@ -320,4 +321,4 @@ if [ "$LOOPS" != 0 ]; then
     wait "${servers[@]}"
 fi
 
-timeout 60 python3 "$HERE/judge.py" "$OUT" "$CASE_S" "$LOOPS" "${BENCH:+cudart}"
+PARTS="$PARTS" timeout 60 python3 "$HERE/judge.py" "$OUT" "$CASE_S" "$LOOPS" "${BENCH:+cudart}"
