@@ -1266,7 +1266,11 @@ fn the_launch_cost_is_the_median_of_the_pairs_median_cycle_ratios() {
             figure.contains("1.040x, the median of 3 process pairs' ratios (1.040, 1.030, 1.200)")
                 && figure.contains("each the median over its 7 cycles (a round of 5000 launches")
                 && figure.contains("3000 / 3120, 3150 / 3090, 3000 / 3600")
-                && figure.contains("medians bare 3.000 us, --cores 99 3.120 us"),
+                && figure.contains("medians bare 3.000 us, --cores 99 3.120 us")
+                // Seven cycles are only enough for the whole spread as the interval.
+                && figure.contains(
+                    "each pair's median within 1.040-2.000, 0.515-1.030, 1.200-1.200 (95 %"
+                ),
             "{check}: {figure}"
         );
         let checked = &figures[check];
@@ -1297,6 +1301,33 @@ fn the_launch_cost_is_the_median_of_the_pairs_median_cycle_ratios() {
     assert!(figure.contains("1.200x, the median of 3"), "{figure}");
 
     // A pair given up on: its reason, and the check fails though the rest pass.
+    // Thirty cycles, whose ratios are 1.00, 1.01, ... 1.29 in a scrambled order: the
+    // median's interval is the 10th and 21st of them; five cycles give none.
+    let bare30: Vec<f64> = (0..30).map(|c| 3000.0 + 100.0 * (c % 7) as f64).collect();
+    let limited30: Vec<f64> = (0..30)
+        .map(|c| bare30[c] * (1.0 + ((c * 7) % 30) as f64 / 100.0))
+        .collect();
+    let (found, figures) = judge(
+        &[
+            (&bare30, &limited30),
+            (&bare30[..5], &limited30[..5]),
+            (&bare30, &limited30),
+        ],
+        &[],
+    );
+    let (_, figure) = &found["launch-cost-launch"];
+    assert!(
+        figure.contains("each pair's median within 1.090-1.200, -, 1.090-1.200 (95 %"),
+        "{figure}"
+    );
+    let each = &figures["launch-cost-launch"]["pairs"];
+    assert_eq!(
+        each[0]["interval"],
+        serde_json::json!([1.09, 1.2]),
+        "{each}"
+    );
+    assert_eq!(each[1]["interval"], serde_json::Value::Null, "{each}");
+
     let (found, _) = judge(
         &[pairs[0], (&drift[..4], &times(1.03)[..3]), pairs[1]],
         &[(

@@ -303,11 +303,15 @@ def launch_cost(kind, label, diagnosis=""):
     ok = total["ratio"] <= 1.05 and not problems
     ratios = ", ".join("%.3f" % p["ratio"] for p in measured)
     sides = ", ".join("%.0f / %.0f" % (p["bare_ns"], p["limited_ns"]) for p in measured)
+    # How far each pair's median could move by its cycles' scatter alone.
+    intervals = ", ".join("%.3f-%.3f" % tuple(p["interval"]) if p.get("interval") else "-"
+                          for p in measured)
     served = "/".join(str(c) for c in sorted(cycles))
     record(check, "PASS" if ok else "FAIL",
            f"{label}: {total['ratio']:.3f}x, the median of {len(measured)} process pairs' ratios "
            f"({ratios}), each the median over its {served} cycles (a round of {launches or '?'} "
            f"launches each, bare and --cores 99 taking turns) of the cycle's limited / bare; "
+           f"each pair's median within {intervals} (95 %, by its cycles' order statistics); "
            f"per pair ns a launch bare / --cores 99, medians of its rounds: {sides}; medians "
            f"bare {total['bare_ns'] / 1e3:.3f} us, --cores 99 {total['limited_ns'] / 1e3:.3f} us "
            f"(target <=1.05; before 2.5x)"
@@ -319,7 +323,9 @@ def launch_cost(kind, label, diagnosis=""):
 
 
 def round4(value):
-    """A figure (or a list of them) to 4 decimals, for a record."""
+    """A figure (or a list of them, or None) to 4 decimals, for a record."""
+    if value is None:
+        return None
     return [round4(v) for v in value] if isinstance(value, list) else round(value, 4)
 
 
