@@ -2,14 +2,16 @@
 # The compute limiter's GPU figures (issue 25's table and the suite's limiter checks) in
 # two device calls, each inside the tool's 600 s a call, where the suite's `limiter`
 # section and the pod section together take longer than one:
-#   tests/gpu/limiter/calls.sh PREFIX neighbours|alone
+#   tests/gpu/limiter/calls.sh PREFIX neighbours|alone|launch
 #
 #   neighbours  launch cost through the driver and the runtime API (run_limiter.sh's
 #               launch and cudart parts, about 60-90 s), the hard containers beside
 #               soft and unlimited neighbours, the decode loop beside a busy one and the
 #               hostile tenant (contention.sh, about 140 s), then two runc pods at 30 /
 #               60 and 50 / 50 (run.sh's pod section, about 120 s);
-#   alone       run_limiter.sh's streams, pair, two and torch parts (about 220 s).
+#   alone       run_limiter.sh's streams, pair, two and torch parts (about 220 s);
+#   launch      the launch and cudart parts alone (about 80 s): the launch cost of
+#               another host, whose pace moves it (BENCHMARKS.md run 26).
 #
 # PREFIX is a folder tests/gpu/pack.sh made (the pod section needs its runc where the
 # machine has none). Results go under $OUT (default /tmp/vgpu-calls): each part's
@@ -18,11 +20,11 @@
 # the tool's limit on a file brought back). Each part runs under `timeout`; one that
 # fails is reported and the next still runs.
 set -u
-PREFIX=$(cd "${1:?usage: calls.sh PREFIX neighbours|alone}" && pwd)
-CALL=${2:?usage: calls.sh PREFIX neighbours|alone}
+PREFIX=$(cd "${1:?usage: calls.sh PREFIX neighbours|alone|launch}" && pwd)
+CALL=${2:?usage: calls.sh PREFIX neighbours|alone|launch}
 case $CALL in
-    neighbours|alone) ;;
-    *) echo "calls.sh: no call '$CALL' (neighbours or alone)" >&2; exit 2 ;;
+    neighbours|alone|launch) ;;
+    *) echo "calls.sh: no call '$CALL' (neighbours, alone or launch)" >&2; exit 2 ;;
 esac
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/vgpu-calls}
@@ -55,6 +57,9 @@ neighbours)
     ;;
 alone)
     part alone 340 env PARTS="streams pair two torch" "$HERE/run_limiter.sh" "$PREFIX" "$WORK/alone"
+    ;;
+launch)
+    part launch 150 env PARTS="launch cudart" "$HERE/run_limiter.sh" "$PREFIX" "$WORK/launch"
     ;;
 esac
 
