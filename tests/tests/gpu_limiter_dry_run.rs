@@ -1300,7 +1300,6 @@ fn the_launch_cost_is_the_median_of_the_pairs_median_cycle_ratios() {
     assert_eq!(verdict, "FAIL", "{figure}");
     assert!(figure.contains("1.200x, the median of 3"), "{figure}");
 
-    // A pair given up on: its reason, and the check fails though the rest pass.
     // Thirty cycles, whose ratios are 1.00, 1.01, ... 1.29 in a scrambled order: the
     // median's interval is the 10th and 21st of them; five cycles give none.
     let bare30: Vec<f64> = (0..30).map(|c| 3000.0 + 100.0 * (c % 7) as f64).collect();
@@ -1328,6 +1327,7 @@ fn the_launch_cost_is_the_median_of_the_pairs_median_cycle_ratios() {
     );
     assert_eq!(each[1]["interval"], serde_json::Value::Null, "{each}");
 
+    // A pair given up on: its reason, and the check fails though the rest pass.
     let (found, _) = judge(
         &[pairs[0], (&drift[..4], &times(1.03)[..3]), pairs[1]],
         &[(

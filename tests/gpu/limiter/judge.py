@@ -594,6 +594,6 @@ with open(os.path.join(out, "records.tsv"), "w") as tsv:
 width = max(len(r[0]) for r in records)
 for name, verdict, figure, _ in records:
     print(f"{name:<{width}} {verdict:<5} {figure}")
-not_run = sum(r[1] == "SKIP" and r[2].startswith("part ") for r in records)
+not_run = sum(part_left_out(r[0]) is not None for r in records)
 print(f"{sum(r[1] == 'PASS' for r in records)} passed, {sum(r[1] == 'FAIL' for r in records)} failed"
       + (f", {not_run} in parts not run" if not_run else ""))
