@@ -727,6 +727,54 @@ fn a_refused_launch_costs_the_container_nothing() {
     );
 }
 
+/// A loop whose samples agree with its kernel's estimate is sampled every 4 ms, not every
+/// 1 ms (`duty::sample_gap_ns`: on a slower H100 the 1 ms gap's events and settles cost
+/// about 55 ns of a 4.4 us launch, BENCHMARKS run 26); when its kernel's run then grows
+/// tenfold (the same function and grid, `Role::mode("grows")`), the first sample that
+/// disagrees brings the 1 ms gap back, the estimate follows, and the container stays
+/// held. Judged by the trace (quiet gaps taken, far fewer samples than 1 ms gaps give,
+/// the grown cost learned) and by the card's share after the growth.
+#[test]
+fn a_loop_whose_samples_agree_is_sampled_less_often_and_still_follows_its_kernel() {
+    let run_ms = 3000;
+    let (report, trace) = run_traced(
+        "quiet-then-grows",
+        "    core_limit: 30\n",
+        Role::plain("k_scaled_20us", run_ms).mode("grows"),
+    );
+    let (sampled, quiet) = (trace.get("sampled"), trace.get("quiet_gaps"));
+    let learned = trace.cost_ns("k_scaled_20us");
+    let grown = (kernel_ns("k_scaled_20us") * u64::from(GROWN_TIMES)) as f64;
+    let line = format!(
+        "{sampled} samples, {quiet} of them followed by the quiet gap; learned {learned:.0} ns of a grown {grown:.0}; after the growth {:.1} % of the card: {report:?}\n{trace:?}",
+        report.mean(12, usize::MAX)
+    );
+    eprintln!("{line}");
+    // 1 ms gaps would give about one sample a ms once the kernel is settled.
+    assert!(quiet >= 50, "quiet gaps taken: {line}");
+    assert!(
+        sampled * 2 <= run_ms,
+        "sampled as often as the 1 ms gap: {line}"
+    );
+    assert!(
+        (learned / grown - 1.0).abs() <= 0.15,
+        "the estimate followed the grown kernel: {line}"
+    );
+    if let Err(wrong) = report.near(12, usize::MAX, 30.0) {
+        panic!("after the growth {wrong}: {line}");
+    }
+    // The growth (at window 10) overruns that window's estimates until the samples catch
+    // it, so they must catch it at once: the first that disagrees brings the 1 ms gap
+    // back. With another core busy, windows 10 and 11 ran 53.2-55.8 and 31.6-31.8 (with
+    // 1 ms gaps throughout, before the quiet gap: 52.0-53.6 and 31.4-31.6); with the quiet
+    // gap kept after samples that disagreed, the estimate crept up at one sample in 4 ms
+    // and they ran 64.8-66.8 and 34.0-34.2.
+    assert!(
+        report.mean(10, 12) <= 46.5,
+        "the growth's first 200 ms: {line}"
+    );
+}
+
 /// A loop of short kernels below its limit runs on its thread's tabs (`limiter::tab`):
 /// most launches then touch no line the container shares, and paying each tab still
 /// charges the bucket, and tells the region, what the per-launch path would have. The
@@ -2740,8 +2788,8 @@ const DECODE_KERNELS: usize = 8;
 /// Kernels each short-lived thread of `Role::mode("bursts")` launches.
 const BURST_KERNELS: usize = 16;
 /// The module of every kernel the children launch: the sim runs each for the time its
-/// name says (`k_scaled_100us` its parameter times 100 us).
-const KERNELS_PTX: &[u8] = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k_20us()\n{\n ret;\n}\n.visible .entry k_100us()\n{\n ret;\n}\n.visible .entry k_1ms()\n{\n ret;\n}\n.visible .entry k_10ms()\n{\n ret;\n}\n.visible .entry k_0ns()\n{\n ret;\n}\n.visible .entry k_scaled_100us(.param .u32 times)\n{\n ret;\n}\n\0";
+/// name says (`k_scaled_100us` its parameter times 100 us, `k_scaled_20us` times 20).
+const KERNELS_PTX: &[u8] = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k_20us()\n{\n ret;\n}\n.visible .entry k_100us()\n{\n ret;\n}\n.visible .entry k_1ms()\n{\n ret;\n}\n.visible .entry k_10ms()\n{\n ret;\n}\n.visible .entry k_0ns()\n{\n ret;\n}\n.visible .entry k_scaled_100us(.param .u32 times)\n{\n ret;\n}\n.visible .entry k_scaled_20us(.param .u32 times)\n{\n ret;\n}\n\0";
 
 /// Set for a child: its kernel is launched by its library kernel handle
 /// (`cuLibraryGetKernel`), as cudart 12 and later launch theirs, not a module's function.
@@ -2757,6 +2805,10 @@ const NEW_GRIDS: [u32; 8] = [293, 325, 357, 389, 421, 453, 485, 517];
 const HOSTILE_TEACHING_LAUNCHES: usize = 200;
 /// How many times its taught work `Role::mode("hostile")` then launches.
 const HOSTILE_TIMES: u32 = 10;
+/// How long `Role::mode("grows")` launches its kernel's work once, and how many times
+/// its work it launches after that.
+const GROWS_AFTER_NS: u64 = 1_000_000_000;
+const GROWN_TIMES: u32 = 10;
 /// Launches the driver refuses (a grid of 0 blocks) before each one it runs, in
 /// `Role::mode("refused")`.
 const REFUSED_PER_LAUNCH: usize = 4;
@@ -3121,6 +3173,7 @@ fn kernel_ns(kernel: &str) -> u64 {
         "k_10ms" => 10_000_000,
         "k_0ns" => 0,
         "k_scaled_100us" => 100_000,
+        "k_scaled_20us" => 20_000,
         other => panic!("unknown kernel {other}"),
     }
 }
@@ -3301,6 +3354,36 @@ fn child_process_entry() {
                     "cuLaunchKernel"
                 );
             })
+        }
+        "grows" => {
+            // A one-stream loop whose kernel's run grows by `GROWN_TIMES` after
+            // `GROWS_AFTER_NS` (the same function and grid, a loop count in its
+            // argument: `k_scaled_20us`), each launch waited for. Its times count units of
+            // its kernel's named work, so that its windows show the card's share.
+            let stream = cuda.stream();
+            fit = 1;
+            let grows_at = t0 + GROWS_AFTER_NS;
+            let mut times = Vec::new();
+            let mut max_call = 0;
+            while monotonic_ns() < deadline {
+                let work = if monotonic_ns() < grows_at {
+                    1
+                } else {
+                    GROWN_TIMES
+                };
+                let before = monotonic_ns();
+                assert_eq!(
+                    cuda.kernel_times(function, blocks, stream, work),
+                    0,
+                    "cuLaunchKernel"
+                );
+                max_call = max_call.max(monotonic_ns() - before);
+                // SAFETY: our stream.
+                assert_eq!(unsafe { (cuda.synchronize)(stream) }, 0);
+                let done = monotonic_ns();
+                times.extend(std::iter::repeat_n(done, work as usize));
+            }
+            (times, max_call)
         }
         "two-grids" => {
             // One function launched with two grids in turn, a full one of `blocks`

@@ -981,7 +981,7 @@ fn side_rounds(logs: &Path, run: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Part `launch` over the sim: the launch cost by three pairs of persistent processes
+/// Part `launch` over the sim: the launch cost by five pairs of persistent processes
 /// (pairs.py and `streams launch-serve`), each side served every cycle's round in the
 /// alternating order and ended on `quit`, the limited ones untraced; the check is judged
 /// by the median of the pairs' ratios with every pair's figures, and the other launch
@@ -1002,7 +1002,7 @@ fn the_launch_cost_runs_as_interleaved_pairs_of_processes_over_the_sim() {
         "{verdict} {figure}"
     );
     assert!(
-        figure.contains("the median of 3 process pairs' ratios (")
+        figure.contains("the median of 5 process pairs' ratios (")
             && figure.contains("each the median over its 6 cycles (a round of 2000 launches")
             && figure.contains("per pair ns a launch bare / --cores 99")
             && !figure.contains("FAILED"),
@@ -1023,7 +1023,7 @@ fn the_launch_cost_runs_as_interleaved_pairs_of_processes_over_the_sim() {
     .expect("limiter.json's JSON");
     let checked = &figures["checks"]["launch-cost-launch"];
     let pairs = checked["pairs"].as_array().expect("each pair's figures");
-    assert_eq!(pairs.len(), 3, "{checked}");
+    assert_eq!(pairs.len(), 5, "{checked}");
     for pair in pairs {
         assert_eq!(pair["cycles"], 6, "{pair}");
         assert!(pair["ratio"].as_f64().is_some_and(|r| r > 0.0), "{pair}");
@@ -1033,7 +1033,7 @@ fn the_launch_cost_runs_as_interleaved_pairs_of_processes_over_the_sim() {
     let logs = run.out.join("logs");
     let state: serde_json::Value =
         serde_json::from_str(&run.log("launch-pairs.json")).expect("launch-pairs.json");
-    for pair in 1..=3 {
+    for pair in 1..=5 {
         for side in ["bare", "limited"] {
             let name = format!("launch-pair{pair}-{side}");
             let rounds = side_rounds(&logs, &name);

@@ -440,12 +440,40 @@ pub const SETTLED_SAMPLES: u32 = 32;
 /// 10-11 us with 1 ms, and its steps stalled (50/50: max 10.5 ms against 3.2 and 5.3;
 /// the bare pair's 2.7-3.6). Samples cost too: two event records and two elapsed
 /// times (`Sample::read`); the 200 us gap sampled one launch in 40 of a 4 us launch loop.
-pub fn sample_gap_ns(samples: u32, overlapped: bool) -> u64 {
+///
+/// Once the device's last `QUIET_SAMPLES` samples (`agreeing` in a row) each measured
+/// its kernel within a quarter of the estimate (`agrees`), the gap is
+/// `QUIET_SAMPLE_GAP_NS`: a sample then says what the estimate says already, and on a
+/// slower host its events and settle cost about 55 ns of a 4.4 us launch at one per
+/// 1 ms (H100, BENCHMARKS run 26: settle 6.6-8.1 us, events 4.1-4.7 us). The first
+/// sample that disagrees (a neighbour's slice, a kernel that changed, a doubtful or set
+/// aside measurement) brings the 1 ms gap back from the next sample on, so a change is
+/// seen at most `QUIET_SAMPLE_GAP_NS` late.
+pub fn sample_gap_ns(samples: u32, overlapped: bool, agreeing: u32) -> u64 {
     if overlapped || samples < SETTLED_SAMPLES {
         SAMPLE_GAP_NS
+    } else if agreeing >= QUIET_SAMPLES {
+        QUIET_SAMPLE_GAP_NS
     } else {
         SETTLED_SAMPLE_GAP_NS
     }
+}
+
+/// The gap after a settled kernel's sample where the device's samples have agreed with
+/// their estimates lately (`sample_gap_ns`).
+pub const QUIET_SAMPLE_GAP_NS: u64 = 4_000_000;
+/// Samples in a row that must agree with their estimates for `QUIET_SAMPLE_GAP_NS`.
+pub const QUIET_SAMPLES: u32 = 8;
+/// How far a sample may lie from its kernel's estimate and still agree with it, per
+/// mille of the estimate.
+pub const AGREE_PERMILLE: u64 = 250;
+
+/// Whether a kernel measured at `measured_ns` agrees with its estimate `estimate_ns`
+/// (within `AGREE_PERMILLE`; an estimate of zero agrees with nothing).
+pub fn agrees(measured_ns: u64, estimate_ns: u64) -> bool {
+    estimate_ns > 0
+        && (measured_ns.abs_diff(estimate_ns) as u128) * 1000
+            <= (estimate_ns as u128) * AGREE_PERMILLE as u128
 }
 
 /// A learned cost, packed into one word: the cost (40 bits of ns, up to 18 minutes), the
@@ -1045,13 +1073,51 @@ mod tests {
 
     #[test]
     fn a_settled_kernel_of_one_stream_is_sampled_five_times_less_often() {
-        assert_eq!(sample_gap_ns(0, false), SAMPLE_GAP_NS);
-        assert_eq!(sample_gap_ns(SETTLED_SAMPLES - 1, false), SAMPLE_GAP_NS);
-        assert_eq!(sample_gap_ns(SETTLED_SAMPLES, false), SETTLED_SAMPLE_GAP_NS);
-        assert_eq!(sample_gap_ns(u32::MAX, false), SETTLED_SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(0, false, 0), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(SETTLED_SAMPLES - 1, false, 0), SAMPLE_GAP_NS);
+        assert_eq!(
+            sample_gap_ns(SETTLED_SAMPLES, false, 0),
+            SETTLED_SAMPLE_GAP_NS
+        );
+        assert_eq!(sample_gap_ns(u32::MAX, false, 0), SETTLED_SAMPLE_GAP_NS);
         assert_eq!(SETTLED_SAMPLE_GAP_NS, 5 * SAMPLE_GAP_NS);
         // Overlapping kernels keep the short gap, settled or not.
-        assert_eq!(sample_gap_ns(0, true), SAMPLE_GAP_NS);
-        assert_eq!(sample_gap_ns(u32::MAX, true), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(0, true, 0), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(u32::MAX, true, 0), SAMPLE_GAP_NS);
+    }
+
+    #[test]
+    fn a_device_whose_samples_agree_with_their_estimates_samples_four_times_less_often() {
+        let settled = SETTLED_SAMPLES;
+        assert_eq!(
+            sample_gap_ns(settled, false, QUIET_SAMPLES - 1),
+            SETTLED_SAMPLE_GAP_NS
+        );
+        assert_eq!(
+            sample_gap_ns(settled, false, QUIET_SAMPLES),
+            QUIET_SAMPLE_GAP_NS
+        );
+        assert_eq!(sample_gap_ns(settled, false, u32::MAX), QUIET_SAMPLE_GAP_NS);
+        assert_eq!(QUIET_SAMPLE_GAP_NS, 4 * SETTLED_SAMPLE_GAP_NS);
+        // Agreement does not lengthen the gap of a kernel still learned, nor where the
+        // process's kernels overlap (settles charge their queueing there).
+        assert_eq!(sample_gap_ns(settled - 1, false, u32::MAX), SAMPLE_GAP_NS);
+        assert_eq!(sample_gap_ns(settled, true, u32::MAX), SAMPLE_GAP_NS);
+    }
+
+    #[test]
+    fn a_sample_agrees_within_a_quarter_of_its_estimate() {
+        assert!(agrees(10_000, 10_000));
+        assert!(agrees(12_500, 10_000));
+        assert!(agrees(7_500, 10_000));
+        assert!(!agrees(12_501, 10_000));
+        assert!(!agrees(7_499, 10_000));
+        // A neighbour's slice in the sample: far off.
+        assert!(!agrees(2_000_000, 10_000));
+        // Nothing agrees with an estimate of zero, and no product overflows.
+        assert!(!agrees(0, 0));
+        assert!(!agrees(5, 0));
+        assert!(agrees(u64::MAX, u64::MAX));
+        assert!(!agrees(0, u64::MAX));
     }
 }

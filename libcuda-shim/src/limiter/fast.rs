@@ -36,7 +36,8 @@
 //! and two elapsed times (`Sample::read`) to one launch of a short kernel per
 //! `duty::sample_gap_ns`: 200 us apart while the kernel is learned or the process's
 //! kernels overlap, else 1 ms once it has 32 samples (on the H200, run 12, the 200 us gap
-//! sampled one launch in 40 of a 4 us loop, the 1 ms gap one in 205).
+//! sampled one launch in 40 of a 4 us loop, the 1 ms gap one in 205), and 4 ms while the
+//! device's samples agree with their estimates.
 use std::sync::atomic::Ordering;
 
 use vgpu_contract::cardview;

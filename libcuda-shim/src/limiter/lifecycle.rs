@@ -7,7 +7,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+};
 
 use vgpu_contract::CoreMode;
 use vgpu_contract::cardview;
@@ -232,6 +234,7 @@ pub(super) fn build_devices(
                 given_back: AtomicU64::new(0),
                 charge_permille: AtomicU64::new(cardview::CHARGE_UNIT),
                 unknown_in_flight: AtomicUsize::new(0),
+                agreeing_samples: AtomicU32::new(0),
                 neighbours_active: AtomicBool::new(true),
                 card_dir: enforcer.config.card_state_dir.clone(),
                 container_id: enforcer.config.container_id.clone(),

@@ -60,7 +60,7 @@ mod trace;
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use vgpu_contract::cardview::ViewReader;
 use vgpu_contract::region::{Region, SLOT_LIMITER_WORDS, SlotId};
@@ -323,6 +323,10 @@ struct DeviceLimiter {
     given_back: AtomicU64,
     /// Pending samples of kernels that had no estimate yet.
     unknown_in_flight: AtomicUsize,
+    /// The device's latest settled samples in a row that agreed with their kernels'
+    /// estimates (`duty::agrees`; written when one settles, under the `Slow` lock):
+    /// enough of them lengthen the sample gap (`duty::sample_gap_ns`).
+    agreeing_samples: AtomicU32,
     /// Whether another container may have work on the card, from the last card view
     /// (`cardview::neighbours_active`; true without one).
     neighbours_active: AtomicBool,

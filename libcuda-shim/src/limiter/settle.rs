@@ -230,6 +230,7 @@ impl DeviceLimiter {
             measured_backlogged,
         ) {
             trace::count(Counter::SettledIdleDiscounted);
+            self.note_agreement(false);
             let set_aside = slow
                 .seen
                 .get_mut(&sample.key)
@@ -263,6 +264,7 @@ impl DeviceLimiter {
             // Its run cannot be told from its launch call's: a known kernel's counts as
             // no longer than projected; an unknown one's pays what the events saw.
             trace::count(Counter::DoubtfulSamples);
+            self.note_agreement(false);
             return match known {
                 Some(_) => ns.min(sample.projected_ns),
                 None => ns,
@@ -271,8 +273,23 @@ impl DeviceLimiter {
         if let Some(known) = known {
             self.note_steadiness(slow, sample.key, ns, known.cost_ns);
         }
+        self.note_agreement(known.is_some_and(|known| duty::agrees(ns, known.cost_ns)));
         self.estimates.record(sample.key, ns);
         ns
+    }
+
+    /// Counts a settled single sample that agreed with its kernel's estimate
+    /// (`duty::agrees`), or starts the count again (`duty::sample_gap_ns`).
+    fn note_agreement(&self, agreed: bool) {
+        let agreeing = &self.agreeing_samples;
+        if agreed {
+            agreeing.store(
+                agreeing.load(Ordering::Relaxed).saturating_add(1),
+                Ordering::Relaxed,
+            );
+        } else {
+            agreeing.store(0, Ordering::Relaxed);
+        }
     }
 }
 

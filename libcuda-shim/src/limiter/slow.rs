@@ -58,10 +58,15 @@ impl DeviceLimiter {
         let gap_started =
             due && !unknown && known.is_some_and(|k| k.cost_ns < duty::ALWAYS_SAMPLE_NS);
         if gap_started && let Some(known) = known {
-            self.next_sample_ns.store(
-                now + duty::sample_gap_ns(known.samples, self.overlapped_lately(now)),
-                Ordering::Relaxed,
+            let gap = duty::sample_gap_ns(
+                known.samples,
+                self.overlapped_lately(now),
+                self.agreeing_samples.load(Ordering::Relaxed),
             );
+            if gap == duty::QUIET_SAMPLE_GAP_NS {
+                trace::count(Counter::QuietGaps);
+            }
+            self.next_sample_ns.store(now + gap, Ordering::Relaxed);
         }
         let rate = self.rate();
         let cost = known.map(|k| k.cost_ns).or(seed).unwrap_or(0);

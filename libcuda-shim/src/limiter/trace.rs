@@ -77,6 +77,9 @@ pub enum Counter {
     Seeded,
     /// Launches bracketed by events.
     Sampled,
+    /// Of them, those after which the device's next sample waits
+    /// `duty::QUIET_SAMPLE_GAP_NS` (its samples agreed with their estimates lately).
+    QuietGaps,
     /// Samples wanted but not taken: too many pending.
     SkippedPending,
     /// Samples wanted but not taken: no current context, or an event call failed.
@@ -152,6 +155,7 @@ const COUNTER_NAMES: [&str; COUNTERS_LEN] = [
     "unknown_unmeasured",
     "seeded",
     "sampled",
+    "quiet_gaps",
     "skipped_pending",
     "skipped_no_events",
     "settled",

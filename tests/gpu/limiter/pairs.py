@@ -8,7 +8,7 @@ Usage: pairs.py NAME LOGS [--pairs P] [--cycles C] [--ready-s S] [--round-s S]
   COMMAND is the whole command line of a side, wrapper included (run_limiter.sh gives
   `step`'s: bare, and `vgpu run ... --cores 99 --`), ending in a `launch-serve` server.
 
-For each of P pairs (default 3), one after the other: both sides are started at once
+For each of P pairs (default 5), one after the other: both sides are started at once
 (each under `timeout`, in a process group of its own, stderr into LOGS/RUN.err), and
 once both said they are ready (a JSON line with "ready": true, within --ready-s, default
 60), C cycles (default 30) follow, each one round of each side, bare first in even
@@ -287,7 +287,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("name")
     parser.add_argument("logs")
-    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--cycles", type=int, default=30)
     parser.add_argument("--ready-s", type=float, default=60.0)
     parser.add_argument("--round-s", type=float, default=10.0)
