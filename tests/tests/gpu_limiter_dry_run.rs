@@ -270,6 +270,83 @@ fn the_two_calls_script_runs_its_parts_and_packs_their_folders() {
     );
 }
 
+/// `calls.sh PREFIX compare OLD`: refused in one line without an OLD build, and with one
+/// runs compare_launch.sh for both builds, prints both builds' launch checks named by
+/// build, and packs both runs' folders.
+#[test]
+fn the_calls_script_compares_two_builds_and_prints_both_launch_checks() {
+    require!(
+        Need::Root,
+        Need::program("python3", "apt-get install python3")
+    );
+    let host = SimHost::new(1);
+    let prefix = host.install();
+    let script = repo_root().join("tests/gpu/limiter/calls.sh");
+    let out = host.dir.path().join("calls");
+
+    let refused = Command::new("bash")
+        .arg(&script)
+        .arg(&prefix)
+        .arg("compare")
+        .env("OUT", &out)
+        .output()
+        .expect("run calls.sh");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.lines().count() == 1 && stderr.contains("compare needs OLD"),
+        "one line naming what is missing: {stderr}"
+    );
+    assert!(!out.exists(), "a refused call made {}", out.display());
+
+    let mut command = Command::new("bash");
+    command
+        .arg(&script)
+        .arg(&prefix)
+        .arg("compare")
+        .arg(&prefix)
+        .env("OUT", &out)
+        .env("SIMULATE", "1")
+        .env("LAUNCH_PAIRS", "2")
+        .env("LAUNCH_CYCLES", "4")
+        .env("LAUNCH_ROUND", "1000");
+    let output = host.apply(&mut command).output().expect("run calls.sh");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let shown = format!(
+        "{}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{shown}");
+    assert!(stdout.contains("== compare: rc 0 "), "{shown}");
+    for build in ["new-1", "old-1"] {
+        for check in ["launch-cost-launch", "launch-cost-in-process"] {
+            let line = format!("\n{check}@{build}\t\"verdict\": ");
+            assert!(stdout.contains(&line), "{line:?} not printed: {shown}");
+        }
+    }
+    assert!(
+        !stdout.contains("\nstreams-all"),
+        "only the launch checks are printed: {shown}"
+    );
+    let listing = Command::new("tar")
+        .arg("tzf")
+        .arg(out.join("parts.tgz"))
+        .output()
+        .expect("tar");
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for packed in [
+        "./compare/records.tsv",
+        "./compare/new-1/records.tsv",
+        "./compare/old-1/records.tsv",
+    ] {
+        assert!(
+            listing.lines().any(|line| line == packed),
+            "{packed} not packed: {listing}"
+        );
+    }
+}
+
 /// `compare_launch.sh` (two builds' launch cost on one machine) runs the launch parts
 /// for each build and keeps each one's records apart, named by build and round.
 #[test]
