@@ -179,6 +179,72 @@ fn the_limiter_section_runs_and_judges_every_check_over_the_sim() {
     );
 }
 
+/// A sim host for calls.sh: the host, its `vgpu install` prefix, and where the calls'
+/// results go (not made yet).
+fn calls_host() -> (SimHost, std::path::PathBuf, std::path::PathBuf) {
+    let host = SimHost::new(1);
+    let prefix = host.install();
+    let out = host.dir.path().join("calls");
+    (host, prefix, out)
+}
+
+/// `calls.sh PREFIX ARGS...` with OUT at `out`, which must refuse in one stderr line
+/// containing `says` (exit 2) and make nothing.
+fn assert_calls_refused(prefix: &Path, out: &Path, args: &[&str], says: &str) {
+    let refused = Command::new("bash")
+        .arg(repo_root().join("tests/gpu/limiter/calls.sh"))
+        .arg(prefix)
+        .args(args)
+        .env("OUT", out)
+        .output()
+        .expect("run calls.sh");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.lines().count() == 1 && stderr.contains(says),
+        "one line saying {says:?}: {stderr}"
+    );
+    assert!(!out.exists(), "a refused call made {}", out.display());
+}
+
+/// `calls.sh PREFIX ARGS...` over the sim (`SIMULATE=1`) on `host`, OUT at `out`, with
+/// `env`: its stdout, and everything it printed with its status for a failure's message.
+fn run_calls(
+    host: &SimHost,
+    prefix: &Path,
+    out: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, String) {
+    let mut command = Command::new("bash");
+    command
+        .arg(repo_root().join("tests/gpu/limiter/calls.sh"))
+        .arg(prefix)
+        .args(args)
+        .env("OUT", out)
+        .env("SIMULATE", "1")
+        .envs(env.iter().copied());
+    let output = host.apply(&mut command).output().expect("run calls.sh");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let shown = format!(
+        "{}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{shown}");
+    (stdout, shown)
+}
+
+/// The names in the archive `tgz` (`tar tzf`).
+fn packed_names(tgz: &Path) -> String {
+    let listing = Command::new("tar")
+        .arg("tzf")
+        .arg(tgz)
+        .output()
+        .expect("tar");
+    String::from_utf8_lossy(&listing.stdout).into_owned()
+}
+
 /// `calls.sh`, the limiter's figures in two device calls: an unknown call is refused
 /// before anything is made, and a call runs its parts, prints each part's records after
 /// it and packs their folders into one archive beside the parts' outputs.
@@ -188,42 +254,9 @@ fn the_two_calls_script_runs_its_parts_and_packs_their_folders() {
         Need::Root,
         Need::program("python3", "apt-get install python3")
     );
-    let host = SimHost::new(1);
-    let prefix = host.install();
-    let script = repo_root().join("tests/gpu/limiter/calls.sh");
-    let out = host.dir.path().join("calls");
-
-    let refused = Command::new("bash")
-        .arg(&script)
-        .arg(&prefix)
-        .arg("everything")
-        .env("OUT", &out)
-        .output()
-        .expect("run calls.sh");
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.lines().count() == 1 && stderr.contains("'everything'"),
-        "one line naming the call: {stderr}"
-    );
-    assert!(!out.exists(), "a refused call made {}", out.display());
-
-    let mut command = Command::new("bash");
-    command
-        .arg(&script)
-        .arg(&prefix)
-        .arg("alone")
-        .env("OUT", &out)
-        .env("SIMULATE", "1")
-        .env("CASE_S", "0.5");
-    let output = host.apply(&mut command).output().expect("run calls.sh");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let shown = format!(
-        "{}\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "{shown}");
+    let (host, prefix, out) = calls_host();
+    assert_calls_refused(&prefix, &out, &["everything"], "'everything'");
+    let (stdout, shown) = run_calls(&host, &prefix, &out, &["alone"], &[("CASE_S", "0.5")]);
     assert!(stdout.contains("== alone: rc 0 "), "{shown}");
     // The part's records follow it: the streams' summary and the two-container checks.
     for check in [
@@ -252,12 +285,7 @@ fn the_two_calls_script_runs_its_parts_and_packs_their_folders() {
     for file in ["env.txt", "alone.txt", "parts.tgz"] {
         assert!(out.join(file).is_file(), "{file} missing: {shown}");
     }
-    let listing = Command::new("tar")
-        .arg("tzf")
-        .arg(out.join("parts.tgz"))
-        .output()
-        .expect("tar");
-    let listing = String::from_utf8_lossy(&listing.stdout);
+    let listing = packed_names(&out.join("parts.tgz"));
     for packed in ["./alone/records.tsv", "./alone/limiter.json"] {
         assert!(
             listing.lines().any(|line| line == packed),
@@ -279,45 +307,20 @@ fn the_calls_script_compares_two_builds_and_prints_both_launch_checks() {
         Need::Root,
         Need::program("python3", "apt-get install python3")
     );
-    let host = SimHost::new(1);
-    let prefix = host.install();
-    let script = repo_root().join("tests/gpu/limiter/calls.sh");
-    let out = host.dir.path().join("calls");
-
-    let refused = Command::new("bash")
-        .arg(&script)
-        .arg(&prefix)
-        .arg("compare")
-        .env("OUT", &out)
-        .output()
-        .expect("run calls.sh");
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.lines().count() == 1 && stderr.contains("compare needs OLD"),
-        "one line naming what is missing: {stderr}"
+    let (host, prefix, out) = calls_host();
+    assert_calls_refused(&prefix, &out, &["compare"], "compare needs OLD");
+    let old = prefix.to_str().expect("a UTF-8 prefix");
+    let (stdout, shown) = run_calls(
+        &host,
+        &prefix,
+        &out,
+        &["compare", old],
+        &[
+            ("LAUNCH_PAIRS", "2"),
+            ("LAUNCH_CYCLES", "4"),
+            ("LAUNCH_ROUND", "1000"),
+        ],
     );
-    assert!(!out.exists(), "a refused call made {}", out.display());
-
-    let mut command = Command::new("bash");
-    command
-        .arg(&script)
-        .arg(&prefix)
-        .arg("compare")
-        .arg(&prefix)
-        .env("OUT", &out)
-        .env("SIMULATE", "1")
-        .env("LAUNCH_PAIRS", "2")
-        .env("LAUNCH_CYCLES", "4")
-        .env("LAUNCH_ROUND", "1000");
-    let output = host.apply(&mut command).output().expect("run calls.sh");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let shown = format!(
-        "{}\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "{shown}");
     assert!(stdout.contains("== compare: rc 0 "), "{shown}");
     for build in ["new-1", "old-1"] {
         for check in ["launch-cost-launch", "launch-cost-in-process"] {
@@ -329,12 +332,7 @@ fn the_calls_script_compares_two_builds_and_prints_both_launch_checks() {
         !stdout.contains("\nstreams-all"),
         "only the launch checks are printed: {shown}"
     );
-    let listing = Command::new("tar")
-        .arg("tzf")
-        .arg(out.join("parts.tgz"))
-        .output()
-        .expect("tar");
-    let listing = String::from_utf8_lossy(&listing.stdout);
+    let listing = packed_names(&out.join("parts.tgz"));
     for packed in [
         "./compare/records.tsv",
         "./compare/new-1/records.tsv",
