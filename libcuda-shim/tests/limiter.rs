@@ -765,10 +765,11 @@ fn a_loop_whose_samples_agree_is_sampled_less_often_and_still_follows_its_kernel
     }
     // The growth (at window 10) overruns that window's estimates until the samples catch
     // it, so they must catch it at once: the first that disagrees brings the 1 ms gap
-    // back. With another core busy, windows 10 and 11 ran 53.2-55.8 and 31.6-31.8 (with
-    // 1 ms gaps throughout, before the quiet gap: 52.0-53.6 and 31.4-31.6); with the quiet
-    // gap kept after samples that disagreed, the estimate crept up at one sample in 4 ms
-    // and they ran 64.8-66.8 and 34.0-34.2.
+    // back as it settles. With another core busy, windows 10 and 11 ran 52.4-54.2 and
+    // 31.4-32.0 (with 1 ms gaps throughout, before the quiet gap: 52.0-53.6 and
+    // 31.4-31.6; with the 1 ms gap back only after the next quiet gap, 53.2-55.8 and
+    // 31.6-31.8); with the quiet gap kept after samples that disagreed, the estimate
+    // crept up at one sample in 4 ms and they ran 64.8-66.8 and 34.0-34.2.
     assert!(
         report.mean(10, 12) <= 46.5,
         "the growth's first 200 ms: {line}"
@@ -796,10 +797,7 @@ fn a_loop_below_its_limit_runs_on_tabs_and_is_charged_as_without_them() {
         "{tabbed} of {launches} launches on tabs: {tabs_trace:?}"
     );
     assert_eq!(per_launch_trace.get("tabbed"), 0, "{per_launch_trace:?}");
-    assert!(
-        tabs.mean(0, usize::MAX) >= per_launch.mean(0, usize::MAX) - 5.0,
-        "held by its tabs:\n{tabs:?} {tabs_trace:?}\n{per_launch:?} {per_launch_trace:?}"
-    );
+    assert_not_held_by_tabs((&tabs, &tabs_trace), (&per_launch, &per_launch_trace));
     // Charged, and recorded in the region, per completed launch, in the run's own learned
     // cost of the kernel: within 5 % of the per-launch path's, and each within 10 % of
     // one cost a launch. Each run learns the cost from its own samples, and what they
@@ -930,9 +928,28 @@ fn a_thread_that_exits_pays_its_tab() {
             "{what}: the region recorded {recorded} of {launches} launches:\n{report:?} {trace:?}"
         );
     }
+    assert_not_held_by_tabs((&tabs, &tabs_trace), (&per_launch, &per_launch_trace));
+}
+
+/// Judges a run on tabs against the same run per launch (`VGPU_LIMITER_TABS=off`): the
+/// limiter held the tabs' run no longer than the other, within 50 ms of its second
+/// (credit a tab kept, or paid back with the wrong sign, holds its launches in
+/// `wait_turn`, whose sleeps the trace adds up as `waited_ns`; a tab that never gave
+/// its unused credit back made the bursts' run wait 248 ms against 0.5). Their shares
+/// are no judge on a loaded host: both loops are bound by their CPU there, and with
+/// two busy loops beside them the same pair came out up to 8 points apart either way
+/// (one CI run failed the 5-point judge this replaces).
+fn assert_not_held_by_tabs(tabs: (&Report, &Trace), per_launch: (&Report, &Trace)) {
+    let (waited, waited_per_launch) = (tabs.1.get("waited_ns"), per_launch.1.get("waited_ns"));
     assert!(
-        tabs.mean(0, usize::MAX) >= per_launch.mean(0, usize::MAX) - 5.0,
-        "held by credit its threads kept:\n{tabs:?}\n{per_launch:?}"
+        waited <= waited_per_launch + 50_000_000,
+        "held by its tabs: waited {:.1} ms on tabs, {:.1} ms per launch:\n{:?} {:?}\n{:?} {:?}",
+        waited as f64 / 1e6,
+        waited_per_launch as f64 / 1e6,
+        tabs.0,
+        tabs.1,
+        per_launch.0,
+        per_launch.1
     );
 }
 

@@ -447,8 +447,9 @@ pub const SETTLED_SAMPLES: u32 = 32;
 /// slower host its events and settle cost about 55 ns of a 4.4 us launch at one per
 /// 1 ms (H100, BENCHMARKS run 26: settle 6.6-8.1 us, events 4.1-4.7 us). The first
 /// sample that disagrees (a neighbour's slice, a kernel that changed, a doubtful or set
-/// aside measurement) brings the 1 ms gap back from the next sample on, so a change is
-/// seen at most `QUIET_SAMPLE_GAP_NS` late.
+/// aside measurement) brings the 1 ms gap back when it settles (the next sample then
+/// comes within 1 ms: `DeviceLimiter::note_agreement`), so a change is measured at most
+/// `QUIET_SAMPLE_GAP_NS` late and then sampled as before.
 pub fn sample_gap_ns(samples: u32, overlapped: bool, agreeing: u32) -> u64 {
     if overlapped || samples < SETTLED_SAMPLES {
         SAMPLE_GAP_NS

@@ -230,7 +230,7 @@ impl DeviceLimiter {
             measured_backlogged,
         ) {
             trace::count(Counter::SettledIdleDiscounted);
-            self.note_agreement(false);
+            self.note_agreement(false, now_ns);
             let set_aside = slow
                 .seen
                 .get_mut(&sample.key)
@@ -264,7 +264,7 @@ impl DeviceLimiter {
             // Its run cannot be told from its launch call's: a known kernel's counts as
             // no longer than projected; an unknown one's pays what the events saw.
             trace::count(Counter::DoubtfulSamples);
-            self.note_agreement(false);
+            self.note_agreement(false, now_ns);
             return match known {
                 Some(_) => ns.min(sample.projected_ns),
                 None => ns,
@@ -273,22 +273,31 @@ impl DeviceLimiter {
         if let Some(known) = known {
             self.note_steadiness(slow, sample.key, ns, known.cost_ns);
         }
-        self.note_agreement(known.is_some_and(|known| duty::agrees(ns, known.cost_ns)));
+        self.note_agreement(
+            known.is_some_and(|known| duty::agrees(ns, known.cost_ns)),
+            now_ns,
+        );
         self.estimates.record(sample.key, ns);
         ns
     }
 
     /// Counts a settled single sample that agreed with its kernel's estimate
-    /// (`duty::agrees`), or starts the count again (`duty::sample_gap_ns`).
-    fn note_agreement(&self, agreed: bool) {
+    /// (`duty::agrees`), or starts the count again (`duty::sample_gap_ns`) at `now_ns`:
+    /// where the device's samples were quiet, the next sample then comes at most
+    /// `duty::SETTLED_SAMPLE_GAP_NS` from now, not at the end of the quiet gap its own
+    /// sample started (settled after its gap was chosen).
+    fn note_agreement(&self, agreed: bool, now_ns: u64) {
         let agreeing = &self.agreeing_samples;
         if agreed {
             agreeing.store(
                 agreeing.load(Ordering::Relaxed).saturating_add(1),
                 Ordering::Relaxed,
             );
-        } else {
-            agreeing.store(0, Ordering::Relaxed);
+        } else if agreeing.swap(0, Ordering::Relaxed) >= duty::QUIET_SAMPLES {
+            self.next_sample_ns.fetch_min(
+                now_ns.saturating_add(duty::SETTLED_SAMPLE_GAP_NS),
+                Ordering::Relaxed,
+            );
         }
     }
 }
