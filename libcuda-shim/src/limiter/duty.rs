@@ -442,7 +442,7 @@ pub const SETTLED_SAMPLES: u32 = 32;
 /// times (`Sample::read`); the 200 us gap sampled one launch in 40 of a 4 us launch loop.
 ///
 /// Once the device's last `QUIET_SAMPLES` samples (`agreeing` in a row) each measured
-/// its kernel within a quarter of the estimate (`agrees`), the gap is
+/// its kernel within a quarter of the estimate or a microsecond (`agrees`), the gap is
 /// `QUIET_SAMPLE_GAP_NS`: a sample then says what the estimate says already, and on a
 /// slower host its events and settle cost about 55 ns of a 4.4 us launch at one per
 /// 1 ms (H100, BENCHMARKS run 26: settle 6.6-8.1 us, events 4.1-4.7 us). The first
@@ -468,13 +468,18 @@ pub const QUIET_SAMPLES: u32 = 8;
 /// How far a sample may lie from its kernel's estimate and still agree with it, per
 /// mille of the estimate.
 pub const AGREE_PERMILLE: u64 = 250;
+/// ... and at least this far, ns: two events time a kernel of a few microseconds to
+/// about half a microsecond either way, which is no change in the kernel.
+pub const AGREE_SLACK_NS: u64 = 1_000;
 
 /// Whether a kernel measured at `measured_ns` agrees with its estimate `estimate_ns`
-/// (within `AGREE_PERMILLE`; an estimate of zero agrees with nothing).
+/// (within `AGREE_PERMILLE` of it, or `AGREE_SLACK_NS`; an estimate of zero agrees
+/// with nothing).
 pub fn agrees(measured_ns: u64, estimate_ns: u64) -> bool {
+    let off = measured_ns.abs_diff(estimate_ns);
     estimate_ns > 0
-        && (measured_ns.abs_diff(estimate_ns) as u128) * 1000
-            <= (estimate_ns as u128) * AGREE_PERMILLE as u128
+        && (off <= AGREE_SLACK_NS
+            || (off as u128) * 1000 <= (estimate_ns as u128) * AGREE_PERMILLE as u128)
 }
 
 /// A learned cost, packed into one word: the cost (40 bits of ns, up to 18 minutes), the
@@ -1115,6 +1120,10 @@ mod tests {
         assert!(!agrees(7_499, 10_000));
         // A neighbour's slice in the sample: far off.
         assert!(!agrees(2_000_000, 10_000));
+        // A kernel of a few microseconds agrees within the events' own resolution.
+        assert!(agrees(3_000, 2_000));
+        assert!(agrees(1_000, 2_000));
+        assert!(!agrees(3_001, 2_000));
         // Nothing agrees with an estimate of zero, and no product overflows.
         assert!(!agrees(0, 0));
         assert!(!agrees(5, 0));
