@@ -3380,26 +3380,25 @@ fn child_process_entry() {
             let stream = cuda.stream();
             fit = 1;
             let grows_at = t0 + GROWS_AFTER_NS;
-            let mut times = Vec::new();
-            let mut max_call = 0;
-            while monotonic_ns() < deadline {
+            let mut works = Vec::new();
+            let (done, max_call) = each_waited_for(&cuda, stream, deadline, || {
                 let work = if monotonic_ns() < grows_at {
                     1
                 } else {
                     GROWN_TIMES
                 };
-                let before = monotonic_ns();
                 assert_eq!(
                     cuda.kernel_times(function, blocks, stream, work),
                     0,
                     "cuLaunchKernel"
                 );
-                max_call = max_call.max(monotonic_ns() - before);
-                // SAFETY: our stream.
-                assert_eq!(unsafe { (cuda.synchronize)(stream) }, 0);
-                let done = monotonic_ns();
-                times.extend(std::iter::repeat_n(done, work as usize));
-            }
+                works.push(work);
+            });
+            let times = done
+                .iter()
+                .zip(&works)
+                .flat_map(|(&at, &work)| std::iter::repeat_n(at, work as usize))
+                .collect();
             (times, max_call)
         }
         "two-grids" => {

@@ -75,7 +75,7 @@ def trace_text(name):
             # Placed by their projections, not the GPU's clock (absent from older traces).
             + (f", {t['placed_by_projection']} placed by projection" if "placed_by_projection" in t else "")
             # Followed by the quiet gap, its samples agreeing (absent from older traces).
-            + (f", {t['quiet_gaps']} followed by a 4 ms gap" if "quiet_gaps" in t else "")
+            + (f", {t['quiet_gaps']} followed by the quiet gap" if "quiet_gaps" in t else "")
             + "), "
             f"{t.get('no_device', 0)} without a limiter, {t.get('captured', 0)} captured, "
             f"{t.get('waits', 0)} waits for {t.get('waited_ns', 0) / 1e6:.0f} ms (longest "
